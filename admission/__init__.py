@@ -1,0 +1,1 @@
+"""Admission: which rows join the batch at which pass."""

@@ -1,0 +1,1 @@
+"""The coordinator: CLI, supervision, job store."""

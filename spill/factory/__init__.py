@@ -1,0 +1,1 @@
+"""Random-weight models of real shapes in Hugging Face layout, for tests, benchmarks and the demo."""

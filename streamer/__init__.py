@@ -1,0 +1,1 @@
+"""The streamer: model plan, weight reader and the layer loop."""

@@ -1,0 +1,1 @@
+"""Tokenizer worker: chat templates, tokenization, detokenization and stop strings."""
