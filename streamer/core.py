@@ -1,0 +1,191 @@
+"""The streamer core: rows, groups and one pass over the streamed layers. No sockets here.
+
+A pass streams every layer once and runs every group through it while it is resident:
+
+    group      rows  tokens this pass    cache
+    decode     B     1 each (T=1)        BatchKVCache per layer, left-padded
+    prefill 1  b1    a chunk of prompts  its own BatchKVCache per layer, joins decode when done
+    prefill 2  b2    ...
+
+Rows join at any pass (`add`), leave on EOS, max_tokens or `finish` (a stop string seen by the
+caller), and never disturb the others.
+"""
+
+import time
+from dataclasses import dataclass, field
+
+import mlx.core as mx
+import numpy as np
+
+from spill.errors import SpillError
+
+from .families import adapter_for
+from .groups import Group, RowState, bucket
+from .plan import load_plan
+from .reader import WeightReader
+from .sampling import RowSampler, SamplingParams, sample
+
+
+@dataclass
+class Row:
+    id: str
+    prompt: list[int]
+    max_tokens: int
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    eos_ids: frozenset[int] = frozenset()
+
+
+@dataclass
+class Emitted:
+    """One sampled token. `finish` is "stop" (the token is EOS: not part of the text) or "length"."""
+    row_id: str
+    token: int
+    finish: str | None = None
+    logits: np.ndarray | None = None
+
+
+@dataclass
+class PassReport:
+    index: int
+    emitted: list[Emitted]
+    decode_rows: int
+    prefill_tokens: int          # prompt positions computed this pass (padding included)
+    seconds: float
+    wait_s: float                # compute thread blocked on the reader
+    compute_s: float             # layer math, eval included
+    bytes_streamed: int
+    active_memory: int
+    peak_memory: int
+
+
+def default_dtype() -> mx.Dtype | None:
+    """float32 on the CPU (MLX's bf16 matmul is slow there); the stored dtype on a GPU."""
+    return mx.float32 if mx.default_device() == mx.cpu else None
+
+
+class Streamer:
+    def __init__(self, folder, *, dtype: mx.Dtype | None = "auto", prefill_chunk: int = 512,
+                 read_ahead: bool = True, drop_cache: bool = True, keep_logits: bool = False,
+                 seed: int = 0):
+        if prefill_chunk < 1:
+            raise SpillError(f"prefill_chunk must be at least 1, got {prefill_chunk}")
+        self.plan = load_plan(folder)
+        self.adapter = adapter_for(self.plan.config)
+        self.dtype = default_dtype() if dtype == "auto" else dtype
+        self.prefill_chunk = prefill_chunk
+        self.keep_logits = keep_logits
+        self.seed = seed
+        self.reader = WeightReader(self.plan, dtype=self.dtype, read_ahead=read_ahead, drop_cache=drop_cache)
+        self.adapter.load_resident(self.reader.read_resident())
+        self.decode: Group | None = None
+        self.prefills: list[Group] = []
+        self.pending: list[RowState] = []
+        self.rows: dict[str, RowState] = {}
+        self.passes = 0
+
+    # -- rows ------------------------------------------------------------------------------
+    def add(self, row: Row) -> None:
+        """Queue a row; it starts prefilling in the next pass."""
+        if row.id in self.rows:
+            raise SpillError(f"row {row.id!r} is already running; give each row a unique id")
+        if not row.prompt:
+            raise SpillError(f"row {row.id!r} has an empty prompt")
+        if row.max_tokens < 1:
+            raise SpillError(f"row {row.id!r}: max_tokens must be at least 1, got {row.max_tokens}")
+        state = RowState(row, RowSampler(row.sampling, self.seed + len(self.rows) + self.passes))
+        self.rows[row.id] = state
+        self.pending.append(state)
+
+    def finish(self, row_id: str, reason: str = "stop") -> None:
+        """End a row from outside (a stop string, a cancel); it leaves at the next pass."""
+        state = self.rows.get(row_id)
+        if state is not None and state.finish is None:
+            state.finish = reason
+
+    @property
+    def idle(self) -> bool:
+        return not self.rows
+
+    # -- one pass ----------------------------------------------------------------------------
+    def step(self) -> PassReport:
+        t0 = time.perf_counter()
+        wait0 = self.reader.stats()["wait_s"]
+        # 1. retire rows that finished, start prefill groups for rows that arrived
+        self.pending = [r for r in self.pending if r.finish is None]
+        self._retire()
+        self.prefills += [Group.prefill(rows, self.adapter) for rows in bucket(self.pending)]
+        self.pending = []
+        groups = ([self.decode] if self.decode else []) + self.prefills
+        if not groups:
+            return self._report(t0, wait0, 0.0, [], 0)
+        # 2. inputs: decode rows feed their last token, prefill groups their next chunk
+        hs, masks, prefill_tokens = [], [], 0
+        for g in groups:
+            tokens = g.next_tokens(self.prefill_chunk)
+            prefill_tokens += tokens.size if g.prefilling else 0
+            h = self.adapter.embed(tokens)
+            if self.dtype is not None:
+                h = h.astype(self.dtype)
+            hs.append(h)
+            masks.append(self.adapter.masks(h, g.caches))
+        # 3. stream the layers: every group through each layer while it is resident
+        compute_s = 0.0
+        self.reader.start_pass()
+        for i, layer in enumerate(self.adapter.layers):
+            weights = self.reader.take(i)
+            c0 = time.perf_counter()
+            self.adapter.load_layer(i, weights)
+            hs = [layer(h, m[i], cache=g.caches[i]) for g, h, m in zip(groups, hs, masks)]
+            mx.eval(hs, [(g.caches[i].keys, g.caches[i].values) for g in groups])
+            self.adapter.unload_layer(i)
+            del weights
+            compute_s += time.perf_counter() - c0
+        # 4. head and sampling for rows at the end of their input
+        c0 = time.perf_counter()
+        emitting = [(g, h) for g, h in zip(groups, hs) if g.advance()]
+        emitted = self._sample(emitting)
+        compute_s += time.perf_counter() - c0
+        # 5. prefill groups that finished their prompts join the decode group
+        for g in [g for g in self.prefills if not g.prefilling]:
+            self.prefills.remove(g)
+            self.decode = g if self.decode is None else self.decode.merge(g)
+        self.passes += 1
+        return self._report(t0, wait0, compute_s, emitted, prefill_tokens)
+
+    def _sample(self, emitting) -> list[Emitted]:
+        if not emitting:
+            return []
+        rows = [r for g, _ in emitting for r in g.rows]
+        logits = self.adapter.head(mx.concatenate([h[:, -1, :] for _, h in emitting]))
+        logits = logits.astype(mx.float32)
+        tokens = sample(logits, [r.sampler for r in rows])
+        kept = np.array(logits) if self.keep_logits else None
+        out = []
+        for j, (r, tok) in enumerate(zip(rows, tokens)):
+            if r.finish is not None:
+                continue  # ended from outside while its last step ran
+            r.finish = r.accept(tok)
+            out.append(Emitted(r.row.id, tok, r.finish, kept[j] if kept is not None else None))
+        return out
+
+    def _retire(self) -> None:
+        """Drop finished rows from the decode group and from the bookkeeping."""
+        if self.decode is not None:
+            self.decode = self.decode.without_finished()
+        live = {id(r) for g in [self.decode, *self.prefills] if g for r in g.rows}
+        live |= {id(r) for r in self.pending}
+        for rid in [rid for rid, r in self.rows.items() if r.finish is not None and id(r) not in live]:
+            del self.rows[rid]
+
+    def _report(self, t0, wait0, compute_s, emitted, prefill_tokens) -> PassReport:
+        streamed = self.plan.streamed_bytes if compute_s else 0
+        return PassReport(
+            index=self.passes, emitted=emitted,
+            decode_rows=len(self.decode.rows) if self.decode else 0,
+            prefill_tokens=prefill_tokens, seconds=time.perf_counter() - t0,
+            wait_s=self.reader.stats()["wait_s"] - wait0, compute_s=compute_s,
+            bytes_streamed=streamed, active_memory=mx.get_active_memory(),
+            peak_memory=mx.get_peak_memory())
+
+    def close(self) -> None:
+        self.reader.close()

@@ -1,0 +1,81 @@
+"""What every family adapter does: wrap an mlx-lm model built lazily, run its pieces one at a time.
+
+mlx-lm's `Model.__call__` runs every layer for one batch; the streamer inverts that loop, so an
+adapter exposes the parts around the layers (embedding, masks, final norm, head) and the layers.
+"""
+
+import re
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten, tree_unflatten
+from mlx_lm.models.cache import BatchKVCache
+from mlx_lm.utils import _get_classes
+
+_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+
+
+class Adapter:
+    """Llama-shaped models: `model.embed_tokens`, `model.layers`, `model.norm`, `lm_head` or tied."""
+
+    def __init__(self, config: dict):
+        model_class, args_class = _get_classes(config)
+        self.args = args_class.from_dict(config)
+        # Parameters stay lazy (never evaluated) until real weights replace them.
+        self.model = model_class(self.args)
+        self.inner = self.model.model
+        self.layers = list(self.inner.layers)
+        self._blank = [layer.parameters() for layer in self.layers]
+
+    @property
+    def tied(self) -> bool:
+        return bool(getattr(self.args, "tie_word_embeddings", False))
+
+    # -- weights ---------------------------------------------------------------------------
+    def load_resident(self, weights: dict[str, mx.array]) -> None:
+        """Embedding, final norm and head; layer tensors are not expected here."""
+        weights = self.model.sanitize(dict(weights))
+        self.model.update(tree_unflatten(list(weights.items())), strict=False)
+        mx.eval(list(weights.values()))
+
+    def load_layer(self, i: int, weights: dict[str, mx.array]) -> None:
+        weights = self.model.sanitize(dict(weights))
+        prefix = _prefix_of(next(iter(weights)), i)
+        local = [(k[len(prefix):], v) for k, v in weights.items()]
+        self.layers[i].update(tree_unflatten(local))
+
+    def unload_layer(self, i: int) -> None:
+        """Drop the layer's weights (back to the lazy placeholders) so their memory is freed."""
+        self.layers[i].update(self._blank[i])
+
+    # -- the parts around the layers ---------------------------------------------------------
+    def embed(self, tokens: mx.array) -> mx.array:
+        return self.inner.embed_tokens(tokens)
+
+    def make_cache(self, i: int, left_padding: list[int]) -> BatchKVCache:
+        return BatchKVCache(left_padding)
+
+    def masks(self, h: mx.array, caches: list) -> list:
+        """One mask per layer for a group whose input is `h` [B, T, D] and caches its KV."""
+        mask = caches[0].make_mask(h.shape[1])
+        return [mask] * len(self.layers)
+
+    def head(self, h: mx.array) -> mx.array:
+        """Final norm and head on the hidden states `h` [B, D] -> logits [B, vocab]."""
+        h = self.inner.norm(h)
+        if self.tied:
+            return self.inner.embed_tokens.as_linear(h)
+        return self.model.lm_head(h)
+
+
+def _prefix_of(name: str, i: int) -> str:
+    m = _LAYER.search(name)
+    if not m or int(m.group(1)) != i:
+        raise ValueError(f"tensor {name} is not in layer {i}")
+    return name[: m.end()]
+
+
+def cast_params(module: nn.Module, dtype: mx.Dtype) -> None:
+    """Cast a module's floating parameters (used for the resident parts)."""
+    module.update(tree_unflatten([(k, v.astype(dtype) if mx.issubdtype(v.dtype, mx.floating) else v)
+                                  for k, v in tree_flatten(module.parameters())]))

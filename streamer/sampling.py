@@ -1,0 +1,45 @@
+"""Per-row sampling: greedy by default; temperature, top_k, top_p with a per-row seed."""
+
+from dataclasses import dataclass
+
+import mlx.core as mx
+from mlx_lm.sample_utils import apply_top_k, apply_top_p
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+
+class RowSampler:
+    """Draws one row's tokens; a seeded row gives the same tokens whatever batch it runs in."""
+
+    def __init__(self, params: SamplingParams, fallback_seed: int):
+        self.params = params
+        seed = params.seed if params.seed is not None else fallback_seed
+        self._key = mx.random.key(seed)
+
+    def __call__(self, logits: mx.array) -> mx.array:
+        """logits [V] (float32) -> token id (scalar array)."""
+        p = self.params
+        logprobs = logits - mx.logsumexp(logits, keepdims=True)
+        if 0 < p.top_k < logprobs.shape[-1]:
+            logprobs = apply_top_k(logprobs, p.top_k)
+        if 0.0 < p.top_p < 1.0:
+            logprobs = apply_top_p(logprobs, p.top_p)
+        self._key, sub = mx.random.split(self._key)
+        return mx.random.categorical(logprobs * (1.0 / p.temperature), key=sub)
+
+
+def sample(logits: mx.array, samplers: list[RowSampler]) -> list[int]:
+    """logits [B, V] -> one token per row; greedy rows share one argmax."""
+    greedy = mx.argmax(logits, axis=-1)
+    picks = [greedy[i] if s.params.greedy else s(logits[i]) for i, s in enumerate(samplers)]
+    return mx.stack(picks).tolist() if picks else []
