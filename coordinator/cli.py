@@ -33,5 +33,30 @@ def make_model_cmd(
     typer.echo(str(path))
 
 
+@app.command("check")
+def check_cmd(
+    model: Path = typer.Argument(..., help="A model folder (Hugging Face layout)."),
+    rows: int = typer.Option(20, help="How many prompts to run."),
+    max_tokens: int = typer.Option(16, help="Tokens to generate per row."),
+    prefill_chunk: int = typer.Option(128, help="Prompt positions a prefill group computes per pass."),
+    tolerance: float = typer.Option(1e-4, help="Largest logit difference accepted."),
+) -> None:
+    """Run prompts streamed and resident (mlx-lm), greedy, and compare tokens and logits."""
+    from spill.coordinator.report import print_check
+    from spill.streamer.check import run_check
+    try:
+        results = run_check(model, n=rows, max_tokens=max_tokens, prefill_chunk=prefill_chunk)
+    except SpillError as err:
+        _fail(err)
+    if not print_check(results, tolerance):
+        raise typer.Exit(1)
+
+
 def main() -> None:
-    app()
+    from spill.platform import reexec_with_preload
+    reexec_with_preload()
+    app(prog_name="spill")
+
+
+if __name__ == "__main__":
+    main()

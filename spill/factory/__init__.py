@@ -1,1 +1,97 @@
-"""Random-weight models of real shapes in Hugging Face layout, for tests, benchmarks and the demo."""
+"""Random-weight models of real shapes in Hugging Face layout, for tests, benchmarks and the demo.
+
+    make_model(Path("/tmp/m"), family="qwen2", size="tiny", shard_size="1MB")
+
+    /tmp/m/config.json                      family's real keys, preset shapes
+           generation_config.json           bos/eos ids
+           tokenizer.json                   byte-level BPE trained locally (cached)
+           tokenizer_config.json            chat template, special tokens
+           model-00001-of-00003.safetensors random weights, layer by layer
+           ...
+           model.safetensors.index.json     weight_map (only when sharded)
+"""
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from spill.errors import SpillError
+from spill.factory.families import FAMILIES, Family, get_family, get_shape, model_config, tensor_shapes
+from spill.factory.presets import SIZES, Shape
+from spill.factory.safetensors_writer import parse_size, write_model
+from spill.factory.tokenizer import load_or_train, tokenizer_config
+from spill.factory.weights import DTYPES, tensor_blocks
+
+__all__ = ["make_model", "FAMILIES", "SIZES"]
+
+
+def make_model(out: Path, *, family: str, size: str = "tiny", seed: int = 0,
+               dtype: str = "bfloat16", shard_size: str | int | None = None,
+               tie_word_embeddings: bool | None = None) -> Path:
+    """Write a Hugging Face-layout model folder with random weights; return its path.
+
+    family: llama, qwen2 or mistral. size: a preset of `presets.SIZES` (the 1b and 3b
+    presets have real Llama-3.2 layer shapes but a 32768-token vocabulary, because the
+    tokenizer is trained locally). The same seed gives the same bytes; shard_size
+    ("500MB", "2GB" or bytes) splits the weights without changing any tensor.
+    tie_word_embeddings: None follows the family's real checkpoints at that size.
+    The folder appears complete or not at all: it is written beside `out` and renamed.
+    """
+    # 1. check every input before touching the disk
+    fam, shape = get_family(family), get_shape(size)
+    if dtype not in DTYPES:
+        raise SpillError(f"unknown dtype {dtype!r}; choose one of: {', '.join(DTYPES)}")
+    if seed < 0:
+        raise SpillError(f"seed must be 0 or more, got {seed}; pass a non-negative seed")
+    max_bytes = None if shard_size is None else parse_size(shard_size)
+    out = Path(out).expanduser()
+    if out.exists() and not out.is_dir():
+        raise SpillError(f"output path {out} is a file; give a folder path that does not exist yet")
+    if out.is_dir() and any(out.iterdir()):
+        raise SpillError(f"output folder {out} exists and is not empty; choose a new folder or empty it first")
+    tied = size in fam.tied_sizes if tie_word_embeddings is None else tie_word_embeddings
+
+    # 2. write into a hidden sibling folder, then rename it into place
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        _write(tmp, fam, shape, seed=seed, dtype=dtype, tied=tied, max_bytes=max_bytes)
+        if out.exists():
+            out.rmdir()  # empty, checked above
+        os.rename(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out.resolve()
+
+
+def _write(folder: Path, fam: Family, shape: Shape, *, seed: int, dtype: str, tied: bool,
+           max_bytes: int | None) -> None:
+    # tokenizer first: the config's bos/eos ids come from it
+    tok = load_or_train(fam.tokens, shape.vocab)
+    tok.save(str(folder / "tokenizer.json"))
+    ids = tok.token_to_id
+    config = model_config(fam, shape, tied=tied, dtype=dtype, ids=ids)
+    _write_json(folder / "config.json", config)
+    _write_json(folder / "tokenizer_config.json",
+                tokenizer_config(fam.tokens, config["max_position_embeddings"]))
+    eos = [ids(t) for t in fam.tokens.generation_eos]
+    generation: dict[str, Any] = {"bos_token_id": ids(fam.tokens.config_bos),
+                                  "eos_token_id": eos[0] if len(eos) == 1 else eos}
+    if fam.tokens.pad is not None:
+        generation["pad_token_id"] = ids(fam.tokens.pad)
+    _write_json(folder / "generation_config.json", generation)
+
+    tag, itemsize = DTYPES[dtype]
+    write_model(folder, tensor_shapes(fam, shape, tied), tag, itemsize,
+                lambda name, dims: tensor_blocks(name, dims, seed=seed, dtype=dtype,
+                                                 norm_init=fam.norm_init),
+                max_bytes)
+
+
+def _write_json(path: Path, data: dict) -> None:
+    path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n")

@@ -1,0 +1,47 @@
+"""Size presets: the layer shapes a generated model gets, shared by every family.
+
+The big presets copy the layer shapes of real checkpoints (Llama-3.2-1B and -3B) so
+streaming benchmarks move real amounts of bytes per layer. Their vocabulary is
+smaller than the real one (32768, not 128256): the tokenizer is trained locally on
+the Python standard library, which has too little text for a 128k-token BPE.
+"""
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The numbers that fix every tensor's shape."""
+
+    hidden: int
+    layers: int
+    intermediate: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+
+    def dims(self) -> dict[str, int]:
+        """Named dimensions the family layer tables refer to."""
+        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        return {
+            "hidden": self.hidden, "vocab": self.vocab, "head_dim": self.head_dim,
+            "q": q, "kv": kv, "qkv": q + 2 * kv,
+            "ffn": self.intermediate, "ffn2": 2 * self.intermediate,
+        }
+
+
+SIZES: dict[str, Shape] = {
+    # a few MB, generated in well under a second: unit tests
+    "tiny": Shape(hidden=128, layers=4, intermediate=384, heads=4, kv_heads=2,
+                  head_dim=32, vocab=2048),
+    # ~30M parameters, 60-70 MB in bf16: integration tests, several shards
+    "small": Shape(hidden=512, layers=8, intermediate=1536, heads=8, kv_heads=4,
+                   head_dim=64, vocab=8192),
+    # Llama-3.2-1B layer shapes, 1.04B parameters, ~2.1 GB in bf16 (tied)
+    "1b": Shape(hidden=2048, layers=16, intermediate=8192, heads=32, kv_heads=8,
+                head_dim=64, vocab=32768),
+    # Llama-3.2-3B layer shapes, 2.92B parameters, ~5.8 GB in bf16 (tied)
+    "3b": Shape(hidden=3072, layers=28, intermediate=8192, heads=24, kv_heads=8,
+                head_dim=128, vocab=32768),
+}

@@ -1,0 +1,29 @@
+"""Shared fixtures: tiny generated models, made once per test session."""
+
+import os
+
+import pytest
+
+
+@pytest.fixture(scope="session", autouse=True)
+def spill_home(tmp_path_factory):
+    """Keep caches and jobs of the tests out of the user's ~/.streamweights."""
+    home = tmp_path_factory.mktemp("spill_home")
+    os.environ["SPILL_HOME"] = str(home)
+    return home
+
+
+@pytest.fixture(scope="session")
+def make_tiny(tmp_path_factory, spill_home):
+    """make_tiny(family, dtype="bfloat16", shard_size=None) -> folder of a tiny random model."""
+    from spill.factory import make_model
+    made = {}
+
+    def make(family="llama", dtype="bfloat16", shard_size=None, seed=0):
+        key = (family, dtype, shard_size, seed)
+        if key not in made:
+            out = tmp_path_factory.mktemp(f"{family}-{dtype}") / "model"
+            made[key] = make_model(out, family=family, size="tiny", seed=seed, dtype=dtype, shard_size=shard_size)
+        return made[key]
+
+    return make
