@@ -1,0 +1,330 @@
+"""The weight reader: streams each layer's bytes from disk with explicit positional reads into two
+reusable buffers, turns them into finished mx.arrays, and hands them to the compute thread in the
+pass's order. Never mmap: the page cache must not compete with the engine for memory.
+
+With read_ahead, two threads work ahead of the compute thread (layers in pass order):
+
+    read thread     read 0 > buf0 | read 1 > buf1 | read 2 > buf0 | read 3 > buf1 | ...
+    convert thread        conv 0  |         conv 1 |         conv 2 |    ...
+    compute thread            take(0), layer 0    | take(1), layer 1| take(2) ...
+
+A buffer is refilled only once its layer is converted; a layer is converted only once the previous
+one was taken, so at most two layers of mx.arrays are alive (the one computing, the one ready).
+Conversion copies out of the buffer (bf16 stays bf16 through a uint16 view) and, when `dtype` is
+given, casts floating tensors in MLX: faster than numpy here and exact for bf16 -> f32.
+"""
+
+import mmap
+import os
+import sys
+import threading
+import time
+
+import mlx.core as mx
+import numpy as np
+
+from spill.errors import SpillError
+
+from .plan import ModelPlan, TensorSpec
+
+_CHUNK = 64 << 20       # bytes per read call; the page cache holds at most about this much
+_ALIGN = 64             # each tensor starts at a multiple of this in a buffer
+_PAGE = mmap.PAGESIZE
+_F_NOCACHE = 48         # macOS fcntl: reads bypass the unified buffer cache
+
+# safetensors code -> numpy dtype of the stored bytes (bf16 travels as uint16, fp8 as raw bytes)
+_NP = {
+    "BOOL": np.bool_, "U8": np.uint8, "I8": np.int8,
+    "F8_E5M2": np.uint8, "F8_E4M3": np.uint8, "F8_E8M0": np.uint8,
+    "I16": np.int16, "U16": np.uint16, "F16": np.float16, "BF16": np.uint16,
+    "I32": np.int32, "U32": np.uint32, "F32": np.float32,
+    "I64": np.int64, "U64": np.uint64, "F64": np.float64, "C64": np.complex64,
+}
+_FLOATS = {"F16", "BF16", "F32", "F64"}   # cast to `dtype`; integer (quantized) tensors never are
+
+
+class WeightReader:
+    def __init__(self, plan: ModelPlan, *, dtype: "mx.Dtype | None" = None, read_ahead: bool = True,
+                 drop_cache: bool = True):
+        self.plan = plan
+        self.dtype = dtype
+        self.read_ahead = read_ahead
+        self.drop_cache = drop_cache
+        # one fd per shard, kept open
+        paths = {t.path for t in plan.resident} | {t.path for layer in plan.layers for t in layer}
+        self._fds = {p: _open(p, drop_cache) for p in sorted(paths)}
+        # where each tensor of a layer goes in a buffer; buffers fit the largest layer
+        layouts = [_layout(layer) for layer in plan.layers]
+        self._layout = [placed for placed, _ in layouts]
+        size = max((end for _, end in layouts), default=0)
+        self._bufs = [_prefaulted(size) for _ in range(2 if read_ahead else 1)]
+        self.buffer_bytes = size * len(self._bufs)
+        _raise_cache_limit(plan, dtype)
+        # pass state, guarded by _cv; positions index the pass's order
+        self._cv = threading.Condition()
+        self._gen = 0                 # bumped by start_pass and close: stale work is dropped
+        self._order: list[int] = []
+        self._taken = 0               # positions taken by the compute thread
+        self._next_read = 0
+        self._next_conv = 0
+        self._filled: dict[int, int] = {}          # position -> buffer holding it, not yet converted
+        self._ready: dict[int, dict] = {}          # position -> its converted tensors
+        self._free = [True] * len(self._bufs)
+        self._busy = 0                # IO-side threads inside a job
+        self._error: tuple[int, BaseException] | None = None   # (position, error) for take() to raise
+        self._closed = False
+        self._threads: list[threading.Thread] = []
+        self._stats = {"bytes_read": 0, "read_s": 0.0, "wait_s": 0.0, "convert_s": 0.0, "layers": 0}
+
+    # -- the interface ------------------------------------------------------------------------------
+    def read_resident(self) -> dict[str, mx.array]:
+        """Every tensor outside the layers, read once through a staging buffer of the largest one."""
+        if not self.plan.resident:
+            return {}
+        staging = np.empty(max(t.nbytes for t in self.plan.resident), np.uint8)
+        out = {}
+        for spec in self.plan.resident:
+            self._read_tensor(spec, staging, 0, gen=None)
+            out[spec.name] = self._convert_tensor(spec, staging, 0)
+        self._drop_files()
+        return out
+
+    def start_pass(self, order: list[int] | None = None) -> None:
+        """Set the layers of this pass (default all, in order) and start reading the first.
+        A pass still in flight is abandoned."""
+        n = len(self.plan.layers)
+        order = list(range(n)) if order is None else [int(i) for i in order]
+        bad = [i for i in order if not 0 <= i < n]
+        if bad:
+            raise ValueError(f"start_pass: layers {bad} are out of range 0-{n - 1}")
+        with self._cv:
+            if self._closed:
+                raise RuntimeError("start_pass on a closed WeightReader")
+            self._gen += 1
+            self._cv.notify_all()
+            while self._busy:           # let stale jobs notice the new generation and stop
+                self._cv.wait()
+            self._order, self._taken, self._next_read, self._next_conv = order, 0, 0, 0
+            self._filled, self._ready, self._error = {}, {}, None
+            self._free = [True] * len(self._bufs)
+            if self.read_ahead and not self._threads:
+                self._threads = [threading.Thread(target=f, name=name, daemon=True) for f, name in
+                                 ((self._read_loop, "spill-read"), (self._convert_loop, "spill-convert"))]
+                for t in self._threads:
+                    t.start()
+            self._cv.notify_all()
+
+    def take(self, i: int) -> dict[str, mx.array]:
+        """Layer i's tensors, name -> evaluated mx.array; blocks until they are ready.
+        Layers must be taken in the pass's order."""
+        t0 = time.perf_counter()
+        with self._cv:
+            pos = self._taken
+            if pos >= len(self._order):
+                raise RuntimeError(f"take({i}): no layer left in this pass; call start_pass() first")
+            if self._order[pos] != i:
+                raise RuntimeError(f"take({i}): layers are taken in the pass's order, the next one is "
+                                   f"{self._order[pos]}")
+            if self.read_ahead:
+                while pos not in self._ready and not self._failed(pos) and not self._closed:
+                    self._cv.wait()
+                if pos not in self._ready:
+                    if self._closed:
+                        raise RuntimeError(f"take({i}) on a closed WeightReader")
+                    raise self._error[1]
+                out = self._ready.pop(pos)
+                self._taken += 1
+                self._cv.notify_all()
+        if not self.read_ahead:          # serial IO: read and convert here
+            self._read_layer(i, self._bufs[0], gen=None)
+            out = self._convert_layer(i, self._bufs[0], gen=None)
+            self._taken += 1
+            if self._taken == len(self._order):
+                self._drop_files()
+        with self._cv:
+            self._stats["wait_s"] += time.perf_counter() - t0
+            self._stats["layers"] += 1
+        return out
+
+    def stats(self) -> dict:
+        """Cumulative: bytes_read, read_s (in read calls), wait_s (take() blocked, or reading and
+        converting when read_ahead is off), convert_s, layers (taken)."""
+        with self._cv:
+            return dict(self._stats)
+
+    def close(self) -> None:
+        with self._cv:
+            if self._closed:
+                return
+            self._closed = True
+            self._gen += 1
+            self._cv.notify_all()
+        for t in self._threads:
+            t.join()
+        self._drop_files()
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds, self._bufs = {}, []
+
+    def __enter__(self) -> "WeightReader":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- the IO-side threads --------------------------------------------------------------------------
+    def _read_loop(self) -> None:
+        while True:
+            with self._cv:
+                while not self._closed and not (
+                        self._error is None and self._next_read < len(self._order)
+                        and self._free[self._next_read % 2]):
+                    self._cv.wait()
+                if self._closed:
+                    return
+                gen, pos, slot = self._gen, self._next_read, self._next_read % 2
+                layer = self._order[pos]
+                self._free[slot] = False
+                self._next_read += 1
+                self._busy += 1
+            done = self._job(gen, pos, lambda: self._read_layer(layer, self._bufs[slot], gen))
+            if pos == len(self._order) - 1:
+                self._drop_files()
+            with self._cv:
+                if done and gen == self._gen:
+                    self._filled[pos] = slot
+                self._busy -= 1
+                self._cv.notify_all()
+
+    def _convert_loop(self) -> None:
+        while True:
+            with self._cv:
+                while not self._closed and not (
+                        not self._failed(self._next_conv) and self._next_conv in self._filled
+                        and self._taken >= self._next_conv):
+                    self._cv.wait()
+                if self._closed:
+                    return
+                gen, pos = self._gen, self._next_conv
+                slot, layer = self._filled.pop(pos), self._order[pos]
+                self._busy += 1
+            out = self._job(gen, pos, lambda: self._convert_layer(layer, self._bufs[slot], gen))
+            with self._cv:
+                if out is not None and gen == self._gen:
+                    self._ready[pos] = out
+                    self._free[slot] = True
+                    self._next_conv += 1
+                self._busy -= 1
+                self._cv.notify_all()
+
+    def _job(self, gen: int, pos: int, work):
+        """Run one read or convert; an error is kept for take() of that position to raise (the
+        layers before it are still delivered)."""
+        try:
+            return work()
+        except BaseException as err:  # noqa: BLE001 - re-raised on the compute thread
+            with self._cv:
+                if gen == self._gen and (self._error is None or pos < self._error[0]):
+                    self._error = (pos, err)
+            return None
+
+    def _failed(self, pos: int) -> bool:
+        return self._error is not None and self._error[0] <= pos
+
+    # -- reading and converting ------------------------------------------------------------------------
+    def _read_layer(self, i: int, buf: np.ndarray, gen: int | None) -> bool:
+        for spec, pos in self._layout[i]:
+            if not self._read_tensor(spec, buf, pos, gen):
+                return False
+        return True
+
+    def _read_tensor(self, spec: TensorSpec, buf: np.ndarray, pos: int, gen: int | None) -> bool:
+        """Read one tensor's bytes into buf[pos:], in chunks; False if the pass was abandoned."""
+        fd, view = self._fds[spec.path], memoryview(buf)[pos:pos + spec.nbytes]
+        done, read_s = 0, 0.0
+        while done < spec.nbytes:
+            if gen is not None and gen != self._gen:
+                return False
+            t0 = time.perf_counter()
+            offset = spec.offset + done
+            got = os.preadv(fd, [view[done:done + _CHUNK]], offset)
+            if got == 0:
+                raise SpillError(f"{spec.path}: expected {spec.name} at bytes {spec.offset}-"
+                                 f"{spec.offset + spec.nbytes}, found the file ending at byte {offset}; "
+                                 "it changed after the plan was made, re-download it")
+            if self.drop_cache and sys.platform.startswith("linux"):
+                start, end = offset - offset % _PAGE, -(-(offset + got) // _PAGE) * _PAGE
+                os.posix_fadvise(fd, start, end - start, os.POSIX_FADV_DONTNEED)   # whole pages, or partial ones stay
+            read_s += time.perf_counter() - t0
+            done += got
+        with self._cv:
+            self._stats["bytes_read"] += done
+            self._stats["read_s"] += read_s
+        return True
+
+    def _drop_files(self) -> None:
+        """Drop what the kernel read ahead past the last layer of a pass (the reads themselves
+        drop what they read): without this up to one readahead window per file stays cached."""
+        if self.drop_cache and sys.platform.startswith("linux"):
+            for fd in self._fds.values():
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+
+    def _convert_layer(self, i: int, buf: np.ndarray, gen: int | None) -> dict | None:
+        t0 = time.perf_counter()
+        out = {}
+        for spec, pos in self._layout[i]:
+            if gen is not None and gen != self._gen:
+                return None
+            out[spec.name] = self._convert_tensor(spec, buf, pos)
+        with self._cv:
+            self._stats["convert_s"] += time.perf_counter() - t0
+        return out
+
+    def _convert_tensor(self, spec: TensorSpec, buf: np.ndarray, pos: int) -> mx.array:
+        """An evaluated mx.array copied out of buf (nothing lazy is left for the compute thread)."""
+        a = mx.array(buf[pos:pos + spec.nbytes].view(_NP[spec.dtype]).reshape(spec.shape))
+        if spec.dtype == "BF16":
+            a = a.view(mx.bfloat16)
+        if self.dtype is not None and spec.dtype in _FLOATS and a.dtype != self.dtype:
+            a = a.astype(self.dtype)
+        mx.eval(a)
+        return a
+
+
+def _open(path, drop_cache: bool) -> int:
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    if drop_cache and sys.platform == "darwin":
+        import fcntl
+        fcntl.fcntl(fd, _F_NOCACHE, 1)
+    return fd
+
+
+def _layout(tensors: list[TensorSpec]) -> tuple[list[tuple[TensorSpec, int]], int]:
+    """Each tensor's position in a buffer, in file order (sequential reads), and the bytes needed."""
+    placed, end = [], 0
+    for t in tensors:
+        placed.append((t, end))
+        end += -(-t.nbytes // _ALIGN) * _ALIGN
+    return placed, end
+
+
+def _prefaulted(size: int) -> np.ndarray:
+    """A buffer whose pages are already mapped, so the first pass does not pay the page faults."""
+    buf = np.empty(size, np.uint8)
+    buf.fill(0)
+    return buf
+
+
+def _raise_cache_limit(plan: ModelPlan, dtype) -> None:
+    """Let MLX keep ~2 layers of freed buffers for reuse (its Linux CPU default is 32 MiB, and a
+    fresh allocation there costs ~7x a reused one in page faults)."""
+    def out_bytes(t: TensorSpec) -> int:
+        if dtype is not None and t.dtype in _FLOATS:
+            return t.nbytes // np.dtype(_NP[t.dtype]).itemsize * dtype.size
+        return t.nbytes
+    per_layer = [sum(out_bytes(t) for t in layer) for layer in plan.layers]
+    largest = max((t.nbytes for layer in plan.layers for t in layer), default=0)
+    need = 2 * max(per_layer, default=0) + largest
+    previous = mx.set_cache_limit(need)
+    if previous > need:
+        mx.set_cache_limit(previous)

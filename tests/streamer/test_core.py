@@ -1,0 +1,121 @@
+"""The streamer core against mlx-lm with the same weights resident."""
+
+import pytest
+
+from spill.errors import SpillError
+from spill.streamer.check import run_check
+from spill.streamer.core import Row, Streamer
+from spill.streamer.sampling import SamplingParams
+
+
+def _drive(streamer, schedule, max_tokens=8, **row_kw):
+    """Add rows at the given passes; run to the end. Returns {row_id: (tokens, finish)}."""
+    out, passes = {}, 0
+    while passes <= max(schedule) or not streamer.idle:
+        for rid, prompt in schedule.get(passes, []):
+            streamer.add(Row(rid, prompt, max_tokens, **row_kw))
+            out[rid] = ([], None)
+        for e in streamer.step().emitted:
+            toks, _ = out.get(e.row_id, ([], None))
+            if e.finish != "stop":
+                toks.append(e.token)
+            out[e.row_id] = (toks, e.finish)
+        passes += 1
+    return out
+
+
+PROMPTS = [[5, 9, 13, 2, 7], [30, 31], list(range(40, 90)), [3] * 17, [11, 12, 13, 14, 15, 16, 17, 18, 19]]
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "mistral"])
+@pytest.mark.parametrize("dtype,shard", [("bfloat16", None), ("float32", "64KB")])
+def test_identity_with_resident_mlx_lm(make_tiny, family, dtype, shard):
+    rows = run_check(make_tiny(family, dtype, shard), n=8, max_tokens=8, prefill_chunk=16)
+    assert [r.got for r in rows] == [r.expected for r in rows]
+    assert all(len(r.got) > 0 for r in rows)
+    assert max(r.max_logit_diff for r in rows) <= 1e-4
+
+
+def test_rows_joining_at_different_passes_match_rows_run_alone(make_tiny):
+    folder = make_tiny("llama")
+    together = _drive(Streamer(folder, prefill_chunk=8),
+                      {0: [("a", PROMPTS[0]), ("b", PROMPTS[1])], 2: [("c", PROMPTS[2])], 3: [("d", PROMPTS[3])]})
+    for rid, prompt in zip("abcd", PROMPTS):
+        alone = _drive(Streamer(folder, prefill_chunk=8), {0: [(rid, prompt)]})
+        assert together[rid] == alone[rid]
+
+
+def test_chunked_prefill_matches_unchunked(make_tiny):
+    folder = make_tiny("qwen2")
+    schedule = {0: [("long", PROMPTS[2]), ("short", PROMPTS[0])]}
+    chunked = _drive(Streamer(folder, prefill_chunk=7), schedule)
+    whole = _drive(Streamer(folder, prefill_chunk=1024), schedule)
+    assert chunked == whole
+
+
+def test_max_tokens_ends_a_row_with_length(make_tiny):
+    out = _drive(Streamer(make_tiny("llama")), {0: [("a", PROMPTS[0]), ("b", PROMPTS[1])]}, max_tokens=5)
+    assert [len(out[r][0]) for r in "ab"] == [5, 5]
+    assert {out[r][1] for r in "ab"} == {"length"}
+
+
+def test_eos_ends_a_row_and_leaves_the_others_alone(make_tiny):
+    folder = make_tiny("llama")
+    free = _drive(Streamer(folder), {0: [("a", PROMPTS[0]), ("b", PROMPTS[1])]}, max_tokens=6)
+    eos = free["a"][0][2]  # a's third token becomes its end of sequence
+    s = Streamer(folder)
+    s.add(Row("a", PROMPTS[0], 6, eos_ids=frozenset({eos})))
+    s.add(Row("b", PROMPTS[1], 6))
+    out = _drive(s, {0: []}, max_tokens=6)
+    first = free["a"][0].index(eos)
+    assert out["a"] == (free["a"][0][:first], "stop")
+    assert out["b"] == free["b"]
+
+
+def test_finish_from_outside_removes_only_that_row(make_tiny):
+    folder = make_tiny("mistral")
+    free = _drive(Streamer(folder), {0: [("a", PROMPTS[0]), ("b", PROMPTS[4])]}, max_tokens=8)
+    s = Streamer(folder)
+    s.add(Row("a", PROMPTS[0], 8))
+    s.add(Row("b", PROMPTS[4], 8))
+    got = {"a": [], "b": []}
+    while not s.idle:
+        for e in s.step().emitted:
+            got[e.row_id].append(e.token)
+            if e.row_id == "a" and len(got["a"]) == 3:
+                s.finish("a")  # what the caller does when it sees a stop string
+    assert got["a"] == free["a"][0][:3]
+    assert got["b"] == free["b"][0]
+
+
+def test_seeded_sampling_is_reproducible_across_batches(make_tiny):
+    folder = make_tiny("llama")
+    hot = dict(sampling=SamplingParams(temperature=1.0, top_p=0.9, top_k=50, seed=7))
+    alone = _drive(Streamer(folder), {0: [("x", PROMPTS[0])]}, max_tokens=12, **hot)
+    crowded = _drive(Streamer(folder), {0: [("y", PROMPTS[1]), ("x", PROMPTS[0])], 1: [("z", PROMPTS[3])]},
+                     max_tokens=12, **hot)
+    assert alone["x"] == crowded["x"]
+    other = _drive(Streamer(folder), {0: [("x", PROMPTS[0])]}, max_tokens=12,
+                   sampling=SamplingParams(temperature=1.0, seed=8))
+    assert other["x"][0] != alone["x"][0]
+
+
+def test_bad_rows_are_refused_with_a_sentence(make_tiny):
+    s = Streamer(make_tiny("llama"))
+    with pytest.raises(SpillError, match="empty prompt"):
+        s.add(Row("a", [], 4))
+    s.add(Row("a", [1, 2], 4))
+    with pytest.raises(SpillError, match="already running"):
+        s.add(Row("a", [1, 2], 4))
+
+
+def test_unsupported_model_type_is_one_clear_sentence(make_tiny, tmp_path):
+    import json
+    import shutil
+    folder = tmp_path / "m"
+    shutil.copytree(make_tiny("llama"), folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["model_type"] = "mamba"
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(SpillError, match=r"model_type 'mamba' is not supported yet; supported families: llama, mistral, qwen2"):
+        Streamer(folder)

@@ -1,0 +1,215 @@
+import sys
+import threading
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from ._safetensors_util import cached_pages, drop_from_cache, make_model, model_tensors
+
+from spill.errors import SpillError
+from spill.streamer.plan import load_plan
+from spill.streamer.reader import WeightReader
+
+MX_OF = {"BF16": mx.bfloat16, "F16": mx.float16, "F32": mx.float32, "I32": mx.int32, "U8": mx.uint8}
+
+
+def _bits(a: mx.array) -> np.ndarray:
+    """The raw bytes of an mx.array (bf16 through its uint16 view)."""
+    if a.dtype == mx.bfloat16:
+        a = a.view(mx.uint16)
+    return np.array(a).view(np.uint8)
+
+
+def _expected_f32(code: str, arr: np.ndarray) -> np.ndarray:
+    if code == "BF16":                               # exact: the bf16 bits are the high half of an f32
+        return (arr.astype(np.uint32) << 16).view(np.float32)
+    return arr.astype(np.float32)
+
+
+def _check_layer(got: dict, tensors: dict, names: list[str], dtype=None):
+    assert list(got) == names
+    for name in names:
+        code, arr = tensors[name]
+        a = got[name]
+        assert a.shape == arr.shape
+        if dtype is None or code in ("I32", "U8"):   # stored as is; integer tensors are never cast
+            assert a.dtype == MX_OF[code]
+            assert _bits(a).tobytes() == arr.tobytes()
+        else:
+            assert a.dtype == dtype
+            got_f32, want = np.array(a), _expected_f32(code, arr)
+            if code == "F16":   # f16 NaNs come out quieted (MLX sets the quiet bit); all else bitwise
+                assert np.array_equal(np.isnan(got_f32), np.isnan(want))
+                got_f32, want = np.nan_to_num(got_f32, nan=0.0), np.nan_to_num(want, nan=0.0)
+            assert got_f32.tobytes() == want.tobytes()
+
+
+@pytest.fixture(params=["BF16", "F16", "F32"])
+def model(request, tmp_path):
+    tensors = make_model(tmp_path, shards=2, layers=4, dtype=request.param)
+    return load_plan(tmp_path), tensors
+
+
+@pytest.mark.parametrize("read_ahead", [True, False])
+def test_layers_and_resident_are_the_file_bytes(model, read_ahead):
+    plan, tensors = model
+    with WeightReader(plan, read_ahead=read_ahead) as reader:
+        res = reader.read_resident()
+        _check_layer(res, tensors, [t.name for t in plan.resident])
+        for _ in range(3):
+            reader.start_pass()
+            for i, layer in enumerate(plan.layers):
+                _check_layer(reader.take(i), tensors, [t.name for t in layer])
+        stats = reader.stats()
+    assert stats["bytes_read"] == 3 * plan.streamed_bytes + sum(t.nbytes for t in plan.resident)
+    assert stats["layers"] == 3 * len(plan.layers)
+    assert stats["read_s"] > 0 and stats["wait_s"] > 0 and stats["convert_s"] > 0
+
+
+@pytest.mark.parametrize("read_ahead", [True, False])
+def test_cast_to_float32_is_exact(model, read_ahead):
+    plan, tensors = model
+    with WeightReader(plan, dtype=mx.float32, read_ahead=read_ahead) as reader:
+        _check_layer(reader.read_resident(), tensors, [t.name for t in plan.resident], mx.float32)
+        reader.start_pass()
+        for i, layer in enumerate(plan.layers):
+            _check_layer(reader.take(i), tensors, [t.name for t in layer], mx.float32)
+
+
+def test_read_ahead_runs_one_layer_ahead_in_pass_order(tmp_path):
+    tensors = make_model(tmp_path, layers=5)
+    plan = load_plan(tmp_path)
+    with WeightReader(plan) as reader:
+        for order in ([0, 1, 2, 3, 4], [3, 4], [4, 2, 0], []):
+            reader.start_pass(order)
+            for i in order:
+                _check_layer(reader.take(i), tensors, [t.name for t in plan.layers[i]])
+                # the next layer is on its way before the compute thread asks for it
+                with reader._cv:
+                    while reader._next_read < min(len(order), reader._taken + 1):
+                        reader._cv.wait(1)
+            with pytest.raises(RuntimeError, match="no layer left in this pass"):
+                reader.take(0)
+
+
+def test_take_out_of_order_is_refused(tmp_path):
+    make_model(tmp_path, layers=3)
+    with WeightReader(load_plan(tmp_path)) as reader:
+        with pytest.raises(RuntimeError, match="no layer left"):
+            reader.take(0)
+        reader.start_pass()
+        with pytest.raises(RuntimeError, match=r"take\(1\): layers are taken in the pass's order, the next one is 0"):
+            reader.take(1)
+        with pytest.raises(ValueError, match=r"out of range 0-2"):
+            reader.start_pass([0, 3])
+
+
+def test_abandoned_pass_leaves_the_next_one_correct(tmp_path):
+    tensors = make_model(tmp_path, layers=4)
+    plan = load_plan(tmp_path)
+    with WeightReader(plan) as reader:
+        for _ in range(20):
+            reader.start_pass()
+            reader.take(0)
+            reader.start_pass([2, 3])          # abandons layers 1-3 of the first pass
+            for i in (2, 3):
+                _check_layer(reader.take(i), tensors, [t.name for t in plan.layers[i]])
+
+
+def test_file_truncated_after_the_plan_is_a_spill_error(tmp_path):
+    make_model(tmp_path, layers=3, index=False)
+    plan = load_plan(tmp_path)
+    path = tmp_path / "model.safetensors"
+    spec = plan.layers[2][1]
+    with open(path, "r+b") as f:
+        f.truncate(spec.offset + 4)
+    for read_ahead in (True, False):
+        with WeightReader(plan, read_ahead=read_ahead) as reader:
+            reader.start_pass()
+            reader.take(0)
+            reader.take(1)
+            with pytest.raises(SpillError) as info:
+                reader.take(2)
+            assert str(info.value) == (
+                f"{path}: expected {spec.name} at bytes {spec.offset}-{spec.offset + spec.nbytes}, found the "
+                f"file ending at byte {spec.offset + 4}; it changed after the plan was made, re-download it")
+
+
+def test_close_stops_the_threads(tmp_path):
+    make_model(tmp_path, layers=3)
+    before = threading.active_count()
+    reader = WeightReader(load_plan(tmp_path))
+    reader.start_pass()
+    reader.take(0)
+    reader.close()
+    reader.close()
+    assert threading.active_count() == before
+
+
+def test_buffers_are_reused_not_reallocated(tmp_path):
+    make_model(tmp_path, layers=3)
+    plan = load_plan(tmp_path)
+    with WeightReader(plan) as reader:
+        bufs = [b.ctypes.data for b in reader._bufs]
+        largest = max(sum(-(-t.nbytes // 64) * 64 for t in layer) for layer in plan.layers)
+        assert reader.buffer_bytes == 2 * largest
+        for _ in range(3):
+            reader.start_pass()
+            for i in range(3):
+                reader.take(i)
+        assert [b.ctypes.data for b in reader._bufs] == bufs
+
+
+def test_compute_on_the_main_thread_while_the_reader_converts(tmp_path):
+    """MLX arrays made and evaluated on the convert thread, used at once by the compute thread."""
+    hidden, layers = 64, 4
+    tensors = make_model(tmp_path, model_tensors(layers=layers, hidden=hidden, dtype="F32"))
+    plan = load_plan(tmp_path)
+    x = mx.ones((16, hidden))
+    want = []
+    for i in range(layers):
+        w = np.nan_to_num(tensors[f"model.layers.{i}.self_attn.q_proj.weight"][1], nan=0, posinf=0, neginf=0)
+        want.append(np.clip(w, -1, 1).sum())
+    with WeightReader(plan, dtype=mx.float32) as reader:
+        for _ in range(60):
+            reader.start_pass()
+            for i in range(layers):
+                w = reader.take(i)["model.layers.%d.self_attn.q_proj.weight" % i]
+                w = mx.clip(mx.nan_to_num(w, nan=0.0, posinf=0.0, neginf=0.0), -1, 1)
+                y = (x @ w.T).sum() / 16
+                assert abs(y.item() - want[i]) <= 1e-3 * max(1.0, abs(want[i]))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="page cache probe uses Linux mincore")
+@pytest.mark.parametrize("read_ahead", [True, False])
+def test_reader_leaves_nothing_in_the_page_cache(tmp_path, read_ahead):
+    make_model(tmp_path, model_tensors(layers=4, hidden=256), index=False)   # ~2 MB, 500+ pages
+    path = tmp_path / "model.safetensors"
+    drop_from_cache(path)
+    with open(path, "rb") as f:                     # start fully cached: the reader must drop it
+        f.read()
+    assert cached_pages(path)[0] == cached_pages(path)[1]
+    plan = load_plan(tmp_path)
+    with WeightReader(plan, read_ahead=read_ahead) as reader:
+        reader.read_resident()
+        for _ in range(2):
+            reader.start_pass()
+            for i in range(4):
+                reader.take(i)
+    assert cached_pages(path)[0] == 0
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="page cache probe uses Linux mincore")
+def test_control_without_drop_cache_stays_cached(tmp_path):
+    make_model(tmp_path, model_tensors(layers=4, hidden=256), index=False)
+    path = tmp_path / "model.safetensors"
+    drop_from_cache(path)
+    assert cached_pages(path)[0] == 0
+    plan = load_plan(tmp_path)
+    with WeightReader(plan, drop_cache=False) as reader:
+        reader.read_resident()
+        reader.start_pass()
+        for i in range(4):
+            reader.take(i)
+    cached, pages = cached_pages(path)
+    assert cached >= pages - 2                       # all but the header the plan dropped
