@@ -1,0 +1,93 @@
+"""The CLI as a user meets it: `spill make-model`, `spill check`, and one-line errors."""
+
+import json
+import shutil
+import struct
+
+from typer.testing import CliRunner
+
+from spill.coordinator.cli import app
+
+runner = CliRunner()
+
+
+def test_check_prints_a_table_and_n_of_n_identical(make_tiny):
+    result = runner.invoke(app, ["check", str(make_tiny("llama")), "--rows", "6", "--max-tokens", "5",
+                                 "--prefill-chunk", "16"])
+    assert result.exit_code == 0, result.output
+    assert result.output.rstrip().splitlines()[-1] == "6/6 identical"
+    assert "joined at pass" in result.output
+
+
+def test_make_model_writes_a_folder_check_accepts(tmp_path):
+    out = tmp_path / "m"
+    result = runner.invoke(app, ["make-model", str(out), "--family", "mistral", "--size", "tiny",
+                                 "--shard-size", "1MB"])
+    assert result.exit_code == 0, result.output
+    assert (out / "model.safetensors.index.json").exists()
+    result = runner.invoke(app, ["check", str(out), "--rows", "3", "--max-tokens", "3"])
+    assert result.output.rstrip().splitlines()[-1] == "3/3 identical"
+
+
+def _copy(make_tiny, tmp_path):
+    folder = tmp_path / "m"
+    shutil.copytree(make_tiny("llama"), folder)
+    return folder
+
+
+def _one_line_error(args) -> str:
+    result = runner.invoke(app, args)
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("spill: "), result.output
+    assert "Traceback" not in result.output
+    return lines[0]
+
+
+def test_missing_folder(tmp_path):
+    line = _one_line_error(["check", str(tmp_path / "nope")])
+    assert line.endswith("found nothing at that path; check the path")
+
+
+def test_folder_without_safetensors(make_tiny, tmp_path):
+    folder = _copy(make_tiny, tmp_path)
+    (folder / "model.safetensors").unlink()
+    assert "expected *.safetensors weight files, found none" in _one_line_error(["check", str(folder)])
+
+
+def test_truncated_safetensors(make_tiny, tmp_path):
+    folder = _copy(make_tiny, tmp_path)
+    path = folder / "model.safetensors"
+    path.write_bytes(path.read_bytes()[:-1000])
+    line = _one_line_error(["check", str(folder)])
+    assert "model.safetensors: tensor" in line and "found a file of" in line
+
+
+def test_header_that_lies_about_offsets(make_tiny, tmp_path):
+    folder = _copy(make_tiny, tmp_path)
+    path = folder / "model.safetensors"
+    data = path.read_bytes()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + n])
+    name = next(k for k in header if k != "__metadata__")
+    start, end = header[name]["data_offsets"]
+    header[name]["data_offsets"] = [start, end + 4]   # claims more bytes than its shape needs
+    raw = json.dumps(header, separators=(",", ":")).encode().ljust(n)
+    assert len(raw) == n
+    path.write_bytes(data[:8] + raw + data[8 + n:])
+    line = _one_line_error(["check", str(folder)])
+    assert f"tensor {name}" in line and "needs" in line
+
+
+def test_unsupported_model_type(make_tiny, tmp_path):
+    folder = _copy(make_tiny, tmp_path)
+    config = json.loads((folder / "config.json").read_text())
+    config["model_type"] = "mamba"
+    (folder / "config.json").write_text(json.dumps(config))
+    assert _one_line_error(["check", str(folder)]) == (
+        "spill: model_type 'mamba' is not supported yet; supported families: llama, mistral, qwen2")
+
+
+def test_unknown_family_for_make_model(tmp_path):
+    assert _one_line_error(["make-model", str(tmp_path / "x"), "--family", "gpt9"]) == (
+        "spill: unknown model family 'gpt9'; choose one of: llama, qwen2, mistral")
