@@ -52,6 +52,65 @@ def check_cmd(
         raise typer.Exit(1)
 
 
+@app.command("run")
+def run_cmd(
+    model: str = typer.Argument(None, help="A model folder, or 'demo' (a small generated model)."),
+    input: Path = typer.Argument(None, help="JSONL of requests (OpenAI Batch or {custom_id, prompt|messages})."),
+    output: Path = typer.Option(None, "-o", "--output", help="Where results go (default: the job folder)."),
+    max_tokens: int = typer.Option(256, help="Tokens per row when the row does not say."),
+    temperature: float = typer.Option(0.0, help="Sampling temperature when the row does not say; 0 is greedy."),
+    resume: str = typer.Option(None, help="Continue this job id."),
+    new: bool = typer.Option(False, "--new", help="Start a new job even if an unfinished one has this input."),
+    quiet: bool = typer.Option(False, help="Only the progress line."),
+    listen: str = typer.Option(None, help="Control address of the group, e.g. tcp://127.0.0.1:5557."),
+) -> None:
+    """Run a JSONL batch: on the running group (`spill up`), or on one started for this job."""
+    from spill.coordinator.run import run_job
+    if resume is None and (model is None or input is None):
+        _fail(SpillError("give MODEL and INPUT.jsonl, or --resume JOB_ID"))
+    try:
+        code = run_job(model=model, input=input, output=output, max_tokens=max_tokens,
+                       temperature=temperature, resume=resume, new=new, quiet=quiet, listen=listen)
+    except SpillError as err:
+        _fail(err)
+    raise typer.Exit(code)
+
+
+@app.command("up")
+def up_cmd(
+    model: str = typer.Option(None, help="Prepare this model (a folder or 'demo') while starting."),
+    foreground: bool = typer.Option(False, help="Stay attached; Ctrl-C stops the group."),
+    listen: str = typer.Option(None, help="Control address for clients, e.g. tcp://127.0.0.1:5557."),
+) -> None:
+    """Start the actor group and return (it keeps running until `spill down`)."""
+    from spill.coordinator.run import group_up
+    try:
+        typer.echo(group_up(model=model, foreground=foreground, listen=listen))
+    except SpillError as err:
+        _fail(err)
+
+
+@app.command("down")
+def down_cmd(listen: str = typer.Option(None, help="Control address of the group.")) -> None:
+    """Stop the running group cleanly."""
+    from spill.coordinator.run import group_down
+    try:
+        typer.echo(group_down(listen))
+    except SpillError as err:
+        _fail(err)
+
+
+@app.command("status")
+def status_cmd(job: str = typer.Argument(None, help="A job id (default: the running job)."),
+               listen: str = typer.Option(None, help="Control address of the group.")) -> None:
+    """The group's processes and its running job."""
+    from spill.coordinator.run import group_status
+    try:
+        typer.echo(group_status(job, listen))
+    except SpillError as err:
+        _fail(err)
+
+
 def main() -> None:
     from spill.platform import reexec_with_preload
     reexec_with_preload()

@@ -102,6 +102,10 @@ class Streamer:
         if state is not None and state.finish is None:
             state.finish = reason
 
+    def clear(self) -> None:
+        """Drop every row and its KV (a reset of the group); the weights plan stays."""
+        self.decode, self.prefills, self.pending, self.rows = None, [], [], {}
+
     @property
     def idle(self) -> bool:
         return not self.rows

@@ -1,5 +1,6 @@
 import sys
 import threading
+import time
 
 import mlx.core as mx
 import numpy as np
@@ -76,20 +77,40 @@ def test_cast_to_float32_is_exact(model, read_ahead):
             _check_layer(reader.take(i), tensors, [t.name for t in layer], mx.float32)
 
 
-def test_read_ahead_runs_one_layer_ahead_in_pass_order(tmp_path):
+def _bytes_read_reaches(reader, want: int, timeout: float = 10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while reader.stats()["bytes_read"] < want and time.monotonic() < deadline:
+        time.sleep(0.001)
+    return reader.stats()["bytes_read"] >= want
+
+
+def test_read_ahead_reads_the_next_layers_before_they_are_taken(tmp_path):
     tensors = make_model(tmp_path, layers=5)
     plan = load_plan(tmp_path)
     with WeightReader(plan) as reader:
         for order in ([0, 1, 2, 3, 4], [3, 4], [4, 2, 0], []):
+            base = reader.stats()["bytes_read"]
             reader.start_pass(order)
-            for i in order:
+            # both buffers fill before the first take(): the order's first two layers
+            assert _bytes_read_reaches(reader, base + sum(plan.layer_bytes(i) for i in order[:2]))
+            for k, i in enumerate(order):
                 _check_layer(reader.take(i), tensors, [t.name for t in plan.layers[i]])
-                # the next layer is on its way before the compute thread asks for it
-                with reader._cv:
-                    while reader._next_read < min(len(order), reader._taken + 1):
-                        reader._cv.wait(1)
+                # and once a layer is taken, the one after the next is on its way
+                assert _bytes_read_reaches(reader, base + sum(plan.layer_bytes(j) for j in order[:k + 3]))
             with pytest.raises(RuntimeError, match="no layer left in this pass"):
                 reader.take(0)
+            assert reader.stats()["bytes_read"] == base + sum(plan.layer_bytes(i) for i in order)
+
+
+def test_serial_reads_only_inside_take(tmp_path):
+    make_model(tmp_path, layers=3)
+    plan = load_plan(tmp_path)
+    with WeightReader(plan, read_ahead=False) as reader:
+        reader.start_pass()
+        time.sleep(0.05)
+        assert reader.stats()["bytes_read"] == 0
+        reader.take(0)
+        assert reader.stats()["bytes_read"] == plan.layer_bytes(0)
 
 
 def test_take_out_of_order_is_refused(tmp_path):

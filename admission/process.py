@@ -1,0 +1,52 @@
+"""The admission actor: queues tokenized rows, admits them to the streamer pass by pass."""
+
+import os
+
+from spill import messages as m
+from spill.actor import EpochGate, Fault, run_actor
+from spill.wire import Mailbox
+
+from .policy import FifoPolicy, Waiting
+
+
+def run_admission_process(endpoints, args, log) -> None:
+    box = Mailbox(endpoints, "admission", sends_to=("streamer", "coordinator"))
+    policy = FifoPolicy(max_rows=args.get("max_rows", 64), prefill_tokens=args.get("prefill_tokens", 4096))
+    fault = Fault("admission")
+    gate, eos, in_flight = EpochGate(), [], False   # in_flight: an ADMIT the streamer has not reported on
+    box.send("coordinator", m.Ready("admission", os.getpid()))
+    log.info("ready")
+    while True:
+        arrived = box.recv()
+        if isinstance(arrived, m.Shutdown):
+            break
+        for msg in gate(arrived):
+            if isinstance(msg, m.Reset):
+                policy.clear()
+                in_flight = False
+            elif isinstance(msg, m.Tokenized):
+                eos = msg.eos
+                seqs = m.unpack_tokens(msg.tokens, msg.lengths)
+                policy.offer([Waiting(r, n, (s, mt, sp)) for r, n, s, mt, sp in
+                              zip(msg.rows, msg.lengths, seqs, msg.max_tokens, msg.sampling)])
+                fault.tick("tokenized")
+            elif isinstance(msg, m.Pass):
+                policy.finished(msg.finished)
+                in_flight = False
+                fault.tick("pass")
+        if not in_flight and gate.epoch >= 0:
+            admitted = policy.admit()
+            if admitted:
+                box.send("streamer", _admit(gate.epoch, admitted, eos))
+                in_flight = True
+    box.close()
+
+
+def _admit(epoch: int, rows: list[Waiting], eos: list[int]) -> m.Admit:
+    tokens, lengths = m.pack_tokens([w.payload[0] for w in rows])
+    return m.Admit(epoch=epoch, rows=[w.row for w in rows], tokens=tokens, lengths=lengths,
+                   max_tokens=[w.payload[1] for w in rows], sampling=[w.payload[2] for w in rows], eos=eos)
+
+
+if __name__ == "__main__":
+    run_actor("admission", run_admission_process)

@@ -1,0 +1,100 @@
+"""One job as the coordinator runs it: which rows are left, their results written to the job store,
+and the figures the live view shows. Pure: the daemon feeds it messages, tests feed it by hand."""
+
+import time
+from collections import OrderedDict
+
+from spill import messages as m
+
+from .batch_input import Request
+from .batch_output import error_line, success_line
+from .jobstore import Job
+
+SUBMIT_BATCH = 64
+
+
+class JobRun:
+    def __init__(self, job: Job, requests: list[Request], model_name: str, defaults: dict):
+        self.job = job
+        self.model_name = model_name
+        self.defaults = defaults          # max_tokens, temperature for rows that do not set them
+        self.requests = requests
+        done = job.done_ids()
+        self.pending = {i for i, r in enumerate(requests) if r.custom_id not in done}
+        self.left_at_start = len(self.pending)
+        self.total = int(job.meta.get("total", len(requests)))
+        self.started = time.monotonic()
+        self.generated = 0                # tokens generated this session
+        self.last_pass: m.Pass | None = None
+        self.peak_memory = 0
+        self.tails: OrderedDict[int, tuple[int, str]] = OrderedDict()   # row -> (tokens, tail)
+
+    # -- what goes to the group ---------------------------------------------------------------
+    def submits(self, epoch: int) -> list[m.Submit]:
+        rows = sorted(self.pending)
+        return [m.Submit(epoch, chunk, [self._request(i) for i in chunk])
+                for chunk in (rows[k:k + SUBMIT_BATCH] for k in range(0, len(rows), SUBMIT_BATCH))]
+
+    def _request(self, i: int) -> dict:
+        r = self.requests[i]
+        temperature = r.temperature if r.temperature is not None else self.defaults.get("temperature", 0.0)
+        return {"kind": r.kind, "messages": r.messages, "prompt": r.prompt,
+                "max_tokens": r.max_tokens or self.defaults.get("max_tokens", 256),
+                "temperature": temperature, "top_p": r.top_p, "top_k": r.top_k, "seed": r.seed, "stop": r.stop}
+
+    # -- what comes back ------------------------------------------------------------------------
+    def on_done(self, msg: m.Done) -> None:
+        lines, rows = [], []
+        for row, text, finish, p, c in zip(msg.rows, msg.texts, msg.finish, msg.prompt_tokens, msg.completion_tokens):
+            if row in self.pending:   # a row recomputed after a crash may report twice
+                r = self.requests[row]
+                lines.append(success_line(r.custom_id, kind=r.kind, model=self.model_name, text=text,
+                                          finish_reason=finish, prompt_tokens=p, completion_tokens=c))
+                rows.append(row)
+        self._write(lines, rows)
+
+    def on_error(self, msg: m.Error) -> None:
+        lines, rows = [], []
+        for row, code, message in zip(msg.rows, msg.codes, msg.messages):
+            if row in self.pending:
+                r = self.requests[row]
+                lines.append(error_line(r.custom_id, code=code, message=f"line {r.line}: {message}"))
+                rows.append(row)
+        self._write(lines, rows)
+
+    def _write(self, lines: list[dict], rows: list[int]) -> None:
+        if lines:
+            self.job.append(lines)    # fsynced before the rows count as done
+            self.pending.difference_update(rows)
+            for row in rows:
+                self.tails.pop(row, None)
+
+    def on_pass(self, msg: m.Pass) -> None:
+        self.last_pass = msg
+        self.generated += msg.emitted
+        self.peak_memory = max(self.peak_memory, msg.peak_memory)
+
+    def on_progress(self, msg: m.Progress) -> None:
+        for row, n, tail in zip(msg.rows, msg.tokens, msg.tails):
+            if row in self.pending:
+                self.tails[row] = (n, tail)
+                self.tails.move_to_end(row)
+        while len(self.tails) > 64:
+            self.tails.popitem(last=False)
+
+    @property
+    def finished(self) -> bool:
+        return not self.pending
+
+    def status(self) -> dict:
+        elapsed = max(time.monotonic() - self.started, 1e-9)
+        done = self.total - len(self.pending)
+        rate = self.generated / elapsed
+        p = self.last_pass
+        done_now = self.left_at_start - len(self.pending)   # rows finished in this session
+        eta = elapsed / done_now * len(self.pending) if done_now > 0 else None
+        slots = [(self.requests[r].custom_id, n, tail) for r, (n, tail) in list(self.tails.items())[-8:]]
+        return {"job": self.job.id, "status": self.job.meta.get("status"), "done": done, "total": self.total,
+                "tokens_per_s": rate, "pass_s": p.seconds if p else None,
+                "token_latency_s": p.seconds if p else None, "peak_memory": self.peak_memory,
+                "eta_s": eta, "slots": slots, "output": str(self.job.output_path)}

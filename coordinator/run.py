@@ -1,0 +1,92 @@
+"""What `spill run`, `up`, `down` and `status` do, as a client of the group."""
+
+import signal
+from pathlib import Path
+
+import typer
+
+from spill.errors import SpillError
+
+from .client import Client, GroupDead, endpoints, start_group
+from .live import follow, progress_line
+
+
+def _listen(listen: str | None) -> str | None:
+    """A bare port means 127.0.0.1:PORT."""
+    if listen and listen.isdigit():
+        return f"tcp://127.0.0.1:{listen}"
+    return listen
+
+
+def run_job(*, model, input, output, max_tokens, temperature, resume, new, quiet, listen) -> int:
+    eps = endpoints(_listen(listen))
+    client, group = Client(eps), None
+    if not client.ping():
+        group = start_group(eps, embedded=True)
+    job = None
+    try:
+        args = {"model": model, "input": str(Path(input).resolve()) if input else None,
+                "output": str(Path(output).resolve()) if output else None,
+                "max_tokens": max_tokens, "temperature": temperature, "resume": resume, "new": new}
+        info = client.request("submit", timeout_s=600, **args)
+        job = info["job"]
+        typer.echo(f"job {job}: {info['total']} rows, {info['done']} already done; output {info['output']}")
+        final = follow(client, job, quiet=quiet)
+        typer.echo(f"job {job} {final['status']}: {final.get('done')}/{final.get('total')} rows in {final.get('output')}")
+        return 0 if final["status"] == "done" else 1
+    except KeyboardInterrupt:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)   # a second Ctrl-C must not tear the stop
+        if job is not None:
+            s = client.request("interrupt", job=job)
+            typer.echo(f"\nstopped at a pass boundary: {s.get('done', '?')}/{s.get('total', '?')} rows written; "
+                       f"resume with: spill run --resume {job}")
+        return 130
+    finally:
+        if group is not None:
+            try:
+                client.request("down", timeout_s=30)
+            except GroupDead:
+                group.kill()
+            group.wait()
+        client.close()
+
+
+def group_up(*, model, foreground, listen) -> str:
+    eps = endpoints(_listen(listen))
+    if Client(eps).ping():
+        return "spill group already running"
+    if model:
+        from .models import resolve
+        resolve(model)   # makes the demo model now rather than at the first job
+    if foreground:
+        import json
+        import subprocess
+        import sys
+        args = {"endpoints": eps.as_dict(), "actor_args": {}, "parent_fd": None}
+        subprocess.run([sys.executable, "-m", "spill.coordinator.daemon", json.dumps(args)])
+        return "spill group stopped"
+    proc = start_group(eps, embedded=False)
+    return f"spill group up (coordinator pid {proc.pid}); submit with `spill run MODEL INPUT.jsonl`"
+
+
+def group_down(listen) -> str:
+    client = Client(endpoints(_listen(listen)))
+    if not client.ping():
+        return "no spill group is running"
+    client.request("down")
+    return "spill group stopped"
+
+
+def group_status(job, listen) -> str:
+    client = Client(endpoints(_listen(listen)))
+    if not client.ping():
+        if job:
+            from .jobstore import Job
+            j = Job.open(job)
+            return f"no spill group is running; job {j.id} is {j.meta.get('status')}: {len(j.done_ids())}/{j.meta.get('total')} rows"
+        return "no spill group is running"
+    s = client.request("status", job=job)
+    procs = "  ".join(f"{role} pid {pid}" for role, pid in s.get("processes", {}).items())
+    if not s.get("job"):
+        return f"group: {procs}\nno job running"
+    return f"group: {procs}\njob {s['job']} {s.get('status')}: {progress_line(s)}"

@@ -1,0 +1,66 @@
+"""Starts the actor processes, watches them, restarts one that died.
+
+Each child gets the read end of a pipe whose write end only this process holds: when this
+process dies the child reads EOF and exits (portable; macOS has no PDEATHSIG).
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+from spill.platform import preload_env
+
+ACTORS = {"tokenizer": "spill.tokenizer_worker.process", "admission": "spill.admission.process",
+          "streamer": "spill.streamer.process"}
+
+
+class Supervisor:
+    def __init__(self, endpoints, args: dict | None = None, log=None):
+        self.endpoints = endpoints
+        self.args = args or {}
+        self.log = log
+        self.procs: dict[str, subprocess.Popen] = {}
+        self._pipes: dict[str, int] = {}
+        self.restarts = {role: 0 for role in ACTORS}
+
+    def start(self, role: str) -> None:
+        read_end, write_end = os.pipe()
+        args = {**self.args, "endpoints": self.endpoints.as_dict(), "parent_fd": read_end}
+        env = preload_env() if role == "streamer" else dict(os.environ)
+        if self.restarts[role]:
+            env.pop(f"SPILL_CRASH_{role.upper()}", None)   # a fault fires once, not on every restart
+        self.procs[role] = subprocess.Popen([sys.executable, "-m", ACTORS[role], json.dumps(args)],
+                                            pass_fds=(read_end,), env=env, stdin=subprocess.DEVNULL)
+        os.close(read_end)
+        if role in self._pipes:
+            os.close(self._pipes[role])
+        self._pipes[role] = write_end
+        if self.log:
+            self.log.info("started", actor=role, pid=self.procs[role].pid)
+
+    def start_all(self) -> None:
+        for role in ACTORS:
+            self.start(role)
+
+    def dead(self) -> list[tuple[str, int]]:
+        """Actors that exited, with their exit codes."""
+        return [(role, p.returncode) for role, p in self.procs.items() if p.poll() is not None]
+
+    def restart(self, role: str) -> None:
+        self.restarts[role] += 1
+        self.start(role)
+
+    def pids(self) -> dict[str, int]:
+        return {role: p.pid for role, p in self.procs.items()}
+
+    def stop_all(self, timeout: float = 10.0) -> None:
+        for fd in self._pipes.values():
+            os.close(fd)   # children see EOF and exit
+        self._pipes.clear()
+        for p in self.procs.values():
+            try:
+                p.wait(timeout)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()

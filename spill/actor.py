@@ -1,0 +1,94 @@
+"""What every actor process does around its loop: logging, a parent watch, a ready handshake,
+fault-injection knobs for tests, and one place that catches a crash and logs it."""
+
+import json
+import os
+import sys
+import threading
+import traceback
+
+import structlog
+
+from . import config
+from .wire import Endpoints
+
+
+def parent_watch(fd: int) -> None:
+    """Exit when the parent dies: its end of our pipe closes and a read returns EOF (portable)."""
+    def watch():
+        while os.read(fd, 1):
+            pass
+        os._exit(0)
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+def setup_logging(role: str) -> structlog.BoundLogger:
+    """key=value lines on stderr, JSON lines in $SPILL_HOME/run/logs/<role>.log."""
+    logs = config.home() / "run" / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    file = open(logs / f"{role}.log", "a", buffering=1)
+    console = structlog.dev.ConsoleRenderer(colors=False)
+    as_json = structlog.processors.JSONRenderer()
+
+    def both(logger, name, event):
+        file.write(as_json(logger, name, dict(event)) + "\n")
+        return console(logger, name, event)
+
+    structlog.configure(processors=[structlog.processors.add_log_level,
+                                    structlog.processors.TimeStamper(fmt="iso"), both],
+                        logger_factory=structlog.PrintLoggerFactory(sys.stderr))
+    return structlog.get_logger(role=role, pid=os.getpid())
+
+
+class Fault:
+    """SPILL_CRASH_<ROLE>="event:n" kills this process (like kill -9) at the n-th event."""
+
+    def __init__(self, role: str):
+        spec = config.crash_knob(role)
+        self.event, self.at = (spec.split(":")[0], int(spec.split(":")[1])) if spec else ("", 0)
+        self.seen = 0
+
+    def tick(self, event: str) -> None:
+        if event == self.event:
+            self.seen += 1
+            if self.seen == self.at:
+                os._exit(137)
+
+
+def run_actor(role: str, main) -> None:
+    """Entry of an actor process: `python -m spill.<actor>.process '<json args>'`."""
+    args = json.loads(sys.argv[1])
+    if args.get("parent_fd") is not None:
+        parent_watch(args["parent_fd"])
+    log = setup_logging(role)
+    try:
+        main(Endpoints(**args["endpoints"]), args, log)
+    except KeyboardInterrupt:
+        pass
+    except BaseException:  # noqa: BLE001 - logged, then the supervisor sees the exit code
+        log.error("crashed", traceback=traceback.format_exc())
+        sys.exit(1)
+
+
+class EpochGate:
+    """Orders row messages around RESET: drops those of an older epoch, holds those of a newer
+    one until its RESET arrives (senders differ, so a row can overtake the reset that precedes it)."""
+
+    def __init__(self):
+        self.epoch = -1
+        self._early: list = []
+
+    def __call__(self, msg) -> list:
+        """The messages to handle now, given one that just arrived."""
+        from .messages import Reset
+        if isinstance(msg, Reset):
+            self.epoch = msg.epoch
+            ready = [x for x in self._early if x.epoch == msg.epoch]
+            self._early = [x for x in self._early if x.epoch > msg.epoch]
+            return [msg, *ready]
+        epoch = getattr(msg, "epoch", None)
+        if epoch is None or epoch == self.epoch:
+            return [msg]
+        if epoch > self.epoch:
+            self._early.append(msg)
+        return []

@@ -1,0 +1,89 @@
+"""Where the group's sockets live and how an actor talks: one PULL inbox each, PUSH to the others.
+
+    endpoint     bound by       connected by
+    coordinator  coordinator    every actor (reports: READY, PASS, DONE, ERROR, PROGRESS)
+    tokenizer    tokenizer      coordinator, streamer
+    admission    admission      tokenizer, streamer, coordinator
+    streamer     streamer       admission, tokenizer, coordinator
+    control      coordinator    clients (`spill run`, `spill status`, `spill down`): REQ/REP
+"""
+
+import hashlib
+import os
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import zmq
+
+from . import messages
+
+ROLES = ("coordinator", "tokenizer", "admission", "streamer")
+_IPC_MAX = 100   # macOS allows ~104 bytes in a socket path
+
+
+@dataclass(frozen=True)
+class Endpoints:
+    coordinator: str
+    tokenizer: str
+    admission: str
+    streamer: str
+    control: str
+
+    @classmethod
+    def in_dir(cls, run_dir: Path, control: str | None = None) -> "Endpoints":
+        run_dir = socket_dir(run_dir)
+        addr = {r: f"ipc://{run_dir / (r + '.sock')}" for r in ROLES}
+        return cls(**addr, control=control or f"ipc://{run_dir / 'control.sock'}")
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def socket_dir(run_dir: Path) -> Path:
+    """run_dir itself (mode 0700), or a short private folder in /tmp when its path is too long."""
+    run_dir = Path(run_dir)
+    if len(str(run_dir / "coordinator.sock")) > _IPC_MAX:
+        tag = hashlib.sha256(str(run_dir).encode()).hexdigest()[:10]
+        run_dir = Path(tempfile.gettempdir()) / f"spill-{os.getuid()}-{tag}"
+    run_dir.mkdir(parents=True, exist_ok=True)
+    os.chmod(run_dir, 0o700)
+    return run_dir
+
+
+class Mailbox:
+    """An actor's inbox (bound PULL) and its outboxes (connected PUSH) to the roles it sends to."""
+
+    def __init__(self, endpoints: Endpoints, role: str, sends_to: tuple[str, ...]):
+        self.ctx = zmq.Context.instance()
+        self.inbox = self.ctx.socket(zmq.PULL)
+        self.inbox.setsockopt(zmq.LINGER, 0)
+        address = getattr(endpoints, role)
+        if address.startswith("ipc://") and os.path.exists(address[6:]):
+            os.unlink(address[6:])   # left behind by a process that died
+        self.inbox.bind(address)
+        self.out = {}
+        for peer in sends_to:
+            sock = self.ctx.socket(zmq.PUSH)
+            sock.setsockopt(zmq.LINGER, 2000)
+            sock.connect(getattr(endpoints, peer))
+            self.out[peer] = sock
+
+    def send(self, peer: str, msg) -> None:
+        self.out[peer].send(messages.encode(msg))
+
+    def recv(self, timeout_ms: int | None = None):
+        """The next message, or None after timeout_ms (None: wait for ever)."""
+        if timeout_ms is not None and not self.inbox.poll(timeout_ms):
+            return None
+        return messages.decode(self.inbox.recv())
+
+    def drain(self) -> list:
+        out = []
+        while self.inbox.poll(0):
+            out.append(messages.decode(self.inbox.recv()))
+        return out
+
+    def close(self) -> None:
+        for sock in [self.inbox, *self.out.values()]:
+            sock.close()

@@ -1,0 +1,89 @@
+"""The streamer actor: one pass per loop; rows arrive from admission, tokens go to the tokenizer."""
+
+import os
+
+import numpy as np
+
+from spill import messages as m
+from spill.actor import EpochGate, Fault, run_actor
+from spill.wire import Mailbox
+
+from .core import Row, Streamer
+from .sampling import SamplingParams
+
+
+class StreamerActor:
+    """The streamer core behind the group's messages (no sockets: tests drive it directly)."""
+
+    def __init__(self, prefill_chunk: int = 512):
+        self.prefill_chunk = prefill_chunk
+        self.engine: Streamer | None = None
+        self.model = ""
+        self.epoch = -1
+
+    def reset(self, msg: m.Reset) -> None:
+        self.epoch = msg.epoch
+        if msg.model and msg.model != self.model:
+            if self.engine is not None:
+                self.engine.close()
+            self.engine, self.model = Streamer(msg.model, prefill_chunk=self.prefill_chunk), msg.model
+        elif self.engine is not None:
+            self.engine.clear()
+
+    def admit(self, msg: m.Admit) -> None:
+        eos = frozenset(msg.eos)
+        for row, prompt, max_tokens, (temp, top_p, top_k, seed) in zip(
+                msg.rows, m.unpack_tokens(msg.tokens, msg.lengths), msg.max_tokens, msg.sampling):
+            sampling = SamplingParams(temperature=temp, top_p=top_p, top_k=top_k, seed=seed)
+            self.engine.add(Row(row, prompt, max_tokens, sampling, eos))
+
+    def stop(self, msg: m.Stop) -> None:
+        for row in msg.rows:
+            self.engine.finish(row)
+
+    @property
+    def busy(self) -> bool:
+        return self.engine is not None and not self.engine.idle
+
+    def step(self) -> tuple[m.Tokens, m.Pass]:
+        report = self.engine.step()
+        rows = [e.row_id for e in report.emitted]
+        finish = [e.finish or "" for e in report.emitted]
+        tokens = np.array([e.token for e in report.emitted], dtype=np.int32).tobytes()
+        out = m.Tokens(self.epoch, report.index, rows, tokens, finish)
+        done = [r for r, f in zip(rows, finish) if f]
+        stats = m.Pass(self.epoch, report.index, report.seconds, report.wait_s, report.compute_s,
+                       report.decode_rows, report.prefill_tokens, len(rows), done,
+                       report.active_memory, report.peak_memory, report.bytes_streamed)
+        return out, stats
+
+
+def run_streamer_process(endpoints, args, log) -> None:
+    box = Mailbox(endpoints, "streamer", sends_to=("tokenizer", "admission", "coordinator"))
+    actor = StreamerActor(prefill_chunk=args.get("prefill_chunk", 512))
+    fault = Fault("streamer")
+    handlers = {m.Reset: actor.reset, m.Admit: actor.admit, m.Stop: actor.stop}
+    gate = EpochGate()
+    box.send("coordinator", m.Ready("streamer", os.getpid()))
+    log.info("ready")
+    while True:
+        # 1. drain what arrived during the last pass (block when there is nothing to run)
+        inbox = box.drain() if actor.busy else [box.recv()] + box.drain()
+        if any(isinstance(msg, m.Shutdown) for msg in inbox):
+            break
+        for msg in [x for arrived in inbox for x in gate(arrived)]:
+            handlers.get(type(msg), lambda _msg: None)(msg)
+        # 2. one pass, then its tokens and its report
+        if actor.busy:
+            tokens, stats = actor.step()
+            box.send("tokenizer", tokens)
+            box.send("admission", stats)
+            box.send("coordinator", stats)
+            fault.tick("pass")
+    if actor.engine is not None:
+        actor.engine.close()
+    box.close()
+
+
+if __name__ == "__main__":
+    run_actor("streamer", run_streamer_process)

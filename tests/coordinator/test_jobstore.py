@@ -1,0 +1,240 @@
+"""The job store: rows on disk before they count, torn tails repaired, nothing written twice, inputs pinned."""
+
+import errno
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from spill.coordinator import jobstore
+from spill.coordinator.batch_output import error_line, success_line
+from spill.coordinator.jobstore import Job, list_jobs
+from spill.errors import SpillError
+
+
+@pytest.fixture(autouse=True)
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPILL_HOME", str(tmp_path / "home"))
+    return tmp_path / "home"
+
+
+@pytest.fixture
+def batch(tmp_path):
+    path = tmp_path / "evals.jsonl"
+    path.write_text('{"custom_id": "a", "prompt": "x"}\n{"custom_id": "b", "prompt": "y"}\n')
+    return path
+
+
+def _ok(cid, text="out"):
+    return success_line(cid, kind="completion", model="m", text=text, finish_reason="stop",
+                        prompt_tokens=1, completion_tokens=1)
+
+
+def _ids(path):
+    return [json.loads(x)["custom_id"] for x in path.read_text().splitlines()]
+
+
+def _refused(fn, *args) -> str:
+    with pytest.raises(SpillError) as err:
+        fn(*args)
+    return str(err.value)
+
+
+def test_create_lays_out_the_job(home, batch):
+    job = Job.create(batch, "llama3.3:70b", {"max_tokens": 64})
+    assert re.fullmatch(r"\d{6}-\d{6}-[0-9a-f]{6}", job.id)
+    assert job.dir == home / "jobs" / job.id and (job.dir / "logs").is_dir()
+    assert job.output_path == job.dir / "output.jsonl" and job.output_path.read_bytes() == b""
+    meta = json.loads((job.dir / "job.json").read_text())
+    assert meta == job.meta
+    assert {k: meta[k] for k in ("input", "model", "params", "output", "status", "counts")} == {
+        "input": str(batch), "model": "llama3.3:70b", "params": {"max_tokens": 64}, "output": None,
+        "status": "queued", "counts": {"succeeded": 0, "failed": 0}}
+    assert re.fullmatch(r"[0-9a-f]{64}", meta["input_sha256"]) and meta["created"] == meta["updated"]
+    assert Job.open(job.id).meta == meta and job.done_ids() == set()
+
+
+def test_ids_are_unique_and_listed_newest_first(batch):
+    ids = [Job.create(batch, "m", {}).id for _ in range(3)]   # the same second: the hex keeps them apart
+    assert len(set(ids)) == 3 and ids[0][:13] <= ids[1][:13] <= ids[2][:13]
+    assert [m["id"] for m in list_jobs()] == sorted(ids, reverse=True)
+
+
+def test_open_an_unknown_job(home):
+    assert _refused(Job.open, "250101-000000-abcdef") == (
+        f"no job '250101-000000-abcdef' in {home / 'jobs'}; `spill status` lists the jobs")
+    assert "`spill status` lists the jobs" in _refused(Job.open, "../etc")
+
+
+def test_find_the_unfinished_job_for_the_same_command(tmp_path, batch):
+    out = tmp_path / "results.jsonl"
+    job = Job.create(batch, "m", {})
+    with_o = Job.create(batch, "m", {}, out)
+    assert Job.find(batch, None, "m").id == job.id
+    assert Job.find(tmp_path / "." / "evals.jsonl", out, "m").id == with_o.id   # same file, spelled differently
+    assert Job.find(batch, None, "other-model") is None
+    assert Job.find(batch, tmp_path / "elsewhere.jsonl", "m") is None
+    job.set_status("interrupted")
+    assert Job.find(batch, None, "m").id == job.id
+    job.set_status("done")
+    assert Job.find(batch, None, "m") is None
+
+
+def test_append_is_fsynced_and_reopen_gives_done_ids(batch, monkeypatch):
+    synced = []
+    real = jobstore._fsync
+    monkeypatch.setattr(jobstore, "_fsync", lambda fd: (real(fd), synced.append(fd)))
+    job = Job.create(batch, "m", {})
+    synced.clear()
+    job.append([_ok("a"), error_line("b", code="context_length_exceeded", message="line 2: too long")])
+    assert len(synced) == 1                      # one fsync per append, before it returns
+    assert job.done_ids() == {"a", "b"} and job.counts() == {"succeeded": 1, "failed": 1}
+    again = Job.open(job.id)
+    assert again.done_ids() == {"a", "b"} and again.counts() == {"succeeded": 1, "failed": 1}
+    assert again.repaired_bytes == 0
+    job.set_status("running", total=2)
+    assert Job.open(job.id).meta["counts"] == {"succeeded": 1, "failed": 1} and Job.open(job.id).meta["total"] == 2
+
+
+def test_a_custom_id_is_never_written_twice(batch):
+    job = Job.create(batch, "m", {})
+    job.append([_ok("a", "first"), _ok("a", "again in the same call")])
+    job.append([_ok("a", "later"), _ok("b")])
+    Job.open(job.id).append([_ok("b", "after a restart"), _ok("a")])
+    assert _ids(job.output_path) == ["a", "b"]
+    assert json.loads(job.output_path.read_text().splitlines()[0])["response"]["body"]["choices"][0]["text"] == "first"
+
+
+def test_bad_rows_without_custom_id_are_written_once_across_resumes(batch):
+    bad = [error_line(None, code="invalid_json", message=f"line {n}: not valid JSON") for n in (3, 4)]
+    job = Job.create(batch, "m", {})
+    job.append(bad)
+    Job.open(job.id).append(bad)                 # a re-run reports the same bad rows again
+    assert len(job.output_path.read_text().splitlines()) == 2
+    assert Job.open(job.id).done_ids() == set()
+
+
+@pytest.mark.parametrize("tail", [b'{"id": "batch_req_1", "custom_id": "b", "resp',   # cut mid-line
+                                  b"\x00" * 300,                                      # size grew, data never landed
+                                  b'{"id": "batch_req_1", "custom_id": "b"\x00\x00\n'])  # garbage then a newline
+def test_a_torn_last_line_is_cut_on_open(batch, tail):
+    job = Job.create(batch, "m", {})
+    job.append([_ok("a")])
+    good = job.output_path.read_bytes()
+    with open(job.output_path, "ab") as f:
+        f.write(tail)
+    again = Job.open(job.id)
+    assert again.output_path.read_bytes() == good and again.repaired_bytes == len(tail)
+    assert again.done_ids() == {"a"}
+    again.append([_ok("b")])
+    assert _ids(job.output_path) == ["a", "b"]
+
+
+def test_a_changed_input_is_refused(batch):
+    job = Job.create(batch, "m", {})
+    job.append([_ok("a")])
+    job.check_input()
+    batch.write_text('{"custom_id": "a", "prompt": "changed"}\n')
+    assert _refused(Job.open(job.id).check_input) == (
+        f"{batch} changed since job {job.id} was created; restore it to continue that job, "
+        f"or start a new job with `spill run --new` (1 rows already in {job.output_path} belong to the old input)")
+    batch.unlink()
+    assert _refused(job.check_input) == (
+        f"{batch}, the input of job {job.id}, no longer exists; put it back to continue, "
+        f"or start a new job with `spill run --new` (1 rows already in {job.output_path})")
+
+
+def test_output_option_is_never_mixed_with_another_file(tmp_path, batch):
+    out = tmp_path / "results.jsonl"
+    out.write_text("someone else's data\n")
+    assert _refused(Job.create, batch, "m", {}, out) == (
+        f"{out} already exists and is not empty; choose another -o path, or move that file away")
+    out.write_text("")
+    job = Job.create(batch, "m", {}, out)        # an empty file is fine
+    assert job.output_path == out
+    job.append([_ok("a")])
+    assert _refused(Job.create, batch, "other", {}, out) == (
+        f"{out} is the output of job {job.id} (model m, queued); continue it with `spill run --resume {job.id}`, "
+        f"or choose another -o path")
+    Job.open(job.id).set_status("done")
+    assert _refused(Job.create, batch, "m", {}, out) == (
+        f"{out} holds the finished output of job {job.id}; choose another -o path, or move that file away to run again")
+    missing = tmp_path / "no" / "r.jsonl"
+    assert _refused(Job.create, batch, "m", {}, missing) == (
+        f"folder {missing.parent} does not exist; create it or choose another -o path")
+    assert _ids(out) == ["a"] and Job.open(job.id).done_ids() == {"a"}
+
+
+def test_job_json_is_replaced_atomically(batch):
+    job = Job.create(batch, "m", {})
+    (job.dir / "job.json.tmp").write_text("{torn")   # what a crash in the middle of set_status leaves
+    assert Job.open(job.id).meta["status"] == "queued"
+    job.set_status("failed", error="the group died")
+    assert not (job.dir / "job.json.tmp").exists()
+    assert json.loads((job.dir / "job.json").read_text())["error"] == "the group died"
+    with pytest.raises(ValueError):
+        job.set_status("paused")
+
+
+def test_a_full_disk_leaves_no_torn_line(batch, monkeypatch):
+    job = Job.create(batch, "m", {})
+    job.append([_ok("a")])
+    before = job.output_path.read_bytes()
+    real = os.write
+
+    def half_then_full(fd, data):
+        real(fd, bytes(data[: len(data) // 2]))
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(jobstore.os, "write", half_then_full)
+    assert _refused(job.append, [_ok("b")]) == (
+        f"no space left to write {job.output_path}; free some space and run the same command again "
+        f"to continue job {job.id}")
+    monkeypatch.undo()
+    assert job.output_path.read_bytes() == before and job.done_ids() == {"a"}
+
+
+def test_one_process_per_job_and_a_reader_never_cuts_its_tail(batch):
+    job = Job.create(batch, "m", {})
+    job.lock()
+    job.lock()                                   # holding it already is fine
+    assert _refused(Job.open(job.id).lock) == (
+        f"job {job.id} is being run by another spill process (pid {os.getpid()}); wait for it, "
+        "or stop it with Ctrl-C in its `spill run` or with `spill down`")
+    job.append([_ok("a")])
+    with open(job.output_path, "ab") as f:      # the runner is mid-write
+        f.write(b'{"id": "batch_req_1", "custom_id": "b"')
+    size = job.output_path.stat().st_size
+    assert Job.open(job.id).done_ids() == {"a"} and job.output_path.stat().st_size == size   # status reads only
+    job.close()
+    again = Job.open(job.id)
+    again.lock()
+    assert again.repaired_bytes > 0 and again.done_ids() == {"a"}
+
+
+def test_a_killed_writer_loses_nothing_it_counted(home, batch, tmp_path):
+    job = Job.create(batch, "m", {})
+    child = textwrap.dedent(f"""
+        from spill.coordinator.jobstore import Job
+        from spill.coordinator.batch_output import success_line
+        job = Job.open({job.id!r})
+        for i in range(100000):
+            job.append([success_line(f"r{{i}}", kind="chat", model="m", text="x" * 5000, finish_reason="stop",
+                                     prompt_tokens=1, completion_tokens=1)])
+            print(i, flush=True)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", child], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "SPILL_HOME": str(home)})
+    acked = [proc.stdout.readline() for _ in range(20)]   # rows whose append had returned
+    time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    again = Job.open(job.id)
+    assert {f"r{int(x)}" for x in acked} <= again.done_ids()
+    assert _ids(again.output_path) == [f"r{i}" for i in range(len(again.done_ids()))]

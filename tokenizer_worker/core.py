@@ -1,0 +1,74 @@
+"""The tokenizer worker's logic: prompts to real token ids, sampled tokens back to text.
+
+Chat templates are rendered by the tokenizer's own `apply_chat_template` (transformers renders
+them in a sandboxed Jinja environment); detokenization and stop strings are `RowText`'s.
+"""
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from .text import RowText
+
+
+@dataclass
+class Live:
+    text: RowText
+    prompt_tokens: int
+    completion_tokens: int = 0
+
+
+class TokenizerCore:
+    def __init__(self, model_folder: str | Path):
+        from mlx_lm.tokenizer_utils import load
+        folder = Path(model_folder)
+        self.tokenizer = load(folder)
+        config = json.loads((folder / "config.json").read_text())
+        self.context = int(config.get("max_position_embeddings") or 0) or None
+        self.eos = sorted(self.tokenizer.eos_token_ids)
+        self.live: dict[int, Live] = {}
+
+    def encode(self, request: dict) -> list[int]:
+        if request["kind"] == "chat":
+            ids = self.tokenizer.apply_chat_template(request["messages"], add_generation_prompt=True)
+            return list(ids["input_ids"] if isinstance(ids, dict) else ids)
+        return self.tokenizer.encode(request["prompt"])
+
+    def tokenize(self, row: int, request: dict) -> tuple[list[int] | None, str]:
+        """(prompt ids, "") for a row that can run, or (None, why not)."""
+        try:
+            ids = self.encode(request)
+        except Exception as err:  # a template that rejects these messages
+            return None, f"the chat template could not render these messages ({str(err).splitlines()[0]})"
+        if not ids:
+            return None, "the prompt is empty after tokenization; give it some text"
+        need = len(ids) + request["max_tokens"]
+        if self.context and need > self.context:
+            return None, (f"the prompt is {len(ids)} tokens and max_tokens {request['max_tokens']}, "
+                          f"{need} in all, but the model's context is {self.context} tokens; "
+                          "shorten the prompt or lower max_tokens")
+        self.live[row] = Live(RowText(self.tokenizer, request.get("stop") or []), len(ids))
+        return ids, ""
+
+    def add(self, row: int, token: int, finish: str) -> tuple[bool, str | None]:
+        """A sampled token. Returns (hit a stop string, finish reason if the row ended)."""
+        live = self.live.get(row)
+        if live is None:
+            return False, None
+        if finish == "stop":      # EOS: ends the row, is not text
+            return False, "stop"
+        live.completion_tokens += 1
+        if live.text.add(token):
+            return True, "stop"
+        return False, finish or None
+
+    def finish(self, row: int, reason: str) -> tuple[str, str, int, int]:
+        """(text, finish_reason, prompt_tokens, completion_tokens); forgets the row."""
+        live = self.live.pop(row)
+        return live.text.finish(), reason, live.prompt_tokens, live.completion_tokens
+
+    def tails(self, rows: list[int], width: int = 80) -> tuple[list[int], list[str]]:
+        return [self.live[r].completion_tokens for r in rows], [self.live[r].text.text[-width:] for r in rows]
+
+    def clear(self) -> None:
+        self.live.clear()

@@ -1,0 +1,82 @@
+"""The tokenizer actor: SUBMIT -> TOKENIZED (or ERROR); TOKENS -> DONE, STOP and PROGRESS."""
+
+import os
+
+import numpy as np
+
+from spill import messages as m
+from spill.actor import EpochGate, Fault, run_actor
+from spill.wire import Mailbox
+
+from .core import TokenizerCore
+
+
+def run_tokenizer_process(endpoints, args, log) -> None:
+    box = Mailbox(endpoints, "tokenizer", sends_to=("admission", "streamer", "coordinator"))
+    fault = Fault("tokenizer")
+    core, model, gate = None, "", EpochGate()
+    box.send("coordinator", m.Ready("tokenizer", os.getpid()))
+    log.info("ready")
+    while True:
+        arrived = box.recv()
+        if isinstance(arrived, m.Shutdown):
+            break
+        for msg in gate(arrived):
+            if isinstance(msg, m.Reset):
+                if msg.model and msg.model != model:
+                    core, model = TokenizerCore(msg.model), msg.model
+                elif core is not None:
+                    core.clear()
+            elif core is None:
+                continue
+            elif isinstance(msg, m.Submit):
+                _submit(box, core, msg)
+                fault.tick("submit")
+            elif isinstance(msg, m.Tokens):
+                _tokens(box, core, msg)
+                fault.tick("tokens")
+    box.close()
+
+
+def _submit(box, core: TokenizerCore, msg: m.Submit) -> None:
+    ok, seqs, bad, why = [], [], [], []
+    for row, request in zip(msg.rows, msg.requests):
+        ids, reason = core.tokenize(row, request)
+        if ids is None:
+            bad.append(row)
+            why.append(reason)
+        else:
+            ok.append((row, request))
+            seqs.append(ids)
+    if bad:
+        box.send("coordinator", m.Error(msg.epoch, bad, ["context_length_exceeded"] * len(bad), why))
+    if ok:
+        tokens, lengths = m.pack_tokens(seqs)
+        sampling = [[r.get("temperature") or 0.0, r.get("top_p") or 1.0, r.get("top_k") or 0, r.get("seed")]
+                    for _, r in ok]
+        box.send("admission", m.Tokenized(msg.epoch, [r for r, _ in ok], tokens, lengths,
+                                          [r["max_tokens"] for _, r in ok], sampling, core.eos))
+
+
+def _tokens(box, core: TokenizerCore, msg: m.Tokens) -> None:
+    stops, done = [], []
+    for row, token, finish in zip(msg.rows, np.frombuffer(msg.tokens, np.int32).tolist(), msg.finish):
+        hit, reason = core.add(row, token, finish)
+        if hit:
+            stops.append(row)
+        if reason:
+            done.append(core.finish(row, reason))
+            done[-1] = (row, *done[-1])
+    if stops:
+        box.send("streamer", m.Stop(msg.epoch, stops))
+    if done:
+        rows, texts, finish, prompt, completion = map(list, zip(*done))
+        box.send("coordinator", m.Done(msg.epoch, rows, texts, finish, prompt, completion))
+    running = [r for r in msg.rows if r in core.live]
+    if running:
+        counts, tails = core.tails(running)
+        box.send("coordinator", m.Progress(msg.epoch, running, counts, tails))
+
+
+if __name__ == "__main__":
+    run_actor("tokenizer", run_tokenizer_process)
