@@ -2,6 +2,7 @@
 
 import os
 
+from spill import config
 from spill import messages as m
 from spill.actor import EpochGate, Fault, run_actor
 from spill.wire import Mailbox
@@ -11,7 +12,7 @@ from .policy import FifoPolicy, Waiting
 
 def run_admission_process(endpoints, args, log) -> None:
     box = Mailbox(endpoints, "admission", sends_to=("streamer", "coordinator"))
-    policy = FifoPolicy(max_rows=args.get("max_rows", 64), prefill_tokens=args.get("prefill_tokens", 4096))
+    policy = FifoPolicy(max_rows=config.max_rows(), prefill_tokens=config.prefill_tokens())
     fault = Fault("admission")
     gate, eos, in_flight = EpochGate(), [], False   # in_flight: an ADMIT the streamer has not reported on
     box.send("coordinator", m.Ready("admission", os.getpid()))

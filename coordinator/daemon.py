@@ -17,7 +17,7 @@ import zmq
 
 from spill import config
 from spill import messages as m
-from spill.actor import run_actor
+from spill.actor import Fault, run_actor
 from spill.errors import SpillError
 from spill.wire import Mailbox
 
@@ -182,6 +182,7 @@ def run_coordinator_process(endpoints, args, log) -> None:
     pidfile.write_text(str(os.getpid()))
     sup = Supervisor(endpoints, args.get("actor_args", {}), log)
     group = Group(box, sup, log)
+    fault = Fault("coordinator")
     sup.start_all()
     poller = zmq.Poller()
     poller.register(box.inbox, zmq.POLLIN)
@@ -192,6 +193,8 @@ def run_coordinator_process(endpoints, args, log) -> None:
             if box.inbox in ready:
                 for msg in box.drain():
                     group.on_actor(msg)
+                    for _row in getattr(msg, "rows", []) if isinstance(msg, m.Done) else []:
+                        fault.tick("done")   # counts rows written
             if control in ready:
                 control.send(m.encode(group.handle(m.decode(control.recv()))))
             group.check_actors()

@@ -32,23 +32,23 @@ def _view(s: dict, quiet: bool):
     return Group(table, line)
 
 
-def follow(client, job: str, quiet: bool = False, poll_s: float = 0.25) -> dict:
-    """Show the job until it ends; returns its last status."""
+def follow(status, quiet: bool = False, poll_s: float = 0.25) -> dict:
+    """Show the job until it ends (`status()` gives its figures); returns its last status."""
     if not sys.stdout.isatty():
-        return _follow_plain(client, job, poll_s)
+        return _follow_plain(status, poll_s)
     with Live(_view({}, quiet), console=Console(), refresh_per_second=8, transient=False) as live:
         while True:
-            s = client.request("status", job=job)
+            s = status()
             live.update(_view(s, quiet))
             if s.get("status") in FINAL:
                 return s
             time.sleep(poll_s)
 
 
-def _follow_plain(client, job: str, poll_s: float) -> dict:
+def _follow_plain(status, poll_s: float) -> dict:
     last, last_t = None, 0.0
     while True:
-        s = client.request("status", job=job)
+        s = status()
         now = time.monotonic()
         if s.get("status") in FINAL or (s.get("done") != last and now - last_t > 2.0):
             print(progress_line(s), flush=True)

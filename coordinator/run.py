@@ -31,7 +31,16 @@ def run_job(*, model, input, output, max_tokens, temperature, resume, new, quiet
         info = client.request("submit", timeout_s=600, **args)
         job = info["job"]
         typer.echo(f"job {job}: {info['total']} rows, {info['done']} already done; output {info['output']}")
-        final = follow(client, job, quiet=quiet)
+        def status():
+            for _ in range(30):   # a second at a time, so a dead embedded group is seen at once
+                if group is not None and group.poll() is not None:
+                    break
+                try:
+                    return client.request("status", timeout_s=1, job=job)
+                except GroupDead:
+                    continue
+            raise GroupDead(f"the spill group stopped answering; resume with: spill run --resume {job}")
+        final = follow(status, quiet=quiet)
         typer.echo(f"job {job} {final['status']}: {final.get('done')}/{final.get('total')} rows in {final.get('output')}")
         return 0 if final["status"] == "done" else 1
     except KeyboardInterrupt:
@@ -44,7 +53,8 @@ def run_job(*, model, input, output, max_tokens, temperature, resume, new, quiet
     finally:
         if group is not None:
             try:
-                client.request("down", timeout_s=30)
+                if group.poll() is None:
+                    client.request("down", timeout_s=30)
             except GroupDead:
                 group.kill()
             group.wait()

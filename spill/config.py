@@ -17,3 +17,18 @@ def crash_knob(role: str) -> str:
 def ready_timeout() -> float:
     """Seconds an actor has to say READY after start (SPILL_READY_TIMEOUT, default 120)."""
     return float(os.environ.get("SPILL_READY_TIMEOUT", "120"))
+
+
+def max_rows() -> int:
+    """Rows running at once, at most (SPILL_MAX_ROWS, default 64); the memory-aware policy will set it."""
+    return int(os.environ.get("SPILL_MAX_ROWS", "64"))
+
+
+def prefill_tokens() -> int:
+    """Prompt tokens admitted per pass, at most (SPILL_PREFILL_TOKENS, default 4096)."""
+    return int(os.environ.get("SPILL_PREFILL_TOKENS", "4096"))
+
+
+def test_pass_delay() -> float:
+    """For tests: seconds the streamer sleeps after each pass, to widen a race (SPILL_TEST_PASS_DELAY)."""
+    return float(os.environ.get("SPILL_TEST_PASS_DELAY", "0"))

@@ -153,6 +153,7 @@ class Streamer:
         for g in [g for g in self.prefills if not g.prefilling]:
             self.prefills.remove(g)
             self.decode = g if self.decode is None else self.decode.merge(g)
+        self._retire()   # rows that ended this pass leave now, so `idle` is true once all have
         self.passes += 1
         return self._report(t0, wait0, compute_s, emitted, prefill_tokens)
 

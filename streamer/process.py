@@ -1,9 +1,11 @@
 """The streamer actor: one pass per loop; rows arrive from admission, tokens go to the tokenizer."""
 
 import os
+import time
 
 import numpy as np
 
+from spill import config
 from spill import messages as m
 from spill.actor import EpochGate, Fault, run_actor
 from spill.wire import Mailbox
@@ -62,6 +64,7 @@ def run_streamer_process(endpoints, args, log) -> None:
     box = Mailbox(endpoints, "streamer", sends_to=("tokenizer", "admission", "coordinator"))
     actor = StreamerActor(prefill_chunk=args.get("prefill_chunk", 512))
     fault = Fault("streamer")
+    delay = config.test_pass_delay()
     handlers = {m.Reset: actor.reset, m.Admit: actor.admit, m.Stop: actor.stop}
     gate = EpochGate()
     box.send("coordinator", m.Ready("streamer", os.getpid()))
@@ -80,6 +83,7 @@ def run_streamer_process(endpoints, args, log) -> None:
             box.send("admission", stats)
             box.send("coordinator", stats)
             fault.tick("pass")
+            time.sleep(delay)
     if actor.engine is not None:
         actor.engine.close()
     box.close()

@@ -1,0 +1,81 @@
+"""End to end: real processes over ZeroMQ, on a tiny generated model."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from .group_util import read_output, resident_texts, spill, texts, write_input
+
+
+@pytest.fixture(scope="module")
+def job40(make_tiny, tmp_path_factory):
+    folder = make_tiny("llama")
+    data = tmp_path_factory.mktemp("job40")
+    rows = write_input(data / "in.jsonl", 40)
+    return folder, data / "in.jsonl", resident_texts(folder, rows)
+
+
+def test_embedded_run_matches_resident_mlx_lm(job40, tmp_path):
+    folder, inp, expected = job40
+    result = spill("run", folder, inp, "-o", tmp_path / "out.jsonl", check=True)
+    assert "done: 40/40 rows" in result.stdout
+    out = read_output(tmp_path / "out.jsonl")
+    assert texts(out) == expected
+    assert all(row["error"] is None for row in out.values())
+
+
+def test_up_run_status_down(job40, tmp_path):
+    folder, inp, expected = job40
+    try:
+        assert "spill group up" in spill("up", check=True).stdout
+        assert "role" not in spill("status", check=True).stdout
+        spill("run", folder, inp, "-o", tmp_path / "out.jsonl", "--quiet", check=True)
+        status = spill("status", check=True).stdout
+        assert "tokenizer pid" in status and "streamer pid" in status
+    finally:
+        assert spill("down").stdout.strip() in ("spill group stopped", "no spill group is running")
+    assert texts(read_output(tmp_path / "out.jsonl")) == expected
+    assert spill("status", check=True).stdout.strip() == "no spill group is running"
+
+
+@pytest.mark.parametrize("actor,event", [("streamer", "pass"), ("tokenizer", "tokens"), ("admission", "pass")])
+@pytest.mark.parametrize("at", [2, 6, 11])
+def test_an_actor_killed_mid_job_is_restarted_and_the_job_finishes(job40, tmp_path, actor, event, at):
+    folder, inp, expected = job40
+    spill("run", folder, inp, "-o", tmp_path / "out.jsonl", check=True,
+          env={f"SPILL_CRASH_{actor.upper()}": f"{event}:{at}"})
+    assert texts(read_output(tmp_path / "out.jsonl")) == expected
+
+
+@pytest.mark.parametrize("at", [1, 9, 30])
+def test_a_killed_coordinator_leaves_a_job_resume_finishes(job40, tmp_path, at):
+    folder, inp, expected = job40
+    first = spill("run", folder, inp, "-o", tmp_path / "out.jsonl", env={"SPILL_CRASH_COORDINATOR": f"done:{at}"})
+    assert first.returncode != 0
+    job = first.stdout.split()[1].rstrip(":")
+    assert f"resume with: spill run --resume {job}" in first.stderr
+    spill("run", "--resume", job, check=True)
+    assert texts(read_output(tmp_path / "out.jsonl")) == expected
+
+
+def test_sigint_stops_at_a_pass_boundary_and_resume_finishes(job40, tmp_path):
+    folder, inp, expected = job40
+    out = tmp_path / "out.jsonl"
+    proc = subprocess.Popen([sys.executable, "-m", "spill.coordinator.cli", "run", str(folder), str(inp), "-o", str(out),
+                             "--max-tokens", "8"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "SPILL_MAX_ROWS": "4", "SPILL_TEST_PASS_DELAY": "0.05"})
+    deadline = time.monotonic() + 120
+    while (not out.exists() or len(out.read_text().splitlines()) < 3) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 130, stdout + stderr
+    job = stdout.split()[1].rstrip(":")
+    assert f"resume with: spill run --resume {job}" in stdout
+    assert 3 <= len(read_output(out)) < 40
+    spill("run", "--resume", job, check=True)
+    assert texts(read_output(out)) == expected
