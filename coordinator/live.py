@@ -51,7 +51,9 @@ def _follow_plain(status, poll_s: float) -> dict:
         s = status()
         now = time.monotonic()
         if s.get("status") in FINAL or (s.get("done") != last and now - last_t > 2.0):
-            print(progress_line(s), flush=True)
+            slots = s.get("slots") or []
+            latest = f"  | {slots[-1][0]}: {slots[-1][2][-60:]!r}" if slots else ""
+            print(progress_line(s) + latest, flush=True)
             last, last_t = s.get("done"), now
         if s.get("status") in FINAL:
             return s
