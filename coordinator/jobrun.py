@@ -26,6 +26,9 @@ class JobRun:
         self.started = time.monotonic()
         self.generated = 0                # tokens generated this session
         self.last_pass: m.Pass | None = None
+        self.passes = 0                   # passes reported this session, and when the first and last came
+        self.pass_seconds = 0.0           # their summed duration as the streamer measured it
+        self.first_pass_at = self.last_pass_at = 0.0
         self.peak_memory = 0
         self.tails: OrderedDict[int, tuple[int, str]] = OrderedDict()   # row -> (tokens, tail)
 
@@ -70,6 +73,11 @@ class JobRun:
                 self.tails.pop(row, None)
 
     def on_pass(self, msg: m.Pass) -> None:
+        now = time.monotonic()
+        self.first_pass_at = self.first_pass_at or now
+        self.last_pass_at = now
+        self.passes += 1
+        self.pass_seconds += msg.seconds
         self.last_pass = msg
         self.generated += msg.emitted
         self.peak_memory = max(self.peak_memory, msg.peak_memory)
@@ -97,4 +105,6 @@ class JobRun:
         return {"job": self.job.id, "status": self.job.meta.get("status"), "done": done, "total": self.total,
                 "tokens_per_s": rate, "pass_s": p.seconds if p else None,
                 "token_latency_s": p.seconds if p else None, "peak_memory": self.peak_memory,
-                "eta_s": eta, "slots": slots, "output": str(self.job.output_path)}
+                "eta_s": eta, "slots": slots, "output": str(self.job.output_path), "passes": self.passes,
+                "streamer_pass_s": self.pass_seconds / self.passes if self.passes else None,
+                "wall_per_pass_s": (self.last_pass_at - self.first_pass_at) / (self.passes - 1) if self.passes > 1 else None}
