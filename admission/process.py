@@ -1,10 +1,8 @@
 """The admission actor: queues tokenized rows, admits them to the streamer pass by pass."""
 
-import os
-
 from spill import config
 from spill import messages as m
-from spill.actor import EpochGate, Fault, run_actor
+from spill.actor import Fault, inbox, run_actor
 from spill.wire import Mailbox
 
 from .policy import FifoPolicy, Waiting
@@ -14,15 +12,11 @@ def run_admission_process(endpoints, args, log) -> None:
     box = Mailbox(endpoints, "admission", sends_to=("streamer", "coordinator"))
     policy = FifoPolicy(max_rows=config.max_rows(), prefill_tokens=config.prefill_tokens())
     fault = Fault("admission")
-    gate, eos, in_flight = EpochGate(), [], False   # in_flight: an ADMIT the streamer has not reported on
-    box.send("coordinator", m.Ready("admission", os.getpid()))
-    log.info("ready")
-    while True:
-        arrived = box.recv()
-        if isinstance(arrived, m.Shutdown):
-            break
-        for msg in gate(arrived):
+    epoch, eos, in_flight = -1, [], False   # in_flight: an ADMIT the streamer has not reported on
+    for batch in inbox(box, "admission", log):
+        for msg in batch:
             if isinstance(msg, m.Reset):
+                epoch = msg.epoch
                 policy.clear()
                 in_flight = False
             elif isinstance(msg, m.Tokenized):
@@ -35,10 +29,10 @@ def run_admission_process(endpoints, args, log) -> None:
                 policy.finished(msg.finished)
                 in_flight = False
                 fault.tick("pass")
-        if not in_flight and gate.epoch >= 0:
+        if not in_flight and epoch >= 0:
             admitted = policy.admit()
             if admitted:
-                box.send("streamer", _admit(gate.epoch, admitted, eos))
+                box.send("streamer", _admit(epoch, admitted, eos))
                 in_flight = True
     box.close()
 

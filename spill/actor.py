@@ -92,3 +92,17 @@ class EpochGate:
         if epoch > self.epoch:
             self._early.append(msg)
         return []
+
+
+def inbox(box, role: str, log, busy=lambda: False):
+    """Say READY, then yield each batch of arrived messages (epoch-gated) until SHUTDOWN.
+    While `busy()` it does not block: a loop with work to do only drains what came."""
+    from .messages import Ready, Shutdown
+    box.send("coordinator", Ready(role, os.getpid()))
+    log.info("ready")
+    gate = EpochGate()
+    while True:
+        arrived = box.drain() if busy() else [box.recv(), *box.drain()]
+        if any(isinstance(msg, Shutdown) for msg in arrived):
+            return
+        yield [msg for a in arrived for msg in gate(a)]

@@ -1,13 +1,12 @@
 """The streamer actor: one pass per loop; rows arrive from admission, tokens go to the tokenizer."""
 
-import os
 import time
 
 import numpy as np
 
 from spill import config
 from spill import messages as m
-from spill.actor import EpochGate, Fault, run_actor
+from spill.actor import Fault, inbox, run_actor
 from spill.wire import Mailbox
 
 from .core import Row, Streamer
@@ -66,15 +65,9 @@ def run_streamer_process(endpoints, args, log) -> None:
     fault = Fault("streamer")
     delay = config.test_pass_delay()
     handlers = {m.Reset: actor.reset, m.Admit: actor.admit, m.Stop: actor.stop}
-    gate = EpochGate()
-    box.send("coordinator", m.Ready("streamer", os.getpid()))
-    log.info("ready")
-    while True:
-        # 1. drain what arrived during the last pass (block when there is nothing to run)
-        inbox = box.drain() if actor.busy else [box.recv()] + box.drain()
-        if any(isinstance(msg, m.Shutdown) for msg in inbox):
-            break
-        for msg in [x for arrived in inbox for x in gate(arrived)]:
+    # 1. what arrived during the last pass (blocking only when there is nothing to run)
+    for batch in inbox(box, "streamer", log, busy=lambda: actor.busy):
+        for msg in batch:
             handlers.get(type(msg), lambda _msg: None)(msg)
         # 2. one pass, then its tokens and its report
         if actor.busy:

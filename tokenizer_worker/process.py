@@ -1,11 +1,9 @@
 """The tokenizer actor: SUBMIT -> TOKENIZED (or ERROR); TOKENS -> DONE, STOP and PROGRESS."""
 
-import os
-
 import numpy as np
 
 from spill import messages as m
-from spill.actor import EpochGate, Fault, run_actor
+from spill.actor import Fault, inbox, run_actor
 from spill.wire import Mailbox
 
 from .core import TokenizerCore
@@ -14,14 +12,9 @@ from .core import TokenizerCore
 def run_tokenizer_process(endpoints, args, log) -> None:
     box = Mailbox(endpoints, "tokenizer", sends_to=("admission", "streamer", "coordinator"))
     fault = Fault("tokenizer")
-    core, model, gate = None, "", EpochGate()
-    box.send("coordinator", m.Ready("tokenizer", os.getpid()))
-    log.info("ready")
-    while True:
-        arrived = box.recv()
-        if isinstance(arrived, m.Shutdown):
-            break
-        for msg in gate(arrived):
+    core, model = None, ""
+    for batch in inbox(box, "tokenizer", log):
+        for msg in batch:
             if isinstance(msg, m.Reset):
                 if msg.model and msg.model != model:
                     core, model = TokenizerCore(msg.model), msg.model
