@@ -57,6 +57,8 @@ class TokenizerCore:
             return False, None
         if finish == "stop":      # EOS: ends the row, is not text
             return False, "stop"
+        if live.text.stopped:     # tokens sampled after the stop string are not the row's
+            return True, "stop"
         live.completion_tokens += 1
         if live.text.add(token):
             return True, "stop"

@@ -1,0 +1,34 @@
+"""The streamer actor's core, driven by messages without sockets."""
+
+import numpy as np
+
+from spill import messages as m
+from spill.streamer.core import Row, Streamer
+from spill.streamer.process import StreamerActor
+
+
+def test_admitted_rows_give_the_tokens_of_the_core_and_a_reset_drops_them(make_tiny):
+    folder = str(make_tiny("llama"))
+    prompts = [[5, 6, 7], [9, 10]]
+    actor = StreamerActor()
+    actor.reset(m.Reset(1, folder))
+    tokens, lengths = m.pack_tokens(prompts)
+    actor.admit(m.Admit(1, [10, 11], tokens, lengths, [4, 4], [[0.0, 1.0, 0, None]] * 2, []))
+    got = {10: [], 11: []}
+    while actor.busy:
+        out, stats = actor.step()
+        assert out.epoch == stats.epoch == 1
+        for row, tok in zip(out.rows, np.frombuffer(out.tokens, np.int32).tolist()):
+            got[row].append(tok)
+    assert sorted(stats.finished) == [10, 11]
+    core = Streamer(folder)
+    for i, p in zip((10, 11), prompts):
+        core.add(Row(i, p, 4))
+    want = {10: [], 11: []}
+    while not core.idle:
+        for e in core.step().emitted:
+            want[e.row_id].append(e.token)
+    assert got == want
+    actor.admit(m.Admit(1, [12], *m.pack_tokens([[1, 2]]), [4], [[0.0, 1.0, 0, None]], []))
+    actor.reset(m.Reset(2))
+    assert not actor.busy

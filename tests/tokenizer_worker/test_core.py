@@ -1,0 +1,50 @@
+"""The tokenizer worker's core: real prompt lengths, the context check, text and stop strings."""
+
+import json
+import shutil
+
+from mlx_lm.tokenizer_utils import load as load_tokenizer
+
+from spill.tokenizer_worker.core import TokenizerCore
+
+
+def test_chat_rows_use_the_template_and_completions_the_plain_encoding(make_tiny):
+    folder = make_tiny("qwen2")
+    core, tok = TokenizerCore(folder), load_tokenizer(folder)
+    msgs = [{"role": "user", "content": "Hello"}]
+    ids, why = core.tokenize(0, {"kind": "chat", "messages": msgs, "max_tokens": 4})
+    assert why == "" and ids == list(tok.apply_chat_template(msgs, add_generation_prompt=True))
+    ids, _ = core.tokenize(1, {"kind": "completion", "prompt": "Hello", "max_tokens": 4})
+    assert ids == tok.encode("Hello")
+
+
+def test_a_row_past_the_context_is_refused_with_its_numbers(make_tiny, tmp_path):
+    folder = tmp_path / "m"
+    shutil.copytree(make_tiny("llama"), folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["max_position_embeddings"] = 10
+    (folder / "config.json").write_text(json.dumps(config))
+    core = TokenizerCore(folder)
+    n = len(core.encode({"kind": "completion", "prompt": "one two three"}))
+    ids, why = core.tokenize(0, {"kind": "completion", "prompt": "one two three", "max_tokens": 10})
+    assert ids is None
+    assert why == (f"the prompt is {n} tokens and max_tokens 10, {n + 10} in all, but the model's context is "
+                   "10 tokens; shorten the prompt or lower max_tokens")
+
+
+def test_tokens_become_text_eos_ends_a_row_and_a_stop_string_cuts_it(make_tiny):
+    folder = make_tiny("llama")
+    core, tok = TokenizerCore(folder), load_tokenizer(folder)
+    words = tok.encode("The cat sat on the mat.", add_special_tokens=False)
+    core.tokenize(0, {"kind": "completion", "prompt": "x", "max_tokens": 50})
+    core.tokenize(1, {"kind": "completion", "prompt": "x", "max_tokens": 50, "stop": ["on the"]})
+    for t in words[:3]:
+        assert core.add(0, t, "") == (False, None)
+    assert core.add(0, core.eos[0], "stop") == (False, "stop")
+    prompt_tokens = len(core.encode({"kind": "completion", "prompt": "x"}))
+    assert core.finish(0, "stop") == (tok.decode(words[:3]), "stop", prompt_tokens, 3)
+    results = [core.add(1, t, "") for t in words]
+    first_stop = next(k for k, (hit, _) in enumerate(results) if hit)
+    assert results[first_stop] == (True, "stop")
+    text, reason, _, completion = core.finish(1, "stop")
+    assert text == "The cat sat " and reason == "stop" and completion == first_stop + 1
