@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import mlx.core as mx
@@ -72,3 +73,28 @@ def resident_texts(folder: Path, rows: list[dict]) -> dict[str, str]:
             tokens.append(int(t))
         out[r["custom_id"]] = tok.decode(tokens)
     return out
+
+
+def last_actor_pids(n: int = 3) -> list[int]:
+    """Pids of the last n actors the coordinator started (from its JSON log)."""
+    log = Path(os.environ["SPILL_HOME"]) / "run" / "logs" / "coordinator.log"
+    started = [json.loads(line) for line in log.read_text().splitlines() if '"started"' in line]
+    return [e["actor_pid"] for e in started[-n:]]
+
+
+def assert_actors_exit(pids: list[int], within_s: float = 10.0) -> None:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        alive = []
+        for pid in pids:
+            try:
+                os.kill(pid, 0)
+                with open(f"/proc/{pid}/stat") as f:   # a zombie has exited
+                    if f.read().split(")")[-1].split()[0] != "Z":
+                        alive.append(pid)
+            except (ProcessLookupError, FileNotFoundError):
+                pass
+        if not alive:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"actors {alive} outlived their coordinator")

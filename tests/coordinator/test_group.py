@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from .group_util import read_output, resident_texts, spill, texts, write_input
+from .group_util import assert_actors_exit, last_actor_pids, read_output, resident_texts, spill, texts, write_input
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +28,7 @@ def test_embedded_run_matches_resident_mlx_lm(job40, tmp_path):
     assert all(row["error"] is None for row in out.values())
 
 
-def test_up_run_status_down(job40, tmp_path):
+def test_up_run_status_down(job40, tmp_path, make_tiny):
     folder, inp, expected = job40
     try:
         assert "spill group up" in spill("up", check=True).stdout
@@ -36,9 +36,13 @@ def test_up_run_status_down(job40, tmp_path):
         spill("run", folder, inp, "-o", tmp_path / "out.jsonl", "--quiet", check=True)
         status = spill("status", check=True).stdout
         assert "tokenizer pid" in status and "streamer pid" in status
+        other = make_tiny("qwen2")   # the next job names another model: the same group switches
+        rows = write_input(tmp_path / "in2.jsonl", 6)
+        spill("run", other, tmp_path / "in2.jsonl", "-o", tmp_path / "out2.jsonl", check=True)
     finally:
         assert spill("down").stdout.strip() in ("spill group stopped", "no spill group is running")
     assert texts(read_output(tmp_path / "out.jsonl")) == expected
+    assert texts(read_output(tmp_path / "out2.jsonl")) == resident_texts(other, rows)
     assert spill("status", check=True).stdout.strip() == "no spill group is running"
 
 
@@ -56,6 +60,7 @@ def test_a_killed_coordinator_leaves_a_job_resume_finishes(job40, tmp_path, at):
     folder, inp, expected = job40
     first = spill("run", folder, inp, "-o", tmp_path / "out.jsonl", env={"SPILL_CRASH_COORDINATOR": f"done:{at}"})
     assert first.returncode != 0
+    assert_actors_exit(last_actor_pids())   # they watch their parent and leave with it
     job = first.stdout.split()[1].rstrip(":")
     assert f"resume with: spill run --resume {job}" in first.stderr
     spill("run", "--resume", job, check=True)
