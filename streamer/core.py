@@ -77,8 +77,6 @@ class Streamer:
         self.seed = seed
         self.reader = WeightReader(self.plan, dtype=self.dtype, read_ahead=read_ahead, drop_cache=drop_cache)
         self.adapter.load_resident(self.reader.read_resident())
-        self._cache_base = mx.set_cache_limit(0)   # what the reader asked for: ~2 layers of weights
-        mx.set_cache_limit(self._cache_base)
         self.decode: Group | None = None
         self.prefills: list[Group] = []
         self.pending: list[RowState] = []
@@ -162,7 +160,6 @@ class Streamer:
             # merging and filtering free KV buffers; left in MLX's cache they crowd out the
             # weight buffers it recycles layer after layer, and every layer faults fresh pages
             mx.clear_cache()
-        self._size_cache([g for g in [self.decode, *self.prefills] if g])
         self.passes += 1
         return self._report(t0, wait0, compute_s, emitted, prefill_tokens)
 
@@ -181,12 +178,6 @@ class Streamer:
             r.finish = r.accept(tok)
             out.append(Emitted(r.row.id, tok, r.finish, kept[j] if kept is not None else None))
         return out
-
-    def _size_cache(self, groups) -> None:
-        """Let MLX's buffer cache hold a layer's KV twice over besides the weights: each layer's
-        cache update recycles buffers of that size, and a cache too small for both evicts weights."""
-        kv = sum(c.keys.nbytes + c.values.nbytes for g in groups for c in g.caches[:1] if c.keys is not None)
-        mx.set_cache_limit(self._cache_base + 2 * kv)
 
     def _retire(self) -> None:
         """Drop finished rows from the decode group and from the bookkeeping."""
