@@ -26,7 +26,10 @@ def _view(s: dict, quiet: bool):
     line = Text(progress_line(s))
     if quiet:
         return line
-    table = Table("custom_id", "tokens", "text so far", expand=True, show_edge=False)
+    table = Table(expand=True, show_edge=False)
+    table.add_column("custom_id", no_wrap=True, max_width=24)
+    table.add_column("tokens", no_wrap=True, justify="right")
+    table.add_column("text so far", no_wrap=True, overflow="ellipsis")
     for cid, n, tail in s.get("slots", [])[-8:]:
         table.add_row(str(cid)[:24], str(n), tail.replace("\n", " ")[-80:])
     return Group(table, line)
