@@ -28,6 +28,8 @@ from .jobstore import Job
 from .models import resolve
 from .supervisor import ACTORS, Supervisor
 
+MAX_CRASHES = 3   # restarts of one actor during one job before the job fails
+
 
 class Group:
     def __init__(self, box: Mailbox, sup: Supervisor, log):
@@ -37,6 +39,7 @@ class Group:
         self.queue: deque[tuple[JobRun, Path]] = deque()
         self.current: JobRun | None = None
         self.last: dict[str, dict] = {}          # final status of jobs that ended in this group
+        self.crashes: dict[str, int] = {}         # actor restarts during the running job
         self.waiting: set[str] = set(ACTORS)     # actors not READY yet
         self.waiting_since = time.monotonic()
         self.running = True
@@ -50,6 +53,10 @@ class Group:
             return
         job = self.current
         if job is None:
+            return
+        if isinstance(msg, m.Error) and m.MODEL_ROW in msg.rows:
+            if msg.epoch == self.epoch:
+                self.fail(msg.messages[msg.rows.index(m.MODEL_ROW)])
             return
         if isinstance(msg, m.Done):
             job.on_done(msg)
@@ -66,9 +73,24 @@ class Group:
             self.log.info("job done", job=job.job.id)
             self.current = None
 
+    def fail(self, why: str) -> None:
+        """End the running job as failed (what is written stays written) and clear the group."""
+        run = self.current
+        run.job.set_status("failed", error=why)
+        run.job.close()
+        self.last[run.job.id] = {**run.status(), "status": "failed", "error": why}
+        self.log.error("job failed", job=run.job.id, error=why)
+        self.current = None
+        self.epoch += 1
+        self._broadcast_reset()
+
     def check_actors(self) -> None:
         for role, code in self.sup.dead():
             self.log.warning("actor died; restarting", actor=role, exit_code=code)
+            self.crashes[role] = self.crashes.get(role, 0) + 1
+            if self.current is not None and self.crashes[role] > MAX_CRASHES:
+                self.fail(f"the {role} crashed {self.crashes[role]} times during this job; "
+                          f"see {config.home() / 'run' / 'logs' / (role + '.log')}")
             self.sup.restart(role)
             if not self.waiting:
                 self.waiting_since = time.monotonic()
@@ -92,6 +114,7 @@ class Group:
             return
         self.current, model = self.queue.popleft()
         self.model = str(model)
+        self.crashes = {}
         self.current.job.set_status("running")
         self.log.info("job started", job=self.current.job.id, rows=len(self.current.pending))
         if self.current.finished:

@@ -42,6 +42,8 @@ def run_job(*, model, input, output, max_tokens, temperature, resume, new, quiet
             raise GroupDead(f"the spill group stopped answering; resume with: spill run --resume {job}")
         final = follow(status, quiet=quiet)
         typer.echo(f"job {job} {final['status']}: {final.get('done')}/{final.get('total')} rows in {final.get('output')}")
+        if final.get("error"):
+            typer.echo(f"spill: {final['error']}", err=True)
         return 0 if final["status"] == "done" else 1
     except KeyboardInterrupt:
         signal.signal(signal.SIGINT, signal.SIG_IGN)   # a second Ctrl-C must not tear the stop

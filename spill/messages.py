@@ -11,6 +11,9 @@ import msgpack
 import numpy as np
 
 
+MODEL_ROW = -1   # the row number of an ERROR about the job's model rather than one row
+
+
 class Kind(IntEnum):
     READY = 1        # actor -> coordinator, once after start
     RESET = 2        # coordinator -> actors: drop every row, (re)load a model, new epoch

@@ -7,6 +7,7 @@ import numpy as np
 from spill import config
 from spill import messages as m
 from spill.actor import Fault, inbox, run_actor
+from spill.errors import SpillError
 from spill.wire import Mailbox
 
 from .core import Row, Streamer
@@ -32,6 +33,8 @@ class StreamerActor:
             self.engine.clear()
 
     def admit(self, msg: m.Admit) -> None:
+        if self.engine is None:
+            return
         eos = frozenset(msg.eos)
         for row, prompt, max_tokens, (temp, top_p, top_k, seed) in zip(
                 msg.rows, m.unpack_tokens(msg.tokens, msg.lengths), msg.max_tokens, msg.sampling):
@@ -64,7 +67,14 @@ def run_streamer_process(endpoints, args, log) -> None:
     actor = StreamerActor(prefill_chunk=args.get("prefill_chunk", 512))
     fault = Fault("streamer")
     delay = config.test_pass_delay()
-    handlers = {m.Reset: actor.reset, m.Admit: actor.admit, m.Stop: actor.stop}
+    def reset(msg: m.Reset) -> None:
+        try:
+            actor.reset(msg)
+        except SpillError as err:   # a model that cannot load fails its job, not this process
+            actor.engine, actor.model = None, ""
+            box.send("coordinator", m.Error(msg.epoch, [m.MODEL_ROW], ["model_error"], [str(err)]))
+
+    handlers = {m.Reset: reset, m.Admit: actor.admit, m.Stop: actor.stop}
     # 1. what arrived during the last pass (blocking only when there is nothing to run)
     for batch in inbox(box, "streamer", log, busy=lambda: actor.busy):
         for msg in batch:

@@ -4,6 +4,7 @@ import numpy as np
 
 from spill import messages as m
 from spill.actor import Fault, inbox, run_actor
+from spill.errors import SpillError
 from spill.wire import Mailbox
 
 from .core import TokenizerCore
@@ -17,7 +18,13 @@ def run_tokenizer_process(endpoints, args, log) -> None:
         for msg in batch:
             if isinstance(msg, m.Reset):
                 if msg.model and msg.model != model:
-                    core, model = TokenizerCore(msg.model), msg.model
+                    try:
+                        core, model = TokenizerCore(msg.model), msg.model
+                    except Exception as err:  # no usable tokenizer: the job fails, not this process
+                        core, model = None, ""
+                        why = str(err).splitlines()[0] if str(err) else type(err).__name__
+                        box.send("coordinator", m.Error(msg.epoch, [m.MODEL_ROW], ["model_error"],
+                                                        [f"{msg.model}: the tokenizer could not load ({why})"]))
                 elif core is not None:
                     core.clear()
             elif core is None:

@@ -51,3 +51,17 @@ def test_a_missing_model_is_one_sentence(tmp_path):
     assert result.returncode == 2
     assert result.stderr.strip() == (f"spill: model '{tmp_path / 'nope'}': expected a local model folder or 'demo', "
                                      "found no such folder; check the path (Hugging Face ids are not supported yet)")
+
+
+def test_a_model_that_cannot_load_fails_the_job_with_one_sentence(make_tiny, tmp_path):
+    folder = tmp_path / "m"
+    shutil.copytree(make_tiny("llama"), folder)
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-1000])   # truncated: the plan refuses it
+    inp = tmp_path / "in.jsonl"
+    inp.write_text('{"custom_id": "a", "prompt": "x"}\n')
+    result = spill("run", folder, inp, "-o", tmp_path / "out.jsonl", timeout=120)
+    assert result.returncode == 1
+    assert "failed: 0/1 rows" in result.stdout
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"spill: {weights}: tensor ") and "found a file of" in last
