@@ -83,6 +83,12 @@ def layer_of(name: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
+def layer_prefix(name: str) -> str | None:
+    """The part of a layer tensor's name up to its layer number: "model.layers.3."."""
+    m = _LAYER.search(name)
+    return name[: m.end()] if m else None
+
+
 # -- the folder ---------------------------------------------------------------------------------
 def _read_config(folder: Path) -> dict:
     want = "expected a folder with config.json and *.safetensors"

@@ -4,15 +4,12 @@ mlx-lm's `Model.__call__` runs every layer for one batch; the streamer inverts t
 adapter exposes the parts around the layers (embedding, masks, final norm, head) and the layers.
 """
 
-import re
-
 import mlx.core as mx
-import mlx.nn as nn
-from mlx.utils import tree_flatten, tree_unflatten
+from mlx.utils import tree_unflatten
 from mlx_lm.models.cache import BatchKVCache
 from mlx_lm.utils import _get_classes
 
-_LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
+from ..plan import layer_of, layer_prefix
 
 
 class Adapter:
@@ -40,7 +37,10 @@ class Adapter:
 
     def load_layer(self, i: int, weights: dict[str, mx.array]) -> None:
         weights = self.model.sanitize(dict(weights))
-        prefix = _prefix_of(next(iter(weights)), i)
+        first = next(iter(weights))
+        if layer_of(first) != i:
+            raise ValueError(f"tensor {first} is not in layer {i}")
+        prefix = layer_prefix(first)
         local = [(k[len(prefix):], v) for k, v in weights.items()]
         self.layers[i].update(tree_unflatten(local))
 
@@ -66,16 +66,3 @@ class Adapter:
         if self.tied:
             return self.inner.embed_tokens.as_linear(h)
         return self.model.lm_head(h)
-
-
-def _prefix_of(name: str, i: int) -> str:
-    m = _LAYER.search(name)
-    if not m or int(m.group(1)) != i:
-        raise ValueError(f"tensor {name} is not in layer {i}")
-    return name[: m.end()]
-
-
-def cast_params(module: nn.Module, dtype: mx.Dtype) -> None:
-    """Cast a module's floating parameters (used for the resident parts)."""
-    module.update(tree_unflatten([(k, v.astype(dtype) if mx.issubdtype(v.dtype, mx.floating) else v)
-                                  for k, v in tree_flatten(module.parameters())]))
