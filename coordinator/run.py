@@ -96,9 +96,17 @@ def group_status(job, listen) -> str:
             from .jobstore import Job
             j = Job.open(job)
             return f"no spill group is running; job {j.id} is {j.meta.get('status')}: {len(j.done_ids())}/{j.meta.get('total')} rows"
-        return "no spill group is running"
+        return "no spill group is running" + _recent_jobs()
     s = client.request("status", job=job)
     procs = "  ".join(f"{role} pid {pid}" for role, pid in s.get("processes", {}).items())
     if not s.get("job"):
-        return f"group: {procs}\nno job running"
-    return f"group: {procs}\njob {s['job']} {s.get('status')}: {progress_line(s)}"
+        return f"group: {procs}\nno job running" + _recent_jobs()
+    return f"group: {procs}\njob {s['job']} {s.get('status')}: {progress_line(s)}" + _recent_jobs()
+
+
+def _recent_jobs(n: int = 10) -> str:
+    """The newest jobs in the data home, one line each."""
+    from .jobstore import list_jobs
+    lines = [f"  {m.get('id', '?')}  {m.get('status', '?'):<11}  {m.get('model', '?')}  {m.get('input', '?')}"
+             for m in list_jobs()[:n]]
+    return ("\njobs (newest first):\n" + "\n".join(lines)) if lines else ""

@@ -43,7 +43,9 @@ def test_up_run_status_down(job40, tmp_path, make_tiny):
         assert spill("down").stdout.strip() in ("spill group stopped", "no spill group is running")
     assert texts(read_output(tmp_path / "out.jsonl")) == expected
     assert texts(read_output(tmp_path / "out2.jsonl")) == resident_texts(other, rows)
-    assert spill("status", check=True).stdout.strip() == "no spill group is running"
+    status = spill("status", check=True).stdout.splitlines()
+    assert status[0] == "no spill group is running" and status[1] == "jobs (newest first):"
+    assert any(line.split()[1] == "done" and line.split()[2] == str(other) for line in status[2:])
 
 
 @pytest.mark.parametrize("actor,event", [("streamer", "pass"), ("tokenizer", "tokens"), ("admission", "pass")])
