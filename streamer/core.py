@@ -28,7 +28,7 @@ from .sampling import RowSampler, SamplingParams, sample
 
 @dataclass
 class Row:
-    id: str
+    id: int | str
     prompt: list[int]
     max_tokens: int
     sampling: SamplingParams = field(default_factory=SamplingParams)
