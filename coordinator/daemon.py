@@ -124,18 +124,15 @@ class Group:
             self._restart_rows()
 
     def submit(self, args: dict) -> dict:
-        if args.get("resume"):   # the job knows its input and model
-            meta = Job.open(args["resume"]).meta
-            args = {**args, "input": args.get("input") or meta["input"], "model": args.get("model") or meta["model"],
-                    "output": args.get("output") or meta.get("output")}
+        job = Job.open(args["resume"]) if args.get("resume") else None
+        if job is not None:   # the job knows its input, model and output
+            args = {**args, "input": args.get("input") or job.meta["input"],
+                    "model": args.get("model") or job.meta["model"], "output": args.get("output") or job.meta.get("output")}
         model = resolve(args["model"])
         requests, bad = read_batch(Path(args["input"]))
         params = {"max_tokens": args.get("max_tokens") or 256, "temperature": args.get("temperature") or 0.0}
         output = Path(args["output"]) if args.get("output") else None
-        job = None
-        if args.get("resume"):
-            job = Job.open(args["resume"])
-        elif not args.get("new"):
+        if job is None and not args.get("new"):
             job = Job.find(Path(args["input"]), output, args["model"])
         if job is None:
             job = Job.create(Path(args["input"]), args["model"], params, output)

@@ -103,8 +103,7 @@ class JobRun:
         eta = elapsed / done_now * len(self.pending) if done_now > 0 else None
         slots = [(self.requests[r].custom_id, n, tail) for r, (n, tail) in list(self.tails.items())[-8:]]
         return {"job": self.job.id, "status": self.job.meta.get("status"), "done": done, "total": self.total,
-                "tokens_per_s": rate, "pass_s": p.seconds if p else None,
-                "token_latency_s": p.seconds if p else None, "peak_memory": self.peak_memory,
+                "tokens_per_s": rate, "pass_s": p.seconds if p else None, "peak_memory": self.peak_memory,
                 "eta_s": eta, "slots": slots, "output": str(self.job.output_path), "passes": self.passes,
                 "streamer_pass_s": self.pass_seconds / self.passes if self.passes else None,
                 "wall_per_pass_s": (self.last_pass_at - self.first_pass_at) / (self.passes - 1) if self.passes > 1 else None}

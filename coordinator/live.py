@@ -16,9 +16,10 @@ def progress_line(s: dict) -> str:
     def fmt(v, f):
         return f.format(v) if v is not None else "-"
     eta = s.get("eta_s")
+    # a running row gains one token per pass, so its per-token latency is the pass time
     eta_txt = f"{int(eta // 3600)}h{int(eta % 3600 // 60):02d}m{int(eta % 60):02d}s" if eta is not None else "-"
     return (f"rows {s.get('done', 0)}/{s.get('total', '?')}  {fmt(s.get('tokens_per_s'), '{:.1f}')} tok/s  "
-            f"latency {fmt(s.get('token_latency_s'), '{:.2f}')} s/token  pass {fmt(s.get('pass_s'), '{:.2f}')} s  "
+            f"latency {fmt(s.get('pass_s'), '{:.2f}')} s/token  pass {fmt(s.get('pass_s'), '{:.2f}')} s  "
             f"peak {s.get('peak_memory', 0) / 2**30:.2f} GiB  ETA {eta_txt}")
 
 

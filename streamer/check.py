@@ -37,6 +37,7 @@ class CheckRow:
     prompt_tokens: int
     joined_pass: int
     expected: list[int]
+    ref_logits: list = field(default_factory=list, repr=False)   # resident logits per step
     got: list[int] = field(default_factory=list)
     max_logit_diff: float = 0.0
 
@@ -109,8 +110,7 @@ def run_check(folder: str | Path, n: int = 20, max_tokens: int = 16, prefill_chu
     for joined, indices in schedule.items():
         for i in indices:
             expected, ref_logits = resident_reference(model, prompts[i], max_tokens, eos)
-            rows[str(i)] = CheckRow(str(i), len(prompts[i]), joined, expected)
-            rows[str(i)].ref_logits = ref_logits
+            rows[str(i)] = CheckRow(str(i), len(prompts[i]), joined, expected, ref_logits)
     try:
         _stream(streamer, prompts, schedule, rows, max_tokens, frozenset(eos))
     finally:
