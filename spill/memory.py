@@ -1,0 +1,208 @@
+"""How much memory this machine gives us, and what a process holds of it.
+
+The working set is the first of: `--memory`, Metal's recommended working set (Apple silicon),
+the limit of our own cgroup (v2 `memory.max`, v1 `memory.limit_in_bytes`, the tightest of our
+cgroup and its ancestors), physical memory. Every reader takes `root`, the filesystem root, so
+tests point it at a fake /proc and /sys tree.
+"""
+
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+from .errors import SpillError
+
+NO_LIMIT = 1 << 60     # a cgroup limit at or above this means none (v1 writes 2**63 - 4096)
+_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
+          "t": 10**12, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+@dataclass(frozen=True)
+class WorkingSet:
+    bytes: int
+    source: str        # "--memory", "metal", "cgroup" or "physical"
+
+
+@dataclass(frozen=True)
+class ProcessMemory:
+    rss: int
+    minor_faults: int
+    major_faults: int
+
+
+def parse_size(text: str) -> int:
+    """'48GB' -> 48*10**9, '1.5GiB' -> 1.5*2**30, '900M' -> 900*10**6, '4096' -> bytes."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", str(text))
+    unit = match and match.group(2).lower()
+    if not match or unit not in _UNITS:
+        raise SpillError(f"cannot read {text!r} as a memory size; write it like 48GB, 1.5GiB or 900M")
+    size = int(float(match.group(1)) * _UNITS[unit])
+    if size <= 0:
+        raise SpillError(f"the memory size {text!r} is not above zero; give a size like 48GB")
+    return size
+
+
+def format_size(n: int) -> str:
+    """Bytes as GiB or MiB with one decimal, for people."""
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
+# -- cgroups ------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Cgroup:
+    path: Path         # our cgroup's folder
+    mount: Path        # the hierarchy's mount point
+    version: int
+
+
+def _own_cgroup(root: Path) -> _Cgroup | None:
+    """Our memory cgroup's folder, from /proc/self/cgroup and /proc/self/mountinfo (v1 first)."""
+    try:
+        lines = (root / "proc/self/cgroup").read_text().splitlines()
+        mounts = (root / "proc/self/mountinfo").read_text().splitlines()
+    except OSError:
+        return None
+    paths = {}    # version -> our path inside that hierarchy
+    for line in lines:
+        ident, controllers, path = line.split(":", 2)
+        if "memory" in controllers.split(","):
+            paths[1] = path
+        elif ident == "0" and not controllers:
+            paths[2] = path
+    for version in (1, 2):
+        for mount_root, mount_point in _mounts(mounts, version) if version in paths else ():
+            try:
+                inside = PurePosixPath(paths[version]).relative_to(mount_root)
+            except ValueError:
+                continue   # our cgroup is not visible under this mount
+            mount = root / mount_point.lstrip("/")
+            return _Cgroup(mount / inside, mount, version)
+    return None
+
+
+def _mounts(mountinfo: list[str], version: int):
+    """(root inside the hierarchy, mount point) of each cgroup mount of that version."""
+    for line in mountinfo:
+        before, _, after = line.partition(" - ")
+        fields, tail = before.split(), after.split()
+        if not tail or len(fields) < 5:
+            continue
+        if (version == 1 and tail[0] == "cgroup" and "memory" in tail[-1].split(",")) or \
+                (version == 2 and tail[0] == "cgroup2"):
+            yield fields[3], fields[4]
+
+
+def _read_number(path: Path) -> int | None:
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return None
+    if text == "max":
+        return None
+    try:
+        value = int(text)
+    except ValueError:
+        return None
+    return value if value < NO_LIMIT else None
+
+
+def _limit_file(version: int) -> str:
+    return "memory.limit_in_bytes" if version == 1 else "memory.max"
+
+
+def _tightest(cg: _Cgroup) -> tuple[int, Path] | None:
+    """The smallest limit on our cgroup and its ancestors up to the mount, with its folder."""
+    best, folder = None, cg.path
+    while True:
+        limit = _read_number(folder / _limit_file(cg.version))
+        if limit is not None and (best is None or limit < best[0]):
+            best = (limit, folder)
+        if folder == cg.mount or cg.mount not in folder.parents:
+            return best
+        folder = folder.parent
+
+
+def cgroup_limit(root: Path | str = "/") -> int | None:
+    """Bytes our memory cgroup (or an ancestor) may use, or None where no limit is set."""
+    cg = _own_cgroup(Path(root))
+    best = cg and _tightest(cg)
+    return best[0] if best else None
+
+
+def cgroup_usage(root: Path | str = "/") -> int | None:
+    """Bytes charged (page cache included) to the cgroup whose limit binds us, else to our own."""
+    cg = _own_cgroup(Path(root))
+    if cg is None:
+        return None
+    best = _tightest(cg)
+    folder = best[1] if best else cg.path
+    name = "memory.usage_in_bytes" if cg.version == 1 else "memory.current"
+    try:
+        return int((folder / name).read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+# -- the working set ------------------------------------------------------------------------------
+def physical_memory(root: Path | str = "/") -> int:
+    meminfo = Path(root) / "proc/meminfo"
+    try:
+        for line in meminfo.read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def metal_working_set() -> int | None:
+    """Metal's recommended working set on Apple silicon, else None (MLX imported only there)."""
+    if sys.platform != "darwin":
+        return None
+    try:
+        import mlx.core as mx
+        info = mx.device_info() if hasattr(mx, "device_info") else mx.metal.device_info()
+    except Exception:  # noqa: BLE001 - no Metal device: fall through to the next source
+        return None
+    size = info.get("max_recommended_working_set_size")
+    return int(size) if size else None
+
+
+def working_set(override: int | str | None = None, root: Path | str = "/", metal=metal_working_set) -> WorkingSet:
+    """The memory spill plans for: --memory, else Metal's, else the cgroup's limit, else physical."""
+    if override is not None:
+        return WorkingSet(parse_size(override) if isinstance(override, str) else int(override), "--memory")
+    size = metal()
+    if size:
+        return WorkingSet(size, "metal")
+    physical = physical_memory(root)
+    limit = cgroup_limit(root)
+    if limit is not None and limit < physical:
+        return WorkingSet(limit, "cgroup")
+    return WorkingSet(physical, "physical")
+
+
+# -- one process ------------------------------------------------------------------------------------
+def process_memory(pid: int | None = None, root: Path | str = "/") -> ProcessMemory:
+    """Resident bytes and page faults so far of a process (this one by default)."""
+    pid = os.getpid() if pid is None else pid
+    proc = Path(root) / "proc" / str(pid)
+    if proc.exists():
+        stat = (proc / "stat").read_text()
+        after = stat[stat.rindex(")") + 2:].split()   # fields from the 3rd on; comm may hold spaces
+        rss_kb = next(int(line.split()[1]) for line in (proc / "status").read_text().splitlines()
+                      if line.startswith("VmRSS:"))
+        return ProcessMemory(rss_kb * 1024, int(after[7]), int(after[9]))
+    return _ps_memory(pid)
+
+
+def _ps_memory(pid: int) -> ProcessMemory:
+    """macOS: ps reports rss in KiB and minflt/majflt (page reclaims and faults)."""
+    out = subprocess.run(["ps", "-o", "rss=,minflt=,majflt=", "-p", str(pid)],
+                         capture_output=True, text=True, check=False).stdout.split()
+    if len(out) < 3:
+        raise SpillError(f"no process with pid {pid}")
+    return ProcessMemory(int(out[0]) * 1024, int(out[1]), int(out[2]))

@@ -1,0 +1,127 @@
+"""The working set and process memory, read from fake /proc and /sys trees."""
+
+import os
+
+import pytest
+
+from spill import memory
+from spill.errors import SpillError
+
+V1_MOUNTS = """31 23 0:28 / /sys/fs/cgroup rw,relatime - tmpfs tmpfs rw,mode=755
+35 31 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory
+32 31 0:29 / /sys/fs/cgroup/cpu rw,relatime - cgroup cgroup rw,cpu
+41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw
+"""
+V2_MOUNTS = "30 23 0:26 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw,nsdelegate\n"
+GIB = 2**30
+
+
+def write(root, rel, text):
+    path = root / rel
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+def machine(root, physical_gib=24):
+    write(root, "proc/meminfo", f"MemTotal:       {physical_gib * 2**20} kB\nMemFree: 1 kB\n")
+
+
+def v1(root, group="/jobs/a", limits=None, usage=None):
+    """A v1 tree: our cgroup `group` under /sys/fs/cgroup/memory; limits maps folders to values."""
+    machine(root)
+    write(root, "proc/self/cgroup", f"4:memory:{group}\n1:cpu:/\n0::/\n")
+    write(root, "proc/self/mountinfo", V1_MOUNTS)
+    base = "sys/fs/cgroup/memory"
+    for folder in ("", "/jobs", group):
+        write(root, f"{base}{folder}/memory.limit_in_bytes", "9223372036854771712\n")
+    for folder, value in (limits or {}).items():
+        write(root, f"{base}{folder}/memory.limit_in_bytes", f"{value}\n")
+    for folder, value in (usage or {}).items():
+        write(root, f"{base}{folder}/memory.usage_in_bytes", f"{value}\n")
+
+
+def test_v1_limit_of_our_own_cgroup(tmp_path):
+    v1(tmp_path, limits={"/jobs/a": 6 * GIB}, usage={"/jobs/a": 123})
+    assert memory.cgroup_limit(tmp_path) == 6 * GIB
+    assert memory.cgroup_usage(tmp_path) == 123
+    assert memory.working_set(root=tmp_path, metal=lambda: None) == memory.WorkingSet(6 * GIB, "cgroup")
+
+
+def test_v1_tightest_ancestor_binds_and_its_usage_is_read(tmp_path):
+    v1(tmp_path, limits={"/jobs": 4 * GIB, "/jobs/a": 8 * GIB}, usage={"/jobs": 77, "/jobs/a": 5})
+    assert memory.cgroup_limit(tmp_path) == 4 * GIB
+    assert memory.cgroup_usage(tmp_path) == 77
+
+
+def test_v1_huge_limit_means_none_and_physical_is_used(tmp_path):
+    v1(tmp_path, usage={"/jobs/a": 9})
+    assert memory.cgroup_limit(tmp_path) is None
+    assert memory.cgroup_usage(tmp_path) == 9
+    assert memory.working_set(root=tmp_path, metal=lambda: None) == memory.WorkingSet(24 * GIB, "physical")
+
+
+def test_a_limit_above_physical_memory_is_no_limit(tmp_path):
+    v1(tmp_path, limits={"/jobs/a": 64 * GIB})
+    assert memory.working_set(root=tmp_path, metal=lambda: None).source == "physical"
+
+
+def test_v1_mount_rooted_inside_the_hierarchy(tmp_path):
+    """In a container the mount's root is our own cgroup: /proc/self/cgroup names the full path."""
+    machine(tmp_path)
+    write(tmp_path, "proc/self/cgroup", "4:memory:/docker/abc\n")
+    write(tmp_path, "proc/self/mountinfo", "35 31 0:32 /docker/abc /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n")
+    write(tmp_path, "sys/fs/cgroup/memory/memory.limit_in_bytes", f"{2 * GIB}\n")
+    assert memory.cgroup_limit(tmp_path) == 2 * GIB
+
+
+def test_v2_memory_max(tmp_path):
+    machine(tmp_path)
+    write(tmp_path, "proc/self/cgroup", "0::/user.slice/job\n")
+    write(tmp_path, "proc/self/mountinfo", V2_MOUNTS)
+    write(tmp_path, "sys/fs/cgroup/memory.max", "max\n")
+    write(tmp_path, "sys/fs/cgroup/user.slice/memory.max", "max\n")
+    write(tmp_path, "sys/fs/cgroup/user.slice/job/memory.max", f"{3 * GIB}\n")
+    write(tmp_path, "sys/fs/cgroup/user.slice/job/memory.current", "4096\n")
+    assert memory.cgroup_limit(tmp_path) == 3 * GIB
+    assert memory.cgroup_usage(tmp_path) == 4096
+    write(tmp_path, "sys/fs/cgroup/user.slice/job/memory.max", "max\n")
+    assert memory.cgroup_limit(tmp_path) is None
+
+
+def test_no_cgroup_files_means_no_limit(tmp_path):
+    machine(tmp_path, physical_gib=16)
+    assert memory.cgroup_limit(tmp_path) is None and memory.cgroup_usage(tmp_path) is None
+    assert memory.working_set(root=tmp_path, metal=lambda: None) == memory.WorkingSet(16 * GIB, "physical")
+
+
+def test_override_and_metal_come_first(tmp_path):
+    v1(tmp_path, limits={"/jobs/a": 6 * GIB})
+    assert memory.working_set("2GiB", root=tmp_path) == memory.WorkingSet(2 * GIB, "--memory")
+    assert memory.working_set(5000, root=tmp_path) == memory.WorkingSet(5000, "--memory")
+    assert memory.working_set(root=tmp_path, metal=lambda: 36 * GIB) == memory.WorkingSet(36 * GIB, "metal")
+
+
+def test_process_memory_from_fake_proc(tmp_path):
+    # comm with spaces and a parenthesis; minflt is field 10, majflt field 12
+    write(tmp_path, "proc/4242/stat", "4242 (a b) c) S 1 4242 4242 0 -1 4194560 1500 0 7 0 5 6 0 0 20 0 1 0 9 1 1\n")
+    write(tmp_path, "proc/4242/status", "Name:\ta b\nVmRSS:\t  2048 kB\n")
+    assert memory.process_memory(4242, root=tmp_path) == memory.ProcessMemory(2048 * 1024, 1500, 7)
+
+
+def test_process_memory_of_this_process():
+    mine = memory.process_memory()
+    assert mine.rss > 1_000_000 and mine.minor_faults > 0
+    assert memory.process_memory(os.getpid()).rss > 0
+
+
+@pytest.mark.parametrize("text,expected", [("48GB", 48 * 10**9), ("1.5GiB", int(1.5 * GIB)),
+                                           ("900M", 900 * 10**6), ("4096", 4096), ("2 gib", 2 * GIB)])
+def test_parse_size(text, expected):
+    assert memory.parse_size(text) == expected
+
+
+@pytest.mark.parametrize("text", ["lots", "12XB", "-3GB", "0", ""])
+def test_parse_size_refuses_with_one_sentence(text):
+    with pytest.raises(SpillError) as err:
+        memory.parse_size(text)
+    assert "\n" not in str(err.value) and "48GB" in str(err.value)
