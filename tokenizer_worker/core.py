@@ -4,7 +4,6 @@ Chat templates are rendered by the tokenizer's own `apply_chat_template` (transf
 them in a sandboxed Jinja environment); detokenization and stop strings are `RowText`'s.
 """
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,10 +19,11 @@ class Live:
 
 class TokenizerCore:
     def __init__(self, model_folder: str | Path):
-        from mlx_lm.tokenizer_utils import load
+        from mlx_lm.utils import load_config, load_tokenizer
         folder = Path(model_folder)
-        self.tokenizer = load(folder)
-        config = json.loads((folder / "config.json").read_text())
+        # EOS as mlx-lm takes it: generation_config.json, else config.json, plus the tokenizer's own
+        config = load_config(folder)
+        self.tokenizer = load_tokenizer(folder, eos_token_ids=config.get("eos_token_id"))
         self.context = int(config.get("max_position_embeddings") or 0) or None
         self.eos = sorted(self.tokenizer.eos_token_ids)
         self.live: dict[int, Live] = {}

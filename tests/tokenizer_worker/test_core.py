@@ -48,3 +48,27 @@ def test_tokens_become_text_eos_ends_a_row_and_a_stop_string_cuts_it(make_tiny):
     assert results[first_stop] == (True, "stop")
     text, reason, _, completion = core.finish(1, "stop")
     assert text == "The cat sat " and reason == "stop" and completion == first_stop + 1
+
+
+def _ids(folder, *tokens):
+    tok = load_tokenizer(folder)
+    return [tok.convert_tokens_to_ids(t) for t in tokens]
+
+
+def test_eos_ids_come_from_the_config_files_as_well_as_the_tokenizer(make_tiny):
+    folder = make_tiny("llama")   # config.json and generation_config.json list three EOS ids
+    core = TokenizerCore(folder)
+    assert core.eos == sorted(_ids(folder, "<|end_of_text|>", "<|eom_id|>", "<|eot_id|>"))
+
+
+def test_generation_config_eos_replaces_config_json_eos_as_mlx_lm_does(make_tiny, tmp_path):
+    folder = tmp_path / "m"
+    shutil.copytree(make_tiny("qwen2"), folder)
+    im_end, endoftext, im_start = _ids(folder, "<|im_end|>", "<|endoftext|>", "<|im_start|>")
+    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [im_start]}))
+    assert TokenizerCore(folder).eos == sorted({im_end, im_start})   # the tokenizer's eos stays
+    (folder / "generation_config.json").unlink()
+    config = json.loads((folder / "config.json").read_text())
+    config["eos_token_id"] = endoftext
+    (folder / "config.json").write_text(json.dumps(config))
+    assert TokenizerCore(folder).eos == sorted({im_end, endoftext})
