@@ -70,7 +70,7 @@ class Streamer:
         if prefill_chunk < 1:
             raise SpillError(f"prefill_chunk must be at least 1, got {prefill_chunk}")
         self.plan = load_plan(folder)
-        self.adapter = adapter_for(self.plan.config)
+        self.adapter = adapter_for(self.plan)
         self.dtype = default_dtype() if dtype == "auto" else dtype
         self.prefill_chunk = prefill_chunk
         self.keep_logits = keep_logits

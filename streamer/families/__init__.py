@@ -17,9 +17,13 @@ FAMILIES: dict[str, tuple[type[Adapter], str]] = {
 }
 
 
-def adapter_for(config: dict) -> Adapter:
+def adapter_for(plan) -> Adapter:
+    """The family's adapter, after checking that the plan's tensors are exactly the model's."""
+    config = plan.config
     model_type = config.get("model_type")
     if model_type not in FAMILIES:
         known = ", ".join(sorted(FAMILIES))
         raise SpillError(f"model_type {model_type!r} is not supported yet; supported families: {known}")
-    return FAMILIES[model_type][0](config)
+    adapter = FAMILIES[model_type][0](config)
+    adapter.check_names(plan)
+    return adapter

@@ -5,11 +5,13 @@ adapter exposes the parts around the layers (embedding, masks, final norm, head)
 """
 
 import mlx.core as mx
-from mlx.utils import tree_unflatten
+from mlx.utils import tree_flatten, tree_unflatten
 from mlx_lm.models.cache import BatchKVCache
 from mlx_lm.utils import _get_classes
 
-from ..plan import layer_of, layer_prefix
+from spill.errors import SpillError
+
+from ..plan import ModelPlan, layer_of, layer_prefix
 
 
 class Adapter:
@@ -29,10 +31,35 @@ class Adapter:
         return bool(getattr(self.args, "tie_word_embeddings", False))
 
     # -- weights ---------------------------------------------------------------------------
+    def check_names(self, plan: ModelPlan) -> None:
+        """The files hold exactly the tensors the model has, layer by layer: one sentence if not."""
+        for i, specs in enumerate(plan.layers):
+            stubs = {s.name: mx.zeros(s.shape) for s in specs}   # lazy, never evaluated
+            names = self.model.sanitize(stubs)
+            prefix = layer_prefix(next(iter(names))) if names else f"model.layers.{i}."
+            want = {prefix + k for k, _ in tree_flatten(self._blank[i])}
+            self._match(plan, set(names), want)
+        stubs = {s.name: mx.zeros(s.shape) for s in plan.resident}
+        self._match(plan, set(self.model.sanitize(stubs)), self._resident_names())
+
+    def _resident_names(self) -> set[str]:
+        return {k for k, _ in tree_flatten(self.model.parameters()) if layer_of(k) is None}
+
+    def _match(self, plan: ModelPlan, found: set[str], want: set[str]) -> None:
+        kind = plan.config.get("model_type")
+        if missing := sorted(want - found):
+            more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+            raise SpillError(f"model folder {plan.folder}: the weights have no tensor {missing[0]}{more}, "
+                             f"which a {kind} model needs; the files are incomplete: re-download the model")
+        if extra := sorted(found - want):
+            more = f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""
+            raise SpillError(f"model folder {plan.folder}: the weights hold tensor {extra[0]}{more}, which a "
+                             f"{kind} model does not have; check config.json's model_type or re-download the model")
+
     def load_resident(self, weights: dict[str, mx.array]) -> None:
-        """Embedding, final norm and head; layer tensors are not expected here."""
+        """Embedding, final norm and head (`check_names` has matched them to the model)."""
         weights = self.model.sanitize(dict(weights))
-        self.model.update(tree_unflatten(list(weights.items())), strict=False)
+        self.model.update(tree_unflatten(list(weights.items())))
         mx.eval(list(weights.values()))
 
     def load_layer(self, i: int, weights: dict[str, mx.array]) -> None:
