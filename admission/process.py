@@ -5,6 +5,7 @@ from spill import messages as m
 from spill.actor import Fault, inbox, run_actor
 from spill.wire import Mailbox
 
+from .calibration import Calibrator
 from .policy import FifoPolicy, Waiting
 
 
@@ -12,12 +13,14 @@ def run_admission_process(endpoints, args, log) -> None:
     box = Mailbox(endpoints, "admission", sends_to=("streamer", "coordinator"))
     policy = FifoPolicy(max_rows=config.max_rows(), prefill_tokens=config.prefill_tokens())
     fault = Fault("admission")
+    calibrator = Calibrator(log)
     epoch, eos, in_flight = -1, [], False   # in_flight: an ADMIT the streamer has not reported on
     for batch in inbox(box, "admission", log):
         for msg in batch:
             if isinstance(msg, m.Reset):
                 epoch = msg.epoch
                 policy.clear()
+                calibrator.reset(msg.model)
                 in_flight = False
             elif isinstance(msg, m.Tokenized):
                 eos = msg.eos
@@ -27,12 +30,14 @@ def run_admission_process(endpoints, args, log) -> None:
                 fault.tick("tokenized")
             elif isinstance(msg, m.Pass):
                 policy.finished(msg.finished)
+                calibrator.passed(msg)
                 in_flight = False
                 fault.tick("pass")
         if not in_flight and epoch >= 0:
             admitted = policy.admit()
             if admitted:
                 box.send("streamer", _admit(epoch, admitted, eos))
+                calibrator.admitted([w.row for w in admitted], [w.prompt_tokens for w in admitted])
                 in_flight = True
     box.close()
 

@@ -111,6 +111,17 @@ def status_cmd(job: str = typer.Argument(None, help="A job id (default: the runn
         _fail(err)
 
 
+@app.command("report")
+def report_cmd(job: str = typer.Argument(..., help="A job id (`spill status` lists them)."),
+               output: Path = typer.Option(None, "-o", "--output", help="PNG to write (default: report.png in the job folder).")) -> None:
+    """Plot a job's passes: pass time against the roofline, memory, running rows, rows done against the estimate."""
+    from spill.coordinator.plot import report_job
+    try:
+        typer.echo(str(report_job(job, output)))
+    except SpillError as err:
+        _fail(err)
+
+
 def main() -> None:
     from spill.platform import reexec_with_preload
     reexec_with_preload()

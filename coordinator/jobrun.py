@@ -6,6 +6,7 @@ from collections import OrderedDict
 
 from spill import messages as m
 
+from . import history
 from .batch_input import Request
 from .batch_output import error_line, success_line
 from .jobstore import Job
@@ -81,6 +82,7 @@ class JobRun:
         self.last_pass = msg
         self.generated += msg.emitted
         self.peak_memory = max(self.peak_memory, msg.peak_memory)
+        history.append(self.job.dir, msg, done=self.total - len(self.pending))
 
     def on_progress(self, msg: m.Progress) -> None:
         for row, n, tail in zip(msg.rows, msg.tokens, msg.tails):

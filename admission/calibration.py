@@ -1,0 +1,267 @@
+"""Calibration: one pass model per model | dtype | device | machine, stored under
+`$SPILL_HOME/calibration/`, started from a cold read probe and a short compute probe at first use
+and refitted from every pass the streamer reports.
+
+The model part of the key is its content (config, weight index, weight file names and sizes),
+never its path: a copy of a model shares its numbers, another model never does.
+"""
+
+import hashlib
+import json
+import os
+import platform
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import numpy as np
+
+from spill import config
+
+from .passmodel import Observation, PassModel, fit
+
+HISTORY = 200                  # passes kept for the refit
+PROBE_BYTES = 1 << 30          # the cold read probe reads at most this much of the weights
+_CHUNK = 64 << 20
+_F_NOCACHE = 48                # macOS fcntl: reads bypass the unified buffer cache
+
+
+# -- the key --------------------------------------------------------------------------------------
+def model_key(folder: str | Path) -> str:
+    """A digest of what the model is: config.json, the weight index and every weight file's name
+    and size (not the path, not the bytes: hashing gigabytes would cost a full read)."""
+    folder = Path(folder)
+    h = hashlib.sha256()
+    for name in ("config.json", "model.safetensors.index.json"):
+        p = folder / name
+        h.update(name.encode() + b"\0" + (p.read_bytes() if p.is_file() else b"") + b"\0")
+    for p in sorted(folder.glob("*.safetensors")):
+        h.update(f"{p.name}\0{p.stat().st_size}\0".encode())
+    return h.hexdigest()[:20]
+
+
+def device_key() -> str:
+    import mlx.core as mx
+    dev = mx.default_device()
+    if dev == mx.cpu:
+        return "cpu"
+    try:
+        name = mx.device_info().get("device_name", "gpu")
+    except Exception:   # an MLX without device_info: the kind is still a key
+        name = "gpu"
+    return f"gpu-{name}"
+
+
+def machine_key() -> str:
+    """Host name, architecture, CPU model and memory size: a rate measured here applies here."""
+    cpu = platform.processor()
+    try:
+        cpu = next(l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") if hasattr(os, "sysconf") else 0
+    raw = f"{platform.node()}|{platform.machine()}|{cpu}|{mem}"
+    return hashlib.sha256(raw.encode()).hexdigest()[:12]
+
+
+def key(folder: str | Path, dtype: str) -> str:
+    return "|".join((model_key(folder), dtype, device_key(), machine_key()))
+
+
+def store_path(k: str) -> Path:
+    return config.home() / "calibration" / (k.replace("|", "__").replace(" ", "_") + ".json")
+
+
+# -- the probes -----------------------------------------------------------------------------------
+def weight_files(folder: str | Path) -> list[Path]:
+    return sorted(Path(folder).glob("*.safetensors"))
+
+
+def read_probe(files: list[Path], limit: int = PROBE_BYTES) -> float:
+    """Cold sequential read bandwidth in bytes/s: each file's pages are dropped from the page cache
+    first and behind every read (as the streamer's reader does), so a model that was just read
+    cannot pose as a streaming rate."""
+    buf = bytearray(_CHUNK)
+    done, seconds = 0, 0.0
+    for path in files:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            _drop(fd, 0, 0)
+            if sys.platform == "darwin":
+                import fcntl
+                fcntl.fcntl(fd, _F_NOCACHE, 1)
+            pos, t0 = 0, time.perf_counter()
+            while done < limit:
+                n = os.preadv(fd, [memoryview(buf)[:min(_CHUNK, limit - done)]], pos)
+                if n <= 0:
+                    break
+                _drop(fd, pos, n)
+                pos, done = pos + n, done + n
+            seconds += time.perf_counter() - t0
+        finally:
+            os.close(fd)
+        if done >= limit:
+            break
+    return done / seconds if seconds > 0 else float("inf")
+
+
+def _drop(fd: int, offset: int, length: int) -> None:
+    if hasattr(os, "posix_fadvise"):
+        os.posix_fadvise(fd, offset, length, os.POSIX_FADV_DONTNEED)
+
+
+def compute_probe(plan_config: dict, streamed_bytes: int, itemsize: int, dtype) -> PassModel:
+    """Time one weight matrix of the model's width in the compute dtype: times a single row (the
+    weights' trip through memory: the fixed part) and a 256-row batch (per row), scaled to the
+    streamed parameters; attention over context is priced at the per-row rate per multiply."""
+    import mlx.core as mx
+    h = int(plan_config.get("hidden_size", 1024))
+    layers = int(plan_config.get("num_hidden_layers", 1))
+    w = mx.random.normal((h, h)).astype(dtype)
+    one, many = mx.random.normal((1, h)).astype(dtype), mx.random.normal((256, h)).astype(dtype)
+    mx.eval(w, one, many)
+
+    def timed(x, reps=5) -> float:
+        mx.eval(x @ w.T)
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            mx.eval(x @ w.T)
+        return (time.perf_counter() - t0) / reps
+
+    t1, t256 = timed(one), timed(many)
+    params = streamed_bytes / itemsize
+    fixed_per_param = t1 / (h * h)
+    row_per_param = max(t256 - t1, 1e-9) / 255 / (h * h)
+    return PassModel(bandwidth=1.0, fixed_s=fixed_per_param * params, per_row_s=row_per_param * params,
+                     per_prefill_token_s=row_per_param * params,
+                     per_context_token_s=row_per_param * 2 * h * layers)
+
+
+# -- the store and the refit ----------------------------------------------------------------------
+class Calibration:
+    """The stored numbers of one key: the probe's prior, the passes seen, the refitted model."""
+
+    def __init__(self, k: str, prior: PassModel, passes: list[Observation] | None = None,
+                 seen: int = 0, name: str = ""):
+        self.key, self.prior, self.name = k, prior, name
+        self.passes = list(passes or [])[-HISTORY:]
+        self.seen = seen                          # passes observed in all, kept or not
+        self.model = fit(prior, self.passes)
+
+    def observe(self, obs: Observation) -> None:
+        self.passes = (self.passes + [obs])[-HISTORY:]
+        self.seen += 1
+        self.model = fit(self.prior, self.passes)
+
+    def save(self) -> None:
+        path = store_path(self.key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        data = {"key": self.key, "model_name": self.name, "seen": self.seen, "prior": self.prior.to_dict(),
+                "fitted": self.model.to_dict(), "passes": [asdict(p) for p in self.passes]}
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps(data))
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, k: str) -> "Calibration | None":
+        """The stored calibration of exactly this key, or None (missing, unreadable or another key)."""
+        try:
+            data = json.loads(store_path(k).read_text())
+            if data.get("key") != k:
+                return None
+            return cls(k, PassModel(**data["prior"]), [Observation(**p) for p in data["passes"]],
+                       int(data.get("seen", 0)), data.get("model_name", ""))
+        except (OSError, ValueError, TypeError, KeyError):
+            return None
+
+
+def open_calibration(folder: str | Path, dtype=None) -> Calibration:
+    """The calibration of this model on this machine, probing and storing it at first use.
+    `dtype` is the compute dtype (default: the streamer's for this device)."""
+    import mlx.core as mx
+    from spill.streamer.plan import load_plan
+    plan = load_plan(folder)
+    k, dtype = _key_of(folder, plan, dtype)
+    cal = Calibration.load(k)
+    if cal is None:
+        itemsize = {"BF16": 2, "F16": 2, "F32": 4}.get(_stored_dtype(plan), 2)
+        prior = compute_probe(plan.config, plan.streamed_bytes, itemsize, dtype or mx.bfloat16)
+        prior.bandwidth = read_probe(weight_files(folder))
+        cal = Calibration(k, prior, name=Path(folder).name)
+        cal.save()
+    return cal
+
+
+def stored_calibration(folder: str | Path) -> Calibration | None:
+    """The calibration of this model on this machine if one was made; never probes."""
+    from spill.streamer.plan import load_plan
+    return Calibration.load(_key_of(folder, load_plan(folder), None)[0])
+
+
+def _stored_dtype(plan) -> str:
+    return plan.layers[0][0].dtype if plan.layers and plan.layers[0] else "F32"
+
+
+def _key_of(folder, plan, dtype) -> tuple[str, object]:
+    from spill.streamer.core import default_dtype
+    dtype = dtype or default_dtype()
+    name = str(dtype).replace("mlx.core.", "") if dtype is not None else f"stored-{_stored_dtype(plan)}"
+    return key(folder, name), dtype
+
+
+class ContextTracker:
+    """The context the decode rows attend to, which the PASS report does not carry: each row's
+    prompt length when it was admitted, plus one token per pass it ran."""
+
+    def __init__(self):
+        self.new: dict[int, int] = {}       # admitted, not yet through a pass
+        self.decoding: dict[int, int] = {}
+
+    def admitted(self, rows: list[int], lengths: list[int]) -> None:
+        self.new.update(zip(rows, lengths))
+
+    def passed(self, finished: list[int]) -> int:
+        """The context of the pass just reported; then every running row grows by one token."""
+        context = sum(self.decoding.values())
+        self.decoding.update(self.new)
+        self.new = {}
+        for r in finished:
+            self.decoding.pop(r, None)
+        for r in self.decoding:
+            self.decoding[r] += 1
+        return context
+
+    def clear(self) -> None:
+        self.new, self.decoding = {}, {}
+
+
+class Calibrator:
+    """The admission actor's hook: opens the model's calibration on a reset, refits and stores it
+    after every pass. A calibration that cannot be made is logged and skipped, never fatal."""
+
+    def __init__(self, log):
+        self.log = log
+        self.model = ""
+        self.cal: Calibration | None = None
+        self.context = ContextTracker()
+
+    def reset(self, model: str) -> None:
+        self.context.clear()
+        if model and model != self.model:
+            self.model, self.cal = model, None
+            try:
+                self.cal = open_calibration(model)
+                self.log.info("calibration", key=self.cal.key, passes=self.cal.seen, **self.cal.model.to_dict())
+            except Exception as err:   # the streamer reports a model that cannot load; here it only costs the estimate
+                self.log.warning("calibration_failed", model=model, error=str(err))
+
+    def admitted(self, rows: list[int], lengths: list[int]) -> None:
+        self.context.admitted(rows, lengths)
+
+    def passed(self, msg) -> None:
+        context = self.context.passed(msg.finished)
+        if self.cal is not None and msg.bytes_streamed:
+            self.cal.observe(Observation(msg.decode_rows, msg.prefill_tokens, context, msg.bytes_streamed,
+                                         msg.seconds, msg.wait_s, msg.compute_s))
+            self.cal.save()

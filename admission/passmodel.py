@@ -1,0 +1,110 @@
+"""The pass model: what one pass costs, from what it carries. Pure arithmetic, no I/O.
+
+    IO      = bytes streamed / read bandwidth
+    compute = fixed + per_row x decode rows + per_prefill x prefill tokens + per_context x context
+    pass    = max(IO, compute) + (1 - overlap) x min(IO, compute) + overhead
+
+`overlap` is how much of the shorter term hides under the longer one (1: perfect double buffering,
+0: read and compute in series); it is fitted from real passes, never assumed.
+"""
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+TERMS = ("fixed_s", "per_row_s", "per_prefill_token_s", "per_context_token_s")
+
+
+@dataclass
+class PassShape:
+    """What one pass carries."""
+    decode_rows: int
+    prefill_tokens: int
+    context_tokens: int       # tokens of KV the decode rows attend to, summed over rows
+    bytes_streamed: int
+
+
+@dataclass
+class Observation(PassShape):
+    """A pass the streamer ran, with its timings."""
+    seconds: float = 0.0
+    wait_s: float = 0.0        # compute thread blocked on the reader
+    compute_s: float = 0.0     # layer math as the streamer timed it
+
+
+@dataclass
+class PassModel:
+    bandwidth: float                  # bytes/s of the weight read
+    fixed_s: float = 0.0
+    per_row_s: float = 0.0
+    per_prefill_token_s: float = 0.0
+    per_context_token_s: float = 0.0
+    overlap: float = 0.5              # before any pass: halfway between serial and perfect
+    overhead_s: float = 0.0
+
+    def io_s(self, shape: PassShape) -> float:
+        return shape.bytes_streamed / self.bandwidth
+
+    def compute_s(self, shape: PassShape) -> float:
+        return (self.fixed_s + self.per_row_s * shape.decode_rows
+                + self.per_prefill_token_s * shape.prefill_tokens
+                + self.per_context_token_s * shape.context_tokens)
+
+    def roofline_s(self, shape: PassShape) -> float:
+        """The ideal pass: the longer of IO and compute, everything else hidden."""
+        return max(self.io_s(shape), self.compute_s(shape))
+
+    def pass_s(self, shape: PassShape) -> float:
+        io, c = self.io_s(shape), self.compute_s(shape)
+        return max(io, c) + (1.0 - self.overlap) * min(io, c) + self.overhead_s
+
+    def prefill_allowance(self, bytes_streamed: int, decode_rows: int, context_tokens: int) -> int:
+        """Prefill tokens a pass can carry while its compute stays under its weight-read time
+        (at least 1, so a pass that is compute-bound already still makes progress)."""
+        room = (bytes_streamed / self.bandwidth - self.fixed_s - self.per_row_s * decode_rows
+                - self.per_context_token_s * context_tokens)
+        if self.per_prefill_token_s <= 0:
+            return 1 << 30
+        return max(1, int(room / self.per_prefill_token_s + 1e-9))
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def fit(prior: PassModel, passes: list[Observation], strength: float = 0.01) -> PassModel:
+    """Refit the compute terms, the overlap, the overhead and the bandwidth from observed passes.
+
+    Compute: least squares of the streamer's compute_s on (1, rows, prefill, context), each term
+    a multiple of the prior's, pulled towards the prior with the weight of `strength` passes (so a
+    few passes cannot swing a term they do not exercise). Overhead: the median of what a pass
+    spent outside waiting and computing. Overlap: the share of min(IO, compute) hidden.
+    Bandwidth: the probe's, until three passes were read-bound (waited longer than they computed)."""
+    if not passes:
+        return prior
+    prior_terms = np.array([max(getattr(prior, t), 1e-12) for t in TERMS])
+    x = np.array([[1.0, p.decode_rows, p.prefill_tokens, p.context_tokens] for p in passes]) * prior_terms
+    y = np.array([p.compute_s for p in passes])
+    rms = np.sqrt(np.mean(x ** 2, axis=0))
+    lam = np.sqrt(strength) * np.maximum(rms, 0.05 * np.sqrt(np.mean(y ** 2)) + 1e-12)
+    a = np.vstack([x, np.diag(lam)])
+    b = np.concatenate([y, lam])            # ridge towards a multiplier of 1 on each term
+    w = np.linalg.lstsq(a, b, rcond=None)[0]
+    model = PassModel(prior.bandwidth, *(np.clip(w, 0.0, None) * prior_terms).tolist(),
+                      overlap=prior.overlap, overhead_s=prior.overhead_s)
+    seconds = np.array([p.seconds for p in passes])
+    model.overhead_s = float(np.median([max(p.seconds - p.wait_s - p.compute_s, 0.0) for p in passes]))
+    nbytes = np.array([p.bytes_streamed for p in passes], dtype=float)
+    read_bound = (nbytes > 0) & np.array([p.wait_s > p.compute_s for p in passes])
+    for _ in range(10):
+        # a read-bound pass cannot tell a slow read from an unhidden one, so the overlap comes
+        # from compute-bound passes where there are any, and the bandwidth from read-bound ones
+        io = nbytes / model.bandwidth
+        short, long_ = np.minimum(io, y), np.maximum(io, y)
+        use = (y >= io) if (y >= io).any() else np.ones_like(y, dtype=bool)
+        if short[use].sum() > 0:
+            k = np.dot(short[use], (seconds - model.overhead_s - long_)[use]) / np.dot(short[use], short[use])
+            model.overlap = float(np.clip(1.0 - k, 0.0, 1.0))
+        if read_bound.sum() >= 3:
+            read_s = (seconds - model.overhead_s - (1.0 - model.overlap) * y)[read_bound]
+            model.bandwidth = float(np.median(nbytes[read_bound] / np.maximum(read_s, 1e-9)))
+    return model

@@ -1,0 +1,32 @@
+"""A job's pass history: one JSON line per pass in its folder (`passes.jsonl`), what `spill report`
+plots. Every field the PASS message carries is kept, so fields added to it later come along."""
+
+import json
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+FILE = "passes.jsonl"
+
+
+def append(job_dir: Path, msg, done: int) -> None:
+    """Record one pass: its report, the wall time and the rows done so far (not fsynced: a lost
+    line costs a point on a plot, not a result)."""
+    line = {**asdict(msg), "finished": len(msg.finished), "time": time.time(), "done": done}
+    with open(Path(job_dir) / FILE, "a") as f:
+        f.write(json.dumps(line) + "\n")
+
+
+def read(job_dir: Path) -> list[dict]:
+    """The recorded passes, oldest first; a torn last line is skipped."""
+    out = []
+    try:
+        with open(Path(job_dir) / FILE) as f:
+            for raw in f:
+                try:
+                    out.append(json.loads(raw))
+                except ValueError:
+                    continue
+    except FileNotFoundError:
+        pass
+    return out

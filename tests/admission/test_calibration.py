@@ -1,0 +1,90 @@
+"""Calibration: its key, its store, its probes and the admission actor's hook."""
+
+import os
+import shutil
+
+import pytest
+import structlog
+
+from spill import messages as m
+from spill.admission import calibration as cal
+from spill.admission.calibration import Calibration, Calibrator, ContextTracker, model_key, open_calibration
+from spill.admission.passmodel import Observation, PassModel
+
+
+def test_the_model_key_follows_the_content_not_the_path(make_tiny, tmp_path):
+    bf16 = make_tiny("llama")
+    copy = tmp_path / "copy"
+    shutil.copytree(bf16, copy)
+    assert model_key(copy) == model_key(bf16)
+    assert model_key(make_tiny("llama", dtype="float32")) != model_key(bf16)
+    assert model_key(make_tiny("qwen2")) != model_key(bf16)
+
+
+def test_a_stored_calibration_is_used_only_for_its_own_key(tmp_path):
+    c = Calibration("a|float32|cpu|m1", PassModel(bandwidth=2e9, per_row_s=0.01), name="x")
+    c.observe(Observation(4, 0, 10, 1000, seconds=1.0, wait_s=0.1, compute_s=0.8))
+    c.save()
+    back = Calibration.load("a|float32|cpu|m1")
+    assert back.seen == 1 and back.passes == c.passes and back.prior == c.prior
+    assert Calibration.load("b|float32|cpu|m1") is None
+    cal.store_path("c|float32|cpu|m1").write_text(cal.store_path("a|float32|cpu|m1").read_text())
+    assert Calibration.load("c|float32|cpu|m1") is None      # a file renamed by hand names another key
+    cal.store_path("d|x|y|z").write_text("{not json")
+    assert Calibration.load("d|x|y|z") is None
+
+
+def test_the_read_probe_drops_the_files_from_the_page_cache_before_reading(make_tiny, monkeypatch):
+    events = []
+    real_fadvise, real_preadv = os.posix_fadvise, os.preadv
+    monkeypatch.setattr(os, "posix_fadvise", lambda fd, off, n, adv: (events.append(("drop", off, n)),
+                                                                      real_fadvise(fd, off, n, adv))[1])
+    monkeypatch.setattr(os, "preadv", lambda fd, bufs, pos: (events.append(("read", pos)),
+                                                             real_preadv(fd, bufs, pos))[1])
+    files = cal.weight_files(make_tiny("llama", shard_size="1MB"))
+    assert len(files) > 1
+    rate = cal.read_probe(files)
+    assert rate > 0
+    reads = [i for i, e in enumerate(events) if e[0] == "read" and e[1] == 0]
+    assert len(reads) == len(files)
+    for i in reads:                           # every file: dropped whole just before its first read
+        assert i > 0 and events[i - 1] == ("drop", 0, 0)
+
+
+def test_first_use_probes_and_stores_then_later_uses_load(make_tiny, monkeypatch):
+    folder = make_tiny("mistral")
+    probes = []
+    monkeypatch.setattr(cal, "read_probe", lambda files: probes.append(files) or 1.5e9)
+    first = open_calibration(folder)
+    assert len(probes) == 1 and first.model.bandwidth == 1.5e9
+    assert first.model.per_row_s > 0 and first.model.fixed_s > 0 and first.model.per_context_token_s > 0
+    assert first.key.split("|")[1:3] == ["float32", "cpu"]
+    again = open_calibration(folder)
+    assert len(probes) == 1 and again.prior == first.prior
+
+
+def test_context_tracker_counts_the_decode_rows_kv():
+    t = ContextTracker()
+    t.admitted([1, 2], [10, 20])
+    assert t.passed([]) == 0           # the pass that prefilled them
+    assert t.passed([]) == 32          # both decoded with 11 and 21 tokens of context
+    t.admitted([3], [5])
+    assert t.passed([1]) == 34         # row 1 finished in it
+    assert t.passed([]) == 23 + 6
+
+
+def test_the_hook_refits_and_stores_after_each_pass_and_survives_a_bad_model(make_tiny, monkeypatch, tmp_path):
+    monkeypatch.setattr(cal, "read_probe", lambda files: 2e9)
+    folder = str(make_tiny("llama", seed=3))
+    hook = Calibrator(structlog.get_logger())
+    hook.reset(folder)
+    hook.admitted([0, 1], [8, 8])
+    stats = m.Pass(0, 1, seconds=0.5, wait_s=0.0, compute_s=0.45, decode_rows=2, prefill_tokens=16, emitted=2,
+                   finished=[], active_memory=0, peak_memory=0, bytes_streamed=4096)
+    hook.passed(stats)
+    stored = Calibration.load(hook.cal.key)
+    assert stored.seen == 1 and stored.passes[0].prefill_tokens == 16
+    assert stored.model.overhead_s == pytest.approx(0.05)
+    hook.reset(str(tmp_path / "no-such-model"))
+    assert hook.cal is None
+    hook.passed(stats)                 # nothing to refit, nothing raised

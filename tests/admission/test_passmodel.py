@@ -1,0 +1,66 @@
+"""The pass model and its fit, with passes made by a known model."""
+
+import random
+
+import pytest
+
+from spill.admission.passmodel import Observation, PassModel, PassShape, fit
+
+TRUE = PassModel(bandwidth=2e9, fixed_s=0.8, per_row_s=0.02, per_prefill_token_s=0.003,
+                 per_context_token_s=2e-5, overlap=0.7, overhead_s=0.05)
+
+
+def fake_passes(model: PassModel, n: int, bytes_=4_000_000_000, seed=0) -> list[Observation]:
+    """Passes as an engine with this model would report them (compute and wait split accordingly)."""
+    rnd = random.Random(seed)
+    out = []
+    for _ in range(n):
+        shape = PassShape(rnd.randint(1, 128), rnd.choice([0, 0, 64, 512, 2048]), rnd.randint(0, 60000), bytes_)
+        c, io = model.compute_s(shape), model.io_s(shape)
+        seconds = model.pass_s(shape)
+        out.append(Observation(**vars(shape), seconds=seconds, wait_s=seconds - model.overhead_s - c, compute_s=c))
+    return out
+
+
+def test_the_pass_is_the_longer_term_plus_the_unhidden_part_of_the_shorter():
+    shape = PassShape(10, 100, 1000, 4_000_000_000)   # IO 2.0 s, compute 0.8 + 0.2 + 0.3 + 0.02 = 1.32 s
+    assert TRUE.io_s(shape) == pytest.approx(2.0)
+    assert TRUE.compute_s(shape) == pytest.approx(1.32)
+    assert TRUE.roofline_s(shape) == pytest.approx(2.0)
+    assert TRUE.pass_s(shape) == pytest.approx(2.0 + 0.3 * 1.32 + 0.05)
+
+
+def test_fit_recovers_the_compute_terms_the_overlap_and_the_overhead():
+    prior = PassModel(bandwidth=2e9, fixed_s=0.3, per_row_s=0.05, per_prefill_token_s=0.001,
+                      per_context_token_s=1e-4)
+    got = fit(prior, fake_passes(TRUE, 120))
+    for term in ("fixed_s", "per_row_s", "per_prefill_token_s", "per_context_token_s"):
+        assert getattr(got, term) == pytest.approx(getattr(TRUE, term), rel=0.05), term
+    assert got.overlap == pytest.approx(0.7, abs=0.02)
+    assert got.overhead_s == pytest.approx(0.05, abs=1e-6)
+
+
+def test_a_few_passes_stay_near_the_prior_on_terms_they_do_not_exercise():
+    prior = PassModel(bandwidth=2e9, fixed_s=0.8, per_row_s=0.02, per_prefill_token_s=0.003,
+                      per_context_token_s=2e-5)
+    passes = [p for p in fake_passes(TRUE, 50) if p.prefill_tokens == 0][:3]
+    got = fit(prior, passes)
+    assert got.per_prefill_token_s == pytest.approx(0.003, rel=0.1)
+
+
+def test_read_bound_passes_replace_the_probed_bandwidth():
+    slow_disk = PassModel(bandwidth=1e9, fixed_s=0.1, per_row_s=0.04, overlap=0.8)
+    prior = PassModel(bandwidth=3e9, fixed_s=0.1, per_row_s=0.001)
+    got = fit(prior, fake_passes(slow_disk, 10))
+    assert got.bandwidth == pytest.approx(1e9, rel=0.01)
+    compute_bound = fake_passes(TRUE, 10, bytes_=100_000)
+    assert fit(prior, compute_bound).bandwidth == 3e9
+
+
+def test_the_prefill_allowance_keeps_compute_under_the_read():
+    for rows, context in ((1, 0), (16, 5000), (32, 10000)):
+        n = TRUE.prefill_allowance(4_000_000_000, rows, context)
+        shape = PassShape(rows, n, context, 4_000_000_000)
+        assert TRUE.compute_s(shape) <= TRUE.io_s(shape)
+        assert TRUE.compute_s(PassShape(rows, n + 1, context, 4_000_000_000)) > TRUE.io_s(shape)
+    assert TRUE.prefill_allowance(100, 128, 0) == 1     # compute-bound already: still one token
