@@ -211,29 +211,35 @@ def _key_of(folder, plan, dtype) -> tuple[str, object]:
 
 
 class ContextTracker:
-    """The context the decode rows attend to, which the PASS report does not carry: each row's
-    prompt length when it was admitted, plus one token per pass it ran."""
+    """The rows that decode in a pass and the context they attend to, which the PASS report does not
+    carry: each admitted row prefills its prompt a chunk a pass (as the streamer does), then decodes
+    with one more token of context each pass."""
 
-    def __init__(self):
-        self.new: dict[int, int] = {}       # admitted, not yet through a pass
-        self.decoding: dict[int, int] = {}
+    def __init__(self, chunk: int = 512):
+        self.chunk = chunk
+        self.prefilling: dict[int, list[int]] = {}   # row -> [prompt tokens left, prompt length]
+        self.decoding: dict[int, int] = {}           # row -> context
 
     def admitted(self, rows: list[int], lengths: list[int]) -> None:
-        self.new.update(zip(rows, lengths))
+        self.prefilling.update((r, [n, n]) for r, n in zip(rows, lengths))
 
-    def passed(self, finished: list[int]) -> int:
-        """The context of the pass just reported; then every running row grows by one token."""
-        context = sum(self.decoding.values())
-        self.decoding.update(self.new)
-        self.new = {}
-        for r in finished:
-            self.decoding.pop(r, None)
+    def passed(self, finished: list[int]) -> tuple[int, int]:
+        """(decoding rows, their context) of the pass just reported; then each grows by one token."""
+        rows, context = len(self.decoding), sum(self.decoding.values())
         for r in self.decoding:
             self.decoding[r] += 1
-        return context
+        for r, state in list(self.prefilling.items()):
+            state[0] -= min(self.chunk, state[0])
+            if state[0] == 0:
+                self.decoding[r] = state[1] + 1
+                del self.prefilling[r]
+        for r in finished:
+            self.decoding.pop(r, None)
+            self.prefilling.pop(r, None)
+        return rows, context
 
     def clear(self) -> None:
-        self.new, self.decoding = {}, {}
+        self.prefilling, self.decoding = {}, {}
 
 
 class Calibrator:
@@ -260,8 +266,8 @@ class Calibrator:
         self.context.admitted(rows, lengths)
 
     def passed(self, msg) -> None:
-        context = self.context.passed(msg.finished)
+        rows, context = self.context.passed(msg.finished)   # the rows that decoded in it, not after it
         if self.cal is not None and msg.bytes_streamed:
-            self.cal.observe(Observation(msg.decode_rows, msg.prefill_tokens, context, msg.bytes_streamed,
+            self.cal.observe(Observation(rows, msg.prefill_tokens, context, msg.bytes_streamed,
                                          msg.seconds, msg.wait_s, msg.compute_s))
             self.cal.save()

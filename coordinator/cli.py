@@ -111,6 +111,24 @@ def status_cmd(job: str = typer.Argument(None, help="A job id (default: the runn
         _fail(err)
 
 
+@app.command("estimate")
+def estimate_cmd(
+    model: str = typer.Argument(..., help="A model folder, or 'demo'."),
+    input: Path = typer.Argument(..., help="JSONL of requests, as `spill run` takes it."),
+    memory: str = typer.Option(None, help="Working set to plan for, e.g. 16GB (default: this machine's)."),
+    max_tokens: int = typer.Option(256, help="Tokens per row when the row does not say."),
+    as_json: bool = typer.Option(False, "--json", help="One JSON object: total_seconds, ideal_seconds, tiers."),
+) -> None:
+    """How long `spill run MODEL INPUT` will take here: the rows tokenized, the schedule simulated pass by pass."""
+    import json
+    from spill.coordinator.estimate import estimate_file, format_estimate
+    try:
+        est, cal = estimate_file(model, input, max_tokens=max_tokens, memory=memory)
+    except SpillError as err:
+        _fail(err)
+    typer.echo(json.dumps({**est.to_dict(), "calibration": cal}) if as_json else format_estimate(est, cal))
+
+
 @app.command("report")
 def report_cmd(job: str = typer.Argument(..., help="A job id (`spill status` lists them)."),
                output: Path = typer.Option(None, "-o", "--output", help="PNG to write (default: report.png in the job folder).")) -> None:

@@ -21,7 +21,8 @@ def test_the_model_key_follows_the_content_not_the_path(make_tiny, tmp_path):
     assert model_key(make_tiny("qwen2")) != model_key(bf16)
 
 
-def test_a_stored_calibration_is_used_only_for_its_own_key(tmp_path):
+def test_a_stored_calibration_is_used_only_for_its_own_key(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPILL_HOME", str(tmp_path))
     c = Calibration("a|float32|cpu|m1", PassModel(bandwidth=2e9, per_row_s=0.01), name="x")
     c.observe(Observation(4, 0, 10, 1000, seconds=1.0, wait_s=0.1, compute_s=0.8))
     c.save()
@@ -51,8 +52,9 @@ def test_the_read_probe_drops_the_files_from_the_page_cache_before_reading(make_
         assert i > 0 and events[i - 1] == ("drop", 0, 0)
 
 
-def test_first_use_probes_and_stores_then_later_uses_load(make_tiny, monkeypatch):
+def test_first_use_probes_and_stores_then_later_uses_load(make_tiny, monkeypatch, tmp_path):
     folder = make_tiny("mistral")
+    monkeypatch.setenv("SPILL_HOME", str(tmp_path))
     probes = []
     monkeypatch.setattr(cal, "read_probe", lambda files: probes.append(files) or 1.5e9)
     first = open_calibration(folder)
@@ -66,14 +68,18 @@ def test_first_use_probes_and_stores_then_later_uses_load(make_tiny, monkeypatch
 def test_context_tracker_counts_the_decode_rows_kv():
     t = ContextTracker()
     t.admitted([1, 2], [10, 20])
-    assert t.passed([]) == 0           # the pass that prefilled them
-    assert t.passed([]) == 32          # both decoded with 11 and 21 tokens of context
+    assert t.passed([]) == (0, 0)      # the pass that prefilled them
+    assert t.passed([]) == (2, 32)     # both decoded with 11 and 21 tokens of context
     t.admitted([3], [5])
-    assert t.passed([1]) == 34         # row 1 finished in it
-    assert t.passed([]) == 23 + 6
+    assert t.passed([1]) == (2, 34)    # row 1 finished in it
+    assert t.passed([]) == (2, 23 + 6)
+    long_ = ContextTracker(chunk=4)
+    long_.admitted([7], [10])
+    assert [long_.passed([]) for _ in range(4)] == [(0, 0), (0, 0), (0, 0), (1, 11)]   # prefilled 4 + 4 + 2
 
 
 def test_the_hook_refits_and_stores_after_each_pass_and_survives_a_bad_model(make_tiny, monkeypatch, tmp_path):
+    monkeypatch.setenv("SPILL_HOME", str(tmp_path))
     monkeypatch.setattr(cal, "read_probe", lambda files: 2e9)
     folder = str(make_tiny("llama", seed=3))
     hook = Calibrator(structlog.get_logger())

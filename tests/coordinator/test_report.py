@@ -39,6 +39,7 @@ def test_each_pass_becomes_one_line_in_the_job_folder(tmp_path):
 
 def test_report_writes_a_png_with_the_roofline_from_this_machines_calibration(tmp_path, make_tiny, monkeypatch):
     folder = make_tiny("llama")
+    monkeypatch.setenv("SPILL_HOME", str(tmp_path / "home"))     # a first use of this model here
     monkeypatch.setattr(calibration, "read_probe", lambda files: 1.25e9)
     calibration.open_calibration(folder)
     run = _job(tmp_path, str(folder))

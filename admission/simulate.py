@@ -1,0 +1,150 @@
+"""The estimate: the admission policy and the pass model run pass by pass on the job's real token
+lengths, drain tail included. Pure: a fake clock, no model, no sockets.
+
+The streamer's semantics, pass by pass: rows admitted after pass k start prefilling in pass k+1,
+one chunk of their prompt a pass; a row emits its first token in the pass that ends its prompt and
+one token a pass after that; it leaves after its last token and its slot is refilled next pass.
+
+Rows whose output length is unknown are priced at max_tokens (`Estimate.at_max_tokens`).
+"""
+
+from dataclasses import dataclass, field
+
+from .passmodel import PassModel, PassShape
+
+
+@dataclass
+class SimRow:
+    row: int
+    prompt: int               # prompt tokens
+    out: int                  # tokens it will generate (max_tokens when unknown)
+    tier: str = ""
+
+
+@dataclass
+class Tier:
+    name: str
+    rows: int = 0
+    prompt_tokens: int = 0
+    row_passes: int = 0       # rows of the tier summed over passes: batch = row_passes / passes
+    passes: int = 0           # passes that ran at least one of its rows
+    seconds: float = 0.0      # its share of each pass it ran in (by rows)
+    ideal_seconds: float = 0.0
+
+    @property
+    def batch(self) -> float:
+        return self.row_passes / self.passes if self.passes else 0.0
+
+    def to_dict(self) -> dict:
+        return {"tier": self.name, "rows": self.rows, "prompt_tokens": self.prompt_tokens,
+                "batch": round(self.batch, 1), "passes": self.passes, "seconds": round(self.seconds, 1),
+                "ideal_seconds": round(self.ideal_seconds, 1)}
+
+
+@dataclass
+class Estimate:
+    total_seconds: float
+    ideal_seconds: float
+    passes: int
+    tiers: list[Tier]
+    timeline: list[tuple[float, int]] = field(default_factory=list)   # (seconds, rows done), one point a pass
+    prefill: list[int] = field(default_factory=list)                  # prefill tokens of each pass
+    errors: int = 0           # rows that cannot run (bad lines, too long): counted, not priced
+    at_max_tokens: bool = True
+    stalled: bool = False     # the policy left rows waiting with nothing running
+
+    def to_dict(self) -> dict:
+        return {"total_seconds": round(self.total_seconds, 1), "ideal_seconds": round(self.ideal_seconds, 1),
+                "passes": self.passes, "errors": self.errors, "priced_at_max_tokens": self.at_max_tokens,
+                "tiers": [t.to_dict() for t in self.tiers]}
+
+
+def tier_of(prompt: int) -> str:
+    """Length tiers of the report: prompts up to 128 tokens, up to 640, longer."""
+    return "short (<=128)" if prompt <= 128 else "medium (<=640)" if prompt <= 640 else "long (>640)"
+
+
+def simulate(rows: list[SimRow], policy, waiting, model: PassModel, bytes_streamed: int, *,
+             chunk: int = 512, max_batch=None, errors: int = 0, at_max_tokens: bool = True) -> Estimate:
+    """`policy`: offer(list) / admit() -> list / finished(rows), as the admission actor drives it;
+    `waiting(SimRow)` makes the policy's row record; `max_batch(SimRow)` the largest batch the
+    memory budget fits for rows like it (for the ideal)."""
+    by_id = {r.row: r for r in rows}
+    tiers: dict[str, Tier] = {}
+    for r in rows:
+        t = tiers.setdefault(r.tier or tier_of(r.prompt), Tier(r.tier or tier_of(r.prompt)))
+        t.rows, t.prompt_tokens = t.rows + 1, t.prompt_tokens + r.prompt
+    refused = policy.offer([waiting(r) for r in rows]) or []
+    errors += len(refused)
+    est = Estimate(0.0, 0.0, 0, list(tiers.values()), errors=errors, at_max_tokens=at_max_tokens)
+    prefilling: dict[int, int] = {}          # row -> prompt tokens still to prefill
+    decoding: dict[int, list[int]] = {}      # row -> [context, tokens left]
+    clock, done = 0.0, 0
+    admitted = policy.admit()
+    while admitted or prefilling or decoding:
+        for w in admitted:
+            prefilling[w.row] = by_id[w.row].prompt
+        # 1. the pass: every decoding row's step, a chunk of every prefilling row
+        shape = PassShape(len(decoding), sum(min(chunk, n) for n in prefilling.values()),
+                          sum(c for c, _ in decoding.values()), bytes_streamed)
+        seconds = model.pass_s(shape)
+        clock += seconds
+        _share(tiers, by_id, list(prefilling) + list(decoding), seconds)
+        # 2. its tokens: decode rows step, prefills that end their prompt emit their first token
+        finished = []
+        for row, state in decoding.items():
+            state[0] += 1
+            state[1] -= 1
+            if state[1] == 0:
+                finished.append(row)
+        for row in list(prefilling):
+            prefilling[row] -= min(chunk, prefilling[row])
+            if prefilling[row] == 0:
+                del prefilling[row]
+                r = by_id[row]
+                if r.out <= 1:
+                    finished.append(row)
+                else:
+                    decoding[row] = [r.prompt + 1, r.out - 1]
+        for row in finished:
+            decoding.pop(row, None)
+        done += len(finished)
+        est.passes += 1
+        est.timeline.append((clock, done))
+        est.prefill.append(shape.prefill_tokens)
+        # 3. the policy hears the pass and admits for the next one
+        policy.finished(finished)
+        admitted = policy.admit()
+        if not (admitted or prefilling or decoding) and done + len(refused) < len(rows):
+            est.stalled = True
+    est.total_seconds = clock
+    for t in est.tiers:
+        t.ideal_seconds = _ideal(t, [r for r in rows if (r.tier or tier_of(r.prompt)) == t.name],
+                                 model, bytes_streamed, max_batch)
+    est.ideal_seconds = sum(t.ideal_seconds for t in est.tiers)
+    return est
+
+
+def _share(tiers, by_id, running: list[int], seconds: float) -> None:
+    """Each tier's share of a pass: the fraction of its running rows."""
+    counts: dict[str, int] = {}
+    for row in running:
+        r = by_id[row]
+        name = r.tier or tier_of(r.prompt)
+        counts[name] = counts.get(name, 0) + 1
+    for name, n in counts.items():
+        t = tiers[name]
+        t.passes, t.row_passes = t.passes + 1, t.row_passes + n
+        t.seconds += seconds * n / len(running)
+
+
+def _ideal(tier: Tier, rows: list[SimRow], model: PassModel, bytes_streamed: int, max_batch) -> float:
+    """rows x output tokens / the largest batch the budget fits, times the roofline pass at that batch
+    (its decode rows, their mean context, and the prefill that batch needs a pass on average)."""
+    if not rows:
+        return 0.0
+    batch = max(1, min(len(rows), max_batch(rows[0]) if max_batch else len(rows)))
+    out = sum(r.out for r in rows) / len(rows)
+    prompt = sum(r.prompt for r in rows) / len(rows)
+    shape = PassShape(batch, int(batch * prompt / max(out, 1)), int(batch * (prompt + out / 2)), bytes_streamed)
+    return len(rows) * out / batch * model.roofline_s(shape)

@@ -1,0 +1,108 @@
+"""The simulator against a fake engine with a fake clock and fake pass reports."""
+
+import random
+
+import pytest
+
+from spill.admission.calibration import ContextTracker
+from spill.admission.passmodel import Observation, PassModel, PassShape, fit
+from spill.admission.policy import FifoPolicy, Waiting
+from spill.admission.simulate import SimRow, simulate
+
+TRUE = PassModel(bandwidth=2e9, fixed_s=0.5, per_row_s=0.01, per_prefill_token_s=0.002,
+                 per_context_token_s=1e-5, overlap=0.6, overhead_s=0.05)
+BYTES = 4_000_000_000
+
+
+class FakeEngine:
+    """Rows as the streamer runs them, each pass timed by TRUE with +-5% noise; reports what the
+    streamer reports (timings, decode rows, prefill tokens, finished rows)."""
+
+    def __init__(self, chunk=512, seed=0):
+        self.chunk, self.rnd, self.clock = chunk, random.Random(seed), 0.0
+        self.rows = []                   # [row, prompt left, context, tokens left]
+
+    def add(self, row: SimRow):
+        self.rows.append([row.row, row.prompt, row.prompt, row.out])
+
+    def step(self) -> Observation:
+        decoding = [r for r in self.rows if r[1] == 0]
+        prefill = sum(min(self.chunk, r[1]) for r in self.rows)
+        shape = PassShape(len(decoding), prefill, sum(r[2] for r in decoding), BYTES)
+        seconds = TRUE.pass_s(shape) * self.rnd.uniform(0.95, 1.05)
+        compute = TRUE.compute_s(shape) * seconds / TRUE.pass_s(shape)
+        self.clock += seconds
+        for r in self.rows:
+            if r[1]:
+                r[1] -= min(self.chunk, r[1])
+                if r[1] == 0:
+                    r[2], r[3] = r[2] + 1, r[3] - 1
+            else:
+                r[2], r[3] = r[2] + 1, r[3] - 1
+        done = [r[0] for r in self.rows if r[3] == 0]
+        self.rows = [r for r in self.rows if r[3] > 0]
+        obs = Observation(len(decoding), prefill, 0, BYTES, seconds, max(seconds - 0.05 - compute, 0), compute)
+        obs.finished = done
+        return obs
+
+
+def job(n=150, seed=1):
+    rnd = random.Random(seed)
+    rows = []
+    for i in range(n):
+        prompt = rnd.choice([45, 420, 900])
+        rows.append(SimRow(i, prompt, rnd.randint(20, 128)))
+    return rows
+
+
+def run_fake(rows, policy):
+    """The admission actor's loop around the fake engine: the job's measured total and its passes."""
+    engine, by_id, ctx, seen = FakeEngine(), {r.row: r for r in rows}, ContextTracker(), []
+    policy.offer([Waiting(r.row, r.prompt, ()) for r in rows])
+    admitted = policy.admit()
+    while admitted or engine.rows:
+        for w in admitted:
+            engine.add(by_id[w.row])
+        ctx.admitted([w.row for w in admitted], [by_id[w.row].prompt for w in admitted])
+        obs = engine.step()
+        obs.decode_rows, obs.context_tokens = ctx.passed(obs.finished)
+        seen.append(obs)
+        policy.finished(obs.finished)
+        admitted = policy.admit()
+    return engine.clock, seen
+
+
+def test_the_simulator_reproduces_a_fake_engines_total_within_2_percent():
+    rows = job()
+    measured, seen = run_fake(rows, FifoPolicy(max_rows=32, prefill_tokens=2048))
+    prior = PassModel(bandwidth=2e9, fixed_s=1.0, per_row_s=0.02, per_prefill_token_s=0.001, per_context_token_s=1e-4)
+    for model in (TRUE, fit(prior, seen)):          # the engine's own model, and one refitted from its passes
+        est = simulate(rows, FifoPolicy(max_rows=32, prefill_tokens=2048), lambda r: Waiting(r.row, r.prompt, ()),
+                       model, BYTES)
+        assert est.total_seconds == pytest.approx(measured, rel=0.02)
+        assert est.passes == len(seen)
+        assert est.timeline[-1][1] == len(rows)
+
+
+def test_tiers_report_rows_prompt_tokens_batch_passes_and_time():
+    rows = [SimRow(0, 100, 3), SimRow(1, 100, 3), SimRow(2, 1000, 2)]
+    est = simulate(rows, FifoPolicy(max_rows=8, prefill_tokens=4096), lambda r: Waiting(r.row, r.prompt, ()),
+                   TRUE, BYTES, chunk=512)
+    short, long_ = est.tiers
+    assert (short.rows, short.prompt_tokens, long_.rows, long_.prompt_tokens) == (2, 200, 1, 1000)
+    # pass 1: prefill 100+100+512, the short rows' first tokens; pass 2: they decode, the long row
+    # prefills its last 488 tokens and emits its first; pass 3: every row's last token
+    assert est.passes == 3 and est.prefill == [712, 488, 0]
+    assert short.passes == long_.passes == 3 and short.batch == 2 and long_.batch == 1
+    assert est.timeline[-1] == (est.total_seconds, 3)
+    assert est.total_seconds == pytest.approx(sum(t.seconds for t in est.tiers))
+
+
+def test_rows_the_policy_refuses_are_counted_as_errors_not_priced():
+    class Refusing(FifoPolicy):
+        def offer(self, rows):
+            super().offer([w for w in rows if w.prompt_tokens < 500])
+            return [(w, "too long") for w in rows if w.prompt_tokens >= 500]
+    rows = [SimRow(0, 100, 3), SimRow(1, 900, 3)]
+    est = simulate(rows, Refusing(), lambda r: Waiting(r.row, r.prompt, ()), TRUE, BYTES, errors=2)
+    assert est.errors == 3 and est.timeline[-1][1] == 1 and not est.stalled

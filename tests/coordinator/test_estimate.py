@@ -1,0 +1,57 @@
+"""`spill estimate`: its text and JSON outputs, and inputs with bad rows."""
+
+import json
+
+from typer.testing import CliRunner
+
+from spill.admission import calibration
+from spill.coordinator.cli import app
+
+runner = CliRunner()
+
+
+def _input(tmp_path, bad=True):
+    lines = [json.dumps({"custom_id": f"s{i}", "prompt": "short question " * 3, "max_tokens": 8}) for i in range(6)]
+    lines += [json.dumps({"custom_id": f"l{i}", "messages": [{"role": "user", "content": "word " * 300}],
+                          "max_tokens": 4}) for i in range(3)]
+    if bad:
+        lines += ['{"custom_id": "broken", ', json.dumps({"custom_id": "neg", "prompt": "x", "max_tokens": -1}),
+                  json.dumps({"custom_id": "huge", "prompt": "x", "max_tokens": 200000})]   # past the context
+    path = tmp_path / "in.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_text_output_has_the_total_the_ideal_and_a_line_per_tier(make_tiny, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPILL_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(calibration, "read_probe", lambda files: 2e9)
+    result = runner.invoke(app, ["estimate", str(make_tiny("llama")), str(_input(tmp_path, bad=False))])
+    assert result.exit_code == 0, result.output
+    out = result.output.splitlines()
+    assert out[0].startswith("estimate: ") and " passes (ideal " in out[0] and out[0].endswith("x)")
+    assert out[1].startswith("calibration: 2.00 GB/s read, overlap ")
+    assert out[2].split() == ["tier", "rows", "prompt", "tok", "batch", "passes", "time", "ideal"]
+    assert [line.split()[0] for line in out[3:5]] == ["short", "medium"]
+    assert out[3].split()[2] == "6" and out[4].split()[2] == "3"
+    assert out[-1] == "output lengths are unknown before the run: every row is priced at its max_tokens"
+    assert not any("cannot run" in line for line in out)
+
+
+def test_json_output_counts_bad_rows_as_errors_and_prices_the_rest(make_tiny, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPILL_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(calibration, "read_probe", lambda files: 2e9)
+    result = runner.invoke(app, ["estimate", str(make_tiny("llama")), str(_input(tmp_path)), "--json"])
+    assert result.exit_code == 0, result.output
+    est = json.loads(result.output)
+    assert est["errors"] == 3                       # the broken line, max_tokens -1, the prompt past the context
+    assert sum(t["rows"] for t in est["tiers"]) == 9
+    assert est["total_seconds"] > 0 and est["ideal_seconds"] > 0 and est["priced_at_max_tokens"]
+    assert est["calibration"]["bandwidth"] == 2e9
+    text = runner.invoke(app, ["estimate", str(make_tiny("llama")), str(_input(tmp_path))]).output
+    assert "3 rows cannot run: counted as errors, not priced" in text
+
+
+def test_a_missing_input_is_one_sentence(make_tiny, tmp_path):
+    result = runner.invoke(app, ["estimate", str(make_tiny("llama")), str(tmp_path / "nope.jsonl")])
+    assert result.exit_code == 2
+    assert len(result.output.strip().splitlines()) == 1 and result.output.startswith("spill: ")
