@@ -39,16 +39,20 @@ def check_cmd(
     rows: int = typer.Option(20, help="How many prompts to run."),
     max_tokens: int = typer.Option(16, help="Tokens to generate per row."),
     prefill_chunk: int = typer.Option(128, help="Prompt positions a prefill group computes per pass."),
-    tolerance: float = typer.Option(1e-4, help="Largest logit difference accepted."),
+    dtype: str = typer.Option(None, help="Compute dtype of both sides: bfloat16, float16 or float32 "
+                                         "(default: float32 on the CPU, the stored dtype on a GPU)."),
+    tolerance: float = typer.Option(None, help="Largest logit difference accepted (default: derived from the dtype)."),
 ) -> None:
-    """Run prompts streamed and resident (mlx-lm), greedy, and compare tokens and logits."""
+    """Run prompts streamed and resident (mlx-lm), greedy: teacher-forced logits within a tolerance of
+    the dtype, and free-running identity."""
     from spill.coordinator.report import print_check
     from spill.streamer.check import run_check
     try:
-        results = run_check(model, n=rows, max_tokens=max_tokens, prefill_chunk=prefill_chunk)
+        report = run_check(model, n=rows, max_tokens=max_tokens, prefill_chunk=prefill_chunk, dtype=dtype,
+                           tolerance=tolerance)
     except SpillError as err:
         _fail(err)
-    if not print_check(results, tolerance):
+    if not print_check(report):
         raise typer.Exit(1)
 
 

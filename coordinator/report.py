@@ -4,20 +4,36 @@ from rich.console import Console
 from rich.table import Table
 
 
-def print_check(results, tolerance: float, console: Console | None = None) -> bool:
-    """Per-row table of `spill check`, then `N/N identical` or what differed. True when all pass."""
+def print_check(report, console: Console | None = None) -> bool:
+    """Per-row table of `spill check`, what it compared in which dtype, then `passed` or `FAILED`
+    with both figures. True when the teacher-forced comparison passes."""
     console = console or Console()
-    table = Table("row", "prompt tok", "joined at pass", "tokens", "identical", "max |Δ logit|")
-    for r in results:
+    table = Table("row", "prompt", "joined", "tokens", "identical", "max |Δ logit|", "argmax",
+                  caption="prompt tokens, the pass a row joined at; identical: free-running; max |Δ logit| "
+                          "and argmax (agree/compared, near-ties left out): teacher-forced")
+    for r in report.rows:
         table.add_row(r.id, str(r.prompt_tokens), str(r.joined_pass), str(len(r.got)),
-                      "yes" if r.identical else "NO", f"{r.max_logit_diff:.2e}")
+                      "yes" if r.identical else "NO", f"{r.max_logit_diff:.2e}",
+                      f"{r.agree}/{len(r.ref_logits) - r.ties}")
     console.print(table)
-    bad = [r for r in results if not r.identical or r.max_logit_diff > tolerance]
-    for r in bad:
+    from spill.streamer.check import ULPS, ULPS_F32
+    how = (f"({ULPS} x eps {report.eps:.1e} + {ULPS_F32} x float32 eps) x largest |logit| {report.scale:.2f}"
+           if report.derived else "given with --tolerance")
+    console.print(f"dtype {report.dtype} on the {report.device}; tolerance {report.tolerance:.2e} ({how})",
+                  soft_wrap=True)
+    for r in report.failures():
+        k = r.first_disagreement
+        where = f"argmax differs at step {k}" if k is not None else "argmax agrees"
+        if r.forced_steps != len(r.ref_logits):
+            where = f"{r.forced_steps} steps streamed, {len(r.ref_logits)} resident"
+        console.print(f"row {r.id} fails: {where}; max logit difference {r.max_logit_diff:.2e}")
+    for r in report.rows:
         k = r.first_difference()
-        where = f"token {k}: resident {r.expected[k:k + 4]} streamed {r.got[k:k + 4]}" if k is not None else "tokens equal"
-        console.print(f"row {r.id} differs: {where}; max logit difference {r.max_logit_diff:.2e} (tolerance {tolerance:.0e})")
-    worst = max((r.max_logit_diff for r in results), default=0.0)
-    console.print(f"max logit difference {worst:.2e} (tolerance {tolerance:.0e})")
-    print(f"{len(results) - len(bad)}/{len(results)} identical")
-    return not bad
+        if k is not None:
+            console.print(f"row {r.id} free-running diverges at token {k}: resident {r.expected[k:k + 4]} "
+                          f"streamed {r.got[k:k + 4]}")
+    verdict = "passed" if report.passed else "FAILED"
+    print(f"{verdict}: teacher-forced max |Δ logit| {report.max_logit_diff:.2e} <= {report.tolerance:.2e}: "
+          f"{'yes' if report.max_logit_diff <= report.tolerance else 'no'}, argmax {report.agree}/{report.compared} "
+          f"({report.ties} near-ties left out); free-running {report.identical}/{len(report.rows)} identical")
+    return report.passed

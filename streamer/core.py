@@ -33,6 +33,7 @@ class Row:
     max_tokens: int
     sampling: SamplingParams = field(default_factory=SamplingParams)
     eos_ids: frozenset[int] = frozenset()
+    teacher: tuple[int, ...] | None = None   # fed instead of the sampled tokens (`spill check`)
 
 
 @dataclass

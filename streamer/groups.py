@@ -22,7 +22,10 @@ class RowState:
         self.finish: str | None = None   # "stop" or "length" once ended
 
     def accept(self, token: int) -> str | None:
-        """Record a sampled token; return why the row ends, if it does."""
+        """Record a sampled token (or the teacher's at this position); return why the row ends, if it does."""
+        teacher = self.row.teacher
+        if teacher is not None and len(self.tokens) < len(teacher):
+            token = teacher[len(self.tokens)]
         if token in self.row.eos_ids:
             return "stop"
         self.tokens.append(token)

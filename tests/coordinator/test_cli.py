@@ -15,8 +15,24 @@ def test_check_prints_a_table_and_n_of_n_identical(make_tiny):
     result = runner.invoke(app, ["check", str(make_tiny("llama")), "--rows", "6", "--max-tokens", "5",
                                  "--prefill-chunk", "16"])
     assert result.exit_code == 0, result.output
-    assert result.output.rstrip().splitlines()[-1] == "6/6 identical"
-    assert "joined at pass" in result.output
+    last = result.output.rstrip().splitlines()[-1]
+    assert last.startswith("passed: teacher-forced max |Δ logit| ") and last.endswith("free-running 6/6 identical")
+    assert "the pass a row joined at" in result.output and "dtype float32 on the cpu; tolerance " in result.output
+
+
+def test_check_in_bfloat16_states_dtype_tolerance_and_both_figures(make_tiny):
+    result = runner.invoke(app, ["check", str(make_tiny("llama")), "--rows", "4", "--max-tokens", "5",
+                                 "--prefill-chunk", "16", "--dtype", "bfloat16"], terminal_width=200)
+    assert result.exit_code == 0, result.output
+    assert "dtype bfloat16 on the cpu; tolerance " in result.output
+    assert "(4 x eps 7.8e-03 + 64 x float32 eps) x largest |logit|" in result.output
+    last = result.output.rstrip().splitlines()[-1]
+    assert last.startswith("passed: ") and "near-ties left out); free-running " in last
+
+
+def test_check_with_an_unknown_dtype_is_one_line(make_tiny):
+    line = _one_line_error(["check", str(make_tiny("llama")), "--dtype", "fp8"])
+    assert line == "spill: --dtype 'fp8' is not one of bfloat16, float16, float32; pick one of them or leave it out"
 
 
 def test_make_model_writes_a_folder_check_accepts(tmp_path):
@@ -26,7 +42,7 @@ def test_make_model_writes_a_folder_check_accepts(tmp_path):
     assert result.exit_code == 0, result.output
     assert (out / "model.safetensors.index.json").exists()
     result = runner.invoke(app, ["check", str(out), "--rows", "3", "--max-tokens", "3"])
-    assert result.output.rstrip().splitlines()[-1] == "3/3 identical"
+    assert result.output.rstrip().splitlines()[-1].endswith("free-running 3/3 identical")
 
 
 def _copy(make_tiny, tmp_path):

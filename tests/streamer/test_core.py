@@ -30,7 +30,7 @@ PROMPTS = [[5, 9, 13, 2, 7], [30, 31], list(range(40, 90)), [3] * 17, [11, 12, 1
 @pytest.mark.parametrize("family", ["llama", "qwen2", "mistral"])
 @pytest.mark.parametrize("dtype,shard", [("bfloat16", None), ("float32", "64KB")])
 def test_identity_with_resident_mlx_lm(make_tiny, family, dtype, shard):
-    rows = run_check(make_tiny(family, dtype, shard), n=8, max_tokens=8, prefill_chunk=16)
+    rows = run_check(make_tiny(family, dtype, shard), n=8, max_tokens=8, prefill_chunk=16).rows
     assert [r.got for r in rows] == [r.expected for r in rows]
     assert all(len(r.got) > 0 for r in rows)
     assert max(r.max_logit_diff for r in rows) <= 1e-4

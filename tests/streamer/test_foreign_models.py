@@ -16,9 +16,9 @@ def _assert_identical(rows):
 @pytest.mark.parametrize("build", ["mistral_v03", "llama32_with_phi3_tokenizer"])
 def test_check_passes_on_foreign_folders(tmp_path, build):
     folder = getattr(foreign, build)(tmp_path / "m")
-    _assert_identical(run_check(folder, n=6, max_tokens=6, prefill_chunk=32))
+    _assert_identical(run_check(folder, n=6, max_tokens=6, prefill_chunk=32).rows)
 
 
 def test_check_passes_on_qwen25_config_and_template(tmp_path, make_tiny):
     folder = foreign.qwen25(tmp_path / "m", make_tiny("qwen2"))
-    _assert_identical(run_check(folder, n=6, max_tokens=6, prefill_chunk=32))
+    _assert_identical(run_check(folder, n=6, max_tokens=6, prefill_chunk=32).rows)
