@@ -38,6 +38,8 @@ def parse() -> argparse.Namespace:
     p.add_argument("--reps", type=int, default=3, help="cold bandwidth repetitions")
     p.add_argument("--prompt-tokens", type=int, default=16)
     p.add_argument("--doc", default=str(ROOT / "docs" / "benchmarks.md"), help="'' to skip writing it")
+    p.add_argument("--device", choices=["default", "cpu", "gpu"], default="default",
+                   help="where MLX computes (cpu: float32; gpu: the stored dtype)")
     return p.parse_args()
 
 
@@ -94,8 +96,10 @@ def resident_decode(folder, prompts, batches, steps) -> dict[int, float]:
     import mlx.core as mx
     from mlx_lm.models.cache import BatchKVCache
     from mlx_lm.utils import load
+    from spill.streamer.core import default_dtype
     model, _ = load(str(folder), lazy=True)
-    model.set_dtype(mx.float32)
+    if default_dtype() is not None:   # the streamer's compute dtype: float32 on the CPU, stored on a GPU
+        model.set_dtype(default_dtype())
     mx.eval(model.parameters())
     out = {}
     for b in batches:
@@ -205,7 +209,8 @@ def hardware(folder) -> list[str]:
     rot = (block / "queue" / "rotational").read_text().strip() if (block / "queue").exists() else "?"
     osr = dict(l.split("=", 1) for l in Path("/etc/os-release").read_text().splitlines() if "=" in l)
     blas = "libopenblas" in Path("/proc/self/maps").read_text()
-    return [f"CPU: {info.get('model name', '?')}, {os.cpu_count()} cores; RAM {mem / 2**30:.1f} GiB",
+    gpu = f"; GPU: {mx.device_info().get('device_name', '?')}" if mx.default_device() == mx.gpu else ""  # noqa: E501
+    return [f"CPU: {info.get('model name', '?')}, {os.cpu_count()} cores; RAM {mem / 2**30:.1f} GiB{gpu}",
             f"Disk: /dev/{block.name} (queue/rotational={rot}) holding {folder}",
             f"OS: {osr.get('PRETTY_NAME', '?').strip(chr(34))}, kernel {platform.release()}; "
             f"Python {platform.python_version()}",
@@ -247,7 +252,10 @@ def main() -> None:
     if env.get("LD_PRELOAD") != os.environ.get("LD_PRELOAD") and not os.environ.get("_SPILL_BENCH_REEXEC"):
         env["_SPILL_BENCH_REEXEC"] = "1"
         os.execve(sys.executable, [sys.executable, *sys.argv], env)
+    import mlx.core as mx
     import numpy as np
+    if a.device != "default":
+        mx.set_default_device(mx.gpu if a.device == "gpu" else mx.cpu)
     batches = [int(b) for b in a.batches.split(",")]
     assert a.passes >= 3, "--passes must be at least 3"
     started = time.time()
@@ -281,7 +289,8 @@ def main() -> None:
              f"(--size {a.size} --family {a.family} --batches {a.batches} --passes {a.passes}), "
              f"{(time.time() - started) / 60:.1f} min.", ""]
     lines += [f"- {h}" for h in hardware(folder)]
-    lines += [f"- Model: {a.family} {a.size}, bf16 on disk, computed in float32; "
+    lines += [f"- Model: {a.family} {a.size}, bf16 on disk, computed in "
+              f"{'float32' if mx.default_device() == mx.cpu else 'bfloat16'} on the {mx.default_device()}; "
               f"{sum(f.stat().st_size for f in files) / GB:.2f} GB in {len(files)} shards, "
               f"{streamed / GB:.2f} GB streamed per pass",
               f"- Cold read bandwidth: **{bw:.2f} GB/s** (median of {', '.join(f'{x:.2f}' for x in cold)}; 64 MiB "

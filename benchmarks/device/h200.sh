@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# On the H200 machine (no package registry; see docs/benchmarks.md): set it up and run spill's GPU
+# check and benchmarks. STAGE is the folder pack.sh filled, carried into the call.
+#   bash h200.sh stage STAGE          keep the mlx-cuda-13 parts this call carried (back-to-back calls)
+#   bash h200.sh probe STAGE OUT      set up; `spill check` on the GPU (bf16); each read-path step's GB/s
+#   bash h200.sh gpu|cpu STAGE OUT    set up; benchmarks/pass_time.py on the GPU or on the CPU cores
+set -euo pipefail
+cmd=${1:?usage: h200.sh stage|probe|gpu|cpu STAGE [OUT]}
+stage=$(cd "${2:?STAGE}" && pwd)
+out=${3:-/tmp/spill-out}
+keep=/root/spill-stage site=/tmp/spill-site work=/tmp/spill-work
+mkdir -p "$keep" "$out" "$work"
+cp -n "$stage"/parts/* "$keep"/ 2>/dev/null || true
+[ "$cmd" = stage ] && { ls -la "$keep"; exit 0; }
+export PYTHONUNBUFFERED=1 PYTHONPATH=$site SPILL_HOME=$work/home PATH=$site/bin:$PATH
+
+setup() {
+  [ -f "$site/.done" ] && return
+  (cd "$keep" && cat mlx-cuda-13.tar.xz.part* > mlx-cuda-13.tar.xz && sha256sum -c mlx-cuda-13.tar.xz.sha256)
+  mkdir -p "$site" && tar -C "$site" -xJf "$keep/mlx-cuda-13.tar.xz"
+  python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" "$stage"/wheels/*.whl
+  # MLX's CUDA libraries look for NVIDIA's in a `nvidia` folder beside them: the torch environment's
+  ln -sfn "$(python3 -c 'import nvidia; print(list(nvidia.__path__)[0])')" "$site/nvidia"
+  rm -rf "$work/src" && mkdir -p "$work/src" && tar -C "$work/src" -xf "$stage/src.tar"
+  python3 -m pip install -q --no-index --no-deps --no-build-isolation --target "$site" "$work/src"
+  touch "$site/.done"
+}
+
+setup
+cd "$work/src"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
+python3 -c 'import mlx.core as mx; print("mlx", mx.__version__, mx.default_device(), mx.cuda.is_available())'
+models=$work/models
+make() { [ -d "$models/$1" ] || spill make-model "$models/$1" --family "$2" --size "$3" --shard-size 2GB >/dev/null; }
+case $cmd in
+  probe)   # the checks on three families and each step of the read path alone
+    for f in llama qwen2 mistral; do make "$f-small" "$f" small; done
+    for f in llama qwen2 mistral; do
+      echo "== spill check $f small on the GPU in the stored dtype (bf16)"
+      spill check "$models/$f-small" --rows 20 --max-tokens 16 2>&1 | tee "$out/check-$f.txt" | tail -3 || true
+    done
+    make llama-1b llama 1b
+    python3 benchmarks/read_path.py "$models/llama-1b" --threads 8 --json "$out/read-gpu.json" ;;
+  gpu) python3 benchmarks/pass_time.py --models "$models" --device gpu --doc "$out/pass-gpu.md" --reps 2 ;;
+  cpu) python3 benchmarks/pass_time.py --models "$models" --device cpu --doc "$out/pass-cpu.md" --reps 2 ;;
+esac
