@@ -38,6 +38,8 @@ def parse() -> argparse.Namespace:
     p.add_argument("--reps", type=int, default=3, help="cold bandwidth repetitions")
     p.add_argument("--prompt-tokens", type=int, default=16)
     p.add_argument("--doc", default=str(ROOT / "docs" / "benchmarks.md"), help="'' to skip writing it")
+    p.add_argument("--serial", action=argparse.BooleanOptionalAction, default=True,
+                   help="also time batch 8 without read-ahead")
     p.add_argument("--device", choices=["default", "cpu", "gpu"], default="default",
                    help="where MLX computes (cpu: float32; gpu: the stored dtype)")
     return p.parse_args()
@@ -197,6 +199,12 @@ def stream(folder, files, prompts, b, passes, read_ahead=True) -> dict:
         mx.clear_cache()
 
 
+def reader_settings() -> str:
+    from spill import config
+    return (f"{config.read_threads()} read threads, {config.convert_threads()} convert threads, "
+            f"O_DIRECT {'on' if config.direct_io() else 'off'}")
+
+
 # -- 5. the report ------------------------------------------------------------------------------------
 def hardware(folder) -> list[str]:
     import mlx.core as mx
@@ -278,7 +286,7 @@ def main() -> None:
     print("streamed passes ...", flush=True)
     results = []
     runs = [(str(b), b, True) for b in batches]
-    if 8 in batches:  # what overlapping reads with compute buys
+    if 8 in batches and a.serial:  # what overlapping reads with compute buys
         runs.append(("8, no read-ahead", 8, False))
     for label, b, ra in runs:
         r = stream(folder, files, prompts, b, a.passes, read_ahead=ra)
@@ -295,6 +303,7 @@ def main() -> None:
               f"{streamed / GB:.2f} GB streamed per pass",
               f"- Cold read bandwidth: **{bw:.2f} GB/s** (median of {', '.join(f'{x:.2f}' for x in cold)}; 64 MiB "
               f"reads dropping behind as the reader does); plain reads: {', '.join(f'{x:.2f}' for x in plain)} GB/s",
+              f"- Reader: {reader_settings()}",
               f"- Prompts {n - n // 4}-{n + n // 4} tokens; one prefill pass, then the median of {a.passes} decode "
               "passes (and resident decode steps)", ""]
     lines += table(results)

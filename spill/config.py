@@ -32,3 +32,20 @@ def prefill_tokens() -> int:
 def test_pass_delay() -> float:
     """For tests: seconds the streamer sleeps after each pass, to widen a race (SPILL_TEST_PASS_DELAY)."""
     return float(os.environ.get("SPILL_TEST_PASS_DELAY", "0"))
+
+
+def read_threads() -> int:
+    """Threads reading one layer's chunks at once (SPILL_READ_THREADS, default 2): queue depth for the disk."""
+    return max(1, int(os.environ.get("SPILL_READ_THREADS", "2")))
+
+
+def convert_threads() -> int:
+    """Threads converting a layer's tensors into MLX arrays (SPILL_CONVERT_THREADS, default half the
+    cores, at most 8)."""
+    default = max(1, min(8, (os.cpu_count() or 2) // 2))
+    return max(1, int(os.environ.get("SPILL_CONVERT_THREADS", str(default))))
+
+
+def direct_io() -> bool:
+    """Read weights with O_DIRECT where the OS and file system allow it (SPILL_DIRECT_IO=1; default 0)."""
+    return os.environ.get("SPILL_DIRECT_IO", "0") == "1"

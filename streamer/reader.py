@@ -12,6 +12,9 @@ A buffer is refilled only once its layer is converted; a layer is converted only
 one was taken, so at most two layers of mx.arrays are alive (the one computing, the one ready).
 Conversion copies out of the buffer (bf16 stays bf16 through a uint16 view) and, when `dtype` is
 given, casts floating tensors in MLX: faster than numpy here and exact for bf16 -> f32.
+A layer's chunks are read by `read_threads` at once (queue depth for the disk), with O_DIRECT into
+page-aligned buffers when `direct` (no page cache at all), and its tensors are converted by
+`convert_threads` at once (the cast is the CPU's largest cost per streamed byte).
 """
 
 import mmap
@@ -19,17 +22,20 @@ import os
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import mlx.core as mx
 import numpy as np
 
+from spill import config
 from spill.errors import SpillError
 
 from .plan import ModelPlan, TensorSpec
 
-_CHUNK = 64 << 20       # bytes per read call; the page cache holds at most about this much
+_CHUNK = 16 << 20       # bytes per read call; the page cache holds at most a few of these
 _ALIGN = 64             # each tensor starts at a multiple of this in a buffer
 _PAGE = mmap.PAGESIZE
+_DIO = 4096             # O_DIRECT: file offsets, lengths and buffer addresses are multiples of this
 _F_NOCACHE = 48         # macOS fcntl: reads bypass the unified buffer cache
 
 # safetensors code -> numpy dtype of the stored bytes (bf16 travels as uint16, fp8 as raw bytes)
@@ -45,16 +51,24 @@ _FLOATS = {"F16", "BF16", "F32", "F64"}   # cast to `dtype`; integer (quantized)
 
 class WeightReader:
     def __init__(self, plan: ModelPlan, *, dtype: "mx.Dtype | None" = None, read_ahead: bool = True,
-                 drop_cache: bool = True):
+                 drop_cache: bool = True, read_threads: int | None = None, convert_threads: int | None = None,
+                 direct: bool | None = None):
         self.plan = plan
         self.dtype = dtype
         self.read_ahead = read_ahead
         self.drop_cache = drop_cache
-        # one fd per shard, kept open
-        paths = {t.path for t in plan.resident} | {t.path for layer in plan.layers for t in layer}
-        self._fds = {p: _open(p, drop_cache) for p in sorted(paths)}
+        # one fd per shard, kept open; O_DIRECT only where every shard allows it
+        paths = sorted({t.path for t in plan.resident} | {t.path for layer in plan.layers for t in layer})
+        direct = config.direct_io() if direct is None else direct
+        self._fds = _open_direct(paths) if direct else None
+        self.direct = self._fds is not None
+        self._fds = self._fds or {p: _open(p, drop_cache) for p in paths}
+        n_read = read_threads or config.read_threads()
+        n_conv = convert_threads or config.convert_threads()
+        self._read_pool = ThreadPoolExecutor(n_read, "spill-read") if n_read > 1 else None
+        self._conv_pool = ThreadPoolExecutor(n_conv, "spill-convert") if n_conv > 1 else None
         # where each tensor of a layer goes in a buffer; buffers fit the largest layer
-        layouts = [_layout(layer) for layer in plan.layers]
+        layouts = [_layout(layer, self.direct) for layer in plan.layers]
         self._layout = [placed for placed, _ in layouts]
         size = max((end for _, end in layouts), default=0)
         self._bufs = [_prefaulted(size) for _ in range(2 if read_ahead else 1)]
@@ -81,11 +95,12 @@ class WeightReader:
         """Every tensor outside the layers, read once through a staging buffer of the largest one."""
         if not self.plan.resident:
             return {}
-        staging = np.empty(max(t.nbytes for t in self.plan.resident), np.uint8)
         out = {}
         for spec in self.plan.resident:
-            self._read_tensor(spec, staging, 0, gen=None)
-            out[spec.name] = self._convert_tensor(spec, staging, 0)
+            [(_, pos)], size = _layout([spec], self.direct)
+            staging = _prefaulted(size)
+            self._read_tensor(spec, staging, pos, gen=None)
+            out[spec.name] = self._convert_tensor(spec, staging, pos)
         self._drop_files()
         return out
 
@@ -161,6 +176,9 @@ class WeightReader:
             self._cv.notify_all()
         for t in self._threads:
             t.join()
+        for pool in (self._read_pool, self._conv_pool):
+            if pool is not None:
+                pool.shutdown()
         self._drop_files()
         for fd in self._fds.values():
             os.close(fd)
@@ -239,28 +257,44 @@ class WeightReader:
         return True
 
     def _read_tensor(self, spec: TensorSpec, buf: np.ndarray, pos: int, gen: int | None) -> bool:
-        """Read one tensor's bytes into buf[pos:], in chunks; False if the pass was abandoned."""
-        fd, view = self._fds[spec.path], memoryview(buf)[pos:pos + spec.nbytes]
-        done, read_s = 0, 0.0
-        while done < spec.nbytes:
+        """Read one tensor's bytes into buf[pos:], in chunks (on the read threads, if several); False
+        if the pass was abandoned. With O_DIRECT the read covers whole pages around the tensor."""
+        lead = spec.offset % _DIO if self.direct else 0
+        start, want = spec.offset - lead, lead + spec.nbytes
+        size = -(-want // _DIO) * _DIO if self.direct else want
+        view = memoryview(buf)[pos - lead:pos - lead + size]
+        jobs = [(spec, view, start, k, min(_CHUNK, size - k), gen) for k in range(0, size, _CHUNK)]
+        t0 = time.perf_counter()
+        if self._read_pool is None or len(jobs) == 1:
+            got = [self._read_chunk(*job) for job in jobs]
+        else:
+            got = list(self._read_pool.map(lambda job: self._read_chunk(*job), jobs))
+        if any(g is None for g in got):
+            return False
+        with self._cv:
+            self._stats["bytes_read"] += spec.nbytes
+            self._stats["read_s"] += time.perf_counter() - t0
+        return True
+
+    def _read_chunk(self, spec: TensorSpec, view: memoryview, start: int, k: int, n: int, gen) -> int | None:
+        """Bytes [k, k + n) of the tensor's read range; None if the pass was abandoned."""
+        fd, done = self._fds[spec.path], 0
+        while done < n:
             if gen is not None and gen != self._gen:
-                return False
-            t0 = time.perf_counter()
-            offset = spec.offset + done
-            got = os.preadv(fd, [view[done:done + _CHUNK]], offset)
+                return None
+            offset = start + k + done
+            got = os.preadv(fd, [view[k + done:k + n]], offset)
             if got == 0:
+                if self.direct and offset >= spec.offset + spec.nbytes:
+                    return done           # the page-rounded read ran past the end of the file
                 raise SpillError(f"{spec.path}: expected {spec.name} at bytes {spec.offset}-"
                                  f"{spec.offset + spec.nbytes}, found the file ending at byte {offset}; "
                                  "it changed after the plan was made, re-download it")
-            if self.drop_cache and sys.platform.startswith("linux"):
-                start, end = offset - offset % _PAGE, -(-(offset + got) // _PAGE) * _PAGE
-                os.posix_fadvise(fd, start, end - start, os.POSIX_FADV_DONTNEED)   # whole pages, or partial ones stay
-            read_s += time.perf_counter() - t0
+            if self.drop_cache and not self.direct and sys.platform.startswith("linux"):
+                first, end = offset - offset % _PAGE, -(-(offset + got) // _PAGE) * _PAGE
+                os.posix_fadvise(fd, first, end - first, os.POSIX_FADV_DONTNEED)   # whole pages, or partial ones stay
             done += got
-        with self._cv:
-            self._stats["bytes_read"] += done
-            self._stats["read_s"] += read_s
-        return True
+        return done
 
     def _drop_files(self) -> None:
         """Drop what the kernel read ahead past the last layer of a pass (the reads themselves
@@ -271,11 +305,13 @@ class WeightReader:
 
     def _convert_layer(self, i: int, buf: np.ndarray, gen: int | None) -> dict | None:
         t0 = time.perf_counter()
-        out = {}
-        for spec, pos in self._layout[i]:
-            if gen is not None and gen != self._gen:
-                return None
-            out[spec.name] = self._convert_tensor(spec, buf, pos)
+        if gen is not None and gen != self._gen:
+            return None
+        work = sorted(self._layout[i], key=lambda sp: -sp[0].nbytes)   # largest first: none left at the end
+        convert = lambda sp: self._convert_tensor(sp[0], buf, sp[1])    # noqa: E731
+        arrays = map(convert, work) if self._conv_pool is None else self._conv_pool.map(convert, work)
+        done = {sp[0].name: a for sp, a in zip(work, arrays)}
+        out = {spec.name: done[spec.name] for spec, _ in self._layout[i]}
         with self._cv:
             self._stats["convert_s"] += time.perf_counter() - t0
         return out
@@ -299,18 +335,41 @@ def _open(path, drop_cache: bool) -> int:
     return fd
 
 
-def _layout(tensors: list[TensorSpec]) -> tuple[list[tuple[TensorSpec, int]], int]:
-    """Each tensor's position in a buffer, in file order (sequential reads), and the bytes needed."""
+def _open_direct(paths) -> dict | None:
+    """fds opened with O_DIRECT, or None where the OS or a file system refuses it (macOS, tmpfs)."""
+    flag = getattr(os, "O_DIRECT", 0)
+    fds = {}
+    try:
+        for p in paths:
+            fds[p] = os.open(p, os.O_RDONLY | flag | getattr(os, "O_CLOEXEC", 0))
+            if not flag:
+                raise OSError("no O_DIRECT here")
+            os.preadv(fds[p], [memoryview(mmap.mmap(-1, _DIO))], 0)   # some file systems refuse only the read
+    except OSError:
+        for fd in fds.values():
+            os.close(fd)
+        return None
+    return fds
+
+
+def _layout(tensors: list[TensorSpec], direct: bool = False) -> tuple[list[tuple[TensorSpec, int]], int]:
+    """Each tensor's position in a buffer, in file order (sequential reads), and the bytes needed. With
+    O_DIRECT each tensor gets whole pages, its bytes at the same offset within a page as in the file."""
     placed, end = [], 0
     for t in tensors:
-        placed.append((t, end))
-        end += -(-t.nbytes // _ALIGN) * _ALIGN
+        if direct:
+            lead = t.offset % _DIO
+            placed.append((t, end + lead))
+            end += -(-(lead + t.nbytes) // _DIO) * _DIO
+        else:
+            placed.append((t, end))
+            end += -(-t.nbytes // _ALIGN) * _ALIGN
     return placed, end
 
 
 def _prefaulted(size: int) -> np.ndarray:
-    """A buffer whose pages are already mapped, so the first pass does not pay the page faults."""
-    buf = np.empty(size, np.uint8)
+    """A page-aligned buffer whose pages are already mapped, so the first pass does not pay the page faults."""
+    buf = np.frombuffer(mmap.mmap(-1, max(size, 1)), np.uint8)[:size]
     buf.fill(0)
     return buf
 

@@ -4,6 +4,8 @@
 #   bash h200.sh stage STAGE          keep the mlx-cuda-13 parts this call carried (back-to-back calls)
 #   bash h200.sh probe STAGE OUT      set up; `spill check` on the GPU (bf16); each read-path step's GB/s
 #   bash h200.sh gpu|cpu STAGE OUT    set up; benchmarks/pass_time.py on the GPU or on the CPU cores
+#                                     (reader settings compared at batch 8 first: SPILL_READ_THREADS,
+#                                     SPILL_CONVERT_THREADS, SPILL_DIRECT_IO; see spill/config.py)
 set -euo pipefail
 cmd=${1:?usage: h200.sh stage|probe|gpu|cpu STAGE [OUT]}
 stage=$(cd "${2:?STAGE}" && pwd)
@@ -17,17 +19,19 @@ export PYTHONUNBUFFERED=1 PYTHONPATH=$site SPILL_HOME=$work/home PATH=$site/bin:
 setup() {
   [ -f "$site/.done" ] && return
   (cd "$keep" && cat mlx-cuda-13.tar.xz.part* > mlx-cuda-13.tar.xz && sha256sum -c mlx-cuda-13.tar.xz.sha256)
-  mkdir -p "$site" && tar -C "$site" -xJf "$keep/mlx-cuda-13.tar.xz"
-  python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" "$stage"/wheels/*.whl
+  # the wheels first (pip replaces a folder it finds), then mlx-cuda-13's files into mlx/ beside them
+  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$site" "$stage"/wheels/*.whl
+  tar -C "$site" -xJf "$keep/mlx-cuda-13.tar.xz"
   # MLX's CUDA libraries look for NVIDIA's in a `nvidia` folder beside them: the torch environment's
   ln -sfn "$(python3 -c 'import nvidia; print(list(nvidia.__path__)[0])')" "$site/nvidia"
   rm -rf "$work/src" && mkdir -p "$work/src" && tar -C "$work/src" -xf "$stage/src.tar"
-  python3 -m pip install -q --no-index --no-deps --no-build-isolation --target "$site" "$work/src"
+  python3 -m pip install -q --no-index --no-deps --no-build-isolation --upgrade --target "$site" "$work/src"
   touch "$site/.done"
 }
 
 setup
-cd "$work/src"
+cd "$work"   # not the source folder: its spill/ would shadow the installed package
+src=$work/src
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
 python3 -c 'import mlx.core as mx; print("mlx", mx.__version__, mx.default_device(), mx.cuda.is_available())'
 models=$work/models
@@ -40,7 +44,16 @@ case $cmd in
       spill check "$models/$f-small" --rows 20 --max-tokens 16 2>&1 | tee "$out/check-$f.txt" | tail -3 || true
     done
     make llama-1b llama 1b
-    python3 benchmarks/read_path.py "$models/llama-1b" --threads 8 --json "$out/read-gpu.json" ;;
-  gpu) python3 benchmarks/pass_time.py --models "$models" --device gpu --doc "$out/pass-gpu.md" --reps 2 ;;
-  cpu) python3 benchmarks/pass_time.py --models "$models" --device cpu --doc "$out/pass-cpu.md" --reps 2 ;;
+    python3 $src/benchmarks/read_path.py "$models/llama-1b" --threads 8 --json "$out/read-gpu.json" ;;
+  gpu)   # the reader's settings at batch 8 (read threads, convert threads, O_DIRECT), then every batch
+    for v in "1 1 0" "4 8 1" "2 8 0"; do
+      set -- $v
+      SPILL_READ_THREADS=$1 SPILL_CONVERT_THREADS=$2 SPILL_DIRECT_IO=$3 python3 $src/benchmarks/pass_time.py \
+        --models "$models" --device gpu --batches 8 --passes 3 --reps 1 --no-serial --doc "$out/gpu-$1-$2-$3.md"
+    done
+    python3 $src/benchmarks/pass_time.py --models "$models" --device gpu --doc "$out/pass-gpu.md" --reps 2 ;;
+  cpu)
+    python3 $src/benchmarks/pass_time.py --models "$models" --device cpu --doc "$out/pass-cpu.md" --reps 2
+    SPILL_READ_THREADS=1 SPILL_CONVERT_THREADS=1 python3 $src/benchmarks/pass_time.py --models "$models" \
+      --device cpu --batches 8,128 --passes 3 --reps 1 --no-serial --doc "$out/cpu-1-1-0.md" ;;
 esac

@@ -9,6 +9,7 @@ from ._safetensors_util import cached_pages, drop_from_cache, make_model, model_
 
 from spill.errors import SpillError
 from spill.streamer.plan import load_plan
+from spill.streamer import reader as reader_mod
 from spill.streamer.reader import WeightReader
 
 MX_OF = {"BF16": mx.bfloat16, "F16": mx.float16, "F32": mx.float32, "I32": mx.int32, "U8": mx.uint8}
@@ -75,6 +76,34 @@ def test_cast_to_float32_is_exact(model, read_ahead):
         reader.start_pass()
         for i, layer in enumerate(plan.layers):
             _check_layer(reader.take(i), tensors, [t.name for t in layer], mx.float32)
+
+
+@pytest.mark.parametrize("direct,threads", [(False, 3), (True, 1), (True, 3)])
+def test_threads_and_o_direct_give_the_same_bytes(model, direct, threads, monkeypatch):
+    """Several read and convert threads, O_DIRECT with page-rounded reads around unaligned tensors,
+    and tensors split into many chunks (the chunk shrunk to two pages)."""
+    monkeypatch.setattr(reader_mod, "_CHUNK", 2 * reader_mod._DIO)
+    plan, tensors = model
+    assert any(t.offset % reader_mod._DIO for layer in plan.layers for t in layer)
+    with WeightReader(plan, direct=direct, read_threads=threads, convert_threads=threads) as reader:
+        assert reader.direct == (direct and sys.platform.startswith("linux"))
+        _check_layer(reader.read_resident(), tensors, [t.name for t in plan.resident])
+        for dtype in (None, mx.float32):
+            reader.dtype = dtype
+            reader.start_pass()
+            for i, layer in enumerate(plan.layers):
+                _check_layer(reader.take(i), tensors, [t.name for t in layer], dtype)
+    assert reader.stats()["bytes_read"] == 2 * plan.streamed_bytes + sum(t.nbytes for t in plan.resident)
+
+
+def test_o_direct_falls_back_to_plain_reads_where_refused(tmp_path, monkeypatch):
+    monkeypatch.setattr(reader_mod, "_open_direct", lambda paths: None)   # as on tmpfs or macOS
+    tensors = make_model(tmp_path, layers=2)
+    plan = load_plan(tmp_path)
+    with WeightReader(plan, direct=True) as reader:
+        assert not reader.direct
+        reader.start_pass()
+        _check_layer(reader.take(0), tensors, [t.name for t in plan.layers[0]])
 
 
 def _bytes_read_reaches(reader, want: int, timeout: float = 10.0) -> bool:
@@ -202,8 +231,8 @@ def test_compute_on_the_main_thread_while_the_reader_converts(tmp_path):
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="page cache probe uses Linux mincore")
-@pytest.mark.parametrize("read_ahead", [True, False])
-def test_reader_leaves_nothing_in_the_page_cache(tmp_path, read_ahead):
+@pytest.mark.parametrize("read_ahead,direct", [(True, False), (False, False), (True, True)])
+def test_reader_leaves_nothing_in_the_page_cache(tmp_path, read_ahead, direct):
     make_model(tmp_path, model_tensors(layers=4, hidden=256), index=False)   # ~2 MB, 500+ pages
     path = tmp_path / "model.safetensors"
     drop_from_cache(path)
@@ -211,7 +240,8 @@ def test_reader_leaves_nothing_in_the_page_cache(tmp_path, read_ahead):
         f.read()
     assert cached_pages(path)[0] == cached_pages(path)[1]
     plan = load_plan(tmp_path)
-    with WeightReader(plan, read_ahead=read_ahead) as reader:
+    with WeightReader(plan, read_ahead=read_ahead, direct=direct) as reader:
+        assert reader.direct == direct
         reader.read_resident()
         for _ in range(2):
             reader.start_pass()
