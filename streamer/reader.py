@@ -23,6 +23,8 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
@@ -33,9 +35,8 @@ from spill.errors import SpillError
 from .plan import ModelPlan, TensorSpec
 
 _CHUNK = 16 << 20       # bytes per read call; the page cache holds at most a few of these
-_ALIGN = 64             # each tensor starts at a multiple of this in a buffer
-_PAGE = mmap.PAGESIZE
 _DIO = 4096             # O_DIRECT: file offsets, lengths and buffer addresses are multiples of this
+_GAP = 1 << 20          # tensors of a file closer than this are read as one span
 _F_NOCACHE = 48         # macOS fcntl: reads bypass the unified buffer cache
 
 # safetensors code -> numpy dtype of the stored bytes (bf16 travels as uint16, fp8 as raw bytes)
@@ -68,9 +69,9 @@ class WeightReader:
         self._read_pool = ThreadPoolExecutor(n_read, "spill-read") if n_read > 1 else None
         self._conv_pool = ThreadPoolExecutor(n_conv, "spill-convert") if n_conv > 1 else None
         # where each tensor of a layer goes in a buffer; buffers fit the largest layer
-        layouts = [_layout(layer, self.direct) for layer in plan.layers]
-        self._layout = [placed for placed, _ in layouts]
-        size = max((end for _, end in layouts), default=0)
+        layouts = [_layout(layer) for layer in plan.layers]
+        self._layout = [(placed, spans) for placed, spans, _ in layouts]
+        size = max((end for _, _, end in layouts), default=0)
         self._bufs = [_prefaulted(size) for _ in range(2 if read_ahead else 1)]
         self.buffer_bytes = size * len(self._bufs)
         _raise_cache_limit(plan, dtype)
@@ -97,9 +98,9 @@ class WeightReader:
             return {}
         out = {}
         for spec in self.plan.resident:
-            [(_, pos)], size = _layout([spec], self.direct)
+            [(_, pos)], spans, size = _layout([spec])
             staging = _prefaulted(size)
-            self._read_tensor(spec, staging, pos, gen=None)
+            self._read_spans(spans, staging, gen=None)
             out[spec.name] = self._convert_tensor(spec, staging, pos)
         self._drop_files()
         return out
@@ -251,49 +252,43 @@ class WeightReader:
 
     # -- reading and converting ------------------------------------------------------------------------
     def _read_layer(self, i: int, buf: np.ndarray, gen: int | None) -> bool:
-        for spec, pos in self._layout[i]:
-            if not self._read_tensor(spec, buf, pos, gen):
-                return False
-        return True
+        return self._read_spans(self._layout[i][1], buf, gen)
 
-    def _read_tensor(self, spec: TensorSpec, buf: np.ndarray, pos: int, gen: int | None) -> bool:
-        """Read one tensor's bytes into buf[pos:], in chunks (on the read threads, if several); False
-        if the pass was abandoned. With O_DIRECT the read covers whole pages around the tensor."""
-        lead = spec.offset % _DIO if self.direct else 0
-        start, want = spec.offset - lead, lead + spec.nbytes
-        size = -(-want // _DIO) * _DIO if self.direct else want
-        view = memoryview(buf)[pos - lead:pos - lead + size]
-        jobs = [(spec, view, start, k, min(_CHUNK, size - k), gen) for k in range(0, size, _CHUNK)]
+    def _read_spans(self, spans: list["_Span"], buf: np.ndarray, gen: int | None) -> bool:
+        """Read whole pages of each span into the buffer, in chunks (on the read threads, if several);
+        False if the pass was abandoned."""
+        jobs = [(sp, k, min(_CHUNK, sp.length - k)) for sp in spans for k in range(0, sp.length, _CHUNK)]
         t0 = time.perf_counter()
-        if self._read_pool is None or len(jobs) == 1:
-            got = [self._read_chunk(*job) for job in jobs]
-        else:
-            got = list(self._read_pool.map(lambda job: self._read_chunk(*job), jobs))
+        read = lambda job: self._read_chunk(*job, buf, gen)   # noqa: E731
+        got = list(map(read, jobs) if self._read_pool is None or len(jobs) == 1 else self._read_pool.map(read, jobs))
         if any(g is None for g in got):
             return False
         with self._cv:
-            self._stats["bytes_read"] += spec.nbytes
+            self._stats["bytes_read"] += sum(t.nbytes for sp in spans for t in sp.tensors)
             self._stats["read_s"] += time.perf_counter() - t0
         return True
 
-    def _read_chunk(self, spec: TensorSpec, view: memoryview, start: int, k: int, n: int, gen) -> int | None:
-        """Bytes [k, k + n) of the tensor's read range; None if the pass was abandoned."""
-        fd, done = self._fds[spec.path], 0
+    def _read_chunk(self, sp: "_Span", k: int, n: int, buf: np.ndarray, gen) -> int | None:
+        """File bytes [start + k, start + k + n) of a span; None if the pass was abandoned."""
+        fd, view, done = self._fds[sp.path], memoryview(buf)[sp.buf_start + k:sp.buf_start + k + n], 0
         while done < n:
             if gen is not None and gen != self._gen:
                 return None
-            offset = start + k + done
-            got = os.preadv(fd, [view[k + done:k + n]], offset)
+            offset = sp.file_start + k + done
+            got = os.preadv(fd, [view[done:]], offset)
             if got == 0:
-                if self.direct and offset >= spec.offset + spec.nbytes:
+                if offset >= sp.data_end:
                     return done           # the page-rounded read ran past the end of the file
+                spec = next(t for t in sp.tensors if t.offset + t.nbytes > offset)
                 raise SpillError(f"{spec.path}: expected {spec.name} at bytes {spec.offset}-"
                                  f"{spec.offset + spec.nbytes}, found the file ending at byte {offset}; "
                                  "it changed after the plan was made, re-download it")
-            if self.drop_cache and not self.direct and sys.platform.startswith("linux"):
-                first, end = offset - offset % _PAGE, -(-(offset + got) // _PAGE) * _PAGE
-                os.posix_fadvise(fd, first, end - first, os.POSIX_FADV_DONTNEED)   # whole pages, or partial ones stay
             done += got
+            if offset + got >= sp.data_end:
+                break                     # all the data; the rest of the last page is past the file's end
+        if self.drop_cache and not self.direct and sys.platform.startswith("linux"):
+            # whole pages of this chunk only: the next chunk's pages, read ahead by the kernel, stay
+            os.posix_fadvise(fd, sp.file_start + k, n, os.POSIX_FADV_DONTNEED)
         return done
 
     def _drop_files(self) -> None:
@@ -307,11 +302,11 @@ class WeightReader:
         t0 = time.perf_counter()
         if gen is not None and gen != self._gen:
             return None
-        work = sorted(self._layout[i], key=lambda sp: -sp[0].nbytes)   # largest first: none left at the end
+        work = sorted(self._layout[i][0], key=lambda sp: -sp[0].nbytes)   # largest first: none left at the end
         convert = lambda sp: self._convert_tensor(sp[0], buf, sp[1])    # noqa: E731
         arrays = map(convert, work) if self._conv_pool is None else self._conv_pool.map(convert, work)
         done = {sp[0].name: a for sp, a in zip(work, arrays)}
-        out = {spec.name: done[spec.name] for spec, _ in self._layout[i]}
+        out = {spec.name: done[spec.name] for spec, _ in self._layout[i][0]}
         with self._cv:
             self._stats["convert_s"] += time.perf_counter() - t0
         return out
@@ -352,19 +347,35 @@ def _open_direct(paths) -> dict | None:
     return fds
 
 
-def _layout(tensors: list[TensorSpec], direct: bool = False) -> tuple[list[tuple[TensorSpec, int]], int]:
-    """Each tensor's position in a buffer, in file order (sequential reads), and the bytes needed. With
-    O_DIRECT each tensor gets whole pages, its bytes at the same offset within a page as in the file."""
-    placed, end = [], 0
-    for t in tensors:
-        if direct:
-            lead = t.offset % _DIO
-            placed.append((t, end + lead))
-            end += -(-(lead + t.nbytes) // _DIO) * _DIO
-        else:
-            placed.append((t, end))
-            end += -(-t.nbytes // _ALIGN) * _ALIGN
-    return placed, end
+@dataclass
+class _Span:
+    """Whole pages of one file holding a run of a layer's tensors, and where they go in a buffer."""
+    path: Path
+    file_start: int                 # a multiple of _DIO
+    buf_start: int                  # a multiple of _DIO
+    length: int                     # a multiple of _DIO; may run past the end of the file
+    tensors: list[TensorSpec]
+
+    @property
+    def data_end(self) -> int:
+        return max(t.offset + t.nbytes for t in self.tensors)
+
+
+def _layout(tensors: list[TensorSpec]) -> tuple[list[tuple[TensorSpec, int]], list[_Span], int]:
+    """Each tensor's position in a buffer, the spans to read and the bytes needed. Tensors of one file
+    with less than _GAP between them share a span: one sequential read, at the same offset within a
+    page as in the file (what O_DIRECT needs, and drop-behind then never drops pages not yet read)."""
+    placed, spans, end = {}, [], 0
+    for t in sorted(tensors, key=lambda t: (str(t.path), t.offset)):
+        sp = spans[-1] if spans else None
+        if sp is None or sp.path != t.path or t.offset > sp.data_end + _GAP:
+            sp = _Span(t.path, t.offset - t.offset % _DIO, end, 0, [])
+            spans.append(sp)
+        sp.tensors.append(t)
+        sp.length = -(-(sp.data_end - sp.file_start) // _DIO) * _DIO
+        placed[t.name] = sp.buf_start + t.offset - sp.file_start
+        end = sp.buf_start + sp.length
+    return [(t, placed[t.name]) for t in tensors], spans, end
 
 
 def _prefaulted(size: int) -> np.ndarray:
