@@ -144,8 +144,8 @@ def rss_hwm() -> int:
 
 
 def budget(s, b) -> int:
-    """Two layers' buffers (reader buffers, two layers in the compute dtype, and the largest tensor
-    staged in its stored dtype before the cast) + resident + KV + activations (an estimate: a
+    """Two layers' buffers (reader buffers, two layers in the compute dtype, and the largest tensors
+    staged in their stored dtype before the cast, one per convert thread) + resident + KV + activations (an estimate: a
     layer's intermediates, attention scores and logits for b rows)."""
     plan, size = s.plan, s.dtype.size if s.dtype is not None else 2
     def cast(t):
@@ -157,7 +157,9 @@ def budget(s, b) -> int:
     kv_len = s.decode.caches[0].keys.shape[2]
     width = 4 * c["hidden_size"] + 3 * c["intermediate_size"] + c["num_attention_heads"] * kv_len
     act = b * size * (width + c["vocab_size"])
-    staged = max(t.nbytes for layer in plan.layers for t in layer)
+    # each convert thread stages one tensor in its stored dtype before the cast: the largest ones
+    sizes = sorted((t.nbytes for layer in plan.layers for t in layer), reverse=True)
+    staged = sum(sizes[:s.reader.convert_threads if s.dtype is not None else 1])
     return s.reader.buffer_bytes + 2 * layer + staged + resident + kv + act
 
 

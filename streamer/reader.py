@@ -12,9 +12,8 @@ A buffer is refilled only once its layer is converted; a layer is converted only
 one was taken, so at most two layers of mx.arrays are alive (the one computing, the one ready).
 Conversion copies out of the buffer (bf16 stays bf16 through a uint16 view) and, when `dtype` is
 given, casts floating tensors in MLX: faster than numpy here and exact for bf16 -> f32.
-A layer's chunks are read by `read_threads` at once (queue depth for the disk), with O_DIRECT into
-page-aligned buffers when `direct` (no page cache at all), and its tensors are converted by
-`convert_threads` at once (the cast is the CPU's largest cost per streamed byte).
+A layer is read as runs of whole pages, in chunks on `read_threads` at once (O_DIRECT where allowed:
+no page cache at all), and its tensors converted on `convert_threads` at once.
 """
 
 import mmap
@@ -60,12 +59,12 @@ class WeightReader:
         self.drop_cache = drop_cache
         # one fd per shard, kept open; O_DIRECT only where every shard allows it
         paths = sorted({t.path for t in plan.resident} | {t.path for layer in plan.layers for t in layer})
-        direct = config.direct_io() if direct is None else direct
+        direct = (config.direct_io() if direct is None else direct) and drop_cache   # O_DIRECT never caches
         self._fds = _open_direct(paths) if direct else None
         self.direct = self._fds is not None
         self._fds = self._fds or {p: _open(p, drop_cache) for p in paths}
         n_read = read_threads or config.read_threads()
-        n_conv = convert_threads or config.convert_threads()
+        n_conv = self.convert_threads = convert_threads or config.convert_threads()
         self._read_pool = ThreadPoolExecutor(n_read, "spill-read") if n_read > 1 else None
         self._conv_pool = ThreadPoolExecutor(n_conv, "spill-convert") if n_conv > 1 else None
         # where each tensor of a layer goes in a buffer; buffers fit the largest layer
