@@ -19,6 +19,7 @@ mkdir "$tmp/cuda" && (cd "$tmp/cuda" && python3 -m zipfile -e ../cuda.whl .)
 tar -C "$tmp/cuda" -cf - . | xz -6 -T2 > "$tmp/mlx-cuda-13.tar.xz"
 (cd "$tmp" && sha256sum mlx-cuda-13.tar.xz > "$dest/parts/mlx-cuda-13.tar.xz.sha256")
 split -b 40M -d "$tmp/mlx-cuda-13.tar.xz" "$dest/parts/mlx-cuda-13.tar.xz.part"
-# the project as committed (the device call sends another checkout)
+# the project as committed (the device call sends another checkout) and the script that runs there
 git -C "$here" archive --format=tar HEAD > "$dest/src.tar"
+cp "$here/benchmarks/device/h200.sh" "$dest/"
 ls -la "$dest" "$dest/wheels" "$dest/parts"
