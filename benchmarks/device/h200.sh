@@ -3,11 +3,12 @@
 # check and benchmarks. STAGE is the folder pack.sh filled, carried into the call.
 #   bash h200.sh stage STAGE          keep the mlx-cuda-13 parts this call carried (back-to-back calls)
 #   bash h200.sh probe STAGE OUT      set up; `spill check` on the GPU (bf16); each read-path step's GB/s
+#   bash h200.sh test STAGE           set up; the GPU tests (tests/streamer/test_check.py)
 #   bash h200.sh gpu|cpu STAGE OUT    set up; benchmarks/pass_time.py on the GPU or on the CPU cores
 #                                     (reader settings compared at batch 8 first: SPILL_READ_THREADS,
 #                                     SPILL_CONVERT_THREADS, SPILL_DIRECT_IO; see spill/config.py)
 set -euo pipefail
-cmd=${1:?usage: h200.sh stage|probe|gpu|cpu STAGE [OUT]}
+cmd=${1:?usage: h200.sh stage|probe|test|gpu|cpu STAGE [OUT]}
 stage=$(cd "${2:?STAGE}" && pwd)
 out=${3:-/tmp/spill-out}
 keep=/root/spill-stage site=/tmp/spill-site work=/tmp/spill-work
@@ -45,6 +46,8 @@ case $cmd in
     done
     make llama-1b llama 1b
     python3 $src/benchmarks/read_path.py "$models/llama-1b" --threads 8 --json "$out/read-gpu.json" ;;
+  test)   # the tests that need a GPU (they skip elsewhere); importlib mode: src/spill must not shadow
+    python3 -m pytest -q -p no:cacheprovider --import-mode=importlib -rs "$src/tests/streamer/test_check.py" ;;
   gpu)   # the reader's settings at batch 8 (read threads, convert threads, O_DIRECT), then every batch
     for v in "1 1 0" "4 8 1" "2 8 0"; do
       set -- $v

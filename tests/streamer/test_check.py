@@ -64,3 +64,11 @@ def test_a_token_that_is_not_the_argmax_of_its_logits_fails(make_tiny, monkeypat
 def test_an_unknown_dtype_is_one_sentence(make_tiny):
     with pytest.raises(SpillError, match="^--dtype 'bf16' is not one of bfloat16, float16, float32; pick one"):
         run_check(make_tiny("llama"), n=2, dtype="bf16")
+
+
+@pytest.mark.skipif(not mx.is_available(mx.gpu), reason="no GPU here: MLX's GPU backend (Metal or CUDA) is absent")
+@pytest.mark.parametrize("family", ["llama", "qwen2", "mistral"])
+def test_check_on_the_gpu_in_the_stored_dtype_passes(make_tiny, family):
+    report = run_check(make_tiny(family), n=6, max_tokens=6, prefill_chunk=16)   # the GPU is the default
+    assert (report.dtype, report.device) == ("bfloat16", "gpu")
+    assert report.passed, [(r.id, r.max_logit_diff, r.first_disagreement) for r in report.failures()]
