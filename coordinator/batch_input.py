@@ -20,6 +20,9 @@ from spill.errors import SpillError
 URLS = {"/v1/chat/completions": "chat", "/v1/completions": "completion"}
 ROLES = ("system", "user", "assistant")
 MAX_STOP = 4
+MAX_INT = (1 << 31) - 1             # max_tokens and top_k: int32 on the wire
+MAX_SEED = (1 << 63) - 1            # seeds: a non-negative int64
+MAX_LINE = 16 << 20                 # bytes in one input line
 BOM = b"\xef\xbb\xbf"
 _MISSING = object()
 
@@ -96,7 +99,7 @@ def _check_jsonl(path: Path, data: bytes, parsed: list) -> None:
         return
     try:
         doc = json.loads(data.removeprefix(BOM).decode("utf-8"))
-    except ValueError:
+    except (ValueError, RecursionError):
         doc = None
     target = path.with_suffix(".jsonl") if path.suffix != ".jsonl" else path.with_name(path.stem + "-lines.jsonl")
     if isinstance(doc, list):
@@ -125,6 +128,9 @@ def _check_unique(path: Path, parsed: list) -> None:
 # 2. One line
 
 def _parse_line(n: int, raw: bytes) -> dict | BadRow:
+    if len(raw) > MAX_LINE:
+        return BadRow(n, None, "invalid_request", f"line {n}: {len(raw)} bytes, more than the {MAX_LINE >> 20} MB "
+                                                  "a line may hold; shorten the prompt")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as err:
@@ -136,6 +142,9 @@ def _parse_line(n: int, raw: bytes) -> dict | BadRow:
     except json.JSONDecodeError as err:
         return BadRow(n, _salvage_id(text), "invalid_json",
                       f"line {n}: not valid JSON ({err.msg} at column {err.colno}); write one JSON object per line")
+    except RecursionError:
+        return BadRow(n, _salvage_id(text), "invalid_json",
+                      f"line {n}: JSON nested too deeply to read; flatten the request")
     if not isinstance(obj, dict):
         return BadRow(n, None, "invalid_json",
                       f"line {n}: expected a JSON object, found {_show(obj)}; write one JSON object per line")
@@ -239,14 +248,16 @@ def _params(body: dict, pre: str, errs: list[str]) -> dict:
     if mt is not None and mct is not None and mt != mct:
         errs.append(f"{pre}max_tokens and {pre}max_completion_tokens differ ({_show(mt)} and {_show(mct)}); keep one")
     key = "max_tokens" if mt is not None else "max_completion_tokens"
-    max_tokens = _get(body, key, pre + key, lambda v: integer(v) and v >= 1, "a positive integer", errs, None)
+    max_tokens = _get(body, key, pre + key, lambda v: integer(v) and 1 <= v <= MAX_INT,
+                      f"an integer from 1 to {MAX_INT}", errs, None)
     temperature = _get(body, "temperature", pre + "temperature", lambda v: num(v) and 0 <= v <= 2,
                        "a number from 0 to 2", errs, None)
     top_p = _get(body, "top_p", pre + "top_p", lambda v: num(v) and 0 < v <= 1,
                  "a number above 0 and at most 1", errs, None)
-    top_k = _get(body, "top_k", pre + "top_k", lambda v: integer(v) and v >= -1,
-                 "a positive integer (0 or -1: no top-k)", errs, None)
-    seed = _get(body, "seed", pre + "seed", integer, "an integer", errs, None)
+    top_k = _get(body, "top_k", pre + "top_k", lambda v: integer(v) and -1 <= v <= MAX_INT,
+                 f"an integer from 1 to {MAX_INT} (0 or -1: no top-k)", errs, None)
+    seed = _get(body, "seed", pre + "seed", lambda v: integer(v) and 0 <= v <= MAX_SEED,
+                f"an integer from 0 to {MAX_SEED}", errs, None)
     stop = _get(body, "stop", pre + "stop",
                 lambda v: (isinstance(v, str) and v != "") or (isinstance(v, list) and len(v) <= MAX_STOP and all(
                     isinstance(s, str) and s != "" for s in v)),

@@ -1,5 +1,6 @@
 """The `spill` command line."""
 
+import os
 from pathlib import Path
 
 import typer
@@ -85,9 +86,12 @@ def up_cmd(
     model: str = typer.Option(None, help="Prepare this model (a folder or 'demo') while starting."),
     foreground: bool = typer.Option(False, help="Stay attached; Ctrl-C stops the group."),
     listen: str = typer.Option(None, help="Control address for clients, e.g. tcp://127.0.0.1:5557."),
+    allow_remote: bool = typer.Option(False, "--allow-remote", help="Let --listen take an address other hosts reach (a token is required)."),
 ) -> None:
     """Start the actor group and return (it keeps running until `spill down`)."""
     from spill.coordinator.run import group_up
+    if allow_remote:
+        os.environ["SPILL_ALLOW_REMOTE"] = "1"   # read by the group through spill.config
     try:
         typer.echo(group_up(model=model, foreground=foreground, listen=listen))
     except SpillError as err:

@@ -14,6 +14,8 @@ from spill.errors import SpillError
 from spill.platform import preload_env
 from spill.wire import Endpoints
 
+from .control import check_address, client_token
+
 
 class GroupDead(SpillError):
     """The group stopped answering: unrecoverable for this command (distinct from a row error)."""
@@ -31,7 +33,7 @@ class Client:
 
     def request(self, op: str, timeout_s: float | None = None, **args) -> dict:
         sock = self._socket()
-        sock.send(m.encode(m.Request(op, args)))
+        sock.send(m.encode(m.Request(op, args, client_token(self.eps.control))))
         if not sock.poll(int(timeout_s * 1000) if timeout_s is not None else self.timeout_ms):
             self.close()   # a REQ socket that timed out cannot be reused
             raise GroupDead(f"the spill group did not answer `{op}`; see $SPILL_HOME/run/logs/, then `spill up` again")
@@ -51,6 +53,7 @@ class Client:
         if self.sock is None:
             self.sock = self.ctx.socket(zmq.REQ)
             self.sock.setsockopt(zmq.LINGER, 0)
+            self.sock.setsockopt(zmq.MAXMSGSIZE, config.max_message_bytes())
             self.sock.connect(self.eps.control)
         return self.sock
 
@@ -63,6 +66,7 @@ class Client:
 def start_group(eps: Endpoints, *, embedded: bool, actor_args: dict | None = None,
                 timeout_s: float = 60.0) -> subprocess.Popen:
     """Start the coordinator (which starts the actors). Embedded: it dies with this process."""
+    check_address(eps.control)
     args = {"endpoints": eps.as_dict(), "actor_args": actor_args or {}, "parent_fd": None}
     fds: tuple = ()
     if embedded:

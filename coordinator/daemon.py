@@ -10,6 +10,7 @@ unfinished row of the running job is submitted again: in-flight rows are recompu
 
 import os
 import time
+import traceback
 from collections import deque
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from spill.wire import Mailbox
 
 from .batch_input import read_batch
 from .batch_output import bad_row_line
+from .control import authorized, open_control, refusal
 from .jobrun import JobRun
 from .jobstore import Job
 from .models import resolve
@@ -38,6 +40,7 @@ class Group:
         self.model = ""
         self.queue: deque[tuple[JobRun, Path]] = deque()
         self.current: JobRun | None = None
+        self.job_epoch: int | None = None         # the running job's first epoch: older results are not its own
         self.last: dict[str, dict] = {}          # final status of jobs that ended in this group
         self.crashes: dict[str, int] = {}         # actor restarts during the running job
         self.waiting: set[str] = set(ACTORS)     # actors not READY yet
@@ -46,13 +49,26 @@ class Group:
 
     # -- actors -----------------------------------------------------------------------------
     def on_actor(self, msg) -> None:
+        """One actor message; whatever goes wrong handling it fails the running job, never the group."""
+        try:
+            self._on_actor(msg)
+        except Exception as err:  # noqa: BLE001 - a write that failed, a bug: the job's error, not ours
+            self.log.error("actor message failed", kind=type(msg).__name__, traceback=traceback.format_exc())
+            if self.current is not None:
+                self.fail(str(err) if isinstance(err, SpillError) else
+                          f"the coordinator could not handle a {type(msg).__name__} message ({_one_line(err)}); "
+                          f"see {config.home() / 'run' / 'logs' / 'coordinator.log'} and resume the job")
+
+    def _on_actor(self, msg) -> None:
+        if isinstance(msg, (m.Ready, m.Heartbeat)):
+            self.sup.beat(msg.role)
         if isinstance(msg, m.Ready):
             self.waiting.discard(msg.role)
             if not self.waiting and self.current is not None:
                 self._restart_rows()
             return
         job = self.current
-        if job is None:
+        if job is None or not self._ours(msg):
             return
         if isinstance(msg, m.Error) and m.MODEL_ROW in msg.rows:
             if msg.epoch == self.epoch:
@@ -73,10 +89,19 @@ class Group:
             self.log.info("job done", job=job.job.id)
             self.current = None
 
+    def _ours(self, msg) -> bool:
+        """A result of the running job: stamped with its id (or none) and from one of its epochs."""
+        if getattr(msg, "job", "") not in ("", self.current.job.id):
+            return False
+        return self.job_epoch is not None and getattr(msg, "epoch", self.epoch) >= self.job_epoch
+
     def fail(self, why: str) -> None:
         """End the running job as failed (what is written stays written) and clear the group."""
         run = self.current
-        run.job.set_status("failed", error=why)
+        try:
+            run.job.set_status("failed", error=why)
+        except Exception:  # noqa: BLE001 - job.json cannot be written either; the reply still says why
+            self.log.error("job status not written", job=run.job.id, traceback=traceback.format_exc())
         run.job.close()
         self.last[run.job.id] = {**run.status(), "status": "failed", "error": why}
         self.log.error("job failed", job=run.job.id, error=why)
@@ -85,6 +110,9 @@ class Group:
         self._broadcast_reset()
 
     def check_actors(self) -> None:
+        for role in self.sup.hung(config.liveness_timeout()):
+            self.log.warning("actor hung; killing it", actor=role, deadline_s=config.liveness_timeout())
+            self.sup.kill(role)
         for role, code in self.sup.dead():
             self.log.warning("actor died; restarting", actor=role, exit_code=code)
             self.crashes[role] = self.crashes.get(role, 0) + 1
@@ -104,6 +132,8 @@ class Group:
     def _restart_rows(self) -> None:
         """(Re)start the current job's unfinished rows on a fresh epoch."""
         self.epoch += 1
+        if self.job_epoch is None:
+            self.job_epoch = self.epoch
         self._broadcast_reset(self.model)
         for submit in self.current.submits(self.epoch):
             self.box.send("tokenizer", submit)
@@ -113,15 +143,18 @@ class Group:
         if self.current is not None or not self.queue:
             return
         self.current, model = self.queue.popleft()
-        self.model = str(model)
+        self.model, self.job_epoch = str(model), None
         self.crashes = {}
-        self.current.job.set_status("running")
-        self.log.info("job started", job=self.current.job.id, rows=len(self.current.pending))
-        if self.current.finished:
-            self.current.job.set_status("done")
-            self.current = None
-        elif not self.waiting:
-            self._restart_rows()
+        try:
+            self.current.job.set_status("running")
+            self.log.info("job started", job=self.current.job.id, rows=len(self.current.pending))
+            if self.current.finished:
+                self.current.job.set_status("done")
+                self.current = None
+            elif not self.waiting:
+                self._restart_rows()
+        except Exception as err:  # noqa: BLE001 - e.g. job.json cannot be written: this job fails, the group goes on
+            self.fail(str(err) if isinstance(err, SpillError) else f"the job could not start ({_one_line(err)})")
 
     def submit(self, args: dict) -> dict:
         job = Job.open(args["resume"]) if args.get("resume") else None
@@ -176,12 +209,20 @@ class Group:
         return {"job": args.get("job")}
 
     def handle(self, req: m.Request) -> m.Reply:
+        """Every request gets a reply: its data, or one sentence of what went wrong."""
         ops = {"ping": lambda a: {"pid": os.getpid()}, "submit": self.submit, "status": self.status,
                "interrupt": self.interrupt, "down": self.down}
+        if req.op not in ops:
+            return m.Reply(False, error=f"unknown request {req.op!r}; this group answers {', '.join(ops)} "
+                                        "(is the client the same spill version as the group?)")
         try:
             return m.Reply(True, ops[req.op](req.args))
         except SpillError as err:
             return m.Reply(False, error=str(err))
+        except Exception as err:  # noqa: BLE001 - a request that breaks something gets its error, the group goes on
+            self.log.error("request failed", op=req.op, traceback=traceback.format_exc())
+            return m.Reply(False, error=f"{req.op} failed ({_one_line(err)}); "
+                                        f"see {config.home() / 'run' / 'logs' / 'coordinator.log'}")
 
     def down(self, _args: dict) -> dict:
         if self.current is not None:
@@ -193,11 +234,7 @@ class Group:
 
 def run_coordinator_process(endpoints, args, log) -> None:
     box = Mailbox(endpoints, "coordinator", sends_to=tuple(ACTORS))
-    control = box.ctx.socket(zmq.REP)
-    control.setsockopt(zmq.LINGER, 1000)
-    if endpoints.control.startswith("ipc://") and os.path.exists(endpoints.control[6:]):
-        os.unlink(endpoints.control[6:])
-    control.bind(endpoints.control)
+    control, token = open_control(box.ctx, endpoints.control)
     pidfile = config.home() / "run" / "coordinator.pid"
     pidfile.write_text(str(os.getpid()))
     sup = Supervisor(endpoints, args.get("actor_args", {}), log)
@@ -210,13 +247,12 @@ def run_coordinator_process(endpoints, args, log) -> None:
     try:
         while group.running:
             ready = dict(poller.poll(200))
-            if box.inbox in ready:
-                for msg in box.drain():
-                    group.on_actor(msg)
-                    for _row in getattr(msg, "rows", []) if isinstance(msg, m.Done) else []:
-                        fault.tick("done")   # counts rows written
             if control in ready:
-                control.send(m.encode(group.handle(m.decode(control.recv()))))
+                control.send(m.encode(answer(group, control.recv(), token, endpoints.control, log)))
+            for msg in box.drain():   # after a slow request too: heartbeats are read before liveness is judged
+                group.on_actor(msg)
+                for _row in getattr(msg, "rows", []) if isinstance(msg, m.Done) else []:
+                    fault.tick("done")   # counts rows written
             group.check_actors()
             group.next_job()
             if group.waiting and time.monotonic() - group.waiting_since > config.ready_timeout():
@@ -228,6 +264,25 @@ def run_coordinator_process(endpoints, args, log) -> None:
         pidfile.unlink(missing_ok=True)
         control.close()
         box.close()
+
+
+def answer(group: Group, frame: bytes, token: str, address: str, log) -> m.Reply:
+    """The reply to one control frame: a bad frame or a wrong token gets an error, never silence."""
+    try:
+        req = m.decode(frame)
+        if not isinstance(req, m.Request):
+            raise m.BadMessage(f"expected a request, found {type(req).__name__}")
+    except m.BadMessage as err:
+        log.warning("bad control frame", why=str(err), size=len(frame))
+        return m.Reply(False, error=f"not a spill request ({err})")
+    if not authorized(token, req.token):
+        log.warning("control request refused: wrong token", op=req.op)
+        return m.Reply(False, error=refusal(address))
+    return group.handle(req)
+
+
+def _one_line(err: Exception) -> str:
+    return f"{type(err).__name__}: {' '.join(str(err).split())}"[:300]
 
 
 if __name__ == "__main__":

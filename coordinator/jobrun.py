@@ -1,6 +1,7 @@
 """One job as the coordinator runs it: which rows are left, their results written to the job store,
 and the figures the live view shows. Pure: the daemon feeds it messages, tests feed it by hand."""
 
+import hashlib
 import time
 from collections import OrderedDict
 
@@ -20,6 +21,7 @@ class JobRun:
         self.model_name = model_name
         self.defaults = defaults          # max_tokens, temperature for rows that do not set them
         self.requests = requests
+        self.seeds = row_seeds(job.id, requests)
         done = job.done_ids()
         self.pending = {i for i, r in enumerate(requests) if r.custom_id not in done}
         self.left_at_start = len(self.pending)
@@ -44,7 +46,8 @@ class JobRun:
         temperature = r.temperature if r.temperature is not None else self.defaults.get("temperature", 0.0)
         return {"kind": r.kind, "messages": r.messages, "prompt": r.prompt,
                 "max_tokens": r.max_tokens or self.defaults.get("max_tokens", 256),
-                "temperature": temperature, "top_p": r.top_p, "top_k": r.top_k, "seed": r.seed, "stop": r.stop}
+                "temperature": temperature, "top_p": r.top_p, "top_k": r.top_k,
+                "seed": r.seed if r.seed is not None else self.seeds[i], "stop": r.stop}
 
     # -- what comes back ------------------------------------------------------------------------
     def on_done(self, msg: m.Done) -> None:
@@ -109,3 +112,16 @@ class JobRun:
                 "eta_s": eta, "slots": slots, "output": str(self.job.output_path), "passes": self.passes,
                 "streamer_pass_s": self.pass_seconds / self.passes if self.passes else None,
                 "wall_per_pass_s": (self.last_pass_at - self.first_pass_at) / (self.passes - 1) if self.passes > 1 else None}
+
+
+def row_seeds(job_id: str, requests: list[Request]) -> list[int]:
+    """Each row's default seed, from its job and custom_id: a resumed job draws the same, no two rows share one."""
+    seeds, taken = [], set()
+    for r in requests:
+        digest = hashlib.blake2b(f"{job_id}\0{r.custom_id}".encode(), digest_size=8).digest()
+        seed = int.from_bytes(digest, "little") >> 1          # a non-negative int64
+        while seed in taken:                                   # (2^-63 a pair; input order decides)
+            seed = (seed + 1) & ((1 << 63) - 1)
+        taken.add(seed)
+        seeds.append(seed)
+    return seeds

@@ -68,14 +68,15 @@ class Job:
         out = Path(output_path).resolve() if output_path is not None else None
         if out is not None:
             _check_output_free(out)
+            _claim_output(out)
         root = jobs_dir()
-        root.mkdir(parents=True, exist_ok=True)
+        root.mkdir(mode=0o700, parents=True, exist_ok=True)
         while True:                          # two jobs in the same second get different hex
             job_id = datetime.now(timezone.utc).strftime("%y%m%d-%H%M%S-") + secrets.token_hex(3)
             with contextlib.suppress(FileExistsError):
-                (root / job_id).mkdir()
+                (root / job_id).mkdir(mode=0o700)
                 break
-        (root / job_id / "logs").mkdir()
+        (root / job_id / "logs").mkdir(mode=0o700)
         _fsync_dir(root)
         now = _now()
         meta = {"id": job_id, "input": str(input_path), "input_sha256": digest, "model": model,
@@ -159,7 +160,7 @@ class Job:
         """Hold this job for this process until close() or exit (a crash releases it too)."""
         if self._lock_fd is not None:
             return
-        fd = os.open(self.dir / "lock", os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(self.dir / "lock", os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -184,7 +185,7 @@ class Job:
         """True when another open file holds this job's lock (another process runs it)."""
         if self._lock_fd is not None:
             return False
-        fd = os.open(self.dir / "lock", os.O_RDONLY | os.O_CREAT, 0o644)
+        fd = os.open(self.dir / "lock", os.O_RDONLY | os.O_CREAT, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
             return False
@@ -194,7 +195,7 @@ class Job:
             os.close(fd)
 
     def _write(self, data: bytes) -> None:
-        fd = os.open(self.output_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        fd = _open_output(self.output_path, os.O_WRONLY | os.O_APPEND, self.id)
         try:
             size = os.fstat(fd).st_size
             try:
@@ -208,7 +209,8 @@ class Job:
                 if err.errno in (errno.ENOSPC, errno.EDQUOT):
                     raise SpillError(f"no space left to write {self.output_path}; free some space and run the same "
                                      f"command again to continue job {self.id}") from None
-                raise
+                raise SpillError(f"cannot write {self.output_path} ({err.strerror}); fix that and run the same "
+                                 f"command again to continue job {self.id}") from None
         finally:
             os.close(fd)
 
@@ -216,7 +218,7 @@ class Job:
         """Create the output if needed, cut a torn tail, and read which custom_ids are done."""
         path = self.output_path
         created = not path.exists()
-        with open(os.open(path, os.O_RDWR | os.O_CREAT, 0o644), "r+b") as f:
+        with open(_open_output(path, os.O_RDWR, self.id), "r+b") as f:
             data = f.read()
             keep = data.rfind(b"\n") + 1     # a last line without its newline was cut mid-write
             lines = data[:keep].split(b"\n")[:-1]
@@ -260,6 +262,33 @@ def _check_output_free(out: Path) -> None:
             raise SpillError(f"{out} already exists and is not empty; choose another -o path, or move that file away")
 
 
+def _claim_output(out: Path) -> None:
+    """Create -o now, exclusively and without following links: a symlink planted after the check is refused."""
+    try:
+        fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    except FileExistsError:
+        fd = None                        # an empty file the check accepted; _open_output refuses a link
+    except OSError as err:
+        raise SpillError(f"cannot create -o {out} ({err.strerror}); choose a path in a folder you can write") from None
+    if fd is not None:
+        os.close(fd)
+        _fsync_dir(out.parent)
+    os.close(_open_output(out, os.O_RDONLY))
+
+
+def _open_output(path: Path, flags: int, job_id: str = "") -> int:
+    """An fd of the output (created 0600), never through a symlink; one sentence when it cannot be opened."""
+    try:
+        return os.open(path, flags | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise SpillError(f"{path} is a symbolic link; spill writes only to a regular file, "
+                             "give the real path with -o") from None
+        job = f" for job {job_id}" if job_id else ""
+        raise SpillError(f"cannot open {path} ({err.strerror}){job}; fix that and run the same "
+                         "command again, or choose another -o path") from None
+
+
 def _parse(raw: bytes) -> dict | None:
     """One output line as written by append, or None (torn, blank or foreign)."""
     try:
@@ -290,7 +319,7 @@ def _sha256(path: Path) -> str:
 
 def _write_json(path: Path, obj: dict) -> None:
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
+    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600), "wb") as f:
         f.write(json.dumps(obj, indent=2, ensure_ascii=False).encode("utf-8") + b"\n")
         f.flush()
         _fsync(f.fileno())

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 from spill.platform import preload_env
 
@@ -23,6 +24,7 @@ class Supervisor:
         self.procs: dict[str, subprocess.Popen] = {}
         self._pipes: dict[str, int] = {}
         self.restarts = {role: 0 for role in ACTORS}
+        self.seen: dict[str, float] = {}      # role -> when it last said READY or beat its heart
 
     def start(self, role: str) -> None:
         read_end, write_end = os.pipe()
@@ -33,6 +35,7 @@ class Supervisor:
         self.procs[role] = subprocess.Popen([sys.executable, "-m", ACTORS[role], json.dumps(args)],
                                             pass_fds=(read_end,), env=env, stdin=subprocess.DEVNULL)
         os.close(read_end)
+        self.seen[role] = time.monotonic()     # its start counts as a beat: imports take seconds
         if role in self._pipes:
             os.close(self._pipes[role])
         self._pipes[role] = write_end
@@ -46,6 +49,20 @@ class Supervisor:
     def dead(self) -> list[tuple[str, int]]:
         """Actors that exited, with their exit codes."""
         return [(role, p.returncode) for role, p in self.procs.items() if p.poll() is not None]
+
+    def beat(self, role: str) -> None:
+        if role in self.procs:
+            self.seen[role] = time.monotonic()
+
+    def hung(self, deadline_s: float) -> list[str]:
+        """Live actors that have not beaten for deadline_s seconds (stopped, or stuck holding the GIL)."""
+        now = time.monotonic()
+        return [role for role, p in self.procs.items() if p.poll() is None and now - self.seen[role] > deadline_s]
+
+    def kill(self, role: str) -> None:
+        """SIGKILL (which also ends a stopped process); dead() reports it and the usual restart follows."""
+        self.procs[role].kill()
+        self.procs[role].wait()
 
     def restart(self, role: str) -> None:
         self.restarts[role] += 1

@@ -94,10 +94,37 @@ class EpochGate:
         return []
 
 
+HEARTBEAT_S = 1.0
+
+
+def heartbeat(endpoints: Endpoints, role: str) -> None:
+    """Tell the coordinator every second, from a thread, that this process is scheduled: a long pass keeps
+    beating, a stopped (SIGSTOP) or wedged process does not, and the coordinator restarts it."""
+    import time
+
+    import zmq
+
+    from .messages import Heartbeat, encode
+
+    def beat():
+        sock = zmq.Context.instance().socket(zmq.PUSH)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(endpoints.coordinator)
+        frame = encode(Heartbeat(role, os.getpid()))
+        while True:
+            try:
+                sock.send(frame, zmq.NOBLOCK)
+            except zmq.Again:   # the coordinator is not reading: it will see us when it does
+                pass
+            time.sleep(HEARTBEAT_S)
+    threading.Thread(target=beat, name="heartbeat", daemon=True).start()
+
+
 def inbox(box, role: str, log, busy=lambda: False):
     """Say READY, then yield each batch of arrived messages (epoch-gated) until SHUTDOWN.
     While `busy()` it does not block: a loop with work to do only drains what came."""
     from .messages import Ready, Shutdown
+    heartbeat(box.endpoints, role)
     box.send("coordinator", Ready(role, os.getpid()))
     log.info("ready")
     gate = EpochGate()

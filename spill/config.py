@@ -50,3 +50,19 @@ def direct_io() -> bool:
     """Read weights with O_DIRECT where the OS and the file system allow it (SPILL_DIRECT_IO, default 1;
     0 reads through the page cache, dropping behind)."""
     return os.environ.get("SPILL_DIRECT_IO", "1") != "0"
+
+
+def max_message_bytes() -> int:
+    """Frames larger than this are refused on every socket (SPILL_MAX_MESSAGE_MB, default 256)."""
+    return int(float(os.environ.get("SPILL_MAX_MESSAGE_MB", "256")) * (1 << 20))
+
+
+def liveness_timeout() -> float:
+    """Seconds without a heartbeat before an actor counts as hung and is restarted (SPILL_LIVENESS_TIMEOUT, default 30).
+    The heartbeat comes from a thread, so a long pass keeps beating; a stopped or wedged process does not."""
+    return float(os.environ.get("SPILL_LIVENESS_TIMEOUT", "30"))
+
+
+def allow_remote() -> bool:
+    """Let the control socket listen on an address other hosts can reach (SPILL_ALLOW_REMOTE=1; `spill up --allow-remote`)."""
+    return os.environ.get("SPILL_ALLOW_REMOTE", "") == "1"

@@ -4,7 +4,10 @@ Rows travel as struct-of-arrays: `rows` (int row numbers within the job), packed
 arrays, and per-row lists of parameters. No pickle anywhere on the wire.
 """
 
-from dataclasses import asdict, dataclass, field, fields
+import math
+import types
+import typing
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from enum import IntEnum
 
 import msgpack
@@ -27,6 +30,7 @@ class Kind(IntEnum):
     ERROR = 10       # tokenizer -> coordinator: rows that cannot run
     PROGRESS = 11    # tokenizer -> coordinator: recent text of running rows, for the live view
     SHUTDOWN = 12    # coordinator -> actors
+    HEARTBEAT = 13   # actor -> coordinator, every second from a thread: the process is scheduled
     REQUEST = 20     # client -> coordinator
     REPLY = 21       # coordinator -> client
 
@@ -46,6 +50,12 @@ def unpack_tokens(data: bytes, lengths: list[int]) -> list[list[int]]:
 
 @dataclass
 class Ready:
+    role: str
+    pid: int
+
+
+@dataclass
+class Heartbeat:
     role: str
     pid: int
 
@@ -109,6 +119,7 @@ class Pass:
     active_memory: int
     peak_memory: int
     bytes_streamed: int
+    job: str = ""
 
 
 @dataclass
@@ -119,6 +130,7 @@ class Done:
     finish: list[str]
     prompt_tokens: list[int]
     completion_tokens: list[int]
+    job: str = ""            # the job whose rows these are (from its RESET)
 
 
 @dataclass
@@ -127,6 +139,7 @@ class Error:
     rows: list[int]
     codes: list[str]
     messages: list[str]
+    job: str = ""
 
 
 @dataclass
@@ -135,6 +148,7 @@ class Progress:
     rows: list[int]
     tokens: list[int]        # generated so far
     tails: list[str]         # last characters of the text
+    job: str = ""
 
 
 @dataclass
@@ -146,6 +160,7 @@ class Shutdown:
 class Request:
     op: str                  # "ping", "submit", "status", "interrupt", "down"
     args: dict = field(default_factory=dict)
+    token: str = ""          # the control token; required on a tcp control socket
 
 
 @dataclass
@@ -157,9 +172,30 @@ class Reply:
 
 _TYPES = {Kind.READY: Ready, Kind.RESET: Reset, Kind.SUBMIT: Submit, Kind.TOKENIZED: Tokenized,
           Kind.ADMIT: Admit, Kind.TOKENS: Tokens, Kind.STOP: Stop, Kind.PASS: Pass, Kind.DONE: Done,
-          Kind.ERROR: Error, Kind.PROGRESS: Progress, Kind.SHUTDOWN: Shutdown, Kind.REQUEST: Request,
-          Kind.REPLY: Reply}
+          Kind.ERROR: Error, Kind.PROGRESS: Progress, Kind.SHUTDOWN: Shutdown, Kind.HEARTBEAT: Heartbeat,
+          Kind.REQUEST: Request, Kind.REPLY: Reply}
 _KINDS = {t: k for k, t in _TYPES.items()}
+
+
+INT64 = (-(1 << 63), (1 << 63) - 1)
+ROW = (MODEL_ROW, (1 << 31) - 1)     # row numbers within a job
+COUNT = (0, (1 << 31) - 1)           # token counts and ids, lengths, epochs, pass indices
+SEED = (0, (1 << 63) - 1)
+_RANGES = {"epoch": COUNT, "index": COUNT, "pass_index": COUNT, "pid": COUNT, "rows": ROW, "finished": ROW,
+           "lengths": COUNT, "max_tokens": COUNT, "prompt_tokens": COUNT, "completion_tokens": COUNT,
+           "tokens": COUNT, "eos": COUNT, "seed": SEED, "top_k": (-1, COUNT[1])}
+_PARALLEL = {Submit: ("rows", "requests"), Tokenized: ("rows", "lengths", "max_tokens", "sampling"),
+             Admit: ("rows", "lengths", "max_tokens", "sampling"), Tokens: ("rows", "finish"),
+             Done: ("rows", "texts", "finish", "prompt_tokens", "completion_tokens"),
+             Error: ("rows", "codes", "messages"), Progress: ("rows", "tokens", "tails")}
+_REQUEST = {"kind": str, "messages": list[dict[str, str | None]] | None, "prompt": str | None,
+            "max_tokens": int, "temperature": float | None, "top_p": float | None, "top_k": int | None,
+            "seed": int | None, "stop": list[str]}
+_SAMPLING = (float, float, int, int | None)   # temperature, top_p, top_k, seed
+
+
+class BadMessage(ValueError):
+    """A frame that is not a well-formed message of ours: the receiver drops it and logs one line."""
 
 
 def encode(msg) -> bytes:
@@ -167,6 +203,84 @@ def encode(msg) -> bytes:
 
 
 def decode(data: bytes):
-    cls = _TYPES[Kind(data[0])]
-    fields_ = msgpack.unpackb(data[1:], raw=False)
-    return cls(**{f.name: fields_[f.name] for f in fields(cls) if f.name in fields_})
+    """The message in a frame, checked field by field; BadMessage for anything else."""
+    try:
+        cls = _TYPES[Kind(data[0])]
+    except (IndexError, ValueError):
+        raise BadMessage(f"unknown message kind {data[:1].hex() or '(empty frame)'}") from None
+    try:
+        raw = msgpack.unpackb(data[1:], raw=False)
+    except Exception as err:  # noqa: BLE001 - msgpack raises several types for garbage
+        raise BadMessage(f"{cls.__name__}: not msgpack ({type(err).__name__})") from None
+    if not isinstance(raw, dict):
+        raise BadMessage(f"{cls.__name__}: expected a map of fields, found {type(raw).__name__}")
+    hints = typing.get_type_hints(cls)
+    values = {}
+    for f in fields(cls):
+        if f.name in raw:
+            values[f.name] = _checked(raw[f.name], hints[f.name], _RANGES.get(f.name, INT64), f"{cls.__name__}.{f.name}")
+        elif f.default is MISSING and f.default_factory is MISSING:
+            raise BadMessage(f"{cls.__name__}: field {f.name} is missing")
+    msg = cls(**values)
+    _check_shape(msg)
+    return msg
+
+
+def _checked(value, hint, bounds: tuple[int, int], where: str):
+    """value when it is of type hint (ints within bounds, floats finite), else BadMessage."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        for option in args:
+            try:
+                return _checked(value, option, bounds, where)
+            except BadMessage:
+                pass
+        raise BadMessage(f"{where}: expected {hint}, found {type(value).__name__}")
+    if hint is type(None):
+        ok = value is None
+    elif hint is int:
+        ok = isinstance(value, int) and not isinstance(value, bool) and bounds[0] <= value <= bounds[1]
+    elif hint is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    elif hint in (str, bytes, bool):
+        ok = isinstance(value, hint)
+    elif hint is list or origin is list:
+        if not isinstance(value, list):
+            raise BadMessage(f"{where}: expected a list, found {type(value).__name__}")
+        return [_checked(v, args[0], bounds, where) for v in value] if args else value
+    elif hint is dict or origin is dict:
+        if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+            raise BadMessage(f"{where}: expected a map with string keys, found {type(value).__name__}")
+        return {k: _checked(v, args[1], bounds, where) for k, v in value.items()} if args else value
+    else:
+        ok = False
+    if not ok:
+        raise BadMessage(f"{where}: expected {getattr(hint, '__name__', hint)}, found {_clip(value)}")
+    return value
+
+
+def _check_shape(msg) -> None:
+    """Parallel lists of one length, packed tokens of the stated size, requests and sampling as the actors read them."""
+    name = type(msg).__name__
+    lists = _PARALLEL.get(type(msg), ())
+    if len({len(getattr(msg, f)) for f in lists}) > 1:
+        raise BadMessage(f"{name}: {', '.join(lists)} differ in length")
+    if isinstance(msg, Tokenized) and len(msg.tokens) != 4 * sum(msg.lengths):
+        raise BadMessage(f"{name}: {len(msg.tokens)} token bytes for lengths summing to {sum(msg.lengths)}")
+    if isinstance(msg, Tokens) and len(msg.tokens) != 4 * len(msg.rows):
+        raise BadMessage(f"{name}: {len(msg.tokens)} token bytes for {len(msg.rows)} rows")
+    for s in getattr(msg, "sampling", []) if isinstance(msg, Tokenized) else []:
+        if len(s) != 4:
+            raise BadMessage(f"{name}.sampling: expected [temperature, top_p, top_k, seed], found {_clip(s)}")
+        for v, hint, key in zip(s, _SAMPLING, ("temperature", "top_p", "top_k", "seed")):
+            _checked(v, hint, _RANGES.get(key, INT64), f"{name}.sampling.{key}")
+    for r in msg.requests if isinstance(msg, Submit) else []:
+        for key, hint in _REQUEST.items():
+            _checked(r.get(key), hint, _RANGES.get(key, INT64), f"{name}.requests.{key}")
+        if r["kind"] not in ("chat", "completion") or r[{"chat": "messages", "completion": "prompt"}[r["kind"]]] is None:
+            raise BadMessage(f"{name}.requests: kind {_clip(r['kind'])} without its messages or prompt")
+
+
+def _clip(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."

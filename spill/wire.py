@@ -11,14 +11,23 @@
 import hashlib
 import os
 import tempfile
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import structlog
 import zmq
 
-from . import messages
+from . import config, messages
+from .errors import SpillError
+from .messages import Kind
 
 ROLES = ("coordinator", "tokenizer", "admission", "streamer")
+# The kinds each inbox takes; any other frame is dropped with one log line (add a new kind here).
+ACCEPTS = {"coordinator": {Kind.READY, Kind.HEARTBEAT, Kind.PASS, Kind.DONE, Kind.ERROR, Kind.PROGRESS},
+           "tokenizer": {Kind.RESET, Kind.SUBMIT, Kind.TOKENS, Kind.SHUTDOWN},
+           "admission": {Kind.RESET, Kind.TOKENIZED, Kind.PASS, Kind.SHUTDOWN},
+           "streamer": {Kind.RESET, Kind.ADMIT, Kind.STOP, Kind.SHUTDOWN}}
 _IPC_MAX = 100   # macOS allows ~104 bytes in a socket path
 
 
@@ -32,12 +41,23 @@ class Endpoints:
 
     @classmethod
     def in_dir(cls, run_dir: Path, control: str | None = None) -> "Endpoints":
+        _writable(Path(run_dir))
         run_dir = socket_dir(run_dir)
         addr = {r: f"ipc://{run_dir / (r + '.sock')}" for r in ROLES}
         return cls(**addr, control=control or f"ipc://{run_dir / 'control.sock'}")
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+def _writable(run_dir: Path) -> None:
+    """SpillError naming SPILL_HOME when the run folder cannot be made or written (sockets, logs, pid files)."""
+    try:
+        run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=run_dir).close()
+    except OSError as err:
+        raise SpillError(f"cannot write to {run_dir} ({err.strerror}); set SPILL_HOME to a folder you can write "
+                         f"(the data home is {config.home()})") from None
 
 
 def socket_dir(run_dir: Path) -> Path:
@@ -55,9 +75,11 @@ class Mailbox:
     """An actor's inbox (bound PULL) and its outboxes (connected PUSH) to the roles it sends to."""
 
     def __init__(self, endpoints: Endpoints, role: str, sends_to: tuple[str, ...]):
-        self.ctx = zmq.Context.instance()
+        self.ctx, self.endpoints = zmq.Context.instance(), endpoints
         self.inbox = self.ctx.socket(zmq.PULL)
         self.inbox.setsockopt(zmq.LINGER, 0)
+        self.inbox.setsockopt(zmq.MAXMSGSIZE, config.max_message_bytes())   # zmq drops a bigger frame's peer
+        self.role, self.accepts, self.dropped = role, {int(k) for k in ACCEPTS[role]}, 0
         address = getattr(endpoints, role)
         if address.startswith("ipc://") and os.path.exists(address[6:]):
             os.unlink(address[6:])   # left behind by a process that died
@@ -74,15 +96,36 @@ class Mailbox:
 
     def recv(self, timeout_ms: int | None = None):
         """The next message, or None after timeout_ms (None: wait for ever)."""
-        if timeout_ms is not None and not self.inbox.poll(timeout_ms):
-            return None
-        return messages.decode(self.inbox.recv())
+        deadline = None if timeout_ms is None else time.monotonic() + timeout_ms / 1000
+        while True:
+            wait = None if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
+            if wait is not None and not self.inbox.poll(wait):
+                return None
+            msg = self._take(self.inbox.recv())
+            if msg is not None:
+                return msg
 
     def drain(self) -> list:
         out = []
         while self.inbox.poll(0):
-            out.append(messages.decode(self.inbox.recv()))
+            msg = self._take(self.inbox.recv())
+            if msg is not None:
+                out.append(msg)
         return out
+
+    def _take(self, frame: bytes):
+        """The checked message in a frame, or None (logged) for garbage or a kind this inbox does not take."""
+        try:
+            msg = messages.decode(frame)
+            if frame[0] not in self.accepts:
+                raise messages.BadMessage(f"{Kind(frame[0]).name} is not a message the {self.role} takes")
+            return msg
+        except messages.BadMessage as err:
+            self.dropped += 1
+            if self.dropped <= 10 or self.dropped % 1000 == 0:   # a flood of garbage is not a flood of logs
+                structlog.get_logger().warning("dropped a bad frame", inbox=self.role, why=str(err),
+                                               size=len(frame), dropped=self.dropped)
+            return None
 
     def close(self) -> None:
         for sock in [self.inbox, *self.out.values()]:

@@ -33,6 +33,7 @@ ITEMSIZE: dict[str, int] = {
 # A `layers.<i>.` component: model.layers.12., model.language_model.layers.12.
 _LAYER = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 _REDOWNLOAD = "the file is corrupt, re-download it"
+MAX_HEADER = 100_000_000   # bytes of a safetensors JSON header, at most (the reference implementation's cap)
 
 
 @dataclass(frozen=True)
@@ -102,6 +103,9 @@ def _read_config(folder: Path) -> dict:
                          "copy the model's config.json into the folder")
     try:
         config = json.loads(path.read_text())
+    except RecursionError:
+        raise SpillError(f"{path}: expected a JSON object, found JSON nested too deeply to read; "
+                         "re-download config.json") from None
     except (ValueError, UnicodeDecodeError) as err:
         raise SpillError(f"{path}: expected a JSON object, found invalid JSON ({_one_line(err)}); "
                          "re-download config.json") from None
@@ -120,11 +124,14 @@ def _shards(folder: Path) -> tuple[list[Path], Path | None, dict]:
             weight_map = json.loads(index.read_text())["weight_map"]
             if not all(isinstance(k, str) and isinstance(v, str) for k, v in weight_map.items()):
                 raise TypeError
-        except (ValueError, UnicodeDecodeError, KeyError, TypeError, AttributeError):
+        except (ValueError, UnicodeDecodeError, KeyError, TypeError, AttributeError, RecursionError):
             raise SpillError(f"{index}: expected JSON with a \"weight_map\" of tensor name -> shard file, "
                              "found something else; re-download the index") from None
         names = sorted(set(weight_map.values()))
         for name in names:
+            if not _inside(folder, name):
+                raise SpillError(f"{index}: names shard {name!r}, expected a file name inside {folder}; "
+                                 "the index is not safe to use, re-download it")
             if not (folder / name).is_file():
                 raise SpillError(f"{index}: names shard {name}, found no such file in {folder}; "
                                  "download the missing shard")
@@ -134,6 +141,12 @@ def _shards(folder: Path) -> tuple[list[Path], Path | None, dict]:
         raise SpillError(f"model folder {folder}: expected *.safetensors weight files, found none; "
                          "spill reads safetensors only, save the weights with safe_serialization=True")
     return shards, None, {}
+
+
+def _inside(folder: Path, name: str) -> bool:
+    """A shard name that stays in the folder: relative, without '..' (links are the folder owner's choice:
+    the Hugging Face cache links every file to its blob)."""
+    return bool(name) and "\0" not in name and not Path(name).is_absolute() and ".." not in Path(name).parts
 
 
 def _check_index(index: Path, weight_map: dict, headers: dict[Path, list[TensorSpec]]) -> None:
@@ -159,6 +172,9 @@ def _parse_header(path: Path, size: int) -> list[TensorSpec]:
             want = f"a header of {n} bytes after the 8-byte length" if n is not None else "an 8-byte header length"
             raise SpillError(f"{path}: expected {want}, found a file of {size} bytes; "
                              "the file is truncated or not safetensors, re-download it")
+        if n > MAX_HEADER:
+            raise SpillError(f"{path}: expected a JSON header of at most {MAX_HEADER // 1_000_000} MB, found one of "
+                             f"{n} bytes; the file is not a usable safetensors file, re-download it")
         raw = os.pread(fd, n, 8)
         if hasattr(os, "posix_fadvise"):  # a header is read once; keep it out of the page cache
             os.posix_fadvise(fd, 0, -(-(8 + n) // 4096) * 4096, os.POSIX_FADV_DONTNEED)
@@ -166,6 +182,9 @@ def _parse_header(path: Path, size: int) -> list[TensorSpec]:
         os.close(fd)
     try:
         header = json.loads(raw)
+    except RecursionError:
+        raise SpillError(f"{path}: expected a flat JSON header, found one nested too deeply to read; "
+                         f"{_REDOWNLOAD}") from None
     except (ValueError, UnicodeDecodeError) as err:
         raise SpillError(f"{path}: expected a JSON header, found invalid JSON ({_one_line(err)}); "
                          f"{_REDOWNLOAD}") from None

@@ -21,10 +21,10 @@ class StreamerActor:
         self.prefill_chunk = prefill_chunk
         self.engine: Streamer | None = None
         self.model = ""
-        self.epoch = -1
+        self.epoch, self.job = -1, ""
 
     def reset(self, msg: m.Reset) -> None:
-        self.epoch = msg.epoch
+        self.epoch, self.job = msg.epoch, msg.job
         if msg.model and msg.model != self.model:
             if self.engine is not None:
                 self.engine.close()
@@ -58,7 +58,7 @@ class StreamerActor:
         done = [r for r, f in zip(rows, finish) if f]
         stats = m.Pass(self.epoch, report.index, report.seconds, report.wait_s, report.compute_s,
                        report.decode_rows, report.prefill_tokens, len(rows), done,
-                       report.active_memory, report.peak_memory, report.bytes_streamed)
+                       report.active_memory, report.peak_memory, report.bytes_streamed, self.job)
         return out, stats
 
 
@@ -70,9 +70,10 @@ def run_streamer_process(endpoints, args, log) -> None:
     def reset(msg: m.Reset) -> None:
         try:
             actor.reset(msg)
-        except SpillError as err:   # a model that cannot load fails its job, not this process
+        except Exception as err:   # noqa: BLE001 - a model that cannot load fails its job, not this process
             actor.engine, actor.model = None, ""
-            box.send("coordinator", m.Error(msg.epoch, [m.MODEL_ROW], ["model_error"], [str(err)]))
+            why = str(err) if isinstance(err, SpillError) else f"{msg.model}: the model could not load ({type(err).__name__}: {err})"
+            box.send("coordinator", m.Error(msg.epoch, [m.MODEL_ROW], ["model_error"], [why], msg.job))
 
     handlers = {m.Reset: reset, m.Admit: actor.admit, m.Stop: actor.stop}
     # 1. what arrived during the last pass (blocking only when there is nothing to run)

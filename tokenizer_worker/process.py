@@ -13,10 +13,11 @@ from .core import TokenizerCore
 def run_tokenizer_process(endpoints, args, log) -> None:
     box = Mailbox(endpoints, "tokenizer", sends_to=("admission", "streamer", "coordinator"))
     fault = Fault("tokenizer")
-    core, model = None, ""
+    core, model, job = None, "", ""
     for batch in inbox(box, "tokenizer", log):
         for msg in batch:
             if isinstance(msg, m.Reset):
+                job = msg.job   # results are stamped with it: the coordinator drops another job's
                 if msg.model and msg.model != model:
                     try:
                         core, model = TokenizerCore(msg.model), msg.model
@@ -24,21 +25,21 @@ def run_tokenizer_process(endpoints, args, log) -> None:
                         core, model = None, ""
                         why = str(err).splitlines()[0] if str(err) else type(err).__name__
                         box.send("coordinator", m.Error(msg.epoch, [m.MODEL_ROW], ["model_error"],
-                                                        [f"{msg.model}: the tokenizer could not load ({why})"]))
+                                                        [f"{msg.model}: the tokenizer could not load ({why})"], msg.job))
                 elif core is not None:
                     core.clear()
             elif core is None:
                 continue
             elif isinstance(msg, m.Submit):
-                _submit(box, core, msg)
+                _submit(box, core, msg, job)
                 fault.tick("submit")
             elif isinstance(msg, m.Tokens):
-                _tokens(box, core, msg)
+                _tokens(box, core, msg, job)
                 fault.tick("tokens")
     box.close()
 
 
-def _submit(box, core: TokenizerCore, msg: m.Submit) -> None:
+def _submit(box, core: TokenizerCore, msg: m.Submit, job: str) -> None:
     ok, seqs, bad, why = [], [], [], []
     for row, request in zip(msg.rows, msg.requests):
         ids, reason = core.tokenize(row, request)
@@ -49,7 +50,7 @@ def _submit(box, core: TokenizerCore, msg: m.Submit) -> None:
             ok.append((row, request))
             seqs.append(ids)
     if bad:
-        box.send("coordinator", m.Error(msg.epoch, bad, ["context_length_exceeded"] * len(bad), why))
+        box.send("coordinator", m.Error(msg.epoch, bad, ["context_length_exceeded"] * len(bad), why, job))
     if ok:
         tokens, lengths = m.pack_tokens(seqs)
         sampling = [[r.get("temperature") or 0.0, r.get("top_p") or 1.0, r.get("top_k") or 0, r.get("seed")]
@@ -58,7 +59,7 @@ def _submit(box, core: TokenizerCore, msg: m.Submit) -> None:
                                           [r["max_tokens"] for _, r in ok], sampling, core.eos))
 
 
-def _tokens(box, core: TokenizerCore, msg: m.Tokens) -> None:
+def _tokens(box, core: TokenizerCore, msg: m.Tokens, job: str) -> None:
     stops, done = [], []
     for row, token, finish in zip(msg.rows, np.frombuffer(msg.tokens, np.int32).tolist(), msg.finish):
         hit, reason = core.add(row, token, finish)
@@ -71,11 +72,11 @@ def _tokens(box, core: TokenizerCore, msg: m.Tokens) -> None:
         box.send("streamer", m.Stop(msg.epoch, stops))
     if done:
         rows, texts, finish, prompt, completion = map(list, zip(*done))
-        box.send("coordinator", m.Done(msg.epoch, rows, texts, finish, prompt, completion))
+        box.send("coordinator", m.Done(msg.epoch, rows, texts, finish, prompt, completion, job))
     running = [r for r in msg.rows if r in core.live]
     if running:
         counts, tails = core.tails(running)
-        box.send("coordinator", m.Progress(msg.epoch, running, counts, tails))
+        box.send("coordinator", m.Progress(msg.epoch, running, counts, tails, job))
 
 
 if __name__ == "__main__":

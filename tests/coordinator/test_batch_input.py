@@ -106,11 +106,11 @@ def test_nulls_mean_not_given(tmp_path):
      "line 2: messages[0].content has parts of type image_url; spill runs text only, send text parts or a string"),
     ({"custom_id": "r", "prompt": ["a", "b"]}, "invalid_request", 'line 2: prompt must be a string, found ["a", "b"]'),
     ({"custom_id": "r", "prompt": "x", "max_tokens": 0}, "invalid_request",
-     "line 2: max_tokens must be a positive integer, found 0"),
+     "line 2: max_tokens must be an integer from 1 to 2147483647, found 0"),
     ({"custom_id": "r", "prompt": "x", "max_tokens": 16.5}, "invalid_request",
-     "line 2: max_tokens must be a positive integer, found 16.5"),
+     "line 2: max_tokens must be an integer from 1 to 2147483647, found 16.5"),
     (_batch("r", {"messages": USER, "max_completion_tokens": "many"}), "invalid_request",
-     'line 2: body.max_completion_tokens must be a positive integer, found "many"'),
+     'line 2: body.max_completion_tokens must be an integer from 1 to 2147483647, found "many"'),
     (_batch("r", {"messages": USER, "max_tokens": 5, "max_completion_tokens": 6}), "invalid_request",
      "line 2: body.max_tokens and body.max_completion_tokens differ (5 and 6); keep one"),
     ({"custom_id": "r", "prompt": "x", "temperature": 2.5}, "invalid_request",
@@ -120,8 +120,8 @@ def test_nulls_mean_not_given(tmp_path):
     ({"custom_id": "r", "prompt": "x", "top_p": 0}, "invalid_request",
      "line 2: top_p must be a number above 0 and at most 1, found 0"),
     ({"custom_id": "r", "prompt": "x", "top_k": -5}, "invalid_request",
-     "line 2: top_k must be a positive integer (0 or -1: no top-k), found -5"),
-    ({"custom_id": "r", "prompt": "x", "seed": "42"}, "invalid_request", 'line 2: seed must be an integer, found "42"'),
+     "line 2: top_k must be an integer from 1 to 2147483647 (0 or -1: no top-k), found -5"),
+    ({"custom_id": "r", "prompt": "x", "seed": "42"}, "invalid_request", 'line 2: seed must be an integer from 0 to 9223372036854775807, found "42"'),
     ({"custom_id": "r", "prompt": "x", "stop": ["a", "b", "c", "d", "e"]}, "invalid_request",
      "line 2: stop must be a non-empty string or a list of at most 4 non-empty strings, "
      'found ["a", "b", "c", "d", "e"]'),
@@ -200,3 +200,35 @@ def test_encodings_spill_cannot_read_are_named(tmp_path):
                               f"(iconv -f UTF-16 -t UTF-8 {path} > in-utf8.jsonl)")
     path.write_bytes(b"\x1f\x8b\x08\x00")
     assert _refused(path) == f"{path} is gzip-compressed; decompress it first (gunzip -k {path})"
+
+
+@pytest.mark.parametrize("field,value,expect", [
+    ("seed", -1, "an integer from 0 to 9223372036854775807"),
+    ("seed", 10**20, "an integer from 0 to 9223372036854775807"),
+    ("max_tokens", 10**20, "an integer from 1 to 2147483647"),
+    ("top_k", 2**31, "an integer from 1 to 2147483647 (0 or -1: no top-k)"),
+])
+def test_numbers_out_of_range_are_bad_rows_not_crashes(tmp_path, field, value, expect):
+    """A seed of -1 crash-looped the streamer; 10**20 overflowed msgpack in the coordinator (issue 8, finding 2)."""
+    bad = _bad(tmp_path, {"custom_id": "r", "prompt": "x", field: value})
+    assert bad.message == f"line 2: {field} must be {expect}, found {value}"
+
+
+@pytest.mark.parametrize("text,expect", [
+    ('{"custom_id": "r", "prompt": "x", "temperature": NaN}', "line 2: temperature must be a number from 0 to 2, found NaN"),
+    ('{"custom_id": "r", "prompt": "x", "top_p": Infinity}', "line 2: top_p must be a number above 0 and at most 1, found Infinity"),
+    ('{"custom_id": "r", "prompt": "x", "n": 100000000000000000000}', "line 2: n must be 1 (spill makes one completion per row; "
+     "repeat the row under other custom_ids for more), found 100000000000000000000"),
+    ('{"custom_id": "r", "prompt": ' + "[" * 100_000 + "]" * 100_000 + "}",
+     "line 2: JSON nested too deeply to read; flatten the request"),
+], ids=["nan", "infinity", "huge-n", "deep"])
+def test_non_finite_huge_and_deeply_nested_values_are_bad_rows(tmp_path, text, expect):
+    assert _bad(tmp_path, text).message == expect
+
+
+def test_a_line_over_the_size_limit_is_a_bad_row(tmp_path, monkeypatch):
+    from spill.coordinator import batch_input
+    monkeypatch.setattr(batch_input, "MAX_LINE", 1 << 20, raising=False)
+    row = {"custom_id": "r", "prompt": "x" * (1 << 20)}
+    bad = _bad(tmp_path, row)
+    assert bad.message == f"line 2: {len(json.dumps(row))} bytes, more than the 1 MB a line may hold; shorten the prompt"

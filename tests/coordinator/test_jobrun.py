@@ -40,3 +40,19 @@ def test_status_shows_progress_and_the_latest_slots(tmp_path):
     s = run.status()
     assert (s["done"], s["total"], s["pass_s"], s["peak_memory"]) == (0, 2, 2.0, 200)
     assert s["slots"] == [("a", 3, "abc"), ("b", 4, "def")]
+
+
+def test_unseeded_rows_get_distinct_seeds_stable_across_resume(tmp_path):
+    """Issue 8, finding 8: unseeded rows shared seeds (seed + rows + passes), so equal prompts gave equal text."""
+    inp = tmp_path / "in.jsonl"
+    inp.write_text("".join(f'{{"custom_id": "r{i}", "prompt": "same", "temperature": 1.0}}\n' for i in range(50))
+                   + '{"custom_id": "own", "prompt": "same", "seed": 7}\n')
+    requests, _ = read_batch(inp)
+    job = Job.create(inp, "demo", {}, tmp_path / "out.jsonl")
+    seeds = [r["seed"] for s in JobRun(job, requests, "demo", {}).submits(1) for r in s.requests]
+    assert seeds[-1] == 7
+    assert len(set(seeds[:-1])) == 50 and all(isinstance(s, int) and 0 <= s < 2**63 for s in seeds)
+    again = [r["seed"] for s in JobRun(Job.open(job.id), requests, "demo", {}).submits(5) for r in s.requests]
+    assert again == seeds
+    other = Job.create(inp, "demo", {}, tmp_path / "out2.jsonl")
+    assert [r["seed"] for s in JobRun(other, requests, "demo", {}).submits(1) for r in s.requests][:-1] != seeds[:-1]

@@ -238,3 +238,59 @@ def test_a_killed_writer_loses_nothing_it_counted(home, batch, tmp_path):
     again = Job.open(job.id)
     assert {f"r{int(x)}" for x in acked} <= again.done_ids()
     assert _ids(again.output_path) == [f"r{i}" for i in range(len(again.done_ids()))]
+
+
+def test_job_folders_are_private_and_outputs_0600(home, batch, tmp_path):
+    """Issue 8, finding 7: outputs and job folders were world-readable."""
+    old = os.umask(0o022)
+    try:
+        job = Job.create(batch, "m", {}, tmp_path / "out.jsonl")
+        job.append([_ok("a")])
+        default = Job.create(batch, "m", {})
+    finally:
+        os.umask(old)
+    assert oct(job.dir.stat().st_mode & 0o777) == "0o700" and oct((job.dir / "logs").stat().st_mode & 0o777) == "0o700"
+    assert oct(jobstore.jobs_dir().stat().st_mode & 0o777) == "0o700"
+    for path in (tmp_path / "out.jsonl", default.output_path, job.dir / "job.json"):
+        assert oct(path.stat().st_mode & 0o777) == "0o600", path
+
+
+def test_a_symlink_planted_after_the_check_is_not_followed(home, batch, tmp_path, monkeypatch):
+    """Issue 8, finding 7: -o followed a symlink planted between the emptiness check and the first write."""
+    target, out = tmp_path / "victim.txt", tmp_path / "out.jsonl"
+    target.write_text("precious\n")
+    check = jobstore._check_output_free
+
+    def check_then_plant(path):
+        check(path)
+        os.symlink(target, path)
+    monkeypatch.setattr(jobstore, "_check_output_free", check_then_plant)
+    message = _refused(Job.create, batch, "m", {}, out)
+    assert message == f"{out} is a symbolic link; spill writes only to a regular file, give the real path with -o"
+    assert target.read_text() == "precious\n" and jobstore.list_jobs() == []
+
+
+def test_an_output_swapped_for_a_symlink_mid_job_is_not_written_through(home, batch, tmp_path):
+    target, out = tmp_path / "victim.txt", tmp_path / "out.jsonl"
+    target.write_text("precious\n")
+    job = Job.create(batch, "m", {}, out)
+    job.append([_ok("a")])
+    out.unlink()
+    os.symlink(target, out)
+    assert _refused(job.append, [_ok("b")]).startswith(f"{out} is a symbolic link")
+    assert target.read_text() == "precious\n"
+
+
+def test_an_output_that_cannot_be_created_or_written_is_one_sentence(home, batch, tmp_path, monkeypatch):
+    assert _refused(Job.create, batch, "m", {}, "/proc/x.jsonl").startswith("cannot create -o /proc/x.jsonl (")
+    assert jobstore.list_jobs() == []
+    job = Job.create(batch, "m", {}, tmp_path / "out.jsonl")
+    job.append([_ok("a")])
+
+    def read_only(fd, data):
+        raise OSError(errno.EROFS, "Read-only file system")
+    monkeypatch.setattr(os, "write", read_only)
+    assert _refused(job.append, [_ok("b")]) == (f"cannot write {tmp_path / 'out.jsonl'} (Read-only file system); fix "
+                                                f"that and run the same command again to continue job {job.id}")
+    monkeypatch.undo()
+    assert _ids(tmp_path / "out.jsonl") == ["a"]

@@ -1,0 +1,41 @@
+"""Who may drive the group (issue 8, finding 4): loopback unless allowed, a token on tcp."""
+
+import os
+
+import pytest
+
+from spill.coordinator import control
+from spill.errors import SpillError
+
+
+@pytest.mark.parametrize("address", ["ipc:///tmp/x/control.sock", "tcp://127.0.0.1:5557", "tcp://localhost:5557",
+                                     "tcp://[::1]:5557", "tcp://127.0.0.2:9"])
+def test_loopback_and_ipc_are_allowed(address, monkeypatch):
+    monkeypatch.delenv("SPILL_ALLOW_REMOTE", raising=False)
+    control.check_address(address)
+
+
+@pytest.mark.parametrize("address", ["tcp://0.0.0.0:5558", "tcp://*:5558", "tcp://10.1.2.3:5558", "tcp://example.org:1"])
+def test_an_address_other_hosts_reach_needs_the_flag(address, monkeypatch):
+    monkeypatch.delenv("SPILL_ALLOW_REMOTE", raising=False)
+    with pytest.raises(SpillError) as err:
+        control.check_address(address)
+    assert str(err.value).startswith(f"--listen {address} lets other machines drive this group; use "
+                                     "tcp://127.0.0.1:PORT, or pass --allow-remote to `spill up`")
+    monkeypatch.setenv("SPILL_ALLOW_REMOTE", "1")
+    control.check_address(address)
+
+
+def test_a_tcp_socket_makes_a_private_token_the_client_reads(monkeypatch, tmp_path):
+    import zmq
+    monkeypatch.setenv("SPILL_HOME", str(tmp_path))
+    monkeypatch.delenv("SPILL_TOKEN", raising=False)
+    (tmp_path / "run").mkdir()
+    sock, token = control.open_control(zmq.Context.instance(), "tcp://127.0.0.1:*")
+    try:
+        assert len(token) >= 32 and oct(os.stat(control.token_file()).st_mode & 0o777) == "0o600"
+        assert control.client_token("tcp://127.0.0.1:5557") == token
+        assert control.client_token("ipc:///x") == ""
+        assert control.authorized(token, token) and not control.authorized(token, "") and control.authorized("", "")
+    finally:
+        sock.close()

@@ -1,0 +1,155 @@
+"""The coordinator's Group driven by hand: a fake mailbox and supervisor, real job store (issue 8)."""
+
+import errno
+import json
+import os
+
+import structlog
+
+from spill import messages as m
+from spill.coordinator.daemon import Group
+from spill.coordinator.supervisor import ACTORS
+
+from .group_util import read_output
+
+
+class Box:
+    def __init__(self):
+        self.sent = []
+
+    def send(self, peer, msg):
+        self.sent.append((peer, msg))
+
+
+class Sup:
+    def __init__(self):
+        self.killed, self.beats, self.stuck, self.restarted = [], [], [], []
+
+    def dead(self):
+        return [(r, -9) for r in self.killed if r not in self.restarted]
+
+    def hung(self, deadline_s):
+        return list(self.stuck)
+
+    def kill(self, role):
+        self.killed.append(role)
+        self.stuck.remove(role)
+
+    def restart(self, role):
+        self.restarted.append(role)
+
+    def beat(self, role):
+        self.beats.append(role)
+
+    def pids(self):
+        return {}
+
+
+def group() -> Group:
+    g = Group(Box(), Sup(), structlog.get_logger())
+    for role in ACTORS:
+        g.on_actor(m.Ready(role, 1))
+    return g
+
+
+def submit(g: Group, tmp_path, name: str, rows: int = 2) -> dict:
+    inp = tmp_path / f"{name}.jsonl"
+    inp.write_text("".join(json.dumps({"custom_id": f"{name}{i}", "prompt": f"{name} {i}"}) + "\n" for i in range(rows)))
+    return g.handle(m.Request("submit", {"model": str(tmp_path), "input": str(inp),
+                                         "output": str(tmp_path / f"{name}.out.jsonl")})).data
+
+
+def done(epoch: int, rows: list[int], text: str, job: str = "") -> m.Done:
+    stamp = {"job": job} if job else {}
+    return m.Done(epoch, rows, [text] * len(rows), ["length"] * len(rows), [1] * len(rows), [1] * len(rows), **stamp)
+
+
+def test_a_result_of_the_previous_job_is_not_written_into_the_next(tmp_path):
+    g = group()
+    a = submit(g, tmp_path, "a")
+    b = submit(g, tmp_path, "b")
+    epoch_a = g.epoch
+    g.handle(m.Request("interrupt", {"job": a["job"]}))
+    g.next_job()                                       # b starts in the same loop turn
+    assert g.current.job.id == b["job"]
+    g.on_actor(done(epoch_a, [0], "text of a0"))        # late: the tokenizer finished it before the reset
+    assert read_output(tmp_path / "b.out.jsonl") == {}
+    g.on_actor(done(g.epoch, [1], "text of a1", job=a["job"]))   # stamped with the other job
+    assert read_output(tmp_path / "b.out.jsonl") == {}
+    g.on_actor(done(g.epoch, [0, 1], "text of b"))
+    out = read_output(tmp_path / "b.out.jsonl")
+    assert {cid: r["response"]["body"]["choices"][0]["text"] for cid, r in out.items()} == \
+        {"b0": "text of b", "b1": "text of b"}
+
+
+def test_an_unknown_request_and_a_crashing_request_get_replies(tmp_path):
+    g = group()
+    reply = g.handle(m.Request("bogus", {}))
+    assert not reply.ok and reply.error.startswith("unknown request 'bogus'; this group answers ping, submit,")
+    reply = g.handle(m.Request("submit", {"model": 5}))
+    assert not reply.ok and reply.error.startswith("submit failed (")
+    assert g.handle(m.Request("ping", {})).ok
+
+
+def test_an_output_that_cannot_be_opened_is_an_error_reply_not_a_dead_group(tmp_path):
+    g = group()
+    inp = tmp_path / "in.jsonl"
+    inp.write_text('{"custom_id": "a", "prompt": "x"}\n')
+    reply = g.handle(m.Request("submit", {"model": str(tmp_path), "input": str(inp), "output": "/proc/x.jsonl"}))
+    assert not reply.ok
+    assert reply.error.startswith("cannot create -o /proc/x.jsonl (") and "choose a path in a folder you can write" in reply.error
+    assert submit(g, tmp_path, "ok")["job"]
+
+
+def test_a_failed_write_fails_that_job_and_the_next_one_runs(tmp_path, monkeypatch):
+    g = group()
+    a = submit(g, tmp_path, "a")
+    b = submit(g, tmp_path, "b")
+    g.on_actor(done(g.epoch, [0], "first"))
+    real_write = os.write
+
+    def full(fd, data):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(os, "write", full)
+    g.on_actor(done(g.epoch, [1], "second"))
+    monkeypatch.setattr(os, "write", real_write)
+    status = g.status({"job": a["job"]})
+    assert status["status"] == "failed"
+    assert status["error"] == (f"no space left to write {tmp_path / 'a.out.jsonl'}; free some space and run the "
+                               f"same command again to continue job {a['job']}")
+    assert list(read_output(tmp_path / "a.out.jsonl")) == ["a0"]      # valid, and resumable from a1
+    g.next_job()
+    assert g.current.job.id == b["job"]
+    g.on_actor(done(g.epoch, [0, 1], "b"))
+    assert g.status({"job": b["job"]})["status"] == "done"
+
+
+def test_a_bug_while_handling_an_actor_message_fails_the_job_not_the_group(tmp_path, monkeypatch):
+    g = group()
+    a = submit(g, tmp_path, "a")
+    monkeypatch.setattr(g.current, "on_progress", lambda msg: 1 / 0)
+    g.on_actor(m.Progress(g.epoch, [0], [1], ["x"]))
+    s = g.status({"job": a["job"]})
+    assert s["status"] == "failed" and s["error"].startswith("the coordinator could not handle a Progress message "
+                                                             "(ZeroDivisionError: division by zero)")
+
+
+def test_a_hung_actor_is_killed_and_restarted(tmp_path):
+    g = group()
+    submit(g, tmp_path, "a")
+    g.sup.stuck.append("streamer")
+    g.check_actors()
+    assert g.sup.killed == ["streamer"] and g.sup.restarted == ["streamer"] and "streamer" in g.waiting
+    g.on_actor(m.Heartbeat("tokenizer", 1))
+    assert "tokenizer" in g.sup.beats
+
+
+def test_the_control_socket_answers_garbage_and_refuses_a_wrong_token(tmp_path):
+    from spill.coordinator.daemon import answer
+    g, log = group(), structlog.get_logger()
+    assert answer(g, b"\x99garbage", "", "ipc://x", log).error.startswith("not a spill request (unknown message kind")
+    assert answer(g, m.encode(m.Ready("x", 1)), "", "ipc://x", log).error == \
+        "not a spill request (expected a request, found Ready)"
+    refused = answer(g, m.encode(m.Request("ping", {}, "guess")), "secret", "tcp://127.0.0.1:5557", log)
+    assert not refused.ok and "wrong or missing control token" in refused.error
+    assert answer(g, m.encode(m.Request("ping", {}, "secret")), "secret", "tcp://127.0.0.1:5557", log).ok

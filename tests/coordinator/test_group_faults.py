@@ -1,0 +1,104 @@
+"""End to end, issue 8: a stopped actor is restarted, a slow pass is not, foreign frames do no harm."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from spill.wire import Endpoints
+
+from .group_util import read_output, resident_texts, spill, texts, write_input
+
+
+@pytest.fixture(scope="module")
+def job8(make_tiny, tmp_path_factory):
+    folder = make_tiny("llama")
+    data = tmp_path_factory.mktemp("job8")
+    rows = write_input(data / "in.jsonl", 8, max_tokens=6)
+    return folder, data / "in.jsonl", resident_texts(folder, rows)
+
+
+def _log(role: str) -> list[dict]:
+    path = Path(os.environ["SPILL_HOME"]) / "run" / "logs" / f"{role}.log"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def _actor_pid(role: str) -> int:
+    return [e["actor_pid"] for e in _log("coordinator") if e.get("event") == "started" and e.get("actor") == role][-1]
+
+
+def test_a_stopped_streamer_is_noticed_killed_and_restarted(job8, tmp_path):
+    folder, inp, expected = job8
+    out, before = tmp_path / "out.jsonl", len(_log("coordinator"))
+    env = {**os.environ, "SPILL_LIVENESS_TIMEOUT": "4", "SPILL_MAX_ROWS": "2", "SPILL_TEST_PASS_DELAY": "0.2"}
+    proc = subprocess.Popen([sys.executable, "-m", "spill.coordinator.cli", "run", str(folder), str(inp), "-o", str(out),
+                             "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.monotonic() + 120
+    while (not out.exists() or not out.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    stopped = _actor_pid("streamer")
+    os.kill(stopped, signal.SIGSTOP)
+    stdout, stderr = proc.communicate(timeout=180)
+    assert proc.returncode == 0, stdout + stderr
+    assert texts(read_output(out)) == expected
+    hung = [e for e in _log("coordinator")[before:] if e.get("event") == "actor hung; killing it"]
+    assert [(e["actor"], e["deadline_s"]) for e in hung] == [("streamer", 4.0)]
+    assert _actor_pid("streamer") != stopped
+
+
+def test_a_slow_pass_is_not_taken_for_a_hang(job8, tmp_path):
+    folder, inp, _ = job8
+    one = tmp_path / "one.jsonl"
+    one.write_text(inp.read_text().splitlines()[0].replace('"max_tokens": 6', '"max_tokens": 2') + "\n")
+    before = len(_log("coordinator"))
+    spill("run", folder, one, "-o", tmp_path / "out.jsonl", "--quiet", check=True,
+          env={"SPILL_LIVENESS_TIMEOUT": "2", "SPILL_TEST_PASS_DELAY": "3"})   # each pass outlasts the deadline
+    assert not [e for e in _log("coordinator")[before:] if e.get("event") in ("actor hung; killing it", "actor died; restarting")]
+
+
+FOREIGN = r"""
+import json, sys, msgpack, zmq
+from spill import messages as m
+eps, control = json.loads(sys.argv[1]), sys.argv[2]
+ctx = zmq.Context.instance()
+frames = [b"", b"\xff" * 64, bytes([m.Kind.STOP]) + b"\xc1", bytes([m.Kind.STOP]) + msgpack.packb({"epoch": -1, "rows": []}),
+          m.encode(m.Request("down")), m.encode(m.Ready("x", 1)), m.encode(m.Shutdown("foreign"))[:1] + b"\x01",
+          bytes([m.Kind.DONE]) + msgpack.packb({"epoch": 0, "rows": [0, 1], "texts": ["x"], "finish": [], "prompt_tokens": [],
+                                               "completion_tokens": []}),
+          bytes([m.Kind.SUBMIT]) + msgpack.packb({"epoch": 0, "rows": [0], "requests": [{"kind": "chat"}]})]
+for role in ("coordinator", "tokenizer", "admission", "streamer"):
+    push = ctx.socket(zmq.PUSH)
+    push.setsockopt(zmq.LINGER, 2000)
+    push.connect(eps[role])
+    for frame in frames + [b"\x03" + b"x" * (2 << 20)]:   # the last one is over the 1 MB limit
+        push.send(frame)
+    push.close()
+req = ctx.socket(zmq.REQ)
+req.setsockopt(zmq.LINGER, 0)
+req.connect(control)
+req.send(b"\x14garbage")
+print(m.decode(req.recv(), ).error if req.poll(10000) else "no reply")
+"""
+
+
+def test_foreign_frames_on_every_socket_are_dropped_and_logged(job8, tmp_path):
+    folder, inp, expected = job8
+    env = {"SPILL_MAX_MESSAGE_MB": "1"}
+    spill("up", check=True, env=env)
+    try:
+        eps = Endpoints.in_dir(Path(os.environ["SPILL_HOME"]) / "run")
+        foreign = subprocess.run([sys.executable, "-c", FOREIGN, json.dumps(eps.as_dict()), eps.control],
+                                 capture_output=True, text=True, timeout=60)
+        assert foreign.stdout.startswith("not a spill request (Request: not msgpack"), foreign.stdout + foreign.stderr
+        spill("run", folder, inp, "-o", tmp_path / "out.jsonl", "--quiet", check=True, env=env)
+    finally:
+        spill("down")
+    assert texts(read_output(tmp_path / "out.jsonl")) == expected
+    for role in ("coordinator", "tokenizer", "admission", "streamer"):
+        dropped = [e for e in _log(role) if e.get("event") == "dropped a bad frame"]
+        assert len(dropped) >= 9, (role, len(dropped))
