@@ -61,7 +61,7 @@ class Group:
 
     def _on_actor(self, msg) -> None:
         if isinstance(msg, (m.Ready, m.Heartbeat)):
-            self.sup.beat(msg.role)
+            self.sup.beat(msg.role, msg.pid)
         if isinstance(msg, m.Ready):
             self.waiting.discard(msg.role)
             if not self.waiting and self.current is not None:

@@ -35,7 +35,7 @@ class Supervisor:
         self.procs[role] = subprocess.Popen([sys.executable, "-m", ACTORS[role], json.dumps(args)],
                                             pass_fds=(read_end,), env=env, stdin=subprocess.DEVNULL)
         os.close(read_end)
-        self.seen[role] = time.monotonic()     # its start counts as a beat: imports take seconds
+        self.seen.pop(role, None)              # until its first beat, the READY deadline applies, not liveness
         if role in self._pipes:
             os.close(self._pipes[role])
         self._pipes[role] = write_end
@@ -50,14 +50,16 @@ class Supervisor:
         """Actors that exited, with their exit codes."""
         return [(role, p.returncode) for role, p in self.procs.items() if p.poll() is not None]
 
-    def beat(self, role: str) -> None:
-        if role in self.procs:
+    def beat(self, role: str, pid: int) -> None:
+        """A READY or heartbeat from the running process of role (one from a process already replaced is ignored)."""
+        if role in self.procs and self.procs[role].pid == pid:
             self.seen[role] = time.monotonic()
 
     def hung(self, deadline_s: float) -> list[str]:
         """Live actors that have not beaten for deadline_s seconds (stopped, or stuck holding the GIL)."""
         now = time.monotonic()
-        return [role for role, p in self.procs.items() if p.poll() is None and now - self.seen[role] > deadline_s]
+        return [role for role, p in self.procs.items()
+                if p.poll() is None and role in self.seen and now - self.seen[role] > deadline_s]
 
     def kill(self, role: str) -> None:
         """SIGKILL (which also ends a stopped process); dead() reports it and the usual restart follows."""

@@ -90,12 +90,20 @@ def wait_group(home: Path, proc: subprocess.Popen, timeout: float = 180) -> dict
     return {}
 
 
+def _coordinator_log(home: Path) -> list[dict]:
+    log, events = home / "run" / "logs" / "coordinator.log", []
+    for line in log.read_text().splitlines() if log.exists() else []:
+        try:
+            events.append(json.loads(line))
+        except ValueError:      # the line being written
+            pass
+    return events
+
+
 def group_pids(home: Path) -> dict[str, int]:
     """The newest group's pids from the coordinator's log and pid file."""
     pids = {}
-    log = home / "run" / "logs" / "coordinator.log"
-    for line in log.read_text().splitlines() if log.exists() else []:
-        event = json.loads(line)
+    for event in _coordinator_log(home):
         if event.get("event") == "started":
             pids[event["actor"]] = event["actor_pid"]
     with_pid = home / "run" / "coordinator.pid"
@@ -176,17 +184,20 @@ def trial_kill(model, inp, expected, work: Path, rng: random.Random) -> dict:
 
 
 def trial_stop(model, inp, expected, work: Path, rng: random.Random) -> dict:
-    out, home, env = work / "out.jsonl", Path(os.environ["SPILL_HOME"]), {"SPILL_LIVENESS_TIMEOUT": "3"}
+    out, home, env = work / "out.jsonl", Path(os.environ["SPILL_HOME"]), {"SPILL_LIVENESS_TIMEOUT": "5"}
+    logged = len(_coordinator_log(home))
     proc = start(model, inp, out, env)
     pids = wait_group(home, proc)
     wait_for_rows(out, rng.randint(1, len(expected) - 2), proc)
-    if _descends(pids["streamer"], proc.pid):
+    stopped = _descends(pids["streamer"], proc.pid)
+    if stopped:
         os.kill(pids["streamer"], signal.SIGSTOP)
     stopped_at = time.monotonic()
     before = output_lines(out)
     result = finish(proc, out, env)
-    return {"victim": "streamer (SIGSTOP)", "at_row": len(before), "seconds_to_finish": round(time.monotonic() - stopped_at, 1),
-            **result, **check(out, expected, before)}
+    hung = sum(e.get("event") == "actor hung; killing it" for e in _coordinator_log(home)[logged:])
+    return {"victim": "streamer (SIGSTOP)" if stopped else "none (the job ended first)", "at_row": len(before), "seconds_to_finish": round(time.monotonic() - stopped_at, 1),
+            "hung_restarts": hung, **result, **check(out, expected, before)}
 
 
 def trial_disk(model, inp, expected, work: Path, rng: random.Random) -> dict:

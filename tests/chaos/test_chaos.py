@@ -27,6 +27,8 @@ def test_a_fault_mid_job_loses_nothing(job, tmp_path, scenario):
     (r,) = chaos.run_trials(scenario, 1, model, tmp_path, expected, inp, seed=int.from_bytes(os.urandom(2), "little"))
     assert (r["lost"], r["duplicated"], r["wrong"], r["changed"], r["tracebacks"], r["exit"]) == (0, 0, 0, 0, 0, 0), r
     assert r["rows"] == len(expected)
+    if scenario == "stop":
+        assert r["hung_restarts"] == (1 if r["victim"] == "streamer (SIGSTOP)" else 0), r
     if scenario == "disk":
         assert r["resumes"] >= 1 and r["said"][0].startswith("spill: no space left to write "), r
     if scenario == "readonly":

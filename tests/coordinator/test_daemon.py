@@ -38,7 +38,7 @@ class Sup:
     def restart(self, role):
         self.restarted.append(role)
 
-    def beat(self, role):
+    def beat(self, role, pid):
         self.beats.append(role)
 
     def pids(self):

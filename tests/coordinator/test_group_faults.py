@@ -1,11 +1,10 @@
-"""End to end, issue 8: a stopped actor is restarted, a slow pass is not, foreign frames do no harm."""
+"""End to end, issue 8: a slow pass is not taken for a hang, foreign frames do no harm (a stopped streamer:
+tests/chaos)."""
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -26,29 +25,6 @@ def job8(make_tiny, tmp_path_factory):
 def _log(role: str) -> list[dict]:
     path = Path(os.environ["SPILL_HOME"]) / "run" / "logs" / f"{role}.log"
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-
-
-def _actor_pid(role: str) -> int:
-    return [e["actor_pid"] for e in _log("coordinator") if e.get("event") == "started" and e.get("actor") == role][-1]
-
-
-def test_a_stopped_streamer_is_noticed_killed_and_restarted(job8, tmp_path):
-    folder, inp, expected = job8
-    out, before = tmp_path / "out.jsonl", len(_log("coordinator"))
-    env = {**os.environ, "SPILL_LIVENESS_TIMEOUT": "4", "SPILL_MAX_ROWS": "2", "SPILL_TEST_PASS_DELAY": "0.2"}
-    proc = subprocess.Popen([sys.executable, "-m", "spill.coordinator.cli", "run", str(folder), str(inp), "-o", str(out),
-                             "--quiet"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-    deadline = time.monotonic() + 120
-    while (not out.exists() or not out.read_text()) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    stopped = _actor_pid("streamer")
-    os.kill(stopped, signal.SIGSTOP)
-    stdout, stderr = proc.communicate(timeout=180)
-    assert proc.returncode == 0, stdout + stderr
-    assert texts(read_output(out)) == expected
-    hung = [e for e in _log("coordinator")[before:] if e.get("event") == "actor hung; killing it"]
-    assert [(e["actor"], e["deadline_s"]) for e in hung] == [("streamer", 4.0)]
-    assert _actor_pid("streamer") != stopped
 
 
 def test_a_slow_pass_is_not_taken_for_a_hang(job8, tmp_path):
