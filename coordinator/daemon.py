@@ -173,9 +173,13 @@ class Group:
         if any(run.job.id == job.id for run, _ in self.queue) or (self.current and self.current.job.id == job.id):
             raise SpillError(f"job {job.id} is already running; follow it with `spill status {job.id}`")
         job.lock()
-        job.set_status("queued", total=len(requests) + len(bad))
-        job.append([bad_row_line(b) for b in bad])
-        run = JobRun(job, requests, args["model"], job.meta.get("params", params))
+        try:
+            job.set_status("queued", total=len(requests) + len(bad))
+            job.append([bad_row_line(b) for b in bad])
+            run = JobRun(job, requests, args["model"], job.meta.get("params", params))
+        except BaseException:
+            job.close()     # not queued: a later run of the same command may take it
+            raise
         self.queue.append((run, model))
         self.next_job()
         return {"job": job.id, "total": run.total, "done": run.total - len(run.pending),

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from spill import messages as m
 
 FUZZ = settings(max_examples=int(os.environ.get("SPILL_FUZZ_EXAMPLES", "60")) * 3, deadline=None)
-values = st.recursive(st.none() | st.booleans() | st.integers(-2**64, 2**64) | st.floats() | st.text(max_size=8)
+values = st.recursive(st.none() | st.booleans() | st.integers(-2**63, 2**64 - 1) | st.floats() | st.text(max_size=8)
                       | st.binary(max_size=8), lambda kids: st.lists(kids, max_size=3)
                       | st.dictionaries(st.text(max_size=6), kids, max_size=3), max_leaves=8)
 
