@@ -91,13 +91,8 @@ def wait_group(home: Path, proc: subprocess.Popen, timeout: float = 180) -> dict
 
 
 def _coordinator_log(home: Path) -> list[dict]:
-    log, events = home / "run" / "logs" / "coordinator.log", []
-    for line in log.read_text().splitlines() if log.exists() else []:
-        try:
-            events.append(json.loads(line))
-        except ValueError:      # the line being written
-            pass
-    return events
+    from tests.coordinator.group_util import log_events
+    return log_events("coordinator", home)
 
 
 def group_pids(home: Path) -> dict[str, int]:

@@ -98,3 +98,14 @@ def assert_actors_exit(pids: list[int], within_s: float = 10.0) -> None:
             return
         time.sleep(0.1)
     raise AssertionError(f"actors {alive} outlived their coordinator")
+
+
+def log_events(role: str, home: Path | None = None) -> list[dict]:
+    """The JSON log events of one process of the group (a line still being written is skipped)."""
+    path, events = Path(home or os.environ["SPILL_HOME"]) / "run" / "logs" / f"{role}.log", []
+    for line in path.read_text().splitlines() if path.exists() else []:
+        try:
+            events.append(json.loads(line))
+        except ValueError:
+            pass
+    return events

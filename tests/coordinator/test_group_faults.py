@@ -5,13 +5,14 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from spill.wire import Endpoints
 
-from .group_util import read_output, resident_texts, spill, texts, write_input
+from .group_util import log_events, read_output, resident_texts, spill, texts, write_input
 
 
 @pytest.fixture(scope="module")
@@ -22,19 +23,18 @@ def job8(make_tiny, tmp_path_factory):
     return folder, data / "in.jsonl", resident_texts(folder, rows)
 
 
-def _log(role: str) -> list[dict]:
-    path = Path(os.environ["SPILL_HOME"]) / "run" / "logs" / f"{role}.log"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+def _ready(role: str) -> int:
+    return sum(e.get("event") == "ready" for e in log_events(role))
 
 
 def test_a_slow_pass_is_not_taken_for_a_hang(job8, tmp_path):
     folder, inp, _ = job8
     one = tmp_path / "one.jsonl"
     one.write_text(inp.read_text().splitlines()[0].replace('"max_tokens": 6', '"max_tokens": 2') + "\n")
-    before = len(_log("coordinator"))
+    before = len(log_events("coordinator"))
     spill("run", folder, one, "-o", tmp_path / "out.jsonl", "--quiet", check=True,
           env={"SPILL_LIVENESS_TIMEOUT": "2", "SPILL_TEST_PASS_DELAY": "3"})   # each pass outlasts the deadline
-    assert not [e for e in _log("coordinator")[before:] if e.get("event") in ("actor hung; killing it", "actor died; restarting")]
+    assert not [e for e in log_events("coordinator")[before:] if e.get("event") in ("actor hung; killing it", "actor died; restarting")]
 
 
 FOREIGN = r"""
@@ -49,7 +49,7 @@ frames = [b"", b"\xff" * 64, bytes([m.Kind.STOP]) + b"\xc1", bytes([m.Kind.STOP]
           bytes([m.Kind.SUBMIT]) + msgpack.packb({"epoch": 0, "rows": [0], "requests": [{"kind": "chat"}]})]
 for role in ("coordinator", "tokenizer", "admission", "streamer"):
     push = ctx.socket(zmq.PUSH)
-    push.setsockopt(zmq.LINGER, 2000)
+    push.setsockopt(zmq.LINGER, 10000)
     push.connect(eps[role])
     for frame in frames + [b"\x03" + b"x" * (2 << 20)]:   # the last one is over the 1 MB limit
         push.send(frame)
@@ -65,8 +65,12 @@ print(m.decode(req.recv(), ).error if req.poll(10000) else "no reply")
 def test_foreign_frames_on_every_socket_are_dropped_and_logged(job8, tmp_path):
     folder, inp, expected = job8
     env = {"SPILL_MAX_MESSAGE_MB": "1"}
+    ready = {role: _ready(role) for role in ("tokenizer", "admission", "streamer")}
     spill("up", check=True, env=env)
     try:
+        deadline = time.monotonic() + 180
+        while any(_ready(role) == n for role, n in ready.items()) and time.monotonic() < deadline:
+            time.sleep(0.2)     # `spill up` returns once the coordinator answers; its actors bind a little later
         eps = Endpoints.in_dir(Path(os.environ["SPILL_HOME"]) / "run")
         foreign = subprocess.run([sys.executable, "-c", FOREIGN, json.dumps(eps.as_dict()), eps.control],
                                  capture_output=True, text=True, timeout=60)
@@ -76,5 +80,5 @@ def test_foreign_frames_on_every_socket_are_dropped_and_logged(job8, tmp_path):
         spill("down")
     assert texts(read_output(tmp_path / "out.jsonl")) == expected
     for role in ("coordinator", "tokenizer", "admission", "streamer"):   # the coordinator takes a READY
-        dropped = [e for e in _log(role) if e.get("event") == "dropped a bad frame"]
+        dropped = [e for e in log_events(role) if e.get("event") == "dropped a bad frame"]
         assert len(dropped) == (8 if role == "coordinator" else 9), (role, [e["why"] for e in dropped])
