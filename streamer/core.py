@@ -57,6 +57,7 @@ class PassReport:
     bytes_streamed: int
     active_memory: int
     peak_memory: int
+    left: list = field(default_factory=list)   # ids of rows that left this pass, however they ended
 
 
 def default_dtype() -> mx.Dtype | None:
@@ -82,6 +83,7 @@ class Streamer:
         self.prefills: list[Group] = []
         self.pending: list[RowState] = []
         self.rows: dict[str, RowState] = {}
+        self.left: list = []      # rows retired since the last report
         self.passes = 0
 
     # -- rows ------------------------------------------------------------------------------
@@ -116,7 +118,6 @@ class Streamer:
         t0 = time.perf_counter()
         wait0 = self.reader.stats()["wait_s"]
         # 1. retire rows that finished, start prefill groups for rows that arrived
-        self.pending = [r for r in self.pending if r.finish is None]
         self._retire()
         self.prefills += [Group.prefill(rows, self.adapter) for rows in bucket(self.pending)]
         self.pending = []
@@ -184,20 +185,23 @@ class Streamer:
         """Drop finished rows from the decode group and from the bookkeeping."""
         if self.decode is not None:
             self.decode = self.decode.without_finished()
+        self.pending = [r for r in self.pending if r.finish is None]
         live = {id(r) for g in [self.decode, *self.prefills] if g for r in g.rows}
         live |= {id(r) for r in self.pending}
         for rid in [rid for rid, r in self.rows.items() if r.finish is not None and id(r) not in live]:
             del self.rows[rid]
+            self.left.append(rid)
 
     def _report(self, t0, wait0, compute_s, emitted, prefill_tokens) -> PassReport:
         streamed = self.plan.streamed_bytes if compute_s else 0
+        left, self.left = self.left, []
         return PassReport(
             index=self.passes, emitted=emitted,
             decode_rows=len(self.decode.rows) if self.decode else 0,
             prefill_tokens=prefill_tokens, seconds=time.perf_counter() - t0,
             wait_s=self.reader.stats()["wait_s"] - wait0, compute_s=compute_s,
             bytes_streamed=streamed, active_memory=mx.get_active_memory(),
-            peak_memory=mx.get_peak_memory())
+            peak_memory=mx.get_peak_memory(), left=left)
 
     def close(self) -> None:
         self.reader.close()

@@ -55,9 +55,8 @@ class StreamerActor:
         finish = [e.finish or "" for e in report.emitted]
         tokens = np.array([e.token for e in report.emitted], dtype=np.int32).tobytes()
         out = m.Tokens(self.epoch, report.index, rows, tokens, finish)
-        done = [r for r, f in zip(rows, finish) if f]
         stats = m.Pass(self.epoch, report.index, report.seconds, report.wait_s, report.compute_s,
-                       report.decode_rows, report.prefill_tokens, len(rows), done,
+                       report.decode_rows, report.prefill_tokens, len(rows), report.left,
                        report.active_memory, report.peak_memory, report.bytes_streamed, self.job)
         return out, stats
 

@@ -78,14 +78,26 @@ def test_finish_from_outside_removes_only_that_row(make_tiny):
     s = Streamer(folder)
     s.add(Row("a", PROMPTS[0], 8))
     s.add(Row("b", PROMPTS[4], 8))
-    got = {"a": [], "b": []}
+    got, left = {"a": [], "b": []}, []
     while not s.idle:
-        for e in s.step().emitted:
+        report = s.step()
+        left += report.left
+        for e in report.emitted:
             got[e.row_id].append(e.token)
             if e.row_id == "a" and len(got["a"]) == 3:
                 s.finish("a")  # what the caller does when it sees a stop string
     assert got["a"] == free["a"][0][:3]
     assert got["b"] == free["b"][0]
+    assert left == ["a", "b"]   # every row that leaves is reported once, however it ended
+
+
+def test_a_row_finished_before_its_prefill_is_reported_as_left(make_tiny):
+    s = Streamer(make_tiny("llama"))
+    s.add(Row("a", PROMPTS[0], 4))
+    s.add(Row("b", PROMPTS[1], 4))
+    s.finish("a")
+    assert s.step().left == ["a"]
+    assert s.rows.keys() == {"b"}
 
 
 def test_seeded_sampling_is_reproducible_across_batches(make_tiny):
