@@ -1,51 +1,139 @@
-"""The admission actor: queues tokenized rows, admits them to the streamer pass by pass."""
+"""The admission actor: owns the memory budget; queues tokenized rows and admits them pass by pass,
+holds above the guard line and preempts above the hard line (see policy.py)."""
 
-from spill import config
+import os
+from pathlib import Path
+
+import numpy as np
+
+from spill import config, memory
 from spill import messages as m
 from spill.actor import Fault, inbox, run_actor
+from spill.errors import SpillError
+from spill.streamer.plan import load_plan
 from spill.wire import Mailbox
 
 from .calibration import Calibrator
-from .policy import FifoPolicy, Waiting
+from .policy import BudgetPolicy, Waiting, fmt, live_allocation, sheet_for
 
 
 def run_admission_process(endpoints, args, log) -> None:
     box = Mailbox(endpoints, "admission", sends_to=("streamer", "coordinator"))
-    policy = FifoPolicy(max_rows=config.max_rows(), prefill_tokens=config.prefill_tokens())
     fault = Fault("admission")
     calibrator = Calibrator(log)
+    policy, others, limit = None, 0, 0
     epoch, eos, in_flight = -1, [], False   # in_flight: an ADMIT the streamer has not reported on
     for batch in inbox(box, "admission", log):
+        reported = None
         for msg in batch:
             if isinstance(msg, m.Reset):
-                epoch = msg.epoch
-                policy.clear()
+                epoch, in_flight = msg.epoch, False
                 calibrator.reset(msg.model)
-                in_flight = False
+                if msg.model:
+                    policy, others, limit = _price(msg, args, box, log)
+                elif policy is not None:
+                    policy.clear()
+            elif policy is None:
+                continue
             elif isinstance(msg, m.Tokenized):
                 eos = msg.eos
-                seqs = m.unpack_tokens(msg.tokens, msg.lengths)
-                policy.offer([Waiting(r, n, (s, mt, sp)) for r, n, s, mt, sp in
-                              zip(msg.rows, msg.lengths, seqs, msg.max_tokens, msg.sampling)])
+                refused = policy.offer(_waiting(msg))
+                if refused:
+                    box.send("coordinator", m.Error(epoch, [w.row for w, _ in refused],
+                                                    ["memory_budget_exceeded"] * len(refused), [why for _, why in refused]))
                 fault.tick("tokenized")
             elif isinstance(msg, m.Pass):
                 policy.finished(msg.finished)
+                policy.preempted(msg.preempted)
+                policy.observe(live_allocation(msg, others))
                 calibrator.passed(msg)
-                in_flight = False
+                in_flight, reported = False, msg
                 fault.tick("pass")
-        if not in_flight and epoch >= 0:
-            admitted = policy.admit()
-            if admitted:
-                box.send("streamer", _admit(epoch, admitted, eos))
-                calibrator.admitted([w.row for w in admitted], [w.prompt_tokens for w in admitted])
-                in_flight = True
+        if policy is None or epoch < 0:
+            continue
+        preempt = policy.to_preempt()
+        if preempt:
+            box.send("streamer", m.Preempt(epoch, preempt))
+        admitted = [] if in_flight else policy.admit()
+        if admitted:
+            box.send("streamer", _admit(epoch, admitted, eos, limit))
+            calibrator.admitted([w.row for w in admitted], [len(w.prompt) for w in admitted])
+            in_flight = True
+        if reported is not None:
+            log.info("pass", index=reported.index, budget=policy.sheet.budget, kv_budget=policy.sheet.kv_budget,
+                     live=policy.live, reserved=policy.reserved(), running=len(policy.running),
+                     admitted=len(admitted), held=len(policy.queue) if policy.holding else 0,
+                     waiting=len(policy.queue), preempted=len(preempt), holding=policy.holding)
     box.close()
 
 
-def _admit(epoch: int, rows: list[Waiting], eos: list[int]) -> m.Admit:
-    tokens, lengths = m.pack_tokens([w.payload[0] for w in rows])
-    return m.Admit(epoch=epoch, rows=[w.row for w in rows], tokens=tokens, lengths=lengths,
-                   max_tokens=[w.payload[1] for w in rows], sampling=[w.payload[2] for w in rows], eos=eos)
+def _price(msg: m.Reset, args: dict, box, log):
+    """The budget for the job's model: (policy, other processes' RSS, MLX cache limit)."""
+    try:
+        plan = load_plan(msg.model)
+    except SpillError:
+        return None, 0, 0   # the streamer fails the job with the loader's sentence
+    ws = memory.working_set(args.get("memory"))
+    others = _others_rss()
+    sheet = sheet_for(plan, ws.bytes, _compute_itemsize(plan), prefill_tokens=config.prefill_tokens(),
+                      prefill_chunk=args.get("prefill_chunk", 512), others=others,
+                      fraction=args.get("budget_fraction") or 0.78, guard=config.guard_line(), hard=config.hard_line())
+    log.info("budget", working_set=ws.bytes, source=ws.source, budget=sheet.budget, kv_budget=sheet.kv_budget,
+             kv_per_token=sheet.kv_per_token, **sheet.fixed)
+    if sheet.kv_budget < sheet.cost(1, 1):
+        box.send("coordinator", m.Error(msg.epoch, [m.MODEL_ROW], ["memory_budget_exceeded"], [
+            f"the budget is {fmt(sheet.budget)} ({sheet.fraction:.0%} of the {fmt(ws.bytes)} working set, from "
+            f"{ws.source}) but the model's weights, buffers and the other processes need {fmt(sum(sheet.fixed.values()))} "
+            "before any KV cache; raise --memory or --budget-fraction, or use a machine with more memory"]))
+        return None, others, 0
+    return BudgetPolicy(sheet, config.max_rows(), config.prefill_tokens()), others, sheet.fixed["cache"]
+
+
+def _compute_itemsize(plan) -> int:
+    """Bytes per float the streamer computes in: float32 on the CPU, the stored dtype on a GPU."""
+    import mlx.core as mx
+    if mx.default_device() == mx.cpu:
+        return 4
+    stored = [t.dtype for ts in plan.layers for t in ts if t.dtype in ("BF16", "F16", "F32")]
+    return 4 if stored and stored[0] == "F32" else 2
+
+
+def _others_rss() -> int:
+    """Resident memory of the group's processes other than the streamer: the coordinator (our
+    parent) and its children (on Linux, from /proc), measured when a model is priced."""
+    parent = os.getppid()
+    pids = {parent, os.getpid()}
+    try:
+        pids |= {int(p) for p in Path(f"/proc/{parent}/task/{parent}/children").read_text().split()}
+    except OSError:
+        pass
+    total = 0
+    for pid in pids:
+        try:
+            if b"streamer" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                continue
+        except OSError:
+            pass
+        try:
+            total += memory.process_memory(pid).rss
+        except (OSError, SpillError, StopIteration):
+            pass   # a process that has just gone
+    return total
+
+
+def _waiting(msg: m.Tokenized) -> list[Waiting]:
+    """Rows as they wait: each prompt its own packed int32 array, not a list of Python ints."""
+    flat = np.frombuffer(msg.tokens, dtype=np.int32)
+    ends = np.cumsum(msg.lengths)
+    return [Waiting(row, flat[e - n:e].copy(), mt, sp)
+            for row, n, e, mt, sp in zip(msg.rows, msg.lengths, ends, msg.max_tokens, msg.sampling)]
+
+
+def _admit(epoch: int, rows: list[Waiting], eos: list[int], cache_limit: int) -> m.Admit:
+    tokens = np.concatenate([w.prompt for w in rows]).astype(np.int32).tobytes()
+    return m.Admit(epoch=epoch, rows=[w.row for w in rows], tokens=tokens, lengths=[len(w.prompt) for w in rows],
+                   max_tokens=[w.max_tokens for w in rows], sampling=[w.sampling for w in rows], eos=eos,
+                   cache_limit=cache_limit)
 
 
 if __name__ == "__main__":

@@ -20,8 +20,18 @@ def ready_timeout() -> float:
 
 
 def max_rows() -> int:
-    """Rows running at once, at most (SPILL_MAX_ROWS, default 64); the memory-aware policy will set it."""
-    return int(os.environ.get("SPILL_MAX_ROWS", "64"))
+    """Rows running at once, at most (SPILL_MAX_ROWS; default 0: the memory budget alone decides)."""
+    return int(os.environ.get("SPILL_MAX_ROWS", "0"))
+
+
+def guard_line() -> float:
+    """Share of the working set above which admission admits nothing (SPILL_GUARD_LINE, default 0.80)."""
+    return float(os.environ.get("SPILL_GUARD_LINE", "0.80"))
+
+
+def hard_line() -> float:
+    """Share of the working set above which admission preempts the newest rows (SPILL_HARD_LINE, default 0.90)."""
+    return float(os.environ.get("SPILL_HARD_LINE", "0.90"))
 
 
 def prefill_tokens() -> int:

@@ -31,6 +31,7 @@ class Kind(IntEnum):
     PROGRESS = 11    # tokenizer -> coordinator: recent text of running rows, for the live view
     SHUTDOWN = 12    # coordinator -> actors
     HEARTBEAT = 13   # actor -> coordinator, every second from a thread: the process is scheduled
+    PREEMPT = 14     # admission -> streamer: drop these rows' KV and report them (memory above the hard line)
     REQUEST = 20     # client -> coordinator
     REPLY = 21       # coordinator -> client
 
@@ -87,7 +88,7 @@ class Tokenized:
 
 @dataclass
 class Admit(Tokenized):
-    pass
+    cache_limit: int = 0     # bytes of MLX's buffer cache, set from the budget (0: leave it)
 
 
 @dataclass
@@ -120,6 +121,20 @@ class Pass:
     peak_memory: int
     bytes_streamed: int
     job: str = ""
+    preempted: list[int] = field(default_factory=list)   # rows dropped by PREEMPT, to run again
+    cache_memory: int = 0    # MLX's buffer cache
+    reader_memory: int = 0   # the reader's read buffers
+    rss: int = 0             # the streamer's resident memory
+    cgroup_usage: int | None = None   # bytes charged to the cgroup that limits us, page cache included
+    minor_faults: int = 0    # page faults of the streamer in this pass
+    major_faults: int = 0
+    read_bandwidth: float = 0.0       # bytes streamed / seconds of the pass
+
+
+@dataclass
+class Preempt:
+    epoch: int
+    rows: list[int]
 
 
 @dataclass
@@ -173,6 +188,7 @@ class Reply:
 _TYPES = {Kind.READY: Ready, Kind.RESET: Reset, Kind.SUBMIT: Submit, Kind.TOKENIZED: Tokenized,
           Kind.ADMIT: Admit, Kind.TOKENS: Tokens, Kind.STOP: Stop, Kind.PASS: Pass, Kind.DONE: Done,
           Kind.ERROR: Error, Kind.PROGRESS: Progress, Kind.SHUTDOWN: Shutdown, Kind.HEARTBEAT: Heartbeat,
+          Kind.PREEMPT: Preempt,
           Kind.REQUEST: Request, Kind.REPLY: Reply}
 _KINDS = {t: k for k, t in _TYPES.items()}
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 import numpy as np
 
+from spill import memory
 from spill.errors import SpillError
 
 from .families import adapter_for
@@ -57,7 +58,14 @@ class PassReport:
     bytes_streamed: int
     active_memory: int
     peak_memory: int
-    left: list = field(default_factory=list)   # ids of rows that left this pass, however they ended
+    left: list = field(default_factory=list)        # ids of rows that left this pass, however they ended
+    preempted: list = field(default_factory=list)   # ids of rows dropped by `preempt`, to run again
+    cache_memory: int = 0                           # MLX's buffer cache
+    reader_memory: int = 0                          # the reader's read buffers
+    rss: int = 0                                    # this process's resident memory
+    cgroup_usage: int | None = None                 # the limiting cgroup's usage, page cache included
+    minor_faults: int = 0                           # this pass's page faults
+    major_faults: int = 0
 
 
 def default_dtype() -> mx.Dtype | None:
@@ -84,6 +92,8 @@ class Streamer:
         self.pending: list[RowState] = []
         self.rows: dict[str, RowState] = {}
         self.left: list = []      # rows retired since the last report
+        self.preempted: list = []
+        self._faults = memory.process_memory()
         self.passes = 0
 
     # -- rows ------------------------------------------------------------------------------
@@ -104,6 +114,21 @@ class Streamer:
         state = self.rows.get(row_id)
         if state is not None and state.finish is None:
             state.finish = reason
+
+    def preempt(self, row_ids) -> None:
+        """Drop running rows and their KV before the next pass (memory above the hard line); they
+        are reported as preempted and run again from their prompts when admitted again."""
+        for rid in row_ids:
+            state = self.rows.get(rid)
+            if state is not None and state.finish is None:
+                state.finish = "preempted"
+        for g in [g for g in self.prefills if any(r.finish == "preempted" for r in g.rows)]:
+            self.prefills.remove(g)   # its other rows start their prefill again
+            self.pending += [r for r in g.rows if r.finish is None]
+
+    def set_cache_limit(self, limit: int) -> None:
+        """MLX's buffer cache limit, decided by the budget."""
+        mx.set_cache_limit(limit)
 
     def clear(self) -> None:
         """Drop every row and its KV (a reset of the group); the weights plan stays."""
@@ -189,19 +214,25 @@ class Streamer:
         live = {id(r) for g in [self.decode, *self.prefills] if g for r in g.rows}
         live |= {id(r) for r in self.pending}
         for rid in [rid for rid, r in self.rows.items() if r.finish is not None and id(r) not in live]:
-            del self.rows[rid]
-            self.left.append(rid)
+            state = self.rows.pop(rid)
+            (self.preempted if state.finish == "preempted" else self.left).append(rid)
 
     def _report(self, t0, wait0, compute_s, emitted, prefill_tokens) -> PassReport:
         streamed = self.plan.streamed_bytes if compute_s else 0
         left, self.left = self.left, []
+        preempted, self.preempted = self.preempted, []
+        now, before = memory.process_memory(), self._faults
+        self._faults = now
         return PassReport(
             index=self.passes, emitted=emitted,
             decode_rows=len(self.decode.rows) if self.decode else 0,
             prefill_tokens=prefill_tokens, seconds=time.perf_counter() - t0,
             wait_s=self.reader.stats()["wait_s"] - wait0, compute_s=compute_s,
             bytes_streamed=streamed, active_memory=mx.get_active_memory(),
-            peak_memory=mx.get_peak_memory(), left=left)
+            peak_memory=mx.get_peak_memory(), left=left, preempted=preempted,
+            cache_memory=mx.get_cache_memory(), reader_memory=self.reader.buffer_bytes, rss=now.rss,
+            cgroup_usage=memory.cgroup_usage(), minor_faults=now.minor_faults - before.minor_faults,
+            major_faults=now.major_faults - before.major_faults)
 
     def close(self) -> None:
         self.reader.close()

@@ -22,6 +22,8 @@ class StreamerActor:
         self.engine: Streamer | None = None
         self.model = ""
         self.epoch, self.job = -1, ""
+        self.cache_limit = 0
+        self.refused: list[tuple[int, str]] = []   # rows the engine would not take, with why
 
     def reset(self, msg: m.Reset) -> None:
         self.epoch, self.job = msg.epoch, msg.job
@@ -35,29 +37,44 @@ class StreamerActor:
     def admit(self, msg: m.Admit) -> None:
         if self.engine is None:
             return
+        if msg.cache_limit and msg.cache_limit != self.cache_limit:
+            self.engine.set_cache_limit(msg.cache_limit)
+            self.cache_limit = msg.cache_limit
         eos = frozenset(msg.eos)
         for row, prompt, max_tokens, (temp, top_p, top_k, seed) in zip(
                 msg.rows, m.unpack_tokens(msg.tokens, msg.lengths), msg.max_tokens, msg.sampling):
             sampling = SamplingParams(temperature=temp, top_p=top_p, top_k=top_k, seed=seed)
-            self.engine.add(Row(row, prompt, max_tokens, sampling, eos))
+            try:
+                self.engine.add(Row(row, prompt, max_tokens, sampling, eos))
+            except SpillError as err:   # one bad row: its error line; admission frees it next pass
+                self.engine.left.append(row)
+                self.refused.append((row, str(err)))
 
     def stop(self, msg: m.Stop) -> None:
         for row in msg.rows:
             self.engine.finish(row)
 
+    def preempt(self, msg: m.Preempt) -> None:
+        if self.engine is not None:
+            self.engine.preempt(msg.rows)
+
     @property
     def busy(self) -> bool:
-        return self.engine is not None and not self.engine.idle
+        return self.engine is not None and not (self.engine.idle and not self.engine.left)
 
     def step(self) -> tuple[m.Tokens, m.Pass]:
         report = self.engine.step()
-        rows = [e.row_id for e in report.emitted]
-        finish = [e.finish or "" for e in report.emitted]
-        tokens = np.array([e.token for e in report.emitted], dtype=np.int32).tobytes()
-        out = m.Tokens(self.epoch, report.index, rows, tokens, finish)
-        stats = m.Pass(self.epoch, report.index, report.seconds, report.wait_s, report.compute_s,
-                       report.decode_rows, report.prefill_tokens, len(rows), report.left,
-                       report.active_memory, report.peak_memory, report.bytes_streamed, self.job)
+        # a preempted row's text starts again: the tokenizer sees it in order with its tokens
+        rows = [e.row_id for e in report.emitted] + report.preempted
+        finish = [e.finish or "" for e in report.emitted] + ["preempted"] * len(report.preempted)
+        tokens = np.array([e.token for e in report.emitted] + [-1] * len(report.preempted), np.int32)
+        out = m.Tokens(self.epoch, report.index, rows, tokens.tobytes(), finish)
+        r = report
+        stats = m.Pass(self.epoch, r.index, r.seconds, r.wait_s, r.compute_s, r.decode_rows, r.prefill_tokens,
+                       len(r.emitted), r.left, r.active_memory, r.peak_memory, r.bytes_streamed, self.job,
+                       preempted=r.preempted, cache_memory=r.cache_memory, reader_memory=r.reader_memory,
+                       rss=r.rss, cgroup_usage=r.cgroup_usage, minor_faults=r.minor_faults,
+                       major_faults=r.major_faults, read_bandwidth=r.bytes_streamed / max(r.seconds, 1e-9))
         return out, stats
 
 
@@ -74,7 +91,7 @@ def run_streamer_process(endpoints, args, log) -> None:
             why = str(err) if isinstance(err, SpillError) else f"{msg.model}: the model could not load ({type(err).__name__}: {err})"
             box.send("coordinator", m.Error(msg.epoch, [m.MODEL_ROW], ["model_error"], [why], msg.job))
 
-    handlers = {m.Reset: reset, m.Admit: actor.admit, m.Stop: actor.stop}
+    handlers = {m.Reset: reset, m.Admit: actor.admit, m.Stop: actor.stop, m.Preempt: actor.preempt}
     # 1. what arrived during the last pass (blocking only when there is nothing to run)
     for batch in inbox(box, "streamer", log, busy=lambda: actor.busy):
         for msg in batch:
@@ -82,6 +99,10 @@ def run_streamer_process(endpoints, args, log) -> None:
         # 2. one pass, then its tokens and its report
         if actor.busy:
             tokens, stats = actor.step()
+            if actor.refused:
+                rows, why = zip(*actor.refused)
+                box.send("coordinator", m.Error(actor.epoch, list(rows), ["invalid_request"] * len(rows), list(why)))
+                actor.refused = []
             box.send("tokenizer", tokens)
             box.send("admission", stats)
             box.send("coordinator", stats)

@@ -55,6 +55,9 @@ class TokenizerCore:
         live = self.live.get(row)
         if live is None:
             return False, None
+        if finish == "preempted":   # its KV was dropped; it runs again from the prompt
+            self.live[row] = Live(RowText(self.tokenizer, live.text.stop), live.prompt_tokens)
+            return False, None
         if finish == "stop":      # EOS: ends the row, is not text
             return False, "stop"
         if live.text.stopped:     # tokens sampled after the stop string are not the row's

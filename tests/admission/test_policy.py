@@ -1,33 +1,114 @@
-"""The FIFO policy with hand-written rows and pass reports."""
+"""The budget policy with hand-written rows and pass reports (no model)."""
 
-from spill.admission.policy import FifoPolicy, Waiting
+import numpy as np
+
+from spill import messages as m
+from spill.admission.policy import BudgetPolicy, Sheet, Waiting, live_allocation, sheet_for
+from spill.streamer.plan import load_plan
+
+MB = 2**20
 
 
-def rows(*lengths, start=0):
-    return [Waiting(start + i, n, ()) for i, n in enumerate(lengths)]
+def rows(*lengths, max_tokens=10, start=0):
+    return [Waiting(start + i, np.arange(n, dtype=np.int32), max_tokens, [0.0, 1.0, 0, None])
+            for i, n in enumerate(lengths)]
 
 
-def test_admits_in_order_under_the_prefill_token_budget():
-    p = FifoPolicy(max_rows=10, prefill_tokens=100)
-    p.offer(rows(40, 50, 30, 5))
-    assert [w.row for w in p.admit()] == [0, 1]        # 40 + 50; 30 more would pass 100
-    assert [w.row for w in p.admit()] == [2, 3]
+def sheet(kv_mb=100, working_set=1000 * MB, **kw):
+    """A 1000 MiB machine whose budget leaves `kv_mb` MiB for KV at 1 MiB per token."""
+    fixed = {"weights": int(0.78 * working_set) - kv_mb * MB}
+    return Sheet(working_set, kv_per_token=MB, fixed=fixed, **kw)
+
+
+def run_pass(p: BudgetPolicy, live: int, finished=(), preempted=()):
+    """What the admission actor does with one pass report: free rows, observe, then decide."""
+    p.finished(list(finished))
+    p.preempted(list(preempted))
+    p.observe(live)
+    return p.to_preempt(), [w.row for w in p.admit()]
+
+
+def test_admission_never_exceeds_the_budget():
+    p = BudgetPolicy(sheet(kv_mb=100))
+    p.offer(rows(10, 10, 10, 10, 10, 10))          # 20 tokens each at full length: 5 fit in 100
+    assert [w.row for w in p.admit()] == [0, 1, 2, 3, 4]
+    assert p.reserved() <= p.sheet.kv_budget
     assert p.admit() == []
+    p.finished([0])
+    assert [w.row for w in p.admit()] == [5]
 
 
-def test_a_prompt_longer_than_the_budget_still_runs_alone():
-    p = FifoPolicy(max_rows=10, prefill_tokens=100)
-    p.offer(rows(500, 10))
-    assert [w.row for w in p.admit()] == [0]
-    assert [w.row for w in p.admit()] == [1]
-
-
-def test_running_rows_are_capped_and_finished_rows_free_their_slots():
-    p = FifoPolicy(max_rows=2, prefill_tokens=1000)
-    p.offer(rows(1, 1, 1, 1))
+def test_the_running_set_is_priced_at_its_longest_row():
+    p = BudgetPolicy(sheet(kv_mb=100))
+    p.offer(rows(10, 40, 10))                      # 20 + 50: 2 rows x 50 = 100; a third would be 150
     assert [w.row for w in p.admit()] == [0, 1]
-    assert p.admit() == []
-    p.finished([1])
-    assert [w.row for w in p.admit()] == [2]
-    p.clear()
-    assert p.admit() == [] and not p.running
+    assert p.reserved() == 100 * MB
+
+
+def test_a_row_too_big_for_the_budget_gets_one_sentence_and_the_rest_run():
+    p = BudgetPolicy(sheet(kv_mb=100))
+    refused = p.offer(rows(5, 200, 5))
+    assert [(w.row, why.split(":")[0]) for w, why in refused] == [(1, "the prompt is 200 tokens and max_tokens 10")]
+    assert "KV budget is 100.0 MiB" in refused[0][1] and "raise --memory or --budget-fraction" in refused[0][1]
+    assert [w.row for w in p.admit()] == [0, 2]
+
+
+def test_the_guard_line_holds_admission_with_hysteresis():
+    p = BudgetPolicy(sheet(kv_mb=500))
+    p.offer(rows(5))
+    run_pass(p, live=0)
+    p.offer(rows(*[5] * 5, start=1))
+    assert run_pass(p, live=810 * MB) == ([], [])              # above 80%: hold
+    assert run_pass(p, live=770 * MB) == ([], [])              # under 80% but above 75%: still holding
+    assert run_pass(p, live=740 * MB) == ([], [1, 2, 3, 4, 5])
+
+
+def test_above_the_guard_with_nothing_running_one_row_still_runs():
+    p = BudgetPolicy(sheet(kv_mb=500))
+    p.offer(rows(5, 5))
+    assert run_pass(p, live=990 * MB) == ([], [0])
+    assert run_pass(p, live=990 * MB) == ([], [])
+    assert run_pass(p, live=990 * MB, finished=[0]) == ([], [1])
+
+
+def test_the_hard_line_preempts_the_newest_rows_and_they_later_finish():
+    p = BudgetPolicy(sheet(kv_mb=500))
+    p.offer(rows(*[40] * 8))                       # 50 MiB each at full length
+    assert run_pass(p, live=500 * MB) == ([], list(range(8)))
+    preempt, admitted = run_pass(p, live=920 * MB)             # 920 - 800 = 120 MiB over: 3 rows
+    assert (preempt, admitted) == ([7, 6, 5], [])
+    assert run_pass(p, live=905 * MB) == ([], [])              # the streamer drops them this pass: no repeat
+    assert run_pass(p, live=700 * MB, preempted=[7, 6, 5], finished=[0, 1]) == ([], [5, 6, 7])
+    assert run_pass(p, live=600 * MB, finished=range(2, 8)) == ([], [])
+    assert not p.running and not p.queue
+
+
+def test_the_oldest_row_is_never_preempted_so_no_row_starves():
+    p = BudgetPolicy(sheet(kv_mb=500))
+    p.offer(rows(40, 40, 40))
+    run_pass(p, live=0)
+    done = []
+    for _ in range(10):                            # memory stays above the hard line, pass after pass
+        preempt, _ = run_pass(p, live=950 * MB, preempted=p.running and [r for r in p.running if r not in done][1:])
+        assert 0 not in preempt
+    run_pass(p, live=0, finished=[0])
+    assert sorted(p.running) == [1, 2]             # the preempted rows are first in line again
+
+
+def test_live_allocation_takes_the_largest_view_of_memory():
+    p = m.Pass(0, 1, 1.0, 0.0, 1.0, 4, 0, 4, [], active_memory=300, peak_memory=400, bytes_streamed=0,
+               cache_memory=50, reader_memory=100, rss=420, cgroup_usage=None)
+    assert live_allocation(p, others=80) == 450 + 80
+    p.cgroup_usage = 900                           # page cache charged to the cgroup counts too
+    assert live_allocation(p, others=80) == 900
+
+
+def test_the_sheet_prices_kv_from_the_config_and_the_compute_dtype(make_tiny):
+    plan = load_plan(make_tiny("llama"))
+    c = plan.config
+    s = sheet_for(plan, 2**30, 4, prefill_tokens=64, others=5 * MB)
+    head_dim = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
+    assert s.kv_per_token == c["num_hidden_layers"] * 2 * c["num_key_value_heads"] * head_dim * 4
+    assert s.fixed["resident"] == sum(t.nbytes // 2 * 4 for t in plan.resident)   # bf16 stored, f32 computed
+    assert s.fixed["reader"] == 2 * max(plan.layer_bytes(i) for i in range(len(plan.layers)))
+    assert s.kv_budget == int(0.78 * 2**30) - sum(s.fixed.values())

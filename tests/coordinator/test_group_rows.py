@@ -1,6 +1,8 @@
 """End to end: every way a row ends frees what admission reserved for it."""
 
 import json
+import os
+from pathlib import Path
 
 from .group_util import read_output, resident_texts, spill, texts, write_input
 
@@ -21,3 +23,16 @@ def test_rows_ended_by_stop_strings_free_their_slots(make_tiny, tmp_path):
     out = read_output(tmp_path / "out.jsonl")
     assert texts(out) == expected
     assert {row["response"]["body"]["choices"][0]["finish_reason"] for row in out.values()} == {"stop"}
+
+
+def test_preempted_rows_run_again_and_each_is_written_once(make_tiny, tmp_path):
+    folder = make_tiny("llama")
+    rows = write_input(tmp_path / "in.jsonl", 12, max_tokens=8)
+    # every pass is "above the hard line": the newest row is preempted pass after pass
+    spill("run", folder, tmp_path / "in.jsonl", "-o", tmp_path / "out.jsonl", "--quiet", check=True, timeout=180,
+          env={"SPILL_HARD_LINE": "0", "SPILL_GUARD_LINE": "10"})
+    assert texts(read_output(tmp_path / "out.jsonl")) == resident_texts(folder, rows)
+    log = (Path(os.environ["SPILL_HOME"]) / "run" / "logs" / "admission.log").read_text().splitlines()
+    passes = [json.loads(line) for line in log if '"event": "pass"' in line]
+    assert sum(p["preempted"] for p in passes) > 0
+    assert all({"budget", "live", "admitted", "held", "preempted"} <= p.keys() for p in passes)

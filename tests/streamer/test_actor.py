@@ -32,3 +32,25 @@ def test_admitted_rows_give_the_tokens_of_the_core_and_a_reset_drops_them(make_t
     actor.admit(m.Admit(1, [12], *m.pack_tokens([[1, 2]]), [4], [[0.0, 1.0, 0, None]], []))
     actor.reset(m.Reset(2))
     assert not actor.busy
+
+
+def test_preempted_rows_are_reported_to_admission_and_to_the_tokenizer(make_tiny):
+    actor = StreamerActor()
+    actor.reset(m.Reset(1, str(make_tiny("llama"))))
+    actor.admit(m.Admit(1, [10, 11], *m.pack_tokens([[5, 6, 7], [9, 10]]), [4, 4], [[0.0, 1.0, 0, None]] * 2, [],
+                        cache_limit=64 << 20))
+    actor.step()
+    actor.preempt(m.Preempt(1, [11]))
+    out, stats = actor.step()
+    assert stats.preempted == [11] and 11 not in stats.finished
+    assert (out.rows[-1], out.finish[-1], np.frombuffer(out.tokens, np.int32)[-1]) == (11, "preempted", -1)
+    assert stats.rss > 0 and stats.read_bandwidth > 0
+
+
+def test_a_row_the_engine_refuses_is_an_error_and_leaves(make_tiny):
+    actor = StreamerActor()
+    actor.reset(m.Reset(1, str(make_tiny("llama"))))
+    actor.admit(m.Admit(1, [7], *m.pack_tokens([[]]), [4], [[0.0, 1.0, 0, None]], []))
+    assert actor.busy
+    _, stats = actor.step()
+    assert stats.finished == [7] and "empty prompt" in actor.refused[0][1]

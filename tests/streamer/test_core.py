@@ -131,3 +131,25 @@ def test_unsupported_model_type_is_one_clear_sentence(make_tiny, tmp_path):
     (folder / "config.json").write_text(json.dumps(config))
     with pytest.raises(SpillError, match=r"model_type 'mamba' is not supported yet; supported families: llama, mistral, qwen2"):
         Streamer(folder)
+
+
+def test_a_preempted_row_leaves_with_its_kv_and_runs_again_from_its_prompt(make_tiny):
+    folder = make_tiny("llama")
+    free = _drive(Streamer(folder, prefill_chunk=8), {0: [("a", PROMPTS[0]), ("b", PROMPTS[2])]})
+    s = Streamer(folder, prefill_chunk=8)
+    s.add(Row("a", PROMPTS[0], 8))
+    s.add(Row("b", PROMPTS[2], 8))       # 50 tokens: still prefilling after the first pass
+    s.step()
+    s.preempt(["a", "b"])
+    report = s.step()
+    assert sorted(report.preempted) == ["a", "b"] and report.left == [] and report.emitted == []
+    assert s.idle
+    assert _drive(s, {0: [("a", PROMPTS[0]), ("b", PROMPTS[2])]}) == free
+
+
+def test_a_pass_reports_memory_and_faults(make_tiny):
+    s = Streamer(make_tiny("llama"))
+    s.add(Row("a", PROMPTS[0], 2))
+    r = s.step()
+    assert r.rss > r.reader_memory > 0 and r.active_memory > 0
+    assert r.minor_faults >= 0 and r.major_faults >= 0

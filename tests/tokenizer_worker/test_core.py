@@ -72,3 +72,16 @@ def test_generation_config_eos_replaces_config_json_eos_as_mlx_lm_does(make_tiny
     config["eos_token_id"] = endoftext
     (folder / "config.json").write_text(json.dumps(config))
     assert TokenizerCore(folder).eos == sorted({im_end, endoftext})
+
+
+def test_a_preempted_row_starts_its_text_again(make_tiny):
+    core = TokenizerCore(make_tiny("llama"))
+    ids, _ = core.tokenize(3, {"kind": "completion", "prompt": "Hello", "max_tokens": 4, "stop": ["zz"]})
+    first = core.tokenizer.encode(" world")
+    for t in first:
+        core.add(3, t, "")
+    assert core.add(3, -1, "preempted") == (False, None)
+    for t in first[:1]:
+        core.add(3, t, "")
+    text, reason, prompt, completion = core.finish(3, "length")
+    assert (text, completion, prompt) == (core.tokenizer.decode(first[:1]), 1, len(ids))
