@@ -7,16 +7,19 @@ The budget is a target for live allocation at the knee of the memory curve, not 
                  + activations of the largest chunk + the other processes' resident memory
     KV budget  = budget - fixed
 
-KV is reserved per row at its full length (prompt + max_tokens). The decode cache holds every
-running row at the width of the longest, so the running set costs
+KV is reserved up front: when a batch starts, admission sizes the streamer's decode pool, `slots`
+rows of `width` tokens (the longest full length, prompt + max_tokens, of the rows waiting first,
+rounded up to 256), as many slots as the KV budget buys (at most SPILL_MAX_ROWS, default 256):
 
-    rows x (longest full length x KV bytes per token + per-row overhead)
+    pool = slots x (width x KV bytes per token + per-row overhead)
 
-e.g. rows of 100+28 and 60+40 tokens at 128 KiB per token: 2 x 128 x 128 KiB = 32 MiB.
-A row is admitted, in order, only while that still fits the KV budget. Backpressure is a guard on
-what the streamer reports: above the guard line (80% of the working set) nothing is admitted
-until live allocation falls below guard - hysteresis; above the hard line (90%) the newest rows
-are preempted (never the oldest, so the batch always moves) and wait at the head of the queue.
+e.g. KV budget 100 MiB, rows of 100+28 and 60+40 tokens, 128 KiB per token: width 256, 32 MiB a
+slot, 3 slots (96 MiB). Rows join in order while a slot is free and they fit its width; the pool
+keeps its shape until it drains, so a longer row waits for the drain and the pool is sized again.
+Backpressure is a guard on what the streamer reports: above the guard line (80% of the working
+set) nothing is admitted until live allocation falls below guard - hysteresis; above the hard line
+(90%) the newest rows are preempted (never the oldest, so the batch always moves), the pool shrinks
+to the rows left, and they wait at the head of the queue.
 """
 
 from collections import deque
@@ -70,9 +73,10 @@ def fmt(n: int) -> str:
 
 
 class BudgetPolicy:
-    def __init__(self, sheet: Sheet, max_rows: int = 0, prefill_tokens: int = 4096):
+    def __init__(self, sheet: Sheet, max_rows: int = 256, prefill_tokens: int = 4096):
         self.sheet = sheet
-        self.max_rows = max_rows                 # 0: the budget alone decides
+        self.max_rows = max_rows                 # slots at most
+        self.pool: tuple[int, int] | None = None  # (slots, width) of the streamer's decode pool
         self.prefill_tokens = prefill_tokens
         self.queue: deque[Waiting] = deque()
         self.running: dict[int, Waiting] = {}    # admission order: the newest last
@@ -121,39 +125,45 @@ class BudgetPolicy:
             self.holding = False
 
     def reserved(self) -> int:
-        return self.sheet.cost(len(self.running), max((w.full_length for w in self.running.values()), default=0))
+        return self.sheet.cost(*self.pool) if self.pool else 0
+
+    def _size_pool(self) -> tuple[int, int]:
+        """(slots, width) for a new batch, from the rows waiting first and the KV budget."""
+        s = self.sheet
+        width = -(-max(w.full_length for _, w in zip(range(self.max_rows), self.queue)) // 256) * 256
+        slots = min(s.kv_budget // s.cost(1, width), self.max_rows)
+        return (slots, width) if slots else (1, self.queue[0].full_length)   # offer() made sure it fits
 
     def admit(self) -> list[Waiting]:
         """Rows to start now: in order, while the running set's KV fits and the pass's prompt tokens allow."""
         if self.holding and self.running:
             return []
+        if not self.running:
+            self.pool = self._size_pool() if self.queue else None
         out, tokens = [], 0
-        longest = max((w.full_length for w in self.running.values()), default=0)
-        while self.queue and (not self.max_rows or len(self.running) < self.max_rows):
+        while self.queue and len(self.running) < self.pool[0] and self.queue[0].full_length <= self.pool[1]:
             head = self.queue[0]
-            wider = max(longest, head.full_length)
-            if self.sheet.cost(len(self.running) + 1, wider) > self.sheet.kv_budget:
-                break
             if out and tokens + len(head.prompt) > self.prefill_tokens:
                 break
             out.append(self.queue.popleft())
             self.running[head.row] = head
-            tokens, longest = tokens + len(head.prompt), wider
+            tokens += len(head.prompt)
             if self.holding:
                 break   # above the guard with nothing running: one row, so the job still moves
         return out
 
     def to_preempt(self) -> list[int]:
-        """Above the hard line: the newest rows whose reservations bring live allocation back under
-        the guard line (at least one; never the oldest); none while earlier ones are on their way."""
+        """Above the hard line: the newest rows whose slots bring live allocation back under the guard
+        line (at least one; never the oldest); none while earlier ones are on their way. The pool
+        shrinks to the slots left (`self.pool`, sent with the PREEMPT)."""
         s = self.sheet
         if self.preempting or self.live < s.line(s.hard) or len(self.running) < 2:
             return []
-        rows, longest = list(self.running), max(w.full_length for w in self.running.values())
-        out, freed, excess = [], 0, self.live - s.line(s.guard)
-        while len(rows) > 1 and (not out or freed < excess):
+        rows, (slots, width) = list(self.running), self.pool
+        out, excess = [], self.live - s.line(s.guard)
+        while len(rows) > 1 and (not out or s.cost(slots - len(rows), width) < excess):
             out.append(rows.pop())
-            freed = s.cost(len(out), longest)
+        self.pool = (len(rows), width)
         self.preempting.update(out)
         return out
 
@@ -161,7 +171,7 @@ class BudgetPolicy:
         self.queue.clear()
         self.running.clear()
         self.preempting.clear()
-        self.live, self.holding = 0, False
+        self.live, self.holding, self.pool = 0, False, None
 
 
 # -- prices from the model's config and the plan's tensors ---------------------------------------------

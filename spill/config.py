@@ -20,8 +20,8 @@ def ready_timeout() -> float:
 
 
 def max_rows() -> int:
-    """Rows running at once, at most (SPILL_MAX_ROWS; default 0: the memory budget alone decides)."""
-    return int(os.environ.get("SPILL_MAX_ROWS", "0"))
+    """Slots of the decode pool, at most (SPILL_MAX_ROWS, default 256); the memory budget sizes it below that."""
+    return int(os.environ.get("SPILL_MAX_ROWS", "256"))
 
 
 def guard_line() -> float:

@@ -89,6 +89,8 @@ class Tokenized:
 @dataclass
 class Admit(Tokenized):
     cache_limit: int = 0     # bytes of MLX's buffer cache, set from the budget (0: leave it)
+    slots: int = 0           # the decode pool admission reserved: rows, and tokens each (0: none)
+    width: int = 0
 
 
 @dataclass
@@ -135,6 +137,7 @@ class Pass:
 class Preempt:
     epoch: int
     rows: list[int]
+    slots: int = 0           # the decode pool shrinks to this many rows
 
 
 @dataclass

@@ -3,8 +3,8 @@
 A pass streams every layer once and runs every group through it while it is resident:
 
     group      rows  tokens this pass    cache
-    decode     B     1 each (T=1)        BatchKVCache per layer, left-padded
-    prefill 1  b1    a chunk of prompts  its own BatchKVCache per layer, joins decode when done
+    decode     B     1 each (T=1)        a Pool: KV preallocated per slot (groups.py)
+    prefill 1  b1    a chunk of prompts  its own BatchKVCache per layer, joins the pool when done
     prefill 2  b2    ...
 
 Rows join at any pass (`add`), leave on EOS, max_tokens or `finish` (a stop string seen by the
@@ -21,7 +21,7 @@ from spill import memory
 from spill.errors import SpillError
 
 from .families import adapter_for
-from .groups import Group, RowState, bucket
+from .groups import Group, Pool, RowState, bucket
 from .plan import load_plan
 from .reader import WeightReader
 from .sampling import RowSampler, SamplingParams, sample
@@ -87,7 +87,9 @@ class Streamer:
         self.seed = seed
         self.reader = WeightReader(self.plan, dtype=self.dtype, read_ahead=read_ahead, drop_cache=drop_cache)
         self.adapter.load_resident(self.reader.read_resident())
-        self.decode: Group | None = None
+        self.decode: Pool | None = None
+        self.reservation: tuple[int, int] | None = None   # (slots, width) admission priced
+        self.pool_moves = 0       # pools outgrown and copied (never, under admission's reservation)
         self.prefills: list[Group] = []
         self.pending: list[RowState] = []
         self.rows: dict[str, RowState] = {}
@@ -115,9 +117,11 @@ class Streamer:
         if state is not None and state.finish is None:
             state.finish = reason
 
-    def preempt(self, row_ids) -> None:
-        """Drop running rows and their KV before the next pass (memory above the hard line); they
-        are reported as preempted and run again from their prompts when admitted again."""
+    def preempt(self, row_ids, slots: int = 0) -> None:
+        """Drop running rows before the next pass (memory above the hard line), and shrink the pool to
+        `slots` rows; they are reported as preempted and run again from their prompts when admitted."""
+        if slots and self.reservation:
+            self.reservation = (slots, self.reservation[1])
         for rid in row_ids:
             state = self.rows.get(rid)
             if state is not None and state.finish is None:
@@ -125,6 +129,10 @@ class Streamer:
         for g in [g for g in self.prefills if any(r.finish == "preempted" for r in g.rows)]:
             self.prefills.remove(g)   # its other rows start their prefill again
             self.pending += [r for r in g.rows if r.finish is None]
+
+    def reserve(self, slots: int, width: int) -> None:
+        """The decode pool's shape, reserved by admission: `slots` rows of up to `width` tokens."""
+        self.reservation = (slots, width)
 
     def set_cache_limit(self, limit: int) -> None:
         """MLX's buffer cache limit, decided by the budget."""
@@ -181,11 +189,11 @@ class Streamer:
         joined = [g for g in self.prefills if not g.prefilling]
         for g in joined:
             self.prefills.remove(g)
-            self.decode = g if self.decode is None else self.decode.merge(g)
+            self._join(g)
         self._retire()   # rows that ended this pass leave now, so `idle` is true once all have
-        if joined or len(self.rows) < rows_before:
-            # merging and filtering free KV buffers; left in MLX's cache they crowd out the
-            # weight buffers it recycles layer after layer, and every layer faults fresh pages
+        if joined:
+            # the prefill caches are the only KV buffers ever freed; left in MLX's cache they
+            # would crowd out the weight buffers it recycles layer after layer
             mx.clear_cache()
         self.passes += 1
         return self._report(t0, wait0, compute_s, emitted, prefill_tokens)
@@ -193,8 +201,9 @@ class Streamer:
     def _sample(self, emitting) -> list[Emitted]:
         if not emitting:
             return []
-        rows = [r for g, _ in emitting for r in g.rows]
-        logits = self.adapter.head(mx.concatenate([h[:, -1, :] for _, h in emitting]))
+        picks = [(g.sampled(), h) for g, h in emitting]
+        rows = [r for (_, rs), _ in picks for r in rs]
+        logits = self.adapter.head(mx.concatenate([h[mx.array(idx), -1, :] for (idx, _), h in picks if idx]))
         logits = logits.astype(mx.float32)
         tokens = sample(logits, [r.sampler for r in rows])
         kept = np.array(logits) if self.keep_logits else None
@@ -206,12 +215,34 @@ class Streamer:
             out.append(Emitted(r.row.id, tok, r.finish, kept[j] if kept is not None else None))
         return out
 
+    def _join(self, g: Group) -> None:
+        """A finished prefill group's rows take slots in the decode pool, made at the reserved shape."""
+        if self.decode is None:
+            self.decode = Pool(*self._shape(g.rows), len(self.adapter.layers))
+        elif not self.decode.fits(g.rows):   # rows past the reservation: a bigger pool, copied once
+            old = self.decode
+            self.decode = Pool(*self._shape(old.live + g.rows), len(self.adapter.layers))
+            self.decode.move(old)
+            self.pool_moves += 1
+        self.decode.join(g)
+
+    def _shape(self, rows: list[RowState]) -> tuple[int, int]:
+        longest = max(len(r.row.prompt) + r.row.max_tokens for r in rows)
+        if self.reservation and self.reservation[0] >= len(rows) and self.reservation[1] >= longest:
+            return self.reservation
+        return max(8, 2 * len(rows)), -(-longest // 256) * 256
+
     def _retire(self) -> None:
         """Drop finished rows from the decode group and from the bookkeeping."""
         if self.decode is not None:
             self.decode = self.decode.without_finished()
+        if self.decode is not None and self.reservation and self.decode.slots > self.reservation[0]:
+            old, self.decode = self.decode, Pool(*self.reservation, len(self.adapter.layers))
+            self.decode.move(old)   # a preemption shrinks the pool: its rows are copied once
+            del old
+            mx.clear_cache()
         self.pending = [r for r in self.pending if r.finish is None]
-        live = {id(r) for g in [self.decode, *self.prefills] if g for r in g.rows}
+        live = {id(r) for g in [self.decode, *self.prefills] if g for r in g.rows if r is not None}
         live |= {id(r) for r in self.pending}
         for rid in [rid for rid, r in self.rows.items() if r.finish is not None and id(r) not in live]:
             state = self.rows.pop(rid)
@@ -225,7 +256,7 @@ class Streamer:
         self._faults = now
         return PassReport(
             index=self.passes, emitted=emitted,
-            decode_rows=len(self.decode.rows) if self.decode else 0,
+            decode_rows=len(self.decode.live) if self.decode else 0,
             prefill_tokens=prefill_tokens, seconds=time.perf_counter() - t0,
             wait_s=self.reader.stats()["wait_s"] - wait0, compute_s=compute_s,
             bytes_streamed=streamed, active_memory=mx.get_active_memory(),

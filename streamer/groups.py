@@ -6,8 +6,20 @@ A prefill group holds prompts left-padded to one length, e.g. prompts [1 3 5], [
     0 0 0 7        mlx-lm's BatchKVCache masks the padding and starts RoPE at 0 for each row
     2 6 8 9
 
-It feeds `chunk` columns per pass; after its last column it samples a first token for each row
-and becomes a decode group (one token per row per pass), which merges into the running one.
+It feeds `chunk` columns per pass; after its last column it samples a first token for each row,
+and its rows move into the decode pool (below).
+
+The decode group is a `Pool`: every layer's K and V preallocated once as [slots, heads, width,
+head_dim], the shape admission reserved and priced. A row owns one slot; its tokens sit at columns
+0..len-1 and each pass writes the next one at column len (a scatter in place), so a row joining
+copies only its own prompt's KV into its slot, and a row leaving just frees its slot:
+
+    slot  len   columns (width 8)          mask of this pass (query at column len)
+    0     5     a a a a a . . .            1 1 1 1 1 1 0 0
+    1     -     (free)                     1 0 0 0 0 0 0 0  (computed, never sampled)
+    2     3     c c c . . . . .            1 1 1 1 0 0 0 0
+
+Attention reads columns 0..max(len) of slots 0..last used; RoPE takes each row's own len.
 """
 
 import mlx.core as mx
@@ -70,22 +82,113 @@ class Group:
             self.prompt = None
         return True
 
-    def merge(self, other: "Group") -> "Group":
-        for mine, theirs in zip(self.caches, other.caches):
-            mine.extend(theirs)
-        self.rows = self.rows + other.rows
-        return self
+    def sampled(self) -> tuple[list[int], list[RowState]]:
+        """(batch index, row) of each row whose last position is sampled this pass."""
+        return list(range(len(self.rows))), self.rows
 
-    def without_finished(self) -> "Group | None":
-        keep = [j for j, r in enumerate(self.rows) if r.finish is None]
-        if not keep:
-            return None
-        if len(keep) < len(self.rows):
-            idx = mx.array(keep)
-            for c in self.caches:
-                c.filter(idx)
-            self.rows = [self.rows[j] for j in keep]
-        return self
+
+class SlotCache:
+    """One layer's K and V of a Pool, as mlx-lm's attention uses a cache: `offset`, `update_and_fetch`, `make_mask`."""
+
+    def __init__(self, pool: "Pool"):
+        self.pool = pool
+        self.keys = self.values = None   # [slots, heads, width, head_dim], allocated at the first join
+
+    @property
+    def offset(self) -> mx.array:
+        return self.pool.offset
+
+    def place(self, slot: int, keys: mx.array, values: mx.array) -> None:
+        """A joining row's KV [1, heads, n, head_dim] into columns 0..n-1 of its slot."""
+        if self.keys is None:
+            shape = (self.pool.slots, keys.shape[1], self.pool.width, keys.shape[3])
+            self.keys, self.values = mx.zeros(shape, keys.dtype), mx.zeros(shape[:3] + values.shape[3:], values.dtype)
+        n = keys.shape[2]
+        self.keys[slot:slot + 1, :, :n, :] = keys
+        self.values[slot:slot + 1, :, :n, :] = values
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array):
+        """keys [used, heads, 1, head_dim] of this pass, written at each slot's len in place."""
+        p = self.pool
+        def put(store, new):
+            if new.shape[0] < p.slots:   # unused slots past the last row: a write to their column 0
+                new = mx.concatenate([new, mx.zeros((p.slots - new.shape[0], *new.shape[1:]), new.dtype)])
+            return mx.put_along_axis(store, mx.broadcast_to(p.write_at, new.shape), new, axis=2)
+        self.keys, self.values = put(self.keys, keys), put(self.values, values)
+        return self.keys[:p.used, :, :p.span, :], self.values[:p.used, :, :p.span, :]
+
+    def make_mask(self, n: int, window_size: int | None = None, **_) -> mx.array:
+        return self.pool.mask(window_size)
+
+
+class Pool:
+    """The decode group: rows in preallocated KV slots (see the module docstring)."""
+
+    prefilling = False
+
+    def __init__(self, slots: int, width: int, layers: int):
+        self.slots, self.width = slots, width
+        self.rows: list[RowState | None] = [None] * slots
+        self.lens = np.zeros(slots, dtype=np.int32)     # tokens held per slot
+        self.caches = [SlotCache(self) for _ in range(layers)]
+
+    def fits(self, rows: list[RowState]) -> bool:
+        free = sum(r is None for r in self.rows)
+        return free >= len(rows) and all(len(r.row.prompt) + r.row.max_tokens <= self.width for r in rows)
+
+    def join(self, group: Group) -> None:
+        """A prefill group's rows into free slots: only their own KV is copied."""
+        pads = [c.left_padding.tolist() for c in group.caches[:1]][0]
+        end = group.caches[0]._idx
+        for j, r in enumerate(group.rows):
+            slot = self.rows.index(None)
+            for mine, theirs in zip(self.caches, group.caches):
+                mine.place(slot, theirs.keys[j:j + 1, :, pads[j]:end, :], theirs.values[j:j + 1, :, pads[j]:end, :])
+            self.rows[slot], self.lens[slot] = r, end - pads[j]
+
+    def move(self, old: "Pool") -> None:
+        """Every row of an outgrown pool into this one (a copy of the running batch: the exception)."""
+        for j, r in enumerate(old.rows):
+            if r is not None:
+                n, slot = int(old.lens[j]), self.rows.index(None)
+                for mine, theirs in zip(self.caches, old.caches):
+                    mine.place(slot, theirs.keys[j:j + 1, :, :n, :], theirs.values[j:j + 1, :, :n, :])
+                self.rows[slot], self.lens[slot] = r, n
+
+    def next_tokens(self, chunk: int) -> mx.array:
+        """[used, 1]: each row's last token (0 in a free slot). Fixes this pass's offsets and mask."""
+        self.used = max((j + 1 for j, r in enumerate(self.rows) if r is not None), default=0)
+        lens = self.lens[:self.used]
+        self.span = int(lens.max()) + 1
+        self.offset = mx.array(lens)
+        self.write_at = mx.array(np.pad(lens, (0, self.slots - self.used)))[:, None, None, None]
+        return mx.array([[r.tokens[-1] if r else 0] for r in self.rows[:self.used]], dtype=mx.int32)
+
+    def mask(self, window: int | None) -> mx.array:
+        """[used, 1, 1, span]: row j sees columns 0..len_j (within the window, if any)."""
+        cols = np.arange(self.span)[None, :]
+        lens = self.lens[:self.used, None]
+        see = cols <= lens if window is None else (cols <= lens) & (cols > lens - window)
+        return mx.array(see)[:, None, None, :]
+
+    def advance(self) -> bool:
+        self.lens[[j for j, r in enumerate(self.rows) if r is not None]] += 1
+        return True
+
+    def sampled(self) -> tuple[list[int], list[RowState]]:
+        taken = [(j, r) for j, r in enumerate(self.rows[:self.used]) if r is not None]
+        return [j for j, _ in taken], [r for _, r in taken]
+
+    @property
+    def live(self) -> list[RowState]:
+        return [r for r in self.rows if r is not None]
+
+    def without_finished(self) -> "Pool | None":
+        """Finished rows free their slots; nothing is copied. None once no row is left."""
+        for j, r in enumerate(self.rows):
+            if r is not None and r.finish is not None:
+                self.rows[j], self.lens[j] = None, 0
+        return self if any(r is not None for r in self.rows) else None
 
 
 def bucket(rows: list[RowState], max_rows: int = 64, slack: float = 1.25) -> list[list[RowState]]:

@@ -37,6 +37,8 @@ class StreamerActor:
     def admit(self, msg: m.Admit) -> None:
         if self.engine is None:
             return
+        if msg.slots:
+            self.engine.reserve(msg.slots, msg.width)
         if msg.cache_limit and msg.cache_limit != self.cache_limit:
             self.engine.set_cache_limit(msg.cache_limit)
             self.cache_limit = msg.cache_limit
@@ -56,7 +58,7 @@ class StreamerActor:
 
     def preempt(self, msg: m.Preempt) -> None:
         if self.engine is not None:
-            self.engine.preempt(msg.rows)
+            self.engine.preempt(msg.rows, msg.slots)
 
     @property
     def busy(self) -> bool:

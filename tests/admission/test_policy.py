@@ -14,10 +14,10 @@ def rows(*lengths, max_tokens=10, start=0):
             for i, n in enumerate(lengths)]
 
 
-def sheet(kv_mb=100, working_set=1000 * MB, **kw):
-    """A 1000 MiB machine whose budget leaves `kv_mb` MiB for KV at 1 MiB per token."""
-    fixed = {"weights": int(0.78 * working_set) - kv_mb * MB}
-    return Sheet(working_set, kv_per_token=MB, fixed=fixed, **kw)
+def sheet(slots_mb=5, working_set=1000 * MB, **kw):
+    """A 1000 MiB machine whose budget leaves `slots_mb` MiB for KV; a 256-token slot costs 1 MiB."""
+    fixed = {"weights": int(0.78 * working_set) - int(slots_mb * MB)}
+    return Sheet(working_set, kv_per_token=MB // 256, fixed=fixed, **kw)
 
 
 def run_pass(p: BudgetPolicy, live: int, finished=(), preempted=()):
@@ -28,33 +28,43 @@ def run_pass(p: BudgetPolicy, live: int, finished=(), preempted=()):
     return p.to_preempt(), [w.row for w in p.admit()]
 
 
-def test_admission_never_exceeds_the_budget():
-    p = BudgetPolicy(sheet(kv_mb=100))
-    p.offer(rows(10, 10, 10, 10, 10, 10))          # 20 tokens each at full length: 5 fit in 100
-    assert [w.row for w in p.admit()] == [0, 1, 2, 3, 4]
-    assert p.reserved() <= p.sheet.kv_budget
+def test_the_pool_is_sized_from_the_budget_and_never_exceeds_it():
+    p = BudgetPolicy(sheet(slots_mb=5))
+    p.offer(rows(*[10] * 7))
+    assert [w.row for w in p.admit()] == [0, 1, 2, 3, 4]     # 5 slots of 256 tokens
+    assert p.pool == (5, 256) and p.reserved() == 5 * MB <= p.sheet.kv_budget
     assert p.admit() == []
     p.finished([0])
-    assert [w.row for w in p.admit()] == [5]
+    assert [w.row for w in p.admit()] == [5]                 # a freed slot takes the next row
+    assert p.reserved() == 5 * MB
 
 
-def test_the_running_set_is_priced_at_its_longest_row():
-    p = BudgetPolicy(sheet(kv_mb=100))
-    p.offer(rows(10, 40, 10))                      # 20 + 50: 2 rows x 50 = 100; a third would be 150
-    assert [w.row for w in p.admit()] == [0, 1]
-    assert p.reserved() == 100 * MB
+def test_the_width_is_the_longest_waiting_row_and_longer_rows_wait_for_the_drain():
+    p = BudgetPolicy(sheet(slots_mb=8))
+    p.offer(rows(300, 10))                                   # 310 tokens: width 512, 2 MiB a slot, 4 slots
+    assert [w.row for w in p.admit()] == [0, 1] and p.pool == (4, 512)
+    p.offer(rows(600, 5, start=2))                           # 610 > 512: waits, and the row behind it too
+    assert p.admit() == []
+    p.finished([0, 1])
+    assert [w.row for w in p.admit()] == [2, 3] and p.pool == (2, 768)
 
 
 def test_a_row_too_big_for_the_budget_gets_one_sentence_and_the_rest_run():
-    p = BudgetPolicy(sheet(kv_mb=100))
-    refused = p.offer(rows(5, 200, 5))
-    assert [(w.row, why.split(":")[0]) for w, why in refused] == [(1, "the prompt is 200 tokens and max_tokens 10")]
-    assert "KV budget is 100.0 MiB" in refused[0][1] and "raise --memory or --budget-fraction" in refused[0][1]
+    p = BudgetPolicy(sheet(slots_mb=2))
+    refused = p.offer(rows(5, 600, 5))                       # 610 tokens: 2.4 MiB alone
+    assert [(w.row, why.split(":")[0]) for w, why in refused] == [(1, "the prompt is 600 tokens and max_tokens 10")]
+    assert "KV budget is 2.0 MiB" in refused[0][1] and "raise --memory or --budget-fraction" in refused[0][1]
     assert [w.row for w in p.admit()] == [0, 2]
 
 
+def test_a_row_that_fits_only_unrounded_runs_alone():
+    p = BudgetPolicy(sheet(slots_mb=2.5))
+    p.offer(rows(600, 5))                                    # 610 tokens fit 2.5 MiB, 768 would not
+    assert [w.row for w in p.admit()] == [0] and p.pool == (1, 610)
+
+
 def test_the_guard_line_holds_admission_with_hysteresis():
-    p = BudgetPolicy(sheet(kv_mb=500))
+    p = BudgetPolicy(sheet(slots_mb=10))
     p.offer(rows(5))
     run_pass(p, live=0)
     p.offer(rows(*[5] * 5, start=1))
@@ -64,35 +74,39 @@ def test_the_guard_line_holds_admission_with_hysteresis():
 
 
 def test_above_the_guard_with_nothing_running_one_row_still_runs():
-    p = BudgetPolicy(sheet(kv_mb=500))
+    p = BudgetPolicy(sheet(slots_mb=10))
     p.offer(rows(5, 5))
     assert run_pass(p, live=990 * MB) == ([], [0])
     assert run_pass(p, live=990 * MB) == ([], [])
     assert run_pass(p, live=990 * MB, finished=[0]) == ([], [1])
 
 
-def test_the_hard_line_preempts_the_newest_rows_and_they_later_finish():
-    p = BudgetPolicy(sheet(kv_mb=500))
-    p.offer(rows(*[40] * 8))                       # 50 MiB each at full length
+def test_the_hard_line_preempts_the_newest_rows_shrinks_the_pool_and_they_later_finish():
+    p = BudgetPolicy(sheet(slots_mb=100), max_rows=8)
+    p.offer(rows(*[40] * 8))
     assert run_pass(p, live=500 * MB) == ([], list(range(8)))
-    preempt, admitted = run_pass(p, live=920 * MB)             # 920 - 800 = 120 MiB over: 3 rows
-    assert (preempt, admitted) == ([7, 6, 5], [])
-    assert run_pass(p, live=905 * MB) == ([], [])              # the streamer drops them this pass: no repeat
-    assert run_pass(p, live=700 * MB, preempted=[7, 6, 5], finished=[0, 1]) == ([], [5, 6, 7])
-    assert run_pass(p, live=600 * MB, finished=range(2, 8)) == ([], [])
+    assert p.pool == (8, 256)
+    preempt, admitted = run_pass(p, live=802 * MB)           # 2 MiB over the guard line: 2 slots
+    assert (preempt, admitted) == ([], [])                    # (below the hard line: hold only)
+    preempt, admitted = run_pass(p, live=902 * MB)           # 102 MiB over: all but the oldest
+    assert (preempt, admitted) == ([7, 6, 5, 4, 3, 2, 1], []) and p.pool == (1, 256)
+    assert run_pass(p, live=905 * MB) == ([], [])              # not yet dropped: no second preemption
+    assert run_pass(p, live=700 * MB, preempted=[7, 6, 5, 4, 3, 2, 1]) == ([], [])   # the pool is full
+    assert run_pass(p, live=600 * MB, finished=[0]) == ([], list(range(1, 8)))       # drained: sized again
+    assert run_pass(p, live=600 * MB, finished=range(1, 8)) == ([], [])
     assert not p.running and not p.queue
 
 
 def test_the_oldest_row_is_never_preempted_so_no_row_starves():
-    p = BudgetPolicy(sheet(kv_mb=500))
+    p = BudgetPolicy(sheet(slots_mb=10))
     p.offer(rows(40, 40, 40))
     run_pass(p, live=0)
-    done = []
-    for _ in range(10):                            # memory stays above the hard line, pass after pass
-        preempt, _ = run_pass(p, live=950 * MB, preempted=p.running and [r for r in p.running if r not in done][1:])
+    for _ in range(5):                                       # memory stays above the hard line
+        preempt, _ = run_pass(p, live=950 * MB)
         assert 0 not in preempt
+        run_pass(p, live=950 * MB, preempted=preempt)
     run_pass(p, live=0, finished=[0])
-    assert sorted(p.running) == [1, 2]             # the preempted rows are first in line again
+    assert sorted(p.running) == [1, 2]                       # the preempted rows run next
 
 
 def test_live_allocation_takes_the_largest_view_of_memory():

@@ -153,3 +153,56 @@ def test_a_pass_reports_memory_and_faults(make_tiny):
     r = s.step()
     assert r.rss > r.reader_memory > 0 and r.active_memory > 0
     assert r.minor_faults >= 0 and r.major_faults >= 0
+
+
+def test_rows_join_and_leave_the_reserved_pool_without_copying_it(make_tiny):
+    folder = make_tiny("llama")
+    s = Streamer(folder, prefill_chunk=8)
+    s.reserve(4, 256)
+    schedule = {0: [("a", PROMPTS[0]), ("b", PROMPTS[1])], 2: [("c", PROMPTS[2])], 3: [("d", PROMPTS[3])]}
+    out, passes, shapes, keys = {}, 0, set(), set()
+    while passes <= max(schedule) or not s.idle:
+        for rid, prompt in schedule.get(passes, []):
+            s.add(Row(rid, prompt, 6 + 3 * len(out)))      # rows of different lengths leave at different passes
+            out[rid] = []
+        for e in s.step().emitted:
+            if e.finish != "stop":
+                out[e.row_id].append(e.token)
+        if s.decode is not None:
+            shapes.add((s.decode.slots, s.decode.width, s.decode.caches[0].keys.shape))
+        passes += 1
+    assert s.pool_moves == 0 and len(shapes) == 1
+    for (rid, prompt), n in zip([r for p in sorted(schedule) for r in schedule[p]], [6, 9, 12, 15]):
+        alone = _drive(Streamer(folder, prefill_chunk=8), {0: [(rid, prompt)]}, max_tokens=n)
+        assert out[rid] == alone[rid][0]
+
+
+def test_a_preemption_shrinks_the_pool_and_the_rows_left_go_on_unchanged(make_tiny):
+    folder = make_tiny("qwen2")
+    free = _drive(Streamer(folder), {0: [("a", PROMPTS[0]), ("b", PROMPTS[4])]})
+    s = Streamer(folder)
+    s.reserve(8, 256)
+    s.add(Row("a", PROMPTS[0], 8))
+    s.add(Row("b", PROMPTS[4], 8))
+    got = {"a": [], "b": []}
+    for _ in range(2):
+        for e in s.step().emitted:
+            got[e.row_id].append(e.token)
+    s.preempt(["b"], slots=1)
+    report = s.step()
+    assert report.preempted == ["b"] and s.decode.slots == 1
+    got["a"] += [e.token for e in report.emitted]
+    while not s.idle:
+        for e in s.step().emitted:
+            got[e.row_id].append(e.token)
+    assert s.pool_moves == 0 and got["a"] == free["a"][0]
+
+
+def test_rows_past_an_unreserved_pool_move_it_once_and_match_rows_run_alone(make_tiny):
+    folder = make_tiny("llama")
+    late = [(f"r{i}", PROMPTS[i % 5][: 3 + i]) for i in range(10)]
+    s = Streamer(folder, prefill_chunk=8)
+    together = _drive(s, {0: [("a", PROMPTS[0])], 2: late}, max_tokens=4)
+    assert s.pool_moves == 1                       # 8 slots, then 11 rows: one bigger pool
+    for rid, prompt in [("a", PROMPTS[0]), *late[::3]]:
+        assert together[rid] == _drive(Streamer(folder, prefill_chunk=8), {0: [(rid, prompt)]}, max_tokens=4)[rid]
