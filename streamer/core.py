@@ -216,7 +216,10 @@ class Streamer:
         return out
 
     def _join(self, g: Group) -> None:
-        """A finished prefill group's rows take slots in the decode pool, made at the reserved shape."""
+        """A finished prefill group's rows take slots in the decode pool, made at the reserved shape
+        (rows that ended on their first token never take one)."""
+        if all(r.finish is not None for r in g.rows):
+            return
         if self.decode is None:
             self.decode = Pool(*self._shape(g.rows), len(self.adapter.layers))
         elif not self.decode.fits(g.rows):   # rows past the reservation: a bigger pool, copied once

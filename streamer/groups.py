@@ -134,6 +134,7 @@ class Pool:
 
     def fits(self, rows: list[RowState]) -> bool:
         free = sum(r is None for r in self.rows)
+        rows = [r for r in rows if r.finish is None]
         return free >= len(rows) and all(len(r.row.prompt) + r.row.max_tokens <= self.width for r in rows)
 
     def join(self, group: Group) -> None:
@@ -141,6 +142,8 @@ class Pool:
         pads = [c.left_padding.tolist() for c in group.caches[:1]][0]
         end = group.caches[0]._idx
         for j, r in enumerate(group.rows):
+            if r.finish is not None:
+                continue
             slot = self.rows.index(None)
             for mine, theirs in zip(self.caches, group.caches):
                 mine.place(slot, theirs.keys[j:j + 1, :, pads[j]:end, :], theirs.values[j:j + 1, :, pads[j]:end, :])

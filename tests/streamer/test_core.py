@@ -206,3 +206,11 @@ def test_rows_past_an_unreserved_pool_move_it_once_and_match_rows_run_alone(make
     assert s.pool_moves == 1                       # 8 slots, then 11 rows: one bigger pool
     for rid, prompt in [("a", PROMPTS[0]), *late[::3]]:
         assert together[rid] == _drive(Streamer(folder, prefill_chunk=8), {0: [(rid, prompt)]}, max_tokens=4)[rid]
+
+
+def test_rows_that_end_on_their_first_token_never_take_a_slot(make_tiny):
+    s = Streamer(make_tiny("llama"))
+    s.add(Row("a", PROMPTS[0], 1))
+    s.add(Row("b", PROMPTS[1], 1))
+    report = s.step()
+    assert sorted(report.left) == ["a", "b"] and s.decode is None and s.idle

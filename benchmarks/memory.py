@@ -1,0 +1,141 @@
+"""Memory per pass under the budget, inside a child memory cgroup (DESIGN.md sections 5 and 9).
+
+    python benchmarks/memory.py [--size 1b] [--limit 4.5GB] [--batches 8,32,128] [--passes 4]
+
+For each batch, a child process inside a cgroup of --limit bytes (the working set spill detects)
+prices the model with admission's sheet, reserves the decode pool, sets MLX's cache limit from the
+budget, prefills the batch and runs decode passes; every pass it records live allocation (the
+largest of MLX active + cache + reader buffers and the RSS), the cgroup's usage, minor and major
+page faults and the pass time. --python runs the children with another interpreter (another
+checkout: the code before), which may lack the pool and the cache limit; it then runs without them.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from pass_time import drop_cache, model_folder, resident_decode  # noqa: E402
+
+MIB = 2**20
+
+
+def parse() -> argparse.Namespace:
+    home = os.environ.get("SPILL_HOME")
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", default=str(Path(home) / "bench") if home else "/tmp/spill-bench")
+    p.add_argument("--family", default="llama")
+    p.add_argument("--size", default="1b")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--limit", default="4.5GB", help="the child cgroup's memory limit")
+    p.add_argument("--batches", default="8,32,128")
+    p.add_argument("--passes", type=int, default=4)
+    p.add_argument("--prompt-tokens", type=int, default=16)
+    p.add_argument("--python", default=sys.executable, help="interpreter of the children")
+    p.add_argument("--resident", action="store_true", help="also time mlx-lm's resident decode step")
+    p.add_argument("--child", help=argparse.SUPPRESS)
+    return p.parse_args()
+
+
+# -- the parent: a child cgroup per run ----------------------------------------------------------------
+def child_cgroup(limit: int) -> Path:
+    own = next(line.split(":", 2)[2] for line in Path("/proc/self/cgroup").read_text().splitlines()
+               if "memory" in line.split(":")[1].split(","))
+    path = Path("/sys/fs/cgroup/memory") / own.lstrip("/") / f"spill-bench-{os.getpid()}"
+    path.mkdir()
+    (path / "memory.limit_in_bytes").write_text(str(limit))
+    return path
+
+
+def run_child(a, folder: Path, batch: int, limit: int) -> dict:
+    cg = child_cgroup(limit)
+    try:
+        drop_cache(sorted(folder.glob("*.safetensors")))   # page cache is charged to whoever reads first
+        spec = json.dumps({"folder": str(folder), "batch": batch, "passes": a.passes, "prompt": a.prompt_tokens})
+        enter = 'echo $$ > "$0/cgroup.procs" && exec "$@"'
+        out = subprocess.run(["sh", "-c", enter, str(cg), a.python, __file__, "--child", spec],
+                             capture_output=True, text=True)
+        if out.returncode:
+            oom = "oom_kill 1" in (cg / "memory.oom_control").read_text()
+            raise SystemExit(f"batch {batch}: the child exited {out.returncode}{' (OOM-killed)' if oom else ''}\n{out.stderr[-2000:]}")
+        result = json.loads(out.stdout.splitlines()[-1])
+        result["cgroup_peak"] = int((cg / "memory.max_usage_in_bytes").read_text())
+        return result
+    finally:
+        cg.rmdir()
+
+
+# -- the child: one batch under the budget ---------------------------------------------------------------
+def child(spec: dict) -> None:
+    import mlx.core as mx
+    from spill import memory
+    from spill.streamer.core import Row, Streamer
+    s = Streamer(spec["folder"])
+    ws = memory.working_set()
+    b, prompt, passes = spec["batch"], spec["prompt"], spec["passes"]
+    width = prompt + passes + 2
+    sheet = None
+    if hasattr(s, "reserve"):   # the code with the budget: admission's prices, the pool, the cache limit
+        from spill.admission.policy import sheet_for
+        sheet = sheet_for(s.plan, ws.bytes, 4, prefill_tokens=b * prompt)
+        s.reserve(b, width)
+        s.set_cache_limit(sheet.fixed["cache"])
+    for j in range(b):
+        s.add(Row(j, [(7 * j + k) % 1000 + 3 for k in range(prompt)], max_tokens=passes + 2))
+    rows = []
+    for k in range(passes + 1):
+        before = memory.process_memory()
+        t0 = time.perf_counter()
+        r = s.step()
+        after = memory.process_memory()
+        rows.append({"pass": k, "seconds": time.perf_counter() - t0, "prefill": r.prefill_tokens > 0,
+                     "live": max(mx.get_active_memory() + mx.get_cache_memory() + s.reader.buffer_bytes, after.rss),
+                     "rss": after.rss, "cgroup": memory.cgroup_usage() or 0, "mlx_peak": mx.get_peak_memory(),
+                     "minor": after.minor_faults - before.minor_faults, "major": after.major_faults - before.major_faults})
+    print(json.dumps({"batch": b, "working_set": ws.bytes, "source": ws.source, "passes": rows,
+                      "budget": sheet.budget if sheet else None, "fixed": sheet and sum(sheet.fixed.values()),
+                      "kv": sheet and sheet.cost(b, width), "layers": len(s.plan.layers),
+                      "streamed": s.plan.streamed_bytes}))
+
+
+def table(results: list[dict], resident: dict[int, float]) -> list[str]:
+    out = ["| batch | budget MiB | pass | kind | seconds | live MiB | live / budget | cgroup MiB | minor faults | major faults |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        for p in r["passes"]:
+            ratio = f"{p['live'] / r['budget']:.3f}" if r["budget"] else "-"
+            out.append(f"| {r['batch']} | {r['budget'] and r['budget'] // MIB or '-'} | {p['pass']} | "
+                       f"{'prefill' if p['prefill'] else 'decode'} | {p['seconds']:.2f} | {p['live'] // MIB} | {ratio} | "
+                       f"{p['cgroup'] // MIB} | {p['minor']} | {p['major']} |")
+    for b, t in resident.items():
+        out.append(f"\nresident mlx-lm decode step at batch {b}: {t:.2f} s")
+    return out
+
+
+def main() -> None:
+    a = parse()
+    if a.child:
+        return child(json.loads(a.child))
+    from spill.memory import parse_size
+    folder = model_folder(a)
+    limit = parse_size(a.limit)
+    results = []
+    for b in map(int, a.batches.split(",")):
+        results.append(run_child(a, folder, b, limit))
+        r = results[-1]
+        print(f"batch {b}: working set {r['working_set'] // MIB} MiB ({r['source']}), budget "
+              f"{r['budget'] and r['budget'] // MIB} MiB, cgroup peak {r['cgroup_peak'] // MIB} MiB", flush=True)
+    resident = {}
+    if a.resident:
+        prompts = [[(7 * j + k) % 1000 + 3 for k in range(a.prompt_tokens)] for j in range(max(map(int, a.batches.split(","))))]
+        resident = resident_decode(folder, prompts, [max(map(int, a.batches.split(",")))], a.passes)
+    print("\n".join(table(results, resident)))
+    print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()
