@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from spill import config, memory
+from spill import memory
 from spill import messages as m
 from spill.actor import Fault, inbox, run_actor
 from spill.errors import SpillError
@@ -14,7 +14,8 @@ from spill.streamer.plan import load_plan
 from spill.wire import Mailbox
 
 from .calibration import Calibrator
-from .policy import BudgetPolicy, Waiting, fmt, live_allocation, sheet_for
+from .policy import Waiting, fmt, live_allocation
+from .schedule import budget_policy
 
 
 def run_admission_process(endpoints, args, log) -> None:
@@ -73,11 +74,10 @@ def _price(msg: m.Reset, args: dict, box, log):
         plan = load_plan(msg.model)
     except SpillError:
         return None, 0, 0   # the streamer fails the job with the loader's sentence
-    ws = memory.working_set(args.get("memory"))
     others = _others_rss()
-    sheet = sheet_for(plan, ws.bytes, _compute_itemsize(plan), prefill_tokens=config.prefill_tokens(),
-                      prefill_chunk=args.get("prefill_chunk", 512), others=others,
-                      fraction=args.get("budget_fraction") or 0.78, guard=config.guard_line(), hard=config.hard_line())
+    policy, ws = budget_policy(plan, args.get("memory"), args.get("budget_fraction"), others,
+                               args.get("prefill_chunk", 512))
+    sheet = policy.sheet
     log.info("budget", working_set=ws.bytes, source=ws.source, budget=sheet.budget, kv_budget=sheet.kv_budget,
              kv_per_token=sheet.kv_per_token, **sheet.fixed)
     if sheet.kv_budget < sheet.cost(1, 1):
@@ -86,16 +86,7 @@ def _price(msg: m.Reset, args: dict, box, log):
             f"{ws.source}) but the model's weights, buffers and the other processes need {fmt(sum(sheet.fixed.values()))} "
             "before any KV cache; raise --memory or --budget-fraction, or use a machine with more memory"]))
         return None, others, 0
-    return BudgetPolicy(sheet, config.max_rows(), config.prefill_tokens()), others, sheet.fixed["cache"]
-
-
-def _compute_itemsize(plan) -> int:
-    """Bytes per float the streamer computes in: float32 on the CPU, the stored dtype on a GPU."""
-    import mlx.core as mx
-    if mx.default_device() == mx.cpu:
-        return 4
-    stored = [t.dtype for ts in plan.layers for t in ts if t.dtype in ("BF16", "F16", "F32")]
-    return 4 if stored and stored[0] == "F32" else 2
+    return policy, others, sheet.fixed["cache"]
 
 
 def _others_rss() -> int:

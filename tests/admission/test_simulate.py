@@ -2,11 +2,12 @@
 
 import random
 
+import numpy as np
 import pytest
 
 from spill.admission.calibration import ContextTracker
 from spill.admission.passmodel import Observation, PassModel, PassShape, fit
-from spill.admission.policy import FifoPolicy, Waiting
+from spill.admission.policy import BudgetPolicy, Sheet, Waiting
 from spill.admission.simulate import SimRow, simulate
 
 TRUE = PassModel(bandwidth=2e9, fixed_s=0.5, per_row_s=0.01, per_prefill_token_s=0.002,
@@ -46,6 +47,15 @@ class FakeEngine:
         return obs
 
 
+def FifoPolicy(max_rows=64, prefill_tokens=4096):
+    """The budget policy with memory to spare: first in, first out under its caps."""
+    return BudgetPolicy(Sheet(2**40, kv_per_token=1), max_rows=max_rows, prefill_tokens=prefill_tokens)
+
+
+def waiting(r: SimRow) -> Waiting:
+    return Waiting(r.row, np.zeros(r.prompt, np.int32), r.out, [])
+
+
 def job(n=150, seed=1):
     rnd = random.Random(seed)
     rows = []
@@ -58,7 +68,7 @@ def job(n=150, seed=1):
 def run_fake(rows, policy):
     """The admission actor's loop around the fake engine: the job's measured total and its passes."""
     engine, by_id, ctx, seen = FakeEngine(), {r.row: r for r in rows}, ContextTracker(), []
-    policy.offer([Waiting(r.row, r.prompt, ()) for r in rows])
+    policy.offer([waiting(r) for r in rows])
     admitted = policy.admit()
     while admitted or engine.rows:
         for w in admitted:
@@ -77,7 +87,7 @@ def test_the_simulator_reproduces_a_fake_engines_total_within_2_percent():
     measured, seen = run_fake(rows, FifoPolicy(max_rows=32, prefill_tokens=2048))
     prior = PassModel(bandwidth=2e9, fixed_s=1.0, per_row_s=0.02, per_prefill_token_s=0.001, per_context_token_s=1e-4)
     for model in (TRUE, fit(prior, seen)):          # the engine's own model, and one refitted from its passes
-        est = simulate(rows, FifoPolicy(max_rows=32, prefill_tokens=2048), lambda r: Waiting(r.row, r.prompt, ()),
+        est = simulate(rows, FifoPolicy(max_rows=32, prefill_tokens=2048), waiting,
                        model, BYTES)
         assert est.total_seconds == pytest.approx(measured, rel=0.02)
         assert est.passes == len(seen)
@@ -86,7 +96,7 @@ def test_the_simulator_reproduces_a_fake_engines_total_within_2_percent():
 
 def test_tiers_report_rows_prompt_tokens_batch_passes_and_time():
     rows = [SimRow(0, 100, 3), SimRow(1, 100, 3), SimRow(2, 1000, 2)]
-    est = simulate(rows, FifoPolicy(max_rows=8, prefill_tokens=4096), lambda r: Waiting(r.row, r.prompt, ()),
+    est = simulate(rows, FifoPolicy(max_rows=8, prefill_tokens=4096), waiting,
                    TRUE, BYTES, chunk=512)
     short, long_ = est.tiers
     assert (short.rows, short.prompt_tokens, long_.rows, long_.prompt_tokens) == (2, 200, 1, 1000)
@@ -99,10 +109,10 @@ def test_tiers_report_rows_prompt_tokens_batch_passes_and_time():
 
 
 def test_rows_the_policy_refuses_are_counted_as_errors_not_priced():
-    class Refusing(FifoPolicy):
+    class Refusing(BudgetPolicy):
         def offer(self, rows):
-            super().offer([w for w in rows if w.prompt_tokens < 500])
-            return [(w, "too long") for w in rows if w.prompt_tokens >= 500]
+            super().offer([w for w in rows if len(w.prompt) < 500])
+            return [(w, "too long") for w in rows if len(w.prompt) >= 500]
     rows = [SimRow(0, 100, 3), SimRow(1, 900, 3)]
-    est = simulate(rows, Refusing(), lambda r: Waiting(r.row, r.prompt, ()), TRUE, BYTES, errors=2)
+    est = simulate(rows, Refusing(Sheet(2**40, kv_per_token=1)), waiting, TRUE, BYTES, errors=2)
     assert est.errors == 3 and est.timeline[-1][1] == 1 and not est.stalled
