@@ -4,7 +4,8 @@ The budget is a target for live allocation at the knee of the memory curve, not 
 
     budget     = budget_fraction (0.78) x working set
     fixed      = resident tensors + reader buffers + layers in flight + MLX's buffer cache
-                 + activations of the largest chunk + the other processes' resident memory
+                 + activations of the largest chunk + prompts' KV before they join the pool
+                 + the other processes' resident memory
     KV budget  = budget - fixed
 
 KV is reserved up front: when a batch starts, admission sizes the streamer's decode pool, `slots`
@@ -188,6 +189,7 @@ def sheet_for(plan, working_set: int, itemsize: int, *, prefill_tokens: int, pre
     head_dim = int(c.get("head_dim") or hidden // heads)
     kv_heads = int(c.get("num_key_value_heads") or heads)
     inter = int(c.get("intermediate_size") or 4 * hidden)
+    kv_per_token = len(plan.layers) * 2 * kv_heads * head_dim * itemsize
     layer = max((sum(compute(t) for t in ts) for ts in plan.layers), default=0)
     largest = max((compute(t) for ts in plan.layers for t in ts), default=0)
     fixed = {"resident": sum(compute(t) for t in plan.resident),
@@ -195,8 +197,9 @@ def sheet_for(plan, working_set: int, itemsize: int, *, prefill_tokens: int, pre
              "layers": 2 * layer,                       # the layer computing and the next, converted
              "cache": cache_allowance(layer, largest),  # MLX's buffer cache, whose limit this sets
              "activations": prefill_tokens * ((4 * hidden + 3 * inter) * itemsize + heads * prefill_chunk * 4),
+             "prefill_kv": 2 * prefill_tokens * kv_per_token,   # prompts' KV until they join the pool
              "others": others}
-    return Sheet(working_set, kv_per_token=len(plan.layers) * 2 * kv_heads * head_dim * itemsize,
+    return Sheet(working_set, kv_per_token=kv_per_token,
                  row_overhead=(int(c.get("vocab_size", 0)) + 4 * hidden) * 4, fixed=fixed, **lines)
 
 

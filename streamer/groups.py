@@ -60,6 +60,8 @@ class Group:
         for j, r in enumerate(rows):
             prompt[j, pads[j]:] = r.row.prompt
         caches = [adapter.make_cache(i, pads) for i in range(len(adapter.layers))]
+        for c in caches:
+            c.step = width   # one allocation of the prompt's width, not mlx-lm's 256-token steps
         return cls(rows, caches, prompt)
 
     @property

@@ -214,3 +214,11 @@ def test_rows_that_end_on_their_first_token_never_take_a_slot(make_tiny):
     s.add(Row("b", PROMPTS[1], 1))
     report = s.step()
     assert sorted(report.left) == ["a", "b"] and s.decode is None and s.idle
+
+
+def test_a_prefill_holds_kv_for_its_prompts_width_only(make_tiny):
+    s = Streamer(make_tiny("llama"), prefill_chunk=2)
+    s.add(Row("a", PROMPTS[0], 4))
+    s.add(Row("b", PROMPTS[1], 4))
+    s.step()                                   # 2 of the 5 columns: still prefilling
+    assert s.prefills[0].caches[0].keys.shape[2] == len(PROMPTS[0])   # not mlx-lm's 256-token step
