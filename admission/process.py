@@ -23,12 +23,12 @@ def run_admission_process(endpoints, args, log) -> None:
     fault = Fault("admission")
     calibrator = Calibrator(log)
     policy, others, limit = None, 0, 0
-    epoch, eos, in_flight = -1, [], False   # in_flight: an ADMIT the streamer has not reported on
+    epoch, job, eos, in_flight = -1, "", [], False   # in_flight: an ADMIT the streamer has not reported on
     for batch in inbox(box, "admission", log):
         reported = None
         for msg in batch:
             if isinstance(msg, m.Reset):
-                epoch, in_flight = msg.epoch, False
+                epoch, job, in_flight = msg.epoch, msg.job, False
                 calibrator.reset(msg.model)
                 if msg.model:
                     policy, others, limit = _price(msg, args, box, log)
@@ -41,7 +41,7 @@ def run_admission_process(endpoints, args, log) -> None:
                 refused = policy.offer(_waiting(msg))
                 if refused:
                     box.send("coordinator", m.Error(epoch, [w.row for w, _ in refused],
-                                                    ["memory_budget_exceeded"] * len(refused), [why for _, why in refused]))
+                                                    ["memory_budget_exceeded"] * len(refused), [why for _, why in refused], job))
                 fault.tick("tokenized")
             elif isinstance(msg, m.Pass):
                 policy.finished(msg.finished)
@@ -84,7 +84,7 @@ def _price(msg: m.Reset, args: dict, box, log):
         box.send("coordinator", m.Error(msg.epoch, [m.MODEL_ROW], ["memory_budget_exceeded"], [
             f"the budget is {fmt(sheet.budget)} ({sheet.fraction:.0%} of the {fmt(ws.bytes)} working set, from "
             f"{ws.source}) but the model's weights, buffers and the other processes need {fmt(sum(sheet.fixed.values()))} "
-            "before any KV cache; raise --memory or --budget-fraction, or use a machine with more memory"]))
+            "before any KV cache; raise --memory or --budget-fraction, or use a machine with more memory"], msg.job))
         return None, others, 0
     return policy, others, sheet.fixed["cache"]
 

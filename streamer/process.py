@@ -103,7 +103,7 @@ def run_streamer_process(endpoints, args, log) -> None:
             tokens, stats = actor.step()
             if actor.refused:
                 rows, why = zip(*actor.refused)
-                box.send("coordinator", m.Error(actor.epoch, list(rows), ["invalid_request"] * len(rows), list(why)))
+                box.send("coordinator", m.Error(actor.epoch, list(rows), ["invalid_request"] * len(rows), list(why), actor.job))
                 actor.refused = []
             box.send("tokenizer", tokens)
             box.send("admission", stats)
