@@ -308,3 +308,10 @@ def _spans(numbers: list[int], last: str) -> str:
             runs.append([x, x])
     parts = [f"{a}-{b}" if b > a else str(a) for a, b in runs]
     return parts[0] if len(parts) == 1 else ", ".join(parts[:-1]) + last + parts[-1]
+
+
+def check_params(values: dict) -> list[str]:
+    """The sentences a row with these sampling fields would get (the CLI's defaults get the same checks)."""
+    errs: list[str] = []
+    _params(values, "", errs)
+    return errs

@@ -7,8 +7,21 @@ import typer
 
 from spill.errors import SpillError
 
-app = typer.Typer(no_args_is_help=True, add_completion=False,
+app = typer.Typer(no_args_is_help=True, add_completion=False, rich_markup_mode=None,
                   help="spill: batch inference for models larger than memory.")
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+        typer.echo(f"spill {version('streamweights')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                       help="Print the version and exit.")) -> None:
+    """spill: batch inference for models larger than memory."""
 
 
 def _fail(err: Exception) -> None:
@@ -65,17 +78,21 @@ def run_cmd(
     max_tokens: int = typer.Option(256, help="Tokens per row when the row does not say."),
     temperature: float = typer.Option(0.0, help="Sampling temperature when the row does not say; 0 is greedy."),
     resume: str = typer.Option(None, help="Continue this job id."),
-    new: bool = typer.Option(False, "--new", help="Start a new job even if an unfinished one has this input."),
-    quiet: bool = typer.Option(False, help="Only the progress line."),
-    listen: str = typer.Option(None, help="Control address of the group, e.g. tcp://127.0.0.1:5557."),
+    new: bool = typer.Option(False, "--new", help="Start a new job even if this command already ran."),
+    quiet: bool = typer.Option(False, "--quiet", help="Terminal: only the progress line. Piped: only the summary."),
+    every: float = typer.Option(10.0, "--every", help="Piped output: seconds between progress lines."),
+    listen: str = typer.Option(None, help="Control address of the group (default: the running group's)."),
 ) -> None:
-    """Run a JSONL batch: on the running group (`spill up`), or on one started for this job."""
+    """Run a JSONL batch: on the running group (`spill up`), or on one started for this job.
+    Exit code: 0 every row succeeded, 3 some rows failed, 130 interrupted, 1 the job failed, 2 a usage error."""
     from spill.coordinator.run import run_job
     if resume is None and (model is None or input is None):
         _fail(SpillError("give MODEL and INPUT.jsonl, or --resume JOB_ID"))
+    if not every > 0:
+        _fail(SpillError(f"--every must be a number of seconds above 0, found {every:g}"))
     try:
-        code = run_job(model=model, input=input, output=output, max_tokens=max_tokens,
-                       temperature=temperature, resume=resume, new=new, quiet=quiet, listen=listen)
+        code = run_job(model=model, input=input, output=output, max_tokens=max_tokens, temperature=temperature,
+                       resume=resume, new=new, quiet=quiet, listen=listen, every=every)
     except SpillError as err:
         _fail(err)
     raise typer.Exit(code)
@@ -84,8 +101,8 @@ def run_cmd(
 @app.command("up")
 def up_cmd(
     model: str = typer.Option(None, help="Prepare this model (a folder or 'demo') while starting."),
-    foreground: bool = typer.Option(False, help="Stay attached; Ctrl-C stops the group."),
-    listen: str = typer.Option(None, help="Control address for clients, e.g. tcp://127.0.0.1:5557."),
+    foreground: bool = typer.Option(False, "--foreground", help="Stay attached; Ctrl-C stops the group."),
+    listen: str = typer.Option(None, help="Control address for clients: a port (5557) or tcp://127.0.0.1:5557."),
     allow_remote: bool = typer.Option(False, "--allow-remote", help="Let --listen take an address other hosts reach (a token is required)."),
 ) -> None:
     """Start the actor group and return (it keeps running until `spill down`)."""
@@ -99,8 +116,8 @@ def up_cmd(
 
 
 @app.command("down")
-def down_cmd(listen: str = typer.Option(None, help="Control address of the group.")) -> None:
-    """Stop the running group cleanly."""
+def down_cmd(listen: str = typer.Option(None, help="Control address of the group (default: the running group's).")) -> None:
+    """Stop the running group; its running and queued jobs are interrupted (resumable)."""
     from spill.coordinator.run import group_down
     try:
         typer.echo(group_down(listen))
@@ -108,10 +125,21 @@ def down_cmd(listen: str = typer.Option(None, help="Control address of the group
         _fail(err)
 
 
+@app.command("cancel")
+def cancel_cmd(job: str = typer.Argument(..., help="The job id (`spill status` lists them)."),
+               listen: str = typer.Option(None, help="Control address of the group (default: the running group's).")) -> None:
+    """Stop a running or queued job; what is written stays, and `spill run --resume JOB` continues it."""
+    from spill.coordinator.run import cancel_job
+    try:
+        typer.echo(cancel_job(job, listen))
+    except SpillError as err:
+        _fail(err)
+
+
 @app.command("status")
 def status_cmd(job: str = typer.Argument(None, help="A job id (default: the running job)."),
-               listen: str = typer.Option(None, help="Control address of the group.")) -> None:
-    """The group's processes and its running job."""
+               listen: str = typer.Option(None, help="Control address of the group (default: the running group's).")) -> None:
+    """The group's processes, its running job, and the newest jobs with their outputs."""
     from spill.coordinator.run import group_status
     try:
         typer.echo(group_status(job, listen))
@@ -149,8 +177,10 @@ def report_cmd(job: str = typer.Argument(..., help="A job id (`spill status` lis
 
 
 def main() -> None:
-    from spill.platform import reexec_with_preload
-    reexec_with_preload()
+    import sys
+    if sys.argv[1:2] == ["check"]:   # the only command that runs MLX in this process
+        from spill.platform import reexec_with_preload
+        reexec_with_preload()
     app(prog_name="spill")
 
 

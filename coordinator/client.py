@@ -14,6 +14,7 @@ from spill.errors import SpillError
 from spill.platform import preload_env
 from spill.wire import Endpoints
 
+from . import rundir
 from .control import check_address, client_token
 
 
@@ -22,7 +23,9 @@ class GroupDead(SpillError):
 
 
 def endpoints(listen: str | None = None) -> Endpoints:
-    return Endpoints.in_dir(config.home() / "run", control=listen)
+    """The group's addresses: its control socket is the one given, else the running group's recorded one."""
+    rec = rundir.record() if listen is None else None
+    return Endpoints.in_dir(config.home() / "run", control=listen or (rec or {}).get("control"))
 
 
 class Client:
@@ -42,12 +45,12 @@ class Client:
             raise SpillError(reply.error)
         return reply.data
 
-    def ping(self, timeout_s: float = 0.5) -> bool:
+    def ping(self, timeout_s: float = 0.5) -> int:
+        """The coordinator's pid, or 0 when no group answers."""
         try:
-            self.request("ping", timeout_s=timeout_s)
-            return True
+            return self.request("ping", timeout_s=timeout_s)["pid"]
         except GroupDead:
-            return False
+            return 0
 
     def _socket(self):
         if self.sock is None:
@@ -64,23 +67,33 @@ class Client:
 
 
 def start_group(eps: Endpoints, *, embedded: bool, actor_args: dict | None = None,
-                timeout_s: float = 60.0) -> subprocess.Popen:
-    """Start the coordinator (which starts the actors). Embedded: it dies with this process."""
+                timeout_s: float = 60.0) -> subprocess.Popen | None:
+    """Start the coordinator (which starts the actors) in its own session, so the terminal's Ctrl-C
+    reaches only this client. Embedded: it stops once this process has gone and its jobs are over.
+    None: another group took the run directory meanwhile; `endpoints()` now finds that one."""
     check_address(eps.control)
+    rundir.rotate_logs()
     args = {"endpoints": eps.as_dict(), "actor_args": actor_args or {}, "parent_fd": None}
     fds: tuple = ()
     if embedded:
         read_end, write_end = os.pipe()
-        args["parent_fd"], fds = read_end, (read_end,)
+        args["owner_fd"], args["owner"], fds = read_end, os.getpid(), (read_end,)
     proc = subprocess.Popen([sys.executable, "-m", "spill.coordinator.daemon", json.dumps(args)],
-                            pass_fds=fds, env=preload_env(), stdin=subprocess.DEVNULL,
-                            start_new_session=not embedded,
+                            pass_fds=fds, env=preload_env(), stdin=subprocess.DEVNULL, start_new_session=True,
                             stdout=subprocess.DEVNULL, stderr=_log_file())
     if embedded:
         os.close(fds[0])
-        proc.parent_pipe = write_end   # kept open for the life of this process
+        proc.owner_pipe = write_end   # kept open while this process follows its job
     client, deadline = Client(eps), time.monotonic() + timeout_s
-    while not client.ping():
+    while (pid := client.ping()) != proc.pid:
+        if proc.poll() == rundir.LOCKED_EXIT or pid:   # another group answers: ours will not start
+            if embedded:
+                os.close(write_end)
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            return None
         if proc.poll() is not None:
             raise GroupDead(f"the spill group exited at start (code {proc.returncode}); see $SPILL_HOME/run/logs/coordinator.log")
         if time.monotonic() > deadline:
@@ -88,6 +101,23 @@ def start_group(eps: Endpoints, *, embedded: bool, actor_args: dict | None = Non
             raise GroupDead(f"the spill group did not start within {timeout_s:.0f} s")
     client.close()
     return proc
+
+
+def leave_group(proc: subprocess.Popen, client: "Client", timeout_s: float = 30.0) -> None:
+    """An embedded group's owner is done: close its pipe; wait for the group to stop unless
+    another `spill run` joined it and still has a job there."""
+    os.close(proc.owner_pipe)
+    deadline = time.monotonic() + timeout_s
+    while proc.poll() is None and time.monotonic() < deadline:
+        try:
+            if client.request("status", timeout_s=0.5).get("job"):
+                return
+        except (GroupDead, SpillError):
+            pass
+        time.sleep(0.05)
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
 
 
 def _log_file():

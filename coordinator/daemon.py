@@ -9,6 +9,8 @@ unfinished row of the running job is submitted again: in-flight rows are recompu
 """
 
 import os
+import sys
+import threading
 import time
 import traceback
 from collections import deque
@@ -28,9 +30,11 @@ from .control import authorized, open_control, refusal
 from .jobrun import JobRun
 from .jobstore import Job
 from .models import resolve
+from .rundir import LOCKED_EXIT, lock as lock_run_dir, remove_sockets, write_record, clear_record
 from .supervisor import ACTORS, Supervisor
 
 MAX_CRASHES = 3   # restarts of one actor during one job before the job fails
+END_GRACE_S = 5.0   # a stopping group waits this long at most for clients to see how their jobs ended
 
 
 class Group:
@@ -46,6 +50,10 @@ class Group:
         self.waiting: set[str] = set(ACTORS)     # actors not READY yet
         self.waiting_since = time.monotonic()
         self.running = True
+        self.stop_at: float | None = None        # `spill down`, or an embedded group left idle: stop then
+        self.clients: dict[str, tuple[str, float]] = {}   # job -> (its client, when it last asked); until it saw the end
+        self.owner = ""                           # embedded group: the `spill run` that started it
+        self.owner_gone = threading.Event()       # set when that client's pipe closes: stop when idle
 
     # -- actors -----------------------------------------------------------------------------
     def on_actor(self, msg) -> None:
@@ -85,7 +93,7 @@ class Group:
         if job.finished:
             job.job.set_status("done")
             job.job.close()
-            self.last[job.job.id] = job.status()
+            self.last[job.job.id] = self._status_of(job)
             self.log.info("job done", job=job.job.id)
             self.current = None
 
@@ -103,7 +111,7 @@ class Group:
         except Exception:  # noqa: BLE001 - job.json cannot be written either; the reply still says why
             self.log.error("job status not written", job=run.job.id, traceback=traceback.format_exc())
         run.job.close()
-        self.last[run.job.id] = {**run.status(), "status": "failed", "error": why}
+        self.last[run.job.id] = self._status_of(run)
         self.log.error("job failed", job=run.job.id, error=why)
         self.current = None
         self.epoch += 1
@@ -163,7 +171,8 @@ class Group:
                     "model": args.get("model") or job.meta["model"], "output": args.get("output") or job.meta.get("output")}
         model = resolve(args["model"])
         requests, bad = read_batch(Path(args["input"]))
-        params = {"max_tokens": args.get("max_tokens") or 256, "temperature": args.get("temperature") or 0.0}
+        params = {"max_tokens": 256 if args.get("max_tokens") is None else args["max_tokens"],
+                  "temperature": args.get("temperature") or 0.0}
         output = Path(args["output"]) if args.get("output") else None
         if job is None and not args.get("new"):
             job = Job.find(Path(args["input"]), output, args["model"])
@@ -181,6 +190,8 @@ class Group:
             job.close()     # not queued: a later run of the same command may take it
             raise
         self.queue.append((run, model))
+        self.clients[job.id] = (str(args.get("client", "")), time.monotonic())
+        self.last.pop(job.id, None)   # resumed in this group: its old ending is history
         self.next_job()
         return {"job": job.id, "total": run.total, "done": run.total - len(run.pending),
                 "output": str(job.output_path), "queued": len(self.queue)}
@@ -188,34 +199,88 @@ class Group:
     def status(self, args: dict) -> dict:
         runs = ([self.current] if self.current else []) + [run for run, _ in self.queue]
         wanted = args.get("job")
-        for run in runs:
+        if wanted in self.clients:   # its client is still there; once it has seen the end it is done with us
+            self.clients[wanted] = (self.clients[wanted][0], time.monotonic())
+            if wanted in self.last:
+                del self.clients[wanted]
+        for i, run in enumerate(runs):
             if wanted in (None, run.job.id):
-                return {**run.status(), "processes": self.sup.pids(), "queued": len(self.queue)}
+                ahead = [{"job": r.job.id, "done": r.total - len(r.pending), "total": r.total} for r in runs[:i]]
+                return {**self._status_of(run), "processes": self._pids(), "queued": len(self.queue), "ahead": ahead}
         if wanted in self.last:
-            return {**self.last[wanted], "processes": self.sup.pids()}
+            return {**self.last[wanted], "processes": self._pids()}
         if wanted:
             job = Job.open(wanted)
             return {"job": job.id, "status": job.meta.get("status"), "done": len(job.done_ids()),
-                    "total": job.meta.get("total"), "output": str(job.output_path), "processes": self.sup.pids()}
-        return {"job": None, "processes": self.sup.pids(), "queued": 0}
+                    "total": job.meta.get("total"), "output": str(job.output_path), **job.counts(),
+                    "processes": self._pids()}
+        return {"job": None, "processes": self._pids(), "queued": 0}
 
-    def interrupt(self, args: dict) -> dict:
-        """Stop a job at the next pass boundary; what is written stays written."""
-        run = self.current
-        if run is not None and args.get("job") in (None, run.job.id):
-            run.job.set_status("interrupted")
-            run.job.close()
+    def _pids(self) -> dict[str, int]:
+        return {"coordinator": os.getpid(), **self.sup.pids()}
+
+    @staticmethod
+    def _status_of(run: JobRun) -> dict:
+        return {**run.status(), **run.job.counts(), "error": run.job.meta.get("error")}
+
+    # -- stopping jobs: Ctrl-C, `spill cancel`, `spill down`, a client that went away -----------------
+    def runs(self) -> list[JobRun]:
+        return ([self.current] if self.current else []) + [run for run, _ in self.queue]
+
+    def stop_job(self, run: JobRun, status: str) -> dict:
+        """Stop a running or queued job; what is written stays written, and it can be resumed."""
+        was = run.job.meta.get("status")
+        if run is self.current:
             self.current = None
             self.epoch += 1
             self._broadcast_reset()
-            return {"job": run.job.id, "done": run.total - len(run.pending), "total": run.total}
-        self.queue = deque((r, mdl) for r, mdl in self.queue if r.job.id != args.get("job"))
+        else:
+            self.queue = deque((r, mdl) for r, mdl in self.queue if r is not run)
+        run.job.set_status(status)
+        run.job.close()
+        self.last[run.job.id] = self._status_of(run)
+        self.log.info("job stopped", job=run.job.id, status=status, was=was)
+        return {"job": run.job.id, "was": was, "done": run.total - len(run.pending), "total": run.total}
+
+    def interrupt(self, args: dict) -> dict:
+        """Stop a job at the next pass boundary (Ctrl-C in its `spill run`)."""
+        for run in self.runs():
+            if args.get("job") in (None, run.job.id):
+                return self.stop_job(run, "interrupted")
         return {"job": args.get("job")}
+
+    def cancel(self, args: dict) -> dict:
+        """`spill cancel JOB`: stop a running or queued job; re-running its command does not continue it."""
+        for run in self.runs():
+            if run.job.id == args.get("job"):
+                return self.stop_job(run, "cancelled")
+        raise SpillError(f"job {args.get('job')} is not running or queued in this group; `spill status` lists the jobs")
+
+    def check_clients(self) -> None:
+        """A queued job whose client is gone leaves the queue; the owner gone, its jobs stop and the group too once idle."""
+        now = time.monotonic()
+        live = {run.job.id for run in self.runs()}
+        for job, (_, seen) in list(self.clients.items()):
+            if job not in live and now - seen > config.client_timeout():
+                del self.clients[job]    # ended, and its client never came back to see it
+        for run in self.runs():
+            client, seen = self.clients.get(run.job.id, ("", now))
+            if (self.owner_gone.is_set() and self.owner and client == self.owner) or \
+                    (run is not self.current and now - seen > config.client_timeout()):
+                self.log.warning("client gone; stopping its job", job=run.job.id)
+                self.stop_job(run, "interrupted")
+        if self.owner_gone.is_set() and not self.runs() and self.stop_at is None:
+            self.stop_at = now
+
+    def down(self, _args: dict) -> dict:
+        stopped = [self.stop_job(run, "interrupted") for run in self.runs()]
+        self.stop_at = time.monotonic()
+        return {"stopped": stopped}
 
     def handle(self, req: m.Request) -> m.Reply:
         """Every request gets a reply: its data, or one sentence of what went wrong."""
         ops = {"ping": lambda a: {"pid": os.getpid()}, "submit": self.submit, "status": self.status,
-               "interrupt": self.interrupt, "down": self.down}
+               "interrupt": self.interrupt, "cancel": self.cancel, "down": self.down}
         if req.op not in ops:
             return m.Reply(False, error=f"unknown request {req.op!r}; this group answers {', '.join(ops)} "
                                         "(is the client the same spill version as the group?)")
@@ -228,28 +293,47 @@ class Group:
             return m.Reply(False, error=f"{req.op} failed ({_one_line(err)}); "
                                         f"see {config.home() / 'run' / 'logs' / 'coordinator.log'}")
 
-    def down(self, _args: dict) -> dict:
-        if self.current is not None:
-            self.current.job.set_status("interrupted")
-            self.current.job.close()
-        self.running = False
-        return {}
+    @property
+    def stopping(self) -> bool:
+        """Down or left idle, once every client has seen how its job ended (or END_GRACE_S has passed)."""
+        now = time.monotonic()
+        return not self.running or (self.stop_at is not None and now >= self.stop_at
+                                    and (not self.clients or now >= self.stop_at + END_GRACE_S))
+
+
+def _watch_owner(fd: int, gone: threading.Event) -> None:
+    """Embedded group: the `spill run` that started it holds the other end of this pipe; EOF means it left."""
+    def watch():
+        while os.read(fd, 1):
+            pass
+        gone.set()
+    threading.Thread(target=watch, name="owner-watch", daemon=True).start()
 
 
 def run_coordinator_process(endpoints, args, log) -> None:
+    try:
+        run_lock = lock_run_dir()   # one group per run directory: its sockets have fixed names
+    except SpillError as err:
+        print(f"spill: {err}", file=sys.stderr, flush=True)
+        os._exit(LOCKED_EXIT)
+    os.chdir("/")   # paths arrive resolved by the client; nothing may depend on where the group started
     box = Mailbox(endpoints, "coordinator", sends_to=tuple(ACTORS))
     control, token = open_control(box.ctx, endpoints.control)
+    write_record(os.getpid(), endpoints.control)
     pidfile = config.home() / "run" / "coordinator.pid"
     pidfile.write_text(str(os.getpid()))
     sup = Supervisor(endpoints, args.get("actor_args", {}), log)
     group = Group(box, sup, log)
+    if args.get("owner_fd") is not None:
+        group.owner = str(args.get("owner", ""))
+        _watch_owner(args["owner_fd"], group.owner_gone)
     fault = Fault("coordinator")
     sup.start_all()
     poller = zmq.Poller()
     poller.register(box.inbox, zmq.POLLIN)
     poller.register(control, zmq.POLLIN)
     try:
-        while group.running:
+        while not group.stopping:
             ready = dict(poller.poll(200))
             if control in ready:
                 control.send(m.encode(answer(group, control.recv(), token, endpoints.control, log)))
@@ -258,16 +342,22 @@ def run_coordinator_process(endpoints, args, log) -> None:
                 for _row in getattr(msg, "rows", []) if isinstance(msg, m.Done) else []:
                     fault.tick("done")   # counts rows written
             group.check_actors()
+            group.check_clients()
             group.next_job()
             if group.waiting and time.monotonic() - group.waiting_since > config.ready_timeout():
                 raise RuntimeError(f"actors {sorted(group.waiting)} did not start within {config.ready_timeout()} s")
     finally:
+        for run in group.runs():   # Ctrl-C on `spill up --foreground`, or a crash: the jobs are interrupted
+            group.stop_job(run, "interrupted")
         for role in ACTORS:
             box.send(role, m.Shutdown("down"))
         sup.stop_all()
         pidfile.unlink(missing_ok=True)
         control.close()
         box.close()
+        remove_sockets(endpoints)
+        clear_record()
+        os.close(run_lock)
 
 
 def answer(group: Group, frame: bytes, token: str, address: str, log) -> m.Reply:

@@ -1,4 +1,4 @@
-"""The crash-safe job store: $SPILL_HOME/jobs/<id>/ holds job.json, output.jsonl (unless -o names the file) and logs/.
+"""The crash-safe job store: $SPILL_HOME/jobs/<id>/ holds job.json, output.jsonl (unless -o names the file) and lock.
 
 A row is done once its output line is fsynced; job.json is replaced atomically (temp, fsync, rename); on open a
 torn tail of the output (power cut mid-write) is cut away, so a re-run continues exactly where the file ends.
@@ -18,15 +18,13 @@ import threading
 from datetime import datetime, timezone
 from pathlib import Path
 
-import structlog
-
 from spill import config
 from spill.coordinator.batch_output import encode
 from spill.errors import SpillError
 
-STATUSES = ("queued", "running", "interrupted", "done", "failed")
+STATUSES = ("queued", "running", "interrupted", "cancelled", "done", "failed")
+LIVE = ("queued", "running")   # a job in one of these whose lock nobody holds lost its coordinator: interrupted
 NEW_JOB_HINT = "start a new job with `spill run --new`"   # the CLI owns this flag; keep the two in step
-log = structlog.get_logger(__name__)
 
 
 def jobs_dir() -> Path:
@@ -36,7 +34,15 @@ def jobs_dir() -> Path:
 def list_jobs() -> list[dict]:
     """The job.json of every job, newest first (ids sort by creation time)."""
     metas = (_read_meta(p) for p in sorted(jobs_dir().glob("*/job.json"), reverse=True))
-    return [m for m in metas if m is not None]
+    return [_true_status(m) for m in metas if m is not None]
+
+
+def _true_status(meta: dict) -> dict:
+    """A job left running or queued by a coordinator that died is interrupted (it took the lock, now released)."""
+    lock = jobs_dir() / meta["id"] / "lock"
+    if meta.get("status") in LIVE and lock.exists() and not lock_held(lock):
+        meta["status"] = "interrupted"
+    return meta
 
 
 class Job:
@@ -57,17 +63,13 @@ class Job:
         out = self.meta.get("output")
         return Path(out) if out else self.dir / "output.jsonl"
 
-    @property
-    def logs_dir(self) -> Path:
-        return self.dir / "logs"
-
     @classmethod
     def create(cls, input_path: Path, model: str, params: dict, output_path: Path | None = None) -> "Job":
         input_path = Path(input_path).resolve()
         digest = _sha256(input_path)
         out = Path(output_path).resolve() if output_path is not None else None
         if out is not None:
-            _check_output_free(out)
+            check_output_free(out)
             _claim_output(out)
         root = jobs_dir()
         root.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -76,7 +78,6 @@ class Job:
             with contextlib.suppress(FileExistsError):
                 (root / job_id).mkdir(mode=0o700)
                 break
-        (root / job_id / "logs").mkdir(mode=0o700)
         _fsync_dir(root)
         now = _now()
         meta = {"id": job_id, "input": str(input_path), "input_sha256": digest, "model": model,
@@ -93,16 +94,21 @@ class Job:
             if path.exists():
                 raise SpillError(f"{path} is unreadable; restore it from a backup, or {NEW_JOB_HINT}")
             raise SpillError(f"no job {job_id!r} in {jobs_dir()}; `spill status` lists the jobs")
-        return cls(path.parent, meta)
+        return cls(path.parent, _true_status(meta))
 
     @classmethod
-    def find(cls, input_path: Path, output_path: Path | None, model: str) -> "Job | None":
-        """The newest unfinished job for the same input file, output and model (re-running a command continues it)."""
+    def find(cls, input_path: Path, output_path: Path | None, model: str, finished: bool = False) -> "Job | None":
+        """The newest unfinished job for the same input file, output and model (re-running a command continues it);
+        with finished=True, the newest done one whose input is unchanged and whose output is still there."""
         inp = str(Path(input_path).resolve())
         out = str(Path(output_path).resolve()) if output_path is not None else None
         for meta in list_jobs():
-            if (meta.get("input"), meta.get("output"), meta.get("model")) == (inp, out, model) \
-                    and meta.get("status") != "done":
+            if (meta.get("input"), meta.get("output"), meta.get("model")) != (inp, out, model):
+                continue
+            if not finished and meta.get("status") not in ("done", "cancelled"):
+                return cls.open(meta["id"])
+            if finished and meta.get("status") == "done" and meta.get("input_sha256") == _sha256(Path(inp)) \
+                    and Path(out or jobs_dir() / meta["id"] / "output.jsonl").is_file():
                 return cls.open(meta["id"])
         return None
 
@@ -183,16 +189,7 @@ class Job:
 
     def _busy(self) -> bool:
         """True when another open file holds this job's lock (another process runs it)."""
-        if self._lock_fd is not None:
-            return False
-        fd = os.open(self.dir / "lock", os.O_RDONLY | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-            return False
-        except BlockingIOError:
-            return True
-        finally:
-            os.close(fd)
+        return self._lock_fd is None and lock_held(self.dir / "lock")
 
     def _write(self, data: bytes) -> None:
         fd = _open_output(self.output_path, os.O_WRONLY | os.O_APPEND, self.id)
@@ -229,7 +226,9 @@ class Job:
                 f.flush()
                 _fsync(f.fileno())
                 self.repaired_bytes = len(data) - keep
-                log.warning("output_tail_repaired", job=self.id, path=str(path), dropped_bytes=self.repaired_bytes)
+                import structlog   # imported here: `spill run` checks its files without loading the logging stack
+                structlog.get_logger(__name__).warning("output_tail_repaired", job=self.id, path=str(path),
+                                                       dropped_bytes=self.repaired_bytes)
         if created:
             _fsync_dir(path.parent)
         for raw in lines:
@@ -243,7 +242,22 @@ class Job:
             self._counts["failed" if line.get("error") is not None else "succeeded"] += 1
 
 
-def _check_output_free(out: Path) -> None:
+def lock_held(path: Path) -> bool:
+    """True when some process holds this job lock (flock: released when its holder dies)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+
+
+def check_output_free(out: Path) -> None:
     """-o must be a new or empty file: spill appends, and never mixes its rows into someone else's file."""
     if not out.parent.is_dir():
         raise SpillError(f"folder {out.parent} does not exist; create it or choose another -o path")

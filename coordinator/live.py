@@ -1,5 +1,6 @@
 """`spill run`'s live view: a tail of 8 running rows and a progress line, redrawn as passes end.
-With --quiet only the progress line; when stdout is not a terminal, plain log lines."""
+With --quiet only the progress line; when stdout is not a terminal, a plain progress line every
+`every` seconds (none with --quiet), and the last one when the job ends."""
 
 import sys
 import time
@@ -9,10 +10,22 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
-FINAL = ("done", "interrupted", "failed")
+FINAL = ("done", "interrupted", "cancelled", "failed")
+
+
+def waiting_line(s: dict) -> str:
+    """A queued job: what it waits behind."""
+    ahead = s.get("ahead") or []
+    if not ahead:
+        return "queued: starting"
+    first = ahead[0]
+    more = f", then {len(ahead) - 1} more queued job(s)" if len(ahead) > 1 else ""
+    return f"queued behind job {first['job']} ({first['done']}/{first['total']} rows){more}"
 
 
 def progress_line(s: dict) -> str:
+    if s.get("status") == "queued":
+        return waiting_line(s)
     def fmt(v, f):
         return f.format(v) if v is not None else "-"
     eta = s.get("eta_s")
@@ -36,10 +49,10 @@ def _view(s: dict, quiet: bool):
     return Group(table, line)
 
 
-def follow(status, quiet: bool = False, poll_s: float = 0.25) -> dict:
+def follow(status, quiet: bool = False, poll_s: float = 0.25, every: float = 10.0) -> dict:
     """Show the job until it ends (`status()` gives its figures); returns its last status."""
     if not sys.stdout.isatty():
-        return _follow_plain(status, poll_s)
+        return follow_plain(status, quiet=quiet, every=every, poll_s=poll_s)
     with Live(_view({}, quiet), console=Console(), refresh_per_second=8, transient=False) as live:
         while True:
             s = status()
@@ -49,16 +62,17 @@ def follow(status, quiet: bool = False, poll_s: float = 0.25) -> dict:
             time.sleep(poll_s)
 
 
-def _follow_plain(status, poll_s: float) -> dict:
-    last, last_t = None, 0.0
+def follow_plain(status, *, quiet: bool, every: float, poll_s: float = 0.25,
+                 clock=time.monotonic, sleep=time.sleep) -> dict:
+    """Piped: a progress line every `every` seconds whether or not a row finished; --quiet: none."""
+    next_at = clock()
     while True:
         s = status()
-        now = time.monotonic()
-        if s.get("status") in FINAL or (s.get("done") != last and now - last_t > 2.0):
+        if s.get("status") in FINAL:
+            return s
+        if not quiet and clock() >= next_at:
             slots = s.get("slots") or []
             latest = f"  | {slots[-1][0]}: {slots[-1][2][-60:]!r}" if slots else ""
             print(progress_line(s) + latest, flush=True)
-            last, last_t = s.get("done"), now
-        if s.get("status") in FINAL:
-            return s
-        time.sleep(poll_s)
+            next_at = clock() + every
+        sleep(poll_s)

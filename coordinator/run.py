@@ -1,36 +1,90 @@
-"""What `spill run`, `up`, `down` and `status` do, as a client of the group."""
+"""What `spill run`, `up`, `down`, `cancel` and `status` do, as a client of the group.
 
+Exit codes of `spill run`: 0 every row succeeded; 3 the job finished with failed rows (their
+lines carry "error"); 130 interrupted (Ctrl-C, `spill cancel`, `spill down`); 1 the job failed
+or the group stopped answering; 2 a mistake in the command or its files (nothing ran).
+"""
+
+import json
+import os
+import re
 import signal
-from pathlib import Path
+import time
 
 import typer
 
 from spill.errors import SpillError
 
-from .client import Client, GroupDead, endpoints, start_group
-from .live import follow, progress_line
+from . import rundir
+from .preflight import check_run   # light: a refused command never imports ZeroMQ, numpy or MLX
+
+EXIT_FAILED_ROWS, EXIT_INTERRUPTED = 3, 130
+RESUME = "resume with: spill run --resume {}"
 
 
 def _listen(listen: str | None) -> str | None:
-    """A bare port means 127.0.0.1:PORT."""
-    if listen and listen.isdigit():
+    """A bare port means tcp://127.0.0.1:PORT; anything else must be a tcp:// or ipc:// address."""
+    if listen is None:
+        return None
+    if listen.isdigit() and 0 < int(listen) < 65536:
         return f"tcp://127.0.0.1:{listen}"
-    return listen
+    if re.fullmatch(r"tcp://[\w.\-\[\]:*]+:\d{1,5}", listen) or re.fullmatch(r"ipc://.+", listen):
+        return listen
+    raise SpillError(f"--listen must be a port (5557) or an address such as tcp://127.0.0.1:5557, found {listen!r}")
 
 
-def run_job(*, model, input, output, max_tokens, temperature, resume, new, quiet, listen) -> int:
+def openblas_note() -> None:
+    """Once per command, on Linux without OpenBLAS: matmuls run 20-40x slower, and how to fix it."""
+    from spill.platform import openblas_missing
+    if openblas_missing():
+        typer.echo("spill: OpenBLAS was not found, so matrix products on this CPU run 20-40x slower; "
+                   "install it with `sudo apt-get install libopenblas0-pthread`", err=True)
+
+
+def _connect(listen: str | None):
+    """A client of the running group, and the group process when this command had to start one."""
+    from .client import Client, GroupDead, endpoints, start_group
     eps = endpoints(_listen(listen))
-    client, group = Client(eps), None
-    if not client.ping():
-        group = start_group(eps, embedded=True)
-    job = None
+    client = Client(eps)
+    if client.ping():
+        return client, None
+    group = start_group(eps, embedded=True)
+    if group is not None:
+        return client, group
+    deadline = time.monotonic() + 60    # another group took the run directory meanwhile: join it
+    while time.monotonic() < deadline:
+        client = Client(endpoints())
+        if client.ping():
+            rec = rundir.record() or {}
+            typer.echo(f"joined the running spill group (coordinator pid {rec.get('pid', '?')})")
+            return client, None
+        time.sleep(0.1)
+    raise GroupDead(rundir.held_by_sentence())
+
+
+def run_job(*, model, input, output, max_tokens, temperature, resume, new, quiet, listen, every=10.0) -> int:
+    openblas_note()
+    args, finished = check_run(model=model, input=input, output=output, max_tokens=max_tokens,
+                               temperature=temperature, resume=resume, new=new)
+    if finished is not None:
+        c = finished.counts()
+        typer.echo(f"job {finished.id} already ran this command: done, {c['succeeded']} succeeded, {c['failed']} "
+                   f"failed; output {finished.output_path}. Add --new to run it again.")
+        return 0
+    from .client import GroupDead, leave_group
+    from .live import follow
+    client, group, job = None, None, None
+
+    def second_press(*_):
+        typer.echo(f"\nstopped at once; every row already written stays written"
+                   + (f"; {RESUME.format(job)}" if job else ""))
+        os._exit(EXIT_INTERRUPTED)   # an embedded group sees its owner go and stops the job itself
     try:
-        args = {"model": model, "input": str(Path(input).resolve()) if input else None,
-                "output": str(Path(output).resolve()) if output else None,
-                "max_tokens": max_tokens, "temperature": temperature, "resume": resume, "new": new}
-        info = client.request("submit", timeout_s=600, **args)
+        client, group = _connect(listen)
+        info = client.request("submit", timeout_s=600, **args, client=os.getpid())
         job = info["job"]
         typer.echo(f"job {job}: {info['total']} rows, {info['done']} already done; output {info['output']}")
+
         def status():
             for _ in range(30):   # a second at a time, so a dead embedded group is seen at once
                 if group is not None and group.poll() is not None:
@@ -39,63 +93,120 @@ def run_job(*, model, input, output, max_tokens, temperature, resume, new, quiet
                     return client.request("status", timeout_s=1, job=job)
                 except GroupDead:
                     continue
-            raise GroupDead(f"the spill group stopped answering; resume with: spill run --resume {job}")
-        final = follow(status, quiet=quiet)
-        typer.echo(f"job {job} {final['status']}: {final.get('done')}/{final.get('total')} rows in {final.get('output')}")
-        if final.get("error"):
-            typer.echo(f"spill: {final['error']}", err=True)
-        return 0 if final["status"] == "done" else 1
+            raise GroupDead(f"the spill group stopped answering; {RESUME.format(job)}")
+        return _summary(follow(status, quiet=quiet, every=every))
     except KeyboardInterrupt:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)   # a second Ctrl-C must not tear the stop
-        if job is not None:
-            s = client.request("interrupt", job=job)
-            typer.echo(f"\nstopped at a pass boundary: {s.get('done', '?')}/{s.get('total', '?')} rows written; "
-                       f"resume with: spill run --resume {job}")
-        return 130
+        signal.signal(signal.SIGINT, second_press)
+        if job is None:
+            typer.echo("\nstopped before the job started")
+            return EXIT_INTERRUPTED
+        s = client.request("interrupt", timeout_s=30, job=job)
+        typer.echo(f"\nstopped at a pass boundary: {s.get('done', '?')}/{s.get('total', '?')} rows written; "
+                   f"{RESUME.format(job)}")
+        return EXIT_INTERRUPTED
     finally:
         if group is not None:
-            try:
-                if group.poll() is None:
-                    client.request("down", timeout_s=30)
-            except GroupDead:
-                group.kill()
-            group.wait()
-        client.close()
+            leave_group(group, client)
+        if client is not None:
+            client.close()
+
+
+def _summary(s: dict) -> int:
+    """The job's last line(s): what succeeded and failed, where the output is, and the exit code."""
+    job, status = s["job"], s["status"]
+    counts = f"{s.get('done')}/{s.get('total')} rows, {s.get('succeeded', 0)} succeeded, {s.get('failed', 0)} failed"
+    if status in ("interrupted", "cancelled"):
+        typer.echo(f"job {job} {status}: {counts}; {RESUME.format(job)}")
+        return EXIT_INTERRUPTED
+    typer.echo(f"job {job} {status}: {counts}; output {s.get('output')}")
+    if status == "failed":
+        typer.echo(f"spill: {s.get('error')}", err=True)
+        return 1
+    if s.get("failed"):
+        typer.echo(f"{s['failed']} row(s) failed: their lines in the output carry \"error\"; "
+                   f"the first: {_first_error(s.get('output'))}")
+        return EXIT_FAILED_ROWS
+    return 0
+
+
+def _first_error(path) -> str:
+    try:
+        with open(path, "rb") as f:
+            for raw in f:
+                if b'"error":{' in raw:
+                    line = json.loads(raw)
+                    return f"{line.get('custom_id')}: {line['error'].get('message')}"
+    except (OSError, ValueError):
+        pass
+    return "?"
 
 
 def group_up(*, model, foreground, listen) -> str:
+    from .client import Client, endpoints, start_group
     eps = endpoints(_listen(listen))
-    if Client(eps).ping():
-        return "spill group already running"
+    rec = rundir.record()
+    if rec is not None or Client(eps).ping():
+        return rundir.held_by_sentence()
     if model:
         from .models import resolve
         resolve(model)   # makes the demo model now rather than at the first job
     if foreground:
-        import json
         import subprocess
         import sys
+        rundir.rotate_logs()
         args = {"endpoints": eps.as_dict(), "actor_args": {}, "parent_fd": None}
-        subprocess.run([sys.executable, "-m", "spill.coordinator.daemon", json.dumps(args)])
+        code = subprocess.run([sys.executable, "-m", "spill.coordinator.daemon", json.dumps(args)]).returncode
+        if code == rundir.LOCKED_EXIT:
+            raise SpillError(rundir.held_by_sentence())
         return "spill group stopped"
     proc = start_group(eps, embedded=False)
-    return f"spill group up (coordinator pid {proc.pid}); submit with `spill run MODEL INPUT.jsonl`"
+    if proc is None:
+        raise SpillError(rundir.held_by_sentence())
+    return (f"spill group up (coordinator pid {proc.pid}, control {eps.control}); `spill run`, `status`, "
+            f"`cancel` and `down` find it through {rundir.run_dir() / 'group.json'}")
 
 
 def group_down(listen) -> str:
+    from .client import Client, endpoints
     client = Client(endpoints(_listen(listen)))
     if not client.ping():
         return "no spill group is running"
-    client.request("down")
-    return "spill group stopped"
+    stopped = client.request("down").get("stopped", [])
+    deadline = time.monotonic() + 30
+    while rundir.record() is not None and time.monotonic() < deadline:   # return once it is down
+        time.sleep(0.1)
+    lines = [f"job {j['job']} ({j['was']}, {j['done']}/{j['total']} rows written) is interrupted; "
+             f"{RESUME.format(j['job'])}" for j in stopped]
+    return "\n".join(["spill group stopped" + ("" if stopped else "; no job was running or queued"), *lines])
+
+
+def cancel_job(job: str, listen) -> str:
+    """Stop a running or queued job; with no group up, mark an unfinished job cancelled."""
+    from .client import Client, endpoints
+    client = Client(endpoints(_listen(listen)))
+    if client.ping():
+        s = client.request("cancel", job=job)
+        return f"job {job} cancelled ({s['was']}, {s['done']}/{s['total']} rows written); {RESUME.format(job)}"
+    from .jobstore import Job
+    j = Job.open(job)
+    if j.meta.get("status") in ("done", "failed", "cancelled"):
+        raise SpillError(f"job {job} is {j.meta['status']}; there is nothing to cancel")
+    j.set_status("cancelled")
+    return f"job {job} cancelled ({len(j.done_ids())}/{j.meta.get('total')} rows written); {RESUME.format(job)}"
 
 
 def group_status(job, listen) -> str:
+    from .client import Client, endpoints
+    from .live import progress_line
+    openblas_note()
     client = Client(endpoints(_listen(listen)))
     if not client.ping():
         if job:
             from .jobstore import Job
             j = Job.open(job)
-            return f"no spill group is running; job {j.id} is {j.meta.get('status')}: {len(j.done_ids())}/{j.meta.get('total')} rows"
+            c = j.counts()
+            return (f"no spill group is running; job {j.id} is {j.meta.get('status')}: {len(j.done_ids())}/"
+                    f"{j.meta.get('total')} rows ({c['succeeded']} succeeded, {c['failed']} failed) in {j.output_path}")
         return "no spill group is running" + _recent_jobs()
     s = client.request("status", job=job)
     procs = "  ".join(f"{role} pid {pid}" for role, pid in s.get("processes", {}).items())
@@ -105,8 +216,9 @@ def group_status(job, listen) -> str:
 
 
 def _recent_jobs(n: int = 10) -> str:
-    """The newest jobs in the data home, one line each."""
-    from .jobstore import list_jobs
+    """The newest jobs in the data home, one line each: id, status, model, input -> output."""
+    from .jobstore import jobs_dir, list_jobs
     lines = [f"  {m.get('id', '?')}  {m.get('status', '?'):<11}  {m.get('model', '?')}  {m.get('input', '?')}"
+             f"  ->  {m.get('output') or jobs_dir() / m.get('id', '?') / 'output.jsonl'}"
              for m in list_jobs()[:n]]
     return ("\njobs (newest first):\n" + "\n".join(lines)) if lines else ""

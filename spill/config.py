@@ -76,3 +76,9 @@ def liveness_timeout() -> float:
 def allow_remote() -> bool:
     """Let the control socket listen on an address other hosts can reach (SPILL_ALLOW_REMOTE=1; `spill up --allow-remote`)."""
     return os.environ.get("SPILL_ALLOW_REMOTE", "") == "1"
+
+
+def client_timeout() -> float:
+    """Seconds a queued job waits for its `spill run` to ask about it before it leaves the queue
+    (SPILL_CLIENT_TIMEOUT, default 10): a killed client's job does not run unattended later."""
+    return float(os.environ.get("SPILL_CLIENT_TIMEOUT", "10"))

@@ -29,3 +29,10 @@ def reexec_with_preload() -> None:
     if env.get("LD_PRELOAD") != os.environ.get("LD_PRELOAD") and not os.environ.get("_SPILL_REEXEC"):
         env["_SPILL_REEXEC"] = "1"
         os.execve(sys.executable, [sys.executable, "-m", "spill.coordinator.cli", *sys.argv[1:]], env)
+
+
+def openblas_missing() -> bool:
+    """True on Linux when no OpenBLAS can be preloaded (and the user did not opt out with SPILL_NO_OPENBLAS)."""
+    if not sys.platform.startswith("linux") or os.environ.get("SPILL_NO_OPENBLAS"):
+        return False
+    return not any(os.path.exists(p) for p in _CANDIDATES)

@@ -49,7 +49,7 @@ def _refused(fn, *args) -> str:
 def test_create_lays_out_the_job(home, batch):
     job = Job.create(batch, "llama3.3:70b", {"max_tokens": 64})
     assert re.fullmatch(r"\d{6}-\d{6}-[0-9a-f]{6}", job.id)
-    assert job.dir == home / "jobs" / job.id and (job.dir / "logs").is_dir()
+    assert job.dir == home / "jobs" / job.id and not (job.dir / "logs").exists()   # log lines live in run/logs
     assert job.output_path == job.dir / "output.jsonl" and job.output_path.read_bytes() == b""
     meta = json.loads((job.dir / "job.json").read_text())
     assert meta == job.meta

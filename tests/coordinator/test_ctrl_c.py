@@ -1,0 +1,98 @@
+"""Ctrl-C typed at a real terminal (a pty), on the embedded group and under `spill up`:
+one press stops at a pass boundary and prints the resume command; two presses stop at once.
+Either way nothing written is lost, and `spill run --resume` finishes the job."""
+
+import os
+import re
+import signal
+import time
+
+import pytest
+
+from .group_util import read_output, resident_texts, spill, texts, write_input
+from .pty_util import PtySpill
+
+SLOW = {"SPILL_MAX_ROWS": "4", "SPILL_TEST_PASS_DELAY": "0.05"}
+
+
+@pytest.fixture(scope="module")
+def job24(make_tiny, tmp_path_factory):
+    folder = make_tiny("llama")
+    data = tmp_path_factory.mktemp("job24")
+    rows = write_input(data / "in.jsonl", 24)
+    return folder, data / "in.jsonl", resident_texts(folder, rows)
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPILL_HOME", str(tmp_path / "home"))
+    return tmp_path / "home"
+
+
+@pytest.fixture(params=["embedded", "spill-up"])
+def group(request, home):
+    """How the job runs: on a group `spill run` starts for it, or under `spill up`."""
+    if request.param == "spill-up":
+        spill("up", check=True, env=SLOW)
+    yield request.param
+    if request.param == "spill-up":
+        spill("down")
+
+
+def _rows(out) -> int:
+    return len(out.read_text().splitlines()) if out.exists() else 0
+
+
+def _start(job24, out) -> PtySpill:
+    folder, inp, _ = job24
+    p = PtySpill("run", folder, inp, "-o", out, env=SLOW)
+    p.wait_until(lambda _: _rows(out) >= 3)
+    return p
+
+
+def _job(p: PtySpill) -> str:
+    return re.search(r"job (\S+): \d+ rows", p.output).group(1)
+
+
+def _status_of(job: str) -> str:
+    return spill("status", job, check=True).stdout
+
+
+def test_one_ctrl_c_stops_at_a_pass_boundary_and_prints_the_resume_command(job24, tmp_path, group):
+    out = tmp_path / "out.jsonl"
+    p = _start(job24, out)
+    pressed = time.monotonic()
+    p.ctrl_c()
+    assert p.wait(timeout=30) == 130, p.output
+    assert time.monotonic() - pressed < 10, "Ctrl-C took more than a few seconds"
+    job = _job(p)
+    assert f"resume with: spill run --resume {job}" in p.output and "Traceback" not in p.output
+    assert 3 <= len(read_output(out)) < 24
+    assert f"{job} is interrupted" in _status_of(job) or f"job {job} interrupted" in _status_of(job)
+    spill("run", "--resume", job, check=True)
+    assert texts(read_output(out)) == job24[2]
+
+
+def test_two_ctrl_c_stop_at_once_and_lose_nothing(job24, tmp_path, home, group):
+    out = tmp_path / "out.jsonl"
+    p = _start(job24, out)
+    coordinator = int((home / "run" / "coordinator.pid").read_text())
+    os.kill(coordinator, signal.SIGSTOP)   # a busy group: the first press's request gets no answer
+    try:
+        written = read_output(out)
+        p.ctrl_c()
+        time.sleep(0.5)
+        p.ctrl_c()
+        assert p.wait(timeout=10) == 130, p.output
+    finally:
+        os.kill(coordinator, signal.SIGCONT)
+    job = _job(p)
+    assert "stopped at once" in p.output and f"resume with: spill run --resume {job}" in p.output
+    deadline = time.monotonic() + 30   # the group, running again, stops the job itself
+    while "interrupted" not in _status_of(job):
+        assert time.monotonic() < deadline, _status_of(job)
+        time.sleep(0.2)
+    after = read_output(out)
+    assert all(after[cid] == row for cid, row in written.items())
+    spill("run", "--resume", job, check=True)
+    assert texts(read_output(out)) == job24[2]
