@@ -79,6 +79,15 @@ def run_job(*, model, input, output, max_tokens, temperature, resume, new, quiet
         typer.echo(f"\nstopped at once; every row already written stays written"
                    + (f"; {RESUME.format(job)}" if job else ""))
         os._exit(EXIT_INTERRUPTED)   # an embedded group sees its owner go and stops the job itself
+
+    presses = []
+
+    def on_sigint(*_):               # counted here, so a second press can never land as a traceback
+        presses.append(time.monotonic())
+        if len(presses) == 1:
+            raise KeyboardInterrupt
+        second_press()
+    previous = signal.signal(signal.SIGINT, on_sigint)
     try:
         client, group = _connect(listen)
         info = client.request("submit", timeout_s=600, **args, client=os.getpid())
@@ -96,7 +105,6 @@ def run_job(*, model, input, output, max_tokens, temperature, resume, new, quiet
             raise GroupDead(f"the spill group stopped answering; {RESUME.format(job)}")
         return _summary(follow(status, quiet=quiet, every=every))
     except KeyboardInterrupt:
-        signal.signal(signal.SIGINT, second_press)
         if job is None:
             typer.echo("\nstopped before the job started")
             return EXIT_INTERRUPTED
@@ -109,6 +117,7 @@ def run_job(*, model, input, output, max_tokens, temperature, resume, new, quiet
             leave_group(group, client)
         if client is not None:
             client.close()
+        signal.signal(signal.SIGINT, previous)
 
 
 def _summary(s: dict) -> int:
