@@ -246,6 +246,7 @@ class Group:
         """Stop a job at the next pass boundary (Ctrl-C in its `spill run`)."""
         for run in self.runs():
             if args.get("job") in (None, run.job.id):
+                self.clients.pop(run.job.id, None)   # the client asking is the one following it
                 return self.stop_job(run, "interrupted")
         return {"job": args.get("job")}
 
@@ -260,8 +261,9 @@ class Group:
         """A queued job whose client is gone leaves the queue; the owner gone, its jobs stop and the group too once idle."""
         now = time.monotonic()
         live = {run.job.id for run in self.runs()}
-        for job, (_, seen) in list(self.clients.items()):
-            if job not in live and now - seen > config.client_timeout():
+        for job, (client, seen) in list(self.clients.items()):
+            gone = self.owner_gone.is_set() and self.owner and client == self.owner
+            if job not in live and (gone or now - seen > config.client_timeout()):
                 del self.clients[job]    # ended, and its client never came back to see it
         for run in self.runs():
             client, seen = self.clients.get(run.job.id, ("", now))
