@@ -197,7 +197,7 @@ class Group:
                 "output": str(job.output_path), "queued": len(self.queue)}
 
     def status(self, args: dict) -> dict:
-        runs = ([self.current] if self.current else []) + [run for run, _ in self.queue]
+        runs = self.runs()
         wanted = args.get("job")
         if wanted in self.clients:   # its client is still there; once it has seen the end it is done with us
             self.clients[wanted] = (self.clients[wanted][0], time.monotonic())
