@@ -178,8 +178,8 @@ def report_cmd(job: str = typer.Argument(..., help="A job id (`spill status` lis
 
 def main() -> None:
     import sys
-    if sys.argv[1:2] == ["check"]:   # the only command that runs MLX in this process
-        from spill.platform import reexec_with_preload
+    if sys.argv[1:2] not in (["run"], ["status"], ["up"], ["down"], ["cancel"]):   # these run no MLX here:
+        from spill.platform import reexec_with_preload                           # no second start
         reexec_with_preload()
     app(prog_name="spill")
 
