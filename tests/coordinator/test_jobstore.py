@@ -249,7 +249,7 @@ def test_job_folders_are_private_and_outputs_0600(home, batch, tmp_path):
         default = Job.create(batch, "m", {})
     finally:
         os.umask(old)
-    assert oct(job.dir.stat().st_mode & 0o777) == "0o700" and oct((job.dir / "logs").stat().st_mode & 0o777) == "0o700"
+    assert oct(job.dir.stat().st_mode & 0o777) == "0o700" and not (job.dir / "logs").exists()
     assert oct(jobstore.jobs_dir().stat().st_mode & 0o777) == "0o700"
     for path in (tmp_path / "out.jsonl", default.output_path, job.dir / "job.json"):
         assert oct(path.stat().st_mode & 0o777) == "0o600", path
@@ -259,12 +259,12 @@ def test_a_symlink_planted_after_the_check_is_not_followed(home, batch, tmp_path
     """Issue 8, finding 7: -o followed a symlink planted between the emptiness check and the first write."""
     target, out = tmp_path / "victim.txt", tmp_path / "out.jsonl"
     target.write_text("precious\n")
-    check = jobstore._check_output_free
+    check = jobstore.check_output_free
 
     def check_then_plant(path):
         check(path)
         os.symlink(target, path)
-    monkeypatch.setattr(jobstore, "_check_output_free", check_then_plant)
+    monkeypatch.setattr(jobstore, "check_output_free", check_then_plant)
     message = _refused(Job.create, batch, "m", {}, out)
     assert message == f"{out} is a symbolic link; spill writes only to a regular file, give the real path with -o"
     assert target.read_text() == "precious\n" and jobstore.list_jobs() == []
