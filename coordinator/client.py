@@ -85,7 +85,7 @@ def start_group(eps: Endpoints, *, embedded: bool, actor_args: dict | None = Non
         os.close(fds[0])
         proc.owner_pipe = write_end   # kept open while this process follows its job
     client, deadline = Client(eps), time.monotonic() + timeout_s
-    while (pid := client.ping()) != proc.pid:
+    while (pid := _ping_starting(client)) != proc.pid:
         if proc.poll() == rundir.LOCKED_EXIT or pid:   # another group answers: ours will not start
             if embedded:
                 os.close(write_end)
@@ -101,6 +101,15 @@ def start_group(eps: Endpoints, *, embedded: bool, actor_args: dict | None = Non
             raise GroupDead(f"the spill group did not start within {timeout_s:.0f} s")
     client.close()
     return proc
+
+
+def _ping_starting(client: "Client") -> int:
+    """ping while a group starts: a refusal means its token file is not written yet."""
+    try:
+        return client.ping()
+    except SpillError:
+        time.sleep(0.05)
+        return 0
 
 
 def leave_group(proc: subprocess.Popen, client: "Client", timeout_s: float = 30.0) -> None:
