@@ -67,8 +67,8 @@ def test_failed_rows_are_counted_exit_3_and_a_finished_command_is_not_rerun(make
 
 def test_queued_jobs_ctrl_c_cancel_down_and_a_killed_client(make_tiny, tmp_path, home):
     folder = make_tiny("llama")
-    for name in "abcde":   # d runs while e waits and `spill down` comes: d must be long
-        write_input(tmp_path / f"{name}.jsonl", 60 if name == "d" else 12, max_tokens=8)
+    for name in "abcde":   # a and d run while others wait: they must be long
+        write_input(tmp_path / f"{name}.jsonl", 60 if name in "ad" else 12, max_tokens=8)
     spill("up", check=True, env=SLOW)
     try:
         a = _background("run", folder, tmp_path / "a.jsonl", "-o", tmp_path / "a.out")
