@@ -20,6 +20,7 @@ import numpy as np
 from spill import config
 
 from .passmodel import Observation, PassModel, fit
+from .schedule import allowance
 
 HISTORY = 200                  # passes kept for the refit
 PROBE_BYTES = 1 << 30          # the cold read probe reads at most this much of the weights
@@ -145,6 +146,7 @@ class Calibration:
     def __init__(self, k: str, prior: PassModel, passes: list[Observation] | None = None,
                  seen: int = 0, name: str = ""):
         self.key, self.prior, self.name = k, prior, name
+        self.streamed_bytes = 0                   # set by open_calibration from the model's plan
         self.passes = list(passes or [])[-HISTORY:]
         self.seen = seen                          # passes observed in all, kept or not
         self.model = fit(prior, self.passes)
@@ -190,6 +192,7 @@ def open_calibration(folder: str | Path, dtype=None) -> Calibration:
         prior.bandwidth = read_probe(weight_files(folder))
         cal = Calibration(k, prior, name=Path(folder).name)
         cal.save()
+    cal.streamed_bytes = plan.streamed_bytes
     return cal
 
 
@@ -246,11 +249,12 @@ class Calibrator:
     """The admission actor's hook: opens the model's calibration on a reset, refits and stores it
     after every pass. A calibration that cannot be made is logged and skipped, never fatal."""
 
-    def __init__(self, log):
+    def __init__(self, log, chunk: int = 512):
         self.log = log
         self.model = ""
         self.cal: Calibration | None = None
-        self.context = ContextTracker()
+        self.streamed = 0                      # bytes a pass streams
+        self.context = ContextTracker(chunk)
 
     def reset(self, model: str) -> None:
         self.context.clear()
@@ -258,12 +262,20 @@ class Calibrator:
             self.model, self.cal = model, None
             try:
                 self.cal = open_calibration(model)
+                self.streamed = self.cal.streamed_bytes
                 self.log.info("calibration", key=self.cal.key, passes=self.cal.seen, **self.cal.model.to_dict())
             except Exception as err:   # the streamer reports a model that cannot load; here it only costs the estimate
                 self.log.warning("calibration_failed", model=model, error=str(err))
 
     def admitted(self, rows: list[int], lengths: list[int]) -> None:
         self.context.admitted(rows, lengths)
+
+    def allowance(self) -> int:
+        """Prompt tokens the next pass may start (see schedule.allowance)."""
+        t = self.context
+        outstanding = sum(min(t.chunk, left) for left, _ in t.prefilling.values())
+        return allowance(self.cal.model if self.cal else None, self.streamed, len(t.decoding),
+                         sum(t.decoding.values()), outstanding, t.chunk)
 
     def passed(self, msg) -> None:
         rows, context = self.context.passed(msg.finished)   # the rows that decoded in it, not after it

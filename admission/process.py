@@ -13,6 +13,7 @@ from spill.errors import SpillError
 from spill.streamer.plan import load_plan
 from spill.wire import Mailbox
 
+from . import schedule
 from .calibration import Calibrator
 from .policy import Waiting, fmt, live_allocation
 from .schedule import budget_policy
@@ -21,7 +22,7 @@ from .schedule import budget_policy
 def run_admission_process(endpoints, args, log) -> None:
     box = Mailbox(endpoints, "admission", sends_to=("streamer", "coordinator"))
     fault = Fault("admission")
-    calibrator = Calibrator(log)
+    calibrator = Calibrator(log, chunk=args.get("prefill_chunk", 512))
     policy, others, limit = None, 0, 0
     epoch, job, eos, in_flight = -1, "", [], False   # in_flight: an ADMIT the streamer has not reported on
     for batch in inbox(box, "admission", log):
@@ -39,6 +40,7 @@ def run_admission_process(endpoints, args, log) -> None:
             elif isinstance(msg, m.Tokenized):
                 eos = msg.eos
                 refused = policy.offer(_waiting(msg))
+                schedule.interleave(policy.queue, schedule.prompt_length)
                 if refused:
                     box.send("coordinator", m.Error(epoch, [w.row for w, _ in refused],
                                                     ["memory_budget_exceeded"] * len(refused), [why for _, why in refused], job))
@@ -55,7 +57,7 @@ def run_admission_process(endpoints, args, log) -> None:
         preempt = policy.to_preempt()
         if preempt:
             box.send("streamer", m.Preempt(epoch, preempt, policy.pool[0]))
-        admitted = [] if in_flight else policy.admit()
+        admitted = [] if in_flight else schedule.admit(policy, calibrator.allowance())
         if admitted:
             box.send("streamer", _admit(epoch, admitted, eos, limit, policy.pool))
             calibrator.admitted([w.row for w in admitted], [len(w.prompt) for w in admitted])

@@ -1,5 +1,17 @@
-"""The policy a job runs under, built the same way for the admission actor and for the estimate,
-so the estimate simulates the policy that will run."""
+"""The schedule: which waiting row goes next and how many prompt tokens a pass may start. Used by
+the admission actor and by the estimate alike, so the estimate simulates the schedule that runs
+(`budget_policy` builds the policy itself).
+
+- Interleave: waiting rows are ordered so every length bucket (powers of two of the prompt) drains
+  at the same rate: the j-th of m queued rows of a bucket sorts at (j + 0.5) / m. A file written
+  short-first, long-last runs mixed, and no tier is left as a wall at the end.
+- Prefill allowance: a pass carries every running row's decode step plus prompt chunks up to what
+  keeps its compute under its weight-read time (the calibrated pass model), and at least one chunk
+  (so a compute-bound pass still fills its batch), less the chunks of prompts still prefilling;
+  without a calibration, the fixed SPILL_PREFILL_TOKENS.
+"""
+
+from collections import deque
 
 import numpy as np
 
@@ -39,3 +51,43 @@ def policy_for(plan, memory_arg: str | None, model):
         width = -(-(r.prompt + r.out) // 256) * 256
         return max(1, min(policy.max_rows, s.kv_budget // s.cost(1, width)))
     return policy, waiting, max_batch
+
+
+def bucket(prompt_tokens: int) -> int:
+    return max(int(prompt_tokens), 1).bit_length()
+
+
+def interleave(queue: deque, length) -> None:
+    """Reorder `queue` in place so each bucket's rows are spread evenly through it, each bucket in
+    its own order. `length(w)` is a waiting row's prompt length."""
+    buckets: dict[int, list] = {}
+    for w in queue:
+        buckets.setdefault(bucket(length(w)), []).append(w)
+    keyed = [((j + 0.5) / len(ws), b, j, w) for b, ws in buckets.items() for j, w in enumerate(ws)]
+    keyed.sort(key=lambda k: k[:3])
+    queue.clear()
+    queue.extend(k[3] for k in keyed)
+
+
+def allowance(model, bytes_streamed: int, decode_rows: int, context: int, outstanding: int,
+              chunk: int = 512) -> int:
+    """Prompt tokens the next pass may start: under the read time (at least a chunk), less what is
+    still prefilling."""
+    if model is None:
+        return config.prefill_tokens() - outstanding
+    return max(model.prefill_allowance(bytes_streamed, decode_rows, context), chunk) - outstanding
+
+
+def admit(policy, tokens: int) -> list:
+    """The policy's admissions for the next pass with `tokens` prompt tokens allowed; none while
+    prompts already prefilling use the allowance up and rows are running (they still move)."""
+    if tokens <= 0 and policy.running:
+        return []
+    policy.prefill_tokens = max(tokens, 1)
+    return policy.admit()
+
+
+def prompt_length(w) -> int:
+    """A waiting row's prompt length, whichever record the policy keeps."""
+    n = getattr(w, "prompt_tokens", None)
+    return n if n is not None else len(w.prompt)

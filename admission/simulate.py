@@ -10,6 +10,7 @@ Rows whose output length is unknown are priced at max_tokens (`Estimate.at_max_t
 
 from dataclasses import dataclass, field
 
+from . import schedule
 from .passmodel import PassModel, PassShape
 
 
@@ -37,8 +38,8 @@ class Tier:
 
     def to_dict(self) -> dict:
         return {"tier": self.name, "rows": self.rows, "prompt_tokens": self.prompt_tokens,
-                "batch": round(self.batch, 1), "passes": self.passes, "seconds": round(self.seconds, 1),
-                "ideal_seconds": round(self.ideal_seconds, 1)}
+                "batch": round(self.batch, 1), "passes": self.passes, "seconds": round(self.seconds, 3),
+                "ideal_seconds": round(self.ideal_seconds, 3)}
 
 
 @dataclass
@@ -49,12 +50,14 @@ class Estimate:
     tiers: list[Tier]
     timeline: list[tuple[float, int]] = field(default_factory=list)   # (seconds, rows done), one point a pass
     prefill: list[int] = field(default_factory=list)                  # prefill tokens of each pass
+    allowance: list[int] = field(default_factory=list)                # what the pass model allowed it
+    running: list[dict] = field(default_factory=list)                 # tier -> rows in each pass
     errors: int = 0           # rows that cannot run (bad lines, too long): counted, not priced
     at_max_tokens: bool = True
     stalled: bool = False     # the policy left rows waiting with nothing running
 
     def to_dict(self) -> dict:
-        return {"total_seconds": round(self.total_seconds, 1), "ideal_seconds": round(self.ideal_seconds, 1),
+        return {"total_seconds": round(self.total_seconds, 3), "ideal_seconds": round(self.ideal_seconds, 3),
                 "passes": self.passes, "errors": self.errors, "priced_at_max_tokens": self.at_max_tokens,
                 "tiers": [t.to_dict() for t in self.tiers]}
 
@@ -65,22 +68,26 @@ def tier_of(prompt: int) -> str:
 
 
 def simulate(rows: list[SimRow], policy, waiting, model: PassModel, bytes_streamed: int, *,
-             chunk: int = 512, max_batch=None, errors: int = 0, at_max_tokens: bool = True) -> Estimate:
-    """`policy`: offer(list) / admit() -> list / finished(rows), as the admission actor drives it;
-    `waiting(SimRow)` makes the policy's row record; `max_batch(SimRow)` the largest batch the
-    memory budget fits for rows like it (for the ideal)."""
+             chunk: int = 512, max_batch=None, errors: int = 0, at_max_tokens: bool = True,
+             length=schedule.prompt_length) -> Estimate:
+    """`policy`: offer(list) / admit() -> list / finished(rows) and a `queue`, driven through the
+    schedule as the admission actor drives it; `waiting(SimRow)` makes the policy's row record and
+    `length` reads its prompt length back; `max_batch(SimRow)` is the largest batch the memory
+    budget fits for rows like it (for the ideal)."""
     by_id = {r.row: r for r in rows}
     tiers: dict[str, Tier] = {}
     for r in rows:
         t = tiers.setdefault(r.tier or tier_of(r.prompt), Tier(r.tier or tier_of(r.prompt)))
         t.rows, t.prompt_tokens = t.rows + 1, t.prompt_tokens + r.prompt
     refused = policy.offer([waiting(r) for r in rows]) or []
+    schedule.interleave(policy.queue, length)
     errors += len(refused)
     est = Estimate(0.0, 0.0, 0, list(tiers.values()), errors=errors, at_max_tokens=at_max_tokens)
     prefilling: dict[int, int] = {}          # row -> prompt tokens still to prefill
     decoding: dict[int, list[int]] = {}      # row -> [context, tokens left]
     clock, done = 0.0, 0
-    admitted = policy.admit()
+    allowed = schedule.allowance(model, bytes_streamed, 0, 0, 0, chunk)
+    admitted = schedule.admit(policy, allowed)
     while admitted or prefilling or decoding:
         for w in admitted:
             prefilling[w.row] = by_id[w.row].prompt
@@ -89,7 +96,7 @@ def simulate(rows: list[SimRow], policy, waiting, model: PassModel, bytes_stream
                           sum(c for c, _ in decoding.values()), bytes_streamed)
         seconds = model.pass_s(shape)
         clock += seconds
-        _share(tiers, by_id, list(prefilling) + list(decoding), seconds)
+        est.running.append(_share(tiers, by_id, list(prefilling) + list(decoding), seconds))
         # 2. its tokens: decode rows step, prefills that end their prompt emit their first token
         finished = []
         for row, state in decoding.items():
@@ -112,9 +119,12 @@ def simulate(rows: list[SimRow], policy, waiting, model: PassModel, bytes_stream
         est.passes += 1
         est.timeline.append((clock, done))
         est.prefill.append(shape.prefill_tokens)
+        est.allowance.append(allowed)
         # 3. the policy hears the pass and admits for the next one
         policy.finished(finished)
-        admitted = policy.admit()
+        outstanding = sum(min(chunk, n) for n in prefilling.values())
+        allowed = schedule.allowance(model, bytes_streamed, len(decoding), sum(c for c, _ in decoding.values()), 0, chunk)
+        admitted = schedule.admit(policy, allowed - outstanding)
         if not (admitted or prefilling or decoding) and done + len(refused) < len(rows):
             est.stalled = True
     est.total_seconds = clock
@@ -125,8 +135,8 @@ def simulate(rows: list[SimRow], policy, waiting, model: PassModel, bytes_stream
     return est
 
 
-def _share(tiers, by_id, running: list[int], seconds: float) -> None:
-    """Each tier's share of a pass: the fraction of its running rows."""
+def _share(tiers, by_id, running: list[int], seconds: float) -> dict[str, int]:
+    """Each tier's share of a pass: the fraction of its running rows. Returns tier -> rows."""
     counts: dict[str, int] = {}
     for row in running:
         r = by_id[row]
@@ -136,6 +146,7 @@ def _share(tiers, by_id, running: list[int], seconds: float) -> None:
         t = tiers[name]
         t.passes, t.row_passes = t.passes + 1, t.row_passes + n
         t.seconds += seconds * n / len(running)
+    return counts
 
 
 def _ideal(tier: Tier, rows: list[SimRow], model: PassModel, bytes_streamed: int, max_batch) -> float:

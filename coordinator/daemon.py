@@ -27,6 +27,7 @@ from spill.wire import Mailbox
 from .batch_input import read_batch
 from .batch_output import bad_row_line
 from .control import authorized, open_control, refusal
+from .estimate import job_estimate
 from .jobrun import JobRun
 from .jobstore import Job
 from .models import resolve
@@ -91,7 +92,7 @@ class Group:
         elif isinstance(msg, m.Progress) and msg.epoch == self.epoch:
             job.on_progress(msg)
         if job.finished:
-            job.job.set_status("done")
+            job.job.set_status("done", summary=job.summary())
             job.job.close()
             self.last[job.job.id] = self._status_of(job)
             self.log.info("job done", job=job.job.id)
@@ -189,12 +190,16 @@ class Group:
         except BaseException:
             job.close()     # not queued: a later run of the same command may take it
             raise
+        run.estimate = job_estimate(model, requests, run.pending, run.defaults, args.get("memory"), self.log)
+        if run.estimate is not None:
+            job.set_status("queued", estimate=run.estimate.to_meta())
         self.queue.append((run, model))
         self.clients[job.id] = (str(args.get("client", "")), time.monotonic())
         self.last.pop(job.id, None)   # resumed in this group: its old ending is history
         self.next_job()
         return {"job": job.id, "total": run.total, "done": run.total - len(run.pending),
-                "output": str(job.output_path), "queued": len(self.queue)}
+                "output": str(job.output_path), "queued": len(self.queue),
+                "estimate": run.estimate.to_meta()["line"] if run.estimate else None}
 
     def status(self, args: dict) -> dict:
         runs = self.runs()

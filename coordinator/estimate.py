@@ -2,6 +2,8 @@
 admission policy and this machine's calibrated pass model simulated pass by pass (admission/simulate.py).
 Rows that cannot run (bad lines, prompts that do not fit) are counted as errors, not priced."""
 
+import time
+from collections import Counter
 from pathlib import Path
 
 from spill.admission import schedule
@@ -26,16 +28,23 @@ def estimate_file(model: str, input: Path, *, max_tokens: int = 256, memory: str
     """(the estimate, the calibration it used) for a batch file as `spill run` would run it."""
     folder = resolve(model)
     requests, bad = read_batch(Path(input))
+    rows, errors = sim_rows(folder, requests, range(len(requests)), {"max_tokens": max_tokens})
+    return estimate_rows(folder, rows, errors=errors + len(bad), memory=memory)
+
+
+def sim_rows(folder: Path, requests: list, which, defaults: dict) -> tuple[list[SimRow], int]:
+    """The rows `which` tokenized for real: (their SimRows, how many cannot run)."""
     core = TokenizerCore(folder)
-    rows, errors = [], len(bad)
-    for i, r in enumerate(requests):
-        ids, _why = core.tokenize(i, request_dict(r, {"max_tokens": max_tokens}))
+    rows, errors = [], 0
+    for i in which:
+        request = request_dict(requests[i], defaults)
+        ids, _why = core.tokenize(i, request)
         if ids is None:
             errors += 1
         else:
-            rows.append(SimRow(i, len(ids), r.max_tokens or max_tokens))
+            rows.append(SimRow(i, len(ids), request["max_tokens"]))
     core.clear()
-    return estimate_rows(folder, rows, errors=errors, memory=memory)
+    return rows, errors
 
 
 def estimate_rows(folder: Path, rows: list[SimRow], *, errors: int = 0, memory: str | None = None) -> tuple[Estimate, dict]:
@@ -75,3 +84,61 @@ def format_estimate(est: Estimate, calibration: dict) -> str:
     if est.stalled:
         lines.append("some rows never fit the memory budget with nothing else running: they are not priced")
     return "\n".join(lines)
+
+
+class JobEstimate:
+    """A running job's estimate: the pre-run figure, and a live ETA that re-simulates the rows left
+    with the calibration as the admission actor last refitted it (at most every `every` seconds)."""
+
+    def __init__(self, folder: Path, rows: list[SimRow], errors: int, memory: str | None = None, every: float = 15.0):
+        self.folder, self.rows, self.memory, self.every = folder, rows, memory, every
+        self.first, self.calibration = estimate_rows(folder, rows, errors=errors, memory=memory)
+        self.eta_s, self.at = self.first.total_seconds, time.monotonic()
+
+    def eta(self, pending: set[int], generated: dict[int, int]) -> float:
+        """Seconds left: the rows still pending, less the tokens the running ones have generated."""
+        now = time.monotonic()
+        if now - self.at >= self.every:
+            left = [SimRow(r.row, r.prompt, max(r.out - generated.get(r.row, 0), 1), r.tier)
+                    for r in self.rows if r.row in pending]
+            self.eta_s, self.at = estimate_rows(self.folder, left, memory=self.memory)[0].total_seconds, now
+        return max(self.eta_s - (now - self.at), 0.0)
+
+    def to_meta(self) -> dict:
+        """What job.json keeps: the figures and a timeline of rows done (at most ~200 points)."""
+        step = max(1, len(self.first.timeline) // 200)
+        points = self.first.timeline[::step] + self.first.timeline[-1:]
+        return {**self.first.to_dict(), "line": estimate_line(self.first),
+                "timeline": [[round(t, 3), n] for t, n in points]}
+
+
+def summary(estimate_s: float | None, actual_s: float, finishes: list[str], lengths: list[int], passes: int) -> dict:
+    """The end-of-job figures: estimate against actual, finish reasons, output lengths, rates."""
+    lengths = sorted(lengths)
+    return {"estimate_seconds": round(estimate_s, 1) if estimate_s else None, "actual_seconds": round(actual_s, 1),
+            "actual_over_estimate": round(actual_s / estimate_s, 3) if estimate_s else None,
+            "finish_reasons": dict(Counter(finishes)),
+            "output_tokens": {"min": lengths[0], "median": lengths[len(lengths) // 2], "max": lengths[-1]} if lengths else {},
+            "passes": passes, "rows_per_hour": round(len(finishes) / actual_s * 3600, 1) if actual_s > 0 else None}
+
+
+def summary_lines(s: dict) -> list[str]:
+    lines = []
+    if s.get("estimate_seconds"):
+        lines.append(f"took {duration(s['actual_seconds'])} against an estimate of {duration(s['estimate_seconds'])} "
+                     f"({s['actual_over_estimate']:.2f}x)")
+    out = s.get("output_tokens") or {}
+    reasons = ", ".join(f"{k} {v}" for k, v in sorted(s.get("finish_reasons", {}).items()))
+    lines.append(f"{s['passes']} passes, {s.get('rows_per_hour') or 0:.0f} rows/hour; finish reasons: {reasons or 'none'}"
+                 + (f"; output tokens min {out['min']}, median {out['median']}, max {out['max']}" if out else ""))
+    return lines
+
+
+def job_estimate(folder: Path, requests: list, pending: set[int], defaults: dict, memory, log) -> "JobEstimate | None":
+    """The estimate of a submitted job's pending rows; a failure costs the estimate, never the job."""
+    try:
+        rows, errors = sim_rows(folder, requests, sorted(pending), defaults)
+        return JobEstimate(folder, rows, errors, memory)
+    except Exception as err:
+        log.warning("no estimate", error=str(err))
+        return None

@@ -34,6 +34,9 @@ class JobRun:
         self.first_pass_at = self.last_pass_at = 0.0
         self.peak_memory = 0
         self.tails: OrderedDict[int, tuple[int, str]] = OrderedDict()   # row -> (tokens, tail)
+        self.estimate = None              # a JobEstimate, when the daemon could make one
+        self.finishes, self.lengths = [], []   # finish reason and output tokens of rows done this session
+        self.first_pass_s = 0.0
 
     # -- what goes to the group ---------------------------------------------------------------
     def submits(self, epoch: int) -> list[m.Submit]:
@@ -58,6 +61,8 @@ class JobRun:
                 lines.append(success_line(r.custom_id, kind=r.kind, model=self.model_name, text=text,
                                           finish_reason=finish, prompt_tokens=p, completion_tokens=c))
                 rows.append(row)
+                self.finishes.append(finish)
+                self.lengths.append(c)
         self._write(lines, rows)
 
     def on_error(self, msg: m.Error) -> None:
@@ -78,7 +83,8 @@ class JobRun:
 
     def on_pass(self, msg: m.Pass) -> None:
         now = time.monotonic()
-        self.first_pass_at = self.first_pass_at or now
+        if not self.first_pass_at:
+            self.first_pass_at, self.first_pass_s = now, msg.seconds
         self.last_pass_at = now
         self.passes += 1
         self.pass_seconds += msg.seconds
@@ -106,12 +112,21 @@ class JobRun:
         p = self.last_pass
         done_now = self.left_at_start - len(self.pending)   # rows finished in this session
         eta = elapsed / done_now * len(self.pending) if done_now > 0 else None
+        if self.estimate is not None:   # the rows left, re-simulated with the refitted pass model
+            eta = self.estimate.eta(self.pending, {r: n for r, (n, _) in self.tails.items()})
         slots = [(self.requests[r].custom_id, n, tail) for r, (n, tail) in list(self.tails.items())[-8:]]
         return {"job": self.job.id, "status": self.job.meta.get("status"), "done": done, "total": self.total,
                 "tokens_per_s": rate, "pass_s": p.seconds if p else None, "peak_memory": self.peak_memory,
                 "eta_s": eta, "slots": slots, "output": str(self.job.output_path), "passes": self.passes,
                 "streamer_pass_s": self.pass_seconds / self.passes if self.passes else None,
-                "wall_per_pass_s": (self.last_pass_at - self.first_pass_at) / (self.passes - 1) if self.passes > 1 else None}
+                "wall_per_pass_s": (self.last_pass_at - self.first_pass_at) / (self.passes - 1) if self.passes > 1 else None,
+                "estimate": self.estimate.first.to_dict() if self.estimate else None, "summary": self.summary()}
+
+    def summary(self) -> dict:
+        from .estimate import summary
+        actual = self.last_pass_at - self.first_pass_at + self.first_pass_s if self.passes else 0.0
+        return summary(self.estimate.first.total_seconds if self.estimate else None, actual,
+                       self.finishes, self.lengths, self.passes)
 
 
 def row_seeds(job_id: str, requests: list[Request]) -> list[int]:

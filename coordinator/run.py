@@ -93,6 +93,8 @@ def run_job(*, model, input, output, max_tokens, temperature, resume, new, quiet
         info = client.request("submit", timeout_s=600, **args, client=os.getpid())
         job = info["job"]
         typer.echo(f"job {job}: {info['total']} rows, {info['done']} already done; output {info['output']}")
+        if info.get("estimate"):
+            typer.echo(info["estimate"])
 
         def status():
             for _ in range(30):   # a second at a time, so a dead embedded group is seen at once
@@ -128,6 +130,9 @@ def _summary(s: dict) -> int:
         typer.echo(f"job {job} {status}: {counts}; {RESUME.format(job)}")
         return EXIT_INTERRUPTED
     typer.echo(f"job {job} {status}: {counts}; output {s.get('output')}")
+    if status == "done" and s.get("summary"):
+        from .estimate import summary_lines
+        typer.echo("\n".join(summary_lines(s["summary"])))
     if status == "failed":
         typer.echo(f"spill: {s.get('error')}", err=True)
         return 1

@@ -8,6 +8,7 @@ import pytest
 from spill.admission.calibration import ContextTracker
 from spill.admission.passmodel import Observation, PassModel, PassShape, fit
 from spill.admission.policy import BudgetPolicy, Sheet, Waiting
+from spill.admission import schedule
 from spill.admission.simulate import SimRow, simulate
 
 TRUE = PassModel(bandwidth=2e9, fixed_s=0.5, per_row_s=0.01, per_prefill_token_s=0.002,
@@ -65,11 +66,12 @@ def job(n=150, seed=1):
     return rows
 
 
-def run_fake(rows, policy):
+def run_fake(rows, policy, model=TRUE):
     """The admission actor's loop around the fake engine: the job's measured total and its passes."""
     engine, by_id, ctx, seen = FakeEngine(), {r.row: r for r in rows}, ContextTracker(), []
     policy.offer([waiting(r) for r in rows])
-    admitted = policy.admit()
+    schedule.interleave(policy.queue, schedule.prompt_length)
+    admitted = schedule.admit(policy, schedule.allowance(model, BYTES, 0, 0, 0))
     while admitted or engine.rows:
         for w in admitted:
             engine.add(by_id[w.row])
@@ -78,7 +80,9 @@ def run_fake(rows, policy):
         obs.decode_rows, obs.context_tokens = ctx.passed(obs.finished)
         seen.append(obs)
         policy.finished(obs.finished)
-        admitted = policy.admit()
+        prefilling = sum(min(512, left) for left, _ in ctx.prefilling.values())
+        admitted = schedule.admit(policy, schedule.allowance(model, BYTES, len(ctx.decoding),
+                                                             sum(ctx.decoding.values()), prefilling))
     return engine.clock, seen
 
 
@@ -96,8 +100,8 @@ def test_the_simulator_reproduces_a_fake_engines_total_within_2_percent():
 
 def test_tiers_report_rows_prompt_tokens_batch_passes_and_time():
     rows = [SimRow(0, 100, 3), SimRow(1, 100, 3), SimRow(2, 1000, 2)]
-    est = simulate(rows, FifoPolicy(max_rows=8, prefill_tokens=4096), waiting,
-                   TRUE, BYTES, chunk=512)
+    roomy = PassModel(**{**vars(TRUE), "per_prefill_token_s": 1e-6})     # every prompt fits one pass
+    est = simulate(rows, FifoPolicy(max_rows=8, prefill_tokens=4096), waiting, roomy, BYTES, chunk=512)
     short, long_ = est.tiers
     assert (short.rows, short.prompt_tokens, long_.rows, long_.prompt_tokens) == (2, 200, 1, 1000)
     # pass 1: prefill 100+100+512, the short rows' first tokens; pass 2: they decode, the long row

@@ -2,6 +2,7 @@
 
 import json
 
+import pytest
 from typer.testing import CliRunner
 
 from spill.admission import calibration
@@ -55,3 +56,26 @@ def test_a_missing_input_is_one_sentence(make_tiny, tmp_path):
     result = runner.invoke(app, ["estimate", str(make_tiny("llama")), str(tmp_path / "nope.jsonl")])
     assert result.exit_code == 2
     assert len(result.output.strip().splitlines()) == 1 and result.output.startswith("spill: ")
+
+
+def test_the_live_eta_resimulates_the_rows_left_with_the_refitted_calibration(make_tiny, tmp_path, monkeypatch):
+    from spill.admission.calibration import open_calibration
+    from spill.admission.passmodel import Observation
+    from spill.admission.simulate import SimRow
+    from spill.coordinator.estimate import JobEstimate
+    monkeypatch.setenv("SPILL_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(calibration, "read_probe", lambda files: 2e9)
+    folder = make_tiny("llama")
+    rows = [SimRow(i, 40 if i % 2 else 400, 16) for i in range(20)]
+    job = JobEstimate(folder, rows, errors=0, every=0.0)
+    everything = job.eta(set(range(20)), {})
+    assert everything == pytest.approx(job.first.total_seconds, rel=0.05)
+    assert job.eta(set(range(10, 20)), {}) < everything
+    assert job.eta(set(range(10, 20)), {r: 15 for r in range(10, 20)}) < job.eta(set(range(10, 20)), {})
+    cal = open_calibration(folder)          # the admission actor refits: passes ten times slower than priced
+    for _ in range(30):
+        for rows_, prefill in ((4, 0), (8, 200), (16, 0)):
+            c = 10 * cal.model.compute_s(Observation(rows_, prefill, 500, cal.streamed_bytes))
+            cal.observe(Observation(rows_, prefill, 500, cal.streamed_bytes, seconds=c + 0.001, wait_s=0.0, compute_s=c))
+    cal.save()
+    assert job.eta(set(range(20)), {}) > 5 * everything

@@ -1,0 +1,27 @@
+"""The estimate through the front door: `spill run` prints it before its first pass, job.json keeps it
+and the end-of-job summary, and `spill report` plots the job."""
+
+import json
+
+from spill.coordinator.jobstore import Job
+
+from .group_util import spill, write_input
+
+
+def test_run_prints_the_estimate_first_and_the_summary_last(make_tiny, tmp_path):
+    folder = make_tiny("llama")
+    write_input(tmp_path / "in.jsonl", 12, max_tokens=6)
+    result = spill("run", folder, tmp_path / "in.jsonl", "-o", tmp_path / "out.jsonl", check=True)
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("job ") and lines[1].startswith("estimate: ") and " passes (ideal " in lines[1]
+    job = Job.open(lines[0].split()[1].rstrip(":"))
+    est, summary = job.meta["estimate"], job.meta["summary"]
+    assert est["line"] == lines[1] and est["total_seconds"] > 0 and est["timeline"][-1][1] == 12
+    assert summary["finish_reasons"] == {"length": 12} or sum(summary["finish_reasons"].values()) == 12
+    assert summary["output_tokens"]["max"] <= 6 and summary["passes"] > 0 and summary["actual_seconds"] > 0
+    assert lines[-1].startswith(f"{summary['passes']} passes, ")
+    assert any(l.startswith("took ") and "against an estimate of" in l for l in lines)
+    assert len((job.dir / "passes.jsonl").read_text().splitlines()) == summary["passes"]
+    report = spill("report", job.id, "-o", tmp_path / "r.png", check=True)
+    assert report.stdout.strip() == str(tmp_path / "r.png")
+    assert (tmp_path / "r.png").read_bytes()[:4] == b"\x89PNG"
