@@ -112,13 +112,55 @@ def _drop(fd: int, offset: int, length: int) -> None:
         os.posix_fadvise(fd, offset, length, os.POSIX_FADV_DONTNEED)
 
 
-def compute_probe(plan_config: dict, streamed_bytes: int, itemsize: int, dtype) -> PassModel:
-    """Time one weight matrix of the model's width in the compute dtype: times a single row (the
-    weights' trip through memory: the fixed part) and a 256-row batch (per row), scaled to the
-    streamed parameters; attention over context is priced at the per-row rate per multiply."""
+def compute_probe(plan, dtype) -> PassModel:
+    """Time the model's first layer as the streamer runs it (its weights, its attention, in the
+    compute dtype): a 128-token prefill, then decode steps of 1 and 16 rows, scaled to every
+    layer; the head per row and attention per token of context priced from a matmul of the
+    model's width. A layer that cannot run here leaves the matmul's figures alone."""
     import mlx.core as mx
-    h = int(plan_config.get("hidden_size", 1024))
-    layers = int(plan_config.get("num_hidden_layers", 1))
+    c = plan.config
+    h, n = int(c.get("hidden_size", 1024)), int(c.get("num_hidden_layers", 1))
+    fixed_per_param, row_per_param = _matmul_rates(h, dtype)
+    params = plan.streamed_bytes / {"BF16": 2, "F16": 2, "F32": 4}.get(_stored_dtype(plan), 2)
+    head = row_per_param * h * int(c.get("vocab_size", 0))
+    model = PassModel(bandwidth=1.0, fixed_s=fixed_per_param * params, per_row_s=row_per_param * params + head,
+                      per_prefill_token_s=row_per_param * params, per_context_token_s=row_per_param * 2 * h * n)
+    try:
+        from spill.streamer.families import adapter_for
+        from spill.streamer.reader import WeightReader
+        adapter = adapter_for(plan)
+        with WeightReader(plan, dtype=dtype, read_ahead=False) as reader:
+            reader.start_pass([0])
+            adapter.load_layer(0, reader.take(0))
+        layer = adapter.layers[0]
+
+        def run(rows: int, tokens: int, caches) -> float:
+            x = mx.random.normal((rows, tokens, h)).astype(dtype)
+            mask = adapter.masks(x, caches)[0]
+            mx.eval(x)
+            t0 = time.perf_counter()
+            mx.eval(layer(x, mask, cache=caches[0]))
+            return time.perf_counter() - t0
+
+        caches = lambda b: [adapter.make_cache(i, [0] * b) for i in range(len(adapter.layers))]
+        prefill = min(run(1, 128, caches(1)) for _ in range(3))      # the first run also warms up
+        one, many = caches(1), caches(16)
+        run(1, 128, one)
+        run(16, 32, many)
+        d1 = min(run(1, 1, one) for _ in range(3))
+        d16 = min(run(16, 1, many) for _ in range(3))
+        model.fixed_s = d1 * n
+        model.per_row_s = max(d16 - d1, 0.0) / 15 * n + head
+        model.per_prefill_token_s = max(prefill - d1, 0.0) / 128 * n
+    except Exception:   # an exotic layer: the matmul's figures stay the prior
+        pass
+    return model
+
+
+def _matmul_rates(h: int, dtype) -> tuple[float, float]:
+    """Seconds per weight of an [h, h] matmul in `dtype`: for one row (the weights' trip through
+    memory) and for each further row of a 256-row batch."""
+    import mlx.core as mx
     w = mx.random.normal((h, h)).astype(dtype)
     one, many = mx.random.normal((1, h)).astype(dtype), mx.random.normal((256, h)).astype(dtype)
     mx.eval(w, one, many)
@@ -131,12 +173,7 @@ def compute_probe(plan_config: dict, streamed_bytes: int, itemsize: int, dtype) 
         return (time.perf_counter() - t0) / reps
 
     t1, t256 = timed(one), timed(many)
-    params = streamed_bytes / itemsize
-    fixed_per_param = t1 / (h * h)
-    row_per_param = max(t256 - t1, 1e-9) / 255 / (h * h)
-    return PassModel(bandwidth=1.0, fixed_s=fixed_per_param * params, per_row_s=row_per_param * params,
-                     per_prefill_token_s=row_per_param * params,
-                     per_context_token_s=row_per_param * 2 * h * layers)
+    return t1 / (h * h), max(t256 - t1, 1e-9) / 255 / (h * h)
 
 
 # -- the store and the refit ----------------------------------------------------------------------
@@ -187,8 +224,7 @@ def open_calibration(folder: str | Path, dtype=None) -> Calibration:
     k, dtype = _key_of(folder, plan, dtype)
     cal = Calibration.load(k)
     if cal is None:
-        itemsize = {"BF16": 2, "F16": 2, "F32": 4}.get(_stored_dtype(plan), 2)
-        prior = compute_probe(plan.config, plan.streamed_bytes, itemsize, dtype or mx.bfloat16)
+        prior = compute_probe(plan, dtype or mx.bfloat16)
         prior.bandwidth = read_probe(weight_files(folder))
         cal = Calibration(k, prior, name=Path(folder).name)
         cal.save()

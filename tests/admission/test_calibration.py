@@ -94,3 +94,12 @@ def test_the_hook_refits_and_stores_after_each_pass_and_survives_a_bad_model(mak
     hook.reset(str(tmp_path / "no-such-model"))
     assert hook.cal is None
     hook.passed(stats)                 # nothing to refit, nothing raised
+
+
+def test_the_compute_probe_times_a_real_layer_of_the_model(make_tiny, monkeypatch):
+    from spill.streamer.plan import load_plan
+    import mlx.core as mx
+    monkeypatch.setattr(cal, "_matmul_rates", lambda h, dtype: (1.0, 2.0))   # a matmul a second per weight
+    m = cal.compute_probe(load_plan(make_tiny("qwen2")), mx.float32)
+    assert 0 < m.fixed_s < 10 and 0 < m.per_prefill_token_s < 10     # from the layer's own timings
+    assert m.per_context_token_s == 2.0 * 2 * 128 * 4                   # attention: priced by the matmul
