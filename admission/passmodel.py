@@ -88,8 +88,14 @@ def fit(prior: PassModel, passes: list[Observation], strength: float = 0.01) -> 
     lam = np.sqrt(strength) * np.maximum(rms, 0.05 * np.sqrt(np.mean(y ** 2)) + 1e-12)
     a = np.vstack([x, np.diag(lam)])
     b = np.concatenate([y, lam])            # ridge towards a multiplier of 1 on each term
-    w = np.linalg.lstsq(a, b, rcond=None)[0]
-    model = PassModel(prior.bandwidth, *(np.clip(w, 0.0, None) * prior_terms).tolist(),
+    w, free = np.zeros(len(TERMS)), np.ones(len(TERMS), dtype=bool)
+    while free.any():                       # no negative cost: a term fitted below zero is dropped, the rest refitted
+        w[:] = 0.0
+        w[free] = np.linalg.lstsq(a[:, free], b, rcond=None)[0]
+        if (w >= 0).all():
+            break
+        free &= w > 0
+    model = PassModel(prior.bandwidth, *(w * prior_terms).tolist(),
                       overlap=prior.overlap, overhead_s=prior.overhead_s)
     seconds = np.array([p.seconds for p in passes])
     model.overhead_s = float(np.median([max(p.seconds - p.wait_s - p.compute_s, 0.0) for p in passes]))
