@@ -7,8 +7,9 @@ import pytest
 
 from spill.admission import schedule
 from spill.admission.passmodel import PassModel
-from spill.admission.policy import FifoPolicy, Waiting
 from spill.admission.simulate import SimRow, simulate
+
+from .test_simulate import FifoPolicy, waiting
 
 MODEL = PassModel(bandwidth=2e9, fixed_s=0.5, per_row_s=0.01, per_prefill_token_s=0.0015,
                   per_context_token_s=1e-5, overlap=0.6, overhead_s=0.05)
@@ -25,7 +26,7 @@ def three_tiers(n=70):
 def run(rows, monkeypatch=None, interleave=True):
     if not interleave:
         monkeypatch.setattr(schedule, "interleave", lambda queue, length: None)
-    return simulate(rows, FifoPolicy(max_rows=64), lambda r: Waiting(r.row, r.prompt, ()), MODEL, BYTES)
+    return simulate(rows, FifoPolicy(max_rows=64), waiting, MODEL, BYTES)
 
 
 def tiers_at_the_end(est) -> set[str]:
@@ -34,7 +35,7 @@ def tiers_at_the_end(est) -> set[str]:
 
 
 def test_interleave_spreads_each_length_bucket_through_the_queue():
-    q = deque(Waiting(i, n, ()) for i, n in enumerate([40, 40, 40, 40, 900, 900]))
+    q = deque(waiting(SimRow(i, n, 8)) for i, n in enumerate([40, 40, 40, 40, 900, 900]))
     schedule.interleave(q, schedule.prompt_length)
     assert [w.row for w in q] == [0, 4, 1, 2, 5, 3]
 
@@ -62,7 +63,7 @@ def test_the_allowance_comes_from_the_pass_model_and_running_rows_keep_moving():
         (io - 0.5 - 0.1 - 0.01) / 0.0015 - 300, abs=1)
     assert schedule.allowance(MODEL, BYTES, 200, 0, 100) == 512 - 100    # compute-bound: a chunk a pass
     p = FifoPolicy(max_rows=8)
-    p.offer([Waiting(0, 100, ()), Waiting(1, 100, ())])
+    p.offer([waiting(SimRow(0, 100, 8)), waiting(SimRow(1, 100, 8))])
     assert [w.row for w in schedule.admit(p, 0)] == [0]          # nothing running: one row still starts
     assert schedule.admit(p, -50) == []                           # prefills in flight use the allowance up
     assert [w.row for w in schedule.admit(p, 100)] == [1]
