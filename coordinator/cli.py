@@ -70,6 +70,26 @@ def check_cmd(
         raise typer.Exit(1)
 
 
+@app.command("models")
+def models_cmd() -> None:
+    """The curated tags (models.yaml) and the models cached on this machine."""
+    from spill.coordinator.report import print_models
+    print_models()
+
+
+@app.command("pull")
+def pull_cmd(model: str = typer.Argument(..., help="A tag, a Hugging Face id org/name[@revision].")) -> None:
+    """Download a model (only the files spill reads) without running it; prints its folder."""
+    from spill.coordinator.models import resolve, warning
+    try:
+        folder = resolve(model)
+    except SpillError as err:
+        _fail(err)
+    if note := warning(folder):
+        typer.echo(f"warning: {note}", err=True)
+    typer.echo(str(folder))
+
+
 @app.command("run")
 def run_cmd(
     model: str = typer.Argument(None, help="A model folder, or 'demo' (a small generated model)."),

@@ -30,7 +30,7 @@ from .control import authorized, open_control, refusal
 from .estimate import job_estimate
 from .jobrun import JobRun
 from .jobstore import Job
-from .models import resolve
+from .models import resolve, warning
 from .rundir import LOCKED_EXIT, lock as lock_run_dir, remove_sockets, write_record, clear_record
 from .supervisor import ACTORS, Supervisor
 
@@ -199,7 +199,8 @@ class Group:
         self.next_job()
         return {"job": job.id, "total": run.total, "done": run.total - len(run.pending),
                 "output": str(job.output_path), "queued": len(self.queue),
-                "estimate": run.estimate.to_meta()["line"] if run.estimate else None}
+                "estimate": run.estimate.to_meta()["line"] if run.estimate else None,
+                "warning": warning(model)}
 
     def status(self, args: dict) -> dict:
         runs = self.runs()

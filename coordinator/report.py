@@ -37,3 +37,23 @@ def print_check(report, console: Console | None = None) -> bool:
           f"{'yes' if report.max_logit_diff <= report.tolerance else 'no'}, argmax {report.agree}/{report.compared} "
           f"({report.ties} near-ties left out); free-running {report.identical}/{len(report.rows)} identical")
     return report.passed
+
+
+def print_models(console: Console | None = None) -> None:
+    """`spill models`: the curated tags, then what is cached locally (size, family, class)."""
+    from .models import cached, tags
+    console = console or Console()
+    here = {c.name: c for c in cached()}
+    table = Table("tag", "repo", "revision", "quant", "cached", "note", title="tags (models.yaml)")
+    for t in tags().values():
+        c = here.get(t.repo)
+        table.add_row(t.name, t.repo, t.revision, t.quantization, _gb(c.size) if c else "-", t.note)
+    console.print(table)
+    table = Table("model", "size", "family", "class", "folder", title="cached on this machine")
+    for c in here.values():
+        table.add_row(c.name, _gb(c.size), c.family, c.status, str(c.folder))
+    console.print(table if here else "no models cached yet: `spill pull MODEL` downloads one")
+
+
+def _gb(n: int) -> str:
+    return f"{n / 1e9:.2f} GB"

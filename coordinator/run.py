@@ -93,6 +93,8 @@ def run_job(*, model, input, output, max_tokens, temperature, resume, new, quiet
         info = client.request("submit", timeout_s=600, **args, client=os.getpid())
         job = info["job"]
         typer.echo(f"job {job}: {info['total']} rows, {info['done']} already done; output {info['output']}")
+        if info.get("warning"):
+            typer.echo(f"warning: {info['warning']}")
         if info.get("estimate"):
             typer.echo(info["estimate"])
 

@@ -101,7 +101,8 @@ def test_unsupported_model_type(make_tiny, tmp_path):
     config["model_type"] = "mamba"
     (folder / "config.json").write_text(json.dumps(config))
     assert _one_line_error(["check", str(folder)]) == (
-        "spill: model_type 'mamba' is not supported yet; supported families: llama, mistral, qwen2")
+        f"spill: model folder {folder}: mamba is a state-space or hybrid recurrent model: it has no KV cache "
+        "to batch rows around, so spill cannot stream it; use a transformer model")
 
 
 def test_unknown_family_for_make_model(tmp_path):

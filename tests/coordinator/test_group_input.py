@@ -51,8 +51,8 @@ def test_a_missing_model_is_one_sentence(tmp_path):
     inp.write_text('{"custom_id": "a", "prompt": "x"}\n')
     result = spill("run", tmp_path / "nope", inp)
     assert result.returncode == 2
-    assert result.stderr.strip() == (f"spill: model '{tmp_path / 'nope'}': expected a local model folder or 'demo', "
-                                     "found no such folder; check the path (Hugging Face ids are not supported yet)")
+    assert result.stderr.strip() == (f"spill: model '{tmp_path / 'nope'}': expected a local model folder, a tag or "
+                                     "a Hugging Face id (org/name), found no such folder; check the path")
 
 
 def test_a_model_that_cannot_load_is_refused_with_one_sentence_before_any_group(make_tiny, tmp_path):
