@@ -32,6 +32,8 @@ def print_check(report, console: Console | None = None) -> bool:
         if k is not None:
             console.print(f"row {r.id} free-running diverges at token {k}: resident {r.expected[k:k + 4]} "
                           f"streamed {r.got[k:k + 4]}")
+    n = len(report.rows)   # first-token: the streamed first token against mlx_lm.generate run on its own
+    print(f"identity {report.identical}/{n}, first-token {report.first_tokens}/{n}")
     verdict = "passed" if report.passed else "FAILED"
     print(f"{verdict}: teacher-forced max |Δ logit| {report.max_logit_diff:.2e} <= {report.tolerance:.2e}: "
           f"{'yes' if report.max_logit_diff <= report.tolerance else 'no'}, argmax {report.agree}/{report.compared} "

@@ -49,10 +49,16 @@ class CheckRow:
     agree: int = 0                         # steps whose argmax equals the resident's, near-ties left out
     ties: int = 0                          # steps left out: the resident's top two logits within 2 x tolerance
     first_disagreement: int | None = None
+    first_expected: int | None = None      # mlx_lm.generate's first token, run on its own
+    first_got: int | None = None           # the free-running streamed row's first token (EOS included)
 
     @property
     def identical(self) -> bool:
         return self.expected == self.got
+
+    @property
+    def first_identical(self) -> bool:
+        return self.first_expected == self.first_got
 
     def first_difference(self) -> int | None:
         for k, (a, b) in enumerate(zip(self.expected, self.got)):
@@ -90,6 +96,10 @@ class CheckReport:
     @property
     def identical(self) -> int:
         return sum(r.identical for r in self.rows)
+
+    @property
+    def first_tokens(self) -> int:
+        return sum(r.first_identical for r in self.rows)
 
     def failures(self) -> list[CheckRow]:
         """Rows whose teacher-forced logits leave the tolerance, or whose argmax differs outside a near-tie."""
@@ -148,6 +158,12 @@ def resident_reference(model, prompt: list[int], max_tokens: int, eos: set[int])
     return tokens, logits
 
 
+def first_token(model, tokenizer, prompt: list[int]) -> int:
+    """The first token mlx_lm.generate gives for the prompt, greedy, in a call of its own."""
+    from mlx_lm.generate import stream_generate
+    return next(iter(stream_generate(model, tokenizer, mx.array(prompt), max_tokens=1))).token
+
+
 def compute_dtype(dtype: str | None):
     """'bfloat16' | 'float16' | 'float32' -> mx.Dtype; None -> the streamer's default for the device."""
     if dtype is None:
@@ -184,7 +200,8 @@ def run_check(folder: str | Path, n: int = 20, max_tokens: int = 16, prefill_chu
                 steps[str(i)], ref_logits = resident_reference(model, prompts[i], max_tokens, eos)
                 ref_logits = ref_logits[:len(steps[str(i)])]   # generate_step computes one step ahead
                 expected = [t for t in steps[str(i)] if t not in eos]
-                rows[str(i)] = CheckRow(str(i), len(prompts[i]), joined, expected, ref_logits)
+                rows[str(i)] = CheckRow(str(i), len(prompts[i]), joined, expected, ref_logits,
+                                        first_expected=first_token(model, tokenizer, prompts[i]))
         del model
         scale = max((float(np.abs(x).max()) for r in rows.values() for x in r.ref_logits), default=0.0)
         eps = float(mx.finfo(used).eps)
@@ -212,8 +229,11 @@ def _stream(streamer, prompts, schedule, rows, steps, max_tokens, eos, tol) -> N
         for e in streamer.step().emitted:
             if e.row_id.endswith(_TEACHER):
                 _compare(rows[e.row_id.removesuffix(_TEACHER)], steps[e.row_id.removesuffix(_TEACHER)], e, tol)
-            elif e.finish != "stop":
-                rows[e.row_id].got.append(e.token)
+            else:
+                row = rows[e.row_id]
+                row.first_got = e.token if row.first_got is None else row.first_got
+                if e.finish != "stop":
+                    row.got.append(e.token)
         passes += 1
 
 

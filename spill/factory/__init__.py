@@ -89,7 +89,8 @@ def _write(folder: Path, fam: Family, shape: Shape, *, seed: int, dtype: str, ti
     tag, itemsize = DTYPES[dtype]
     write_model(folder, tensor_shapes(fam, shape, tied), tag, itemsize,
                 lambda name, dims: tensor_blocks(name, dims, seed=seed, dtype=dtype,
-                                                 norm_init=fam.norm_init),
+                                                 norm_init=fam.norm_init,
+                                                 scaled_embedding=fam.scaled_embedding),
                 max_bytes)
 
 

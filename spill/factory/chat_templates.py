@@ -7,6 +7,8 @@ What each renders for [system "S", user "Hi"] with add_generation_prompt:
              <|start_header_id|>assistant<|end_header_id|>\\n\\n
     chatml   <|im_start|>system\\nS<|im_end|>\\n<|im_start|>user\\nHi<|im_end|>\\n<|im_start|>assistant\\n
     mistral  <s>[INST] S\\n\\nHi[/INST]
+    phi3     <|system|>\\nS<|end|>\\n<|user|>\\nHi<|end|>\\n<|assistant|>\\n
+    gemma    <bos><start_of_turn>user\\nS\\n\\nHi<end_of_turn>\\n<start_of_turn>model\\n
 """
 
 LLAMA3 = """\
@@ -57,4 +59,35 @@ MISTRAL = """\
         {{- raise_exception('Only user and assistant roles are supported after an optional system message.') }}
     {%- endif %}
 {%- endfor %}
+"""
+
+# Phi-3 style: role tags, each turn closed by <|end|>.
+PHI3 = """\
+{%- for message in messages %}
+    {{- '<|' + message['role'] + '|>\\n' + message['content'] + '<|end|>\\n' }}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<|assistant|>\\n' }}
+{%- else %}
+    {{- eos_token }}
+{%- endif %}
+"""
+
+# Gemma style: no system role (a system prompt is put before the first user turn); "model" answers.
+GEMMA = """\
+{{- bos_token }}
+{%- if messages and messages[0]['role'] == 'system' %}
+    {%- set first = messages[0]['content'] + '\\n\\n' %}
+    {%- set loop_messages = messages[1:] %}
+{%- else %}
+    {%- set first = '' %}
+    {%- set loop_messages = messages %}
+{%- endif %}
+{%- for message in loop_messages %}
+    {%- set role = 'model' if message['role'] == 'assistant' else message['role'] %}
+    {{- '<start_of_turn>' + role + '\\n' + (first if loop.first else '') + message['content'] | trim + '<end_of_turn>\\n' }}
+{%- endfor %}
+{%- if add_generation_prompt %}
+    {{- '<start_of_turn>model\\n' }}
+{%- endif %}
 """

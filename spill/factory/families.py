@@ -48,6 +48,7 @@ class Family:
     tied_sizes: frozenset[str]       # presets whose real checkpoints tie lm_head to the embedding
     head_dim_key: bool = False       # write head_dim into config.json
     norm_init: float = 1.0           # value norms are drawn around
+    scaled_embedding: bool = False   # the model multiplies the embedding by sqrt(hidden)
 
 
 LLAMA_LAYER: Layer = (
@@ -78,6 +79,32 @@ QWEN2_LAYER: Layer = (
     ("mlp.down_proj.weight", ("hidden", "ffn")),
 )
 
+# Qwen3: llama's layer plus RMSNorms over each head's queries and keys.
+QWEN3_LAYER: Layer = LLAMA_LAYER[:5] + (
+    ("self_attn.q_norm.weight", ("head_dim",)),
+    ("self_attn.k_norm.weight", ("head_dim",)),
+) + LLAMA_LAYER[5:]
+
+# Phi-3: fused q/k/v and fused gate/up projections.
+PHI3_LAYER: Layer = (
+    ("input_layernorm.weight", ("hidden",)),
+    ("self_attn.qkv_proj.weight", ("qkv", "hidden")),
+    ("self_attn.o_proj.weight", ("hidden", "q")),
+    ("post_attention_layernorm.weight", ("hidden",)),
+    ("mlp.gate_up_proj.weight", ("ffn2", "hidden")),
+    ("mlp.down_proj.weight", ("hidden", "ffn")),
+)
+
+# Gemma 2: norms before and after both attention and the MLP (stored as weight - 1).
+GEMMA2_LAYER: Layer = LLAMA_LAYER[:6] + (("pre_feedforward_layernorm.weight", ("hidden",)),) + \
+    LLAMA_LAYER[6:] + (("post_feedforward_layernorm.weight", ("hidden",)),)
+
+# Gemma 3: Gemma 2's layer plus per-head query and key norms.
+GEMMA3_LAYER: Layer = GEMMA2_LAYER[:5] + (
+    ("self_attn.q_norm.weight", ("head_dim",)),
+    ("self_attn.k_norm.weight", ("head_dim",)),
+) + GEMMA2_LAYER[5:]
+
 LLAMA3_TOKENS = Tokens(
     style="llama3",
     specials=("<|begin_of_text|>", "<|end_of_text|>", "<|reserved_special_token_0|>",
@@ -106,6 +133,26 @@ MISTRAL_TOKENS = Tokens(
     specials_first=True, filler="[control_{}]",
     bos="<s>", eos="</s>", config_bos="<s>", config_eos=("</s>",), generation_eos=("</s>",),
     pad=None, unk="<unk>", chat_template=chat_templates.MISTRAL,
+)
+
+PHI3_TOKENS = Tokens(
+    style="phi3",
+    specials=("<unk>", "<s>", "</s>", "<|endoftext|>", "<|assistant|>", "<|placeholder1|>",
+              "<|placeholder2|>", "<|placeholder3|>", "<|placeholder4|>", "<|system|>", "<|end|>",
+              "<|placeholder5|>", "<|placeholder6|>", "<|user|>"),
+    specials_first=True, filler="<|placeholder_{}|>",
+    bos="<s>", eos="<|endoftext|>", config_bos="<s>", config_eos=("<|endoftext|>",),
+    generation_eos=("<|endoftext|>", "<|assistant|>", "<|end|>"),
+    pad="<|endoftext|>", unk="<unk>", chat_template=chat_templates.PHI3,
+)
+
+GEMMA_TOKENS = Tokens(
+    style="gemma",
+    specials=("<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>"),
+    specials_first=True, filler="<unused{}>",
+    bos="<bos>", eos="<eos>", config_bos="<bos>", config_eos=("<eos>", "<end_of_turn>"),
+    generation_eos=("<eos>", "<end_of_turn>"),
+    pad="<pad>", unk="<unk>", chat_template=chat_templates.GEMMA,
 )
 
 FAMILIES: dict[str, Family] = {
@@ -142,6 +189,59 @@ FAMILIES: dict[str, Family] = {
             "attention_dropout": 0.0, "hidden_act": "silu", "initializer_range": 0.02,
             "max_position_embeddings": 32768, "rms_norm_eps": 1e-05, "rope_theta": 1000000.0,
             "sliding_window": None, "use_cache": True,
+        },
+    ),
+    # Qwen3-0.6B style: q/k norms, head_dim in the config, tied embeddings up to 4B
+    "qwen3": Family(
+        name="qwen3", model_type="qwen3", architecture="Qwen3ForCausalLM",
+        layer=QWEN3_LAYER, tokens=CHATML_TOKENS, tied_sizes=frozenset(SIZES), head_dim_key=True,
+        config={
+            "attention_bias": False, "attention_dropout": 0.0, "hidden_act": "silu",
+            "initializer_range": 0.02, "max_position_embeddings": 40960,
+            "max_window_layers": lambda s: s.layers, "rms_norm_eps": 1e-06, "rope_scaling": None,
+            "rope_theta": 1000000.0, "sliding_window": None, "use_cache": True,
+            "use_sliding_window": False,
+        },
+    ),
+    # Phi-3-mini-4k style: fused projections, untied head, head_dim = hidden / heads
+    "phi3": Family(
+        name="phi3", model_type="phi3", architecture="Phi3ForCausalLM",
+        layer=PHI3_LAYER, tokens=PHI3_TOKENS, tied_sizes=frozenset(),
+        config={
+            "attention_bias": False, "attention_dropout": 0.0, "embd_pdrop": 0.0, "hidden_act": "silu",
+            "initializer_range": 0.02, "max_position_embeddings": 4096,
+            "original_max_position_embeddings": 4096, "resid_pdrop": 0.0, "rms_norm_eps": 1e-05,
+            "rope_scaling": None, "rope_theta": 10000.0, "sliding_window": 2047, "use_cache": True,
+        },
+    ),
+    # Gemma-2-2b style: embedding scale, +1 norms, attention and final-logit soft-capping, tied
+    "gemma2": Family(
+        name="gemma2", model_type="gemma2", architecture="Gemma2ForCausalLM",
+        layer=GEMMA2_LAYER, tokens=GEMMA_TOKENS, tied_sizes=frozenset(SIZES), head_dim_key=True,
+        norm_init=0.0, scaled_embedding=True,
+        config={
+            "attention_bias": False, "attention_dropout": 0.0, "attn_logit_softcapping": 50.0,
+            "cache_implementation": "hybrid", "final_logit_softcapping": 30.0,
+            "hidden_act": "gelu_pytorch_tanh", "hidden_activation": "gelu_pytorch_tanh",
+            "initializer_range": 0.02, "max_position_embeddings": 8192,
+            "query_pre_attn_scalar": lambda s: s.head_dim, "rms_norm_eps": 1e-06,
+            "rope_theta": 10000.0, "sliding_window": 4096, "use_cache": True,
+        },
+    ),
+    # Gemma-3-1b style: q/k norms, local layers with a sliding window (one global layer in 6);
+    # small presets get a 32-token window and every 2nd layer global, so tests cross both
+    "gemma3_text": Family(
+        name="gemma3_text", model_type="gemma3_text", architecture="Gemma3ForCausalLM",
+        layer=GEMMA3_LAYER, tokens=GEMMA_TOKENS, tied_sizes=frozenset(SIZES), head_dim_key=True,
+        norm_init=0.0, scaled_embedding=True,
+        config={
+            "attention_bias": False, "attention_dropout": 0.0, "attn_logit_softcapping": None,
+            "final_logit_softcapping": None, "hidden_activation": "gelu_pytorch_tanh",
+            "initializer_range": 0.02, "max_position_embeddings": 32768,
+            "query_pre_attn_scalar": lambda s: s.head_dim, "rms_norm_eps": 1e-06,
+            "rope_local_base_freq": 10000.0, "rope_scaling": None, "rope_theta": 1000000.0,
+            "sliding_window": lambda s: 512 if s.layers >= 12 else 32,
+            "sliding_window_pattern": lambda s: 6 if s.layers >= 12 else 2, "use_cache": True,
         },
     ),
 }

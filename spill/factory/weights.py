@@ -6,7 +6,8 @@ so a tensor's bytes never depend on sharding or on how the writer chunks it.
 Scale: matrices get std = in_features ** -0.5, so every block's output has the scale
 of its input; the layers then matter, the residual stream stays O(1) in bf16, and
 greedy decoding gives varied tokens (with a 0.02 std the embedding dominates and a
-tied model just repeats its input). Biases get std 0.02, norms norm_init +- a little.
+tied model just repeats its input). Biases get std 0.02, norms norm_init +- a little. A family
+that multiplies its embedding by sqrt(hidden) (gemma) draws it with std 1/hidden, to the same effect.
 Values are uniform with that std: numpy draws uniforms ~4x faster than normals.
 """
 
@@ -24,8 +25,11 @@ DTYPES: dict[str, tuple[str, int]] = {
 }
 
 
-def init_for(name: str, shape: tuple[int, ...], norm_init: float = 1.0) -> tuple[float, float]:
+def init_for(name: str, shape: tuple[int, ...], norm_init: float = 1.0,
+             scaled_embedding: bool = False) -> tuple[float, float]:
     """(mean, std) of a tensor's values, chosen from its name."""
+    if scaled_embedding and name.endswith("embed_tokens.weight"):
+        return 0.0, 1.0 / shape[-1]
     if name.endswith("norm.weight"):
         return norm_init, 0.02
     if name.endswith(".bias"):
@@ -57,10 +61,10 @@ def encode(x: np.ndarray, dtype: str) -> np.ndarray:
 
 
 def tensor_blocks(name: str, shape: tuple[int, ...], *, seed: int, dtype: str,
-                  norm_init: float = 1.0) -> Iterator[np.ndarray]:
+                  norm_init: float = 1.0, scaled_embedding: bool = False) -> Iterator[np.ndarray]:
     """The tensor's values in row-major order, one encoded block at a time."""
     n = math.prod(shape)
-    mean, std = init_for(name, shape, norm_init)
+    mean, std = init_for(name, shape, norm_init, scaled_embedding)
     half = std * math.sqrt(3.0)  # uniform on [mean - half, mean + half] has this std
     for block, start in enumerate(range(0, n, BLOCK)):
         x = _generator(seed, name, block).random(min(BLOCK, n - start), dtype=np.float32)

@@ -8,6 +8,7 @@ from spill.errors import SpillError
 
 from .base import Adapter
 from .classify import Verdict, classify
+from .gemma import Gemma2Adapter, Gemma3TextAdapter
 from .llama import LlamaAdapter
 
 # model_type -> adapter class, for the families whose streamed-vs-resident identity passes.
@@ -15,6 +16,10 @@ FAMILIES: dict[str, type[Adapter]] = {
     "llama": LlamaAdapter,
     "mistral": LlamaAdapter,
     "qwen2": Adapter,
+    "qwen3": Adapter,
+    "phi3": Adapter,
+    "gemma2": Gemma2Adapter,
+    "gemma3_text": Gemma3TextAdapter,
 }
 VERIFIED = frozenset(FAMILIES)
 

@@ -33,14 +33,22 @@ class Adapter:
     # -- weights ---------------------------------------------------------------------------
     def check_names(self, plan: ModelPlan) -> None:
         """The files hold exactly the tensors the model has, layer by layer: one sentence if not."""
-        for i, specs in enumerate(plan.layers):
-            stubs = {s.name: mx.zeros(s.shape) for s in specs}   # lazy, never evaluated
-            names = self.model.sanitize(stubs)
-            prefix = layer_prefix(next(iter(names))) if names else f"model.layers.{i}."
-            want = {prefix + k for k, _ in tree_flatten(self._blank[i])}
-            self._match(plan, set(names), want)
-        stubs = {s.name: mx.zeros(s.shape) for s in plan.resident}
-        self._match(plan, set(self.model.sanitize(stubs)), self._resident_names())
+        # one sanitize over every name, as mlx-lm's loader does (some decide ties from the whole set)
+        specs = plan.resident + [s for layer in plan.layers for s in layer]
+        names = self.sanitize({s.name: mx.zeros(s.shape) for s in specs})   # lazy, never evaluated
+        by_layer: dict[int | None, set[str]] = {}
+        for name in names:
+            by_layer.setdefault(layer_of(name), set()).add(name)
+        for i in range(len(self.layers)):
+            found = by_layer.get(i, set())
+            prefix = layer_prefix(next(iter(found))) if found else f"model.layers.{i}."
+            self._match(plan, found, {prefix + k for k, _ in tree_flatten(self._blank[i])})
+        self._match(plan, by_layer.get(None, set()), self._resident_names())
+
+    def sanitize(self, weights: dict) -> dict:
+        """mlx-lm's renames and drops of checkpoint names (families without one keep them as they are)."""
+        fn = getattr(self.model, "sanitize", None)
+        return fn(weights) if fn is not None else weights
 
     def _resident_names(self) -> set[str]:
         return {k for k, _ in tree_flatten(self.model.parameters()) if layer_of(k) is None}
@@ -58,12 +66,12 @@ class Adapter:
 
     def load_resident(self, weights: dict[str, mx.array]) -> None:
         """Embedding, final norm and head (`check_names` has matched them to the model)."""
-        weights = self.model.sanitize(dict(weights))
+        weights = self.sanitize(dict(weights))
         self.model.update(tree_unflatten(list(weights.items())))
         mx.eval(list(weights.values()))
 
     def load_layer(self, i: int, weights: dict[str, mx.array]) -> None:
-        weights = self.model.sanitize(dict(weights))
+        weights = self.sanitize(dict(weights))
         first = next(iter(weights))
         if layer_of(first) != i:
             raise ValueError(f"tensor {first} is not in layer {i}")

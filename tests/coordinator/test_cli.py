@@ -17,6 +17,7 @@ def test_check_prints_a_table_and_n_of_n_identical(make_tiny):
     assert result.exit_code == 0, result.output
     last = result.output.rstrip().splitlines()[-1]
     assert last.startswith("passed: teacher-forced max |Δ logit| ") and last.endswith("free-running 6/6 identical")
+    assert result.output.rstrip().splitlines()[-2] == "identity 6/6, first-token 6/6"
     assert "the pass a row joined at" in result.output and "dtype float32 on the cpu; tolerance " in result.output
 
 
@@ -107,4 +108,4 @@ def test_unsupported_model_type(make_tiny, tmp_path):
 
 def test_unknown_family_for_make_model(tmp_path):
     assert _one_line_error(["make-model", str(tmp_path / "x"), "--family", "gpt9"]) == (
-        "spill: unknown model family 'gpt9'; choose one of: llama, qwen2, mistral")
+        "spill: unknown model family 'gpt9'; choose one of: llama, qwen2, mistral, qwen3, phi3, gemma2, gemma3_text")

@@ -18,7 +18,7 @@ def error(tmp_path, **kwargs):
 
 
 def test_unknown_family(tmp_path):
-    assert error(tmp_path, family="gpt2") == "unknown model family 'gpt2'; choose one of: llama, qwen2, mistral"
+    assert error(tmp_path, family="gpt2") == "unknown model family 'gpt2'; choose one of: llama, qwen2, mistral, qwen3, phi3, gemma2, gemma3_text"
 
 
 def test_unknown_size(tmp_path):
@@ -66,4 +66,4 @@ def test_cli_writes_a_sharded_model(tmp_path):
 def test_cli_error_is_one_line(tmp_path):
     result = CliRunner().invoke(app, ["make-model", str(tmp_path / "x"), "--family", "gpt2"])
     assert result.exit_code == 2
-    assert result.stderr == "spill: unknown model family 'gpt2'; choose one of: llama, qwen2, mistral\n"
+    assert result.stderr == "spill: unknown model family 'gpt2'; choose one of: llama, qwen2, mistral, qwen3, phi3, gemma2, gemma3_text\n"

@@ -11,7 +11,7 @@ from mlx_lm import load
 from spill.factory import make_model
 from spill.factory.presets import SIZES
 
-FAMILIES = ["llama", "qwen2", "mistral"]
+FAMILIES = ["llama", "qwen2", "mistral", "qwen3", "phi3", "gemma2", "gemma3_text"]
 SHARD = 400_000  # bytes: a tiny model (~2-3 MB) splits into several shards
 
 
@@ -78,7 +78,7 @@ def test_config_matches_the_weights(make_tiny, family):
     assert config["vocab_size"] == shape.vocab and config["torch_dtype"] == "bfloat16"
     names = list(header(folder / "model.safetensors"))[1:]
     assert ("lm_head.weight" in names) == (not config["tie_word_embeddings"])
-    assert config["tie_word_embeddings"] == (family == "qwen2")
+    assert config["tie_word_embeddings"] == (family in {"qwen2", "qwen3", "gemma2", "gemma3_text"})
 
 
 def test_tensor_order_is_embedding_layers_norm_head(make_tiny):

@@ -17,6 +17,11 @@ RENDERED = {
     "qwen2": "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi there<|im_end|>\n"
              "<|im_start|>assistant\n",
     "mistral": "<s>[INST] Be brief.\n\nHi there[/INST]",
+    "qwen3": "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi there<|im_end|>\n"
+             "<|im_start|>assistant\n",
+    "phi3": "<|system|>\nBe brief.<|end|>\n<|user|>\nHi there<|end|>\n<|assistant|>\n",
+    "gemma2": "<bos><start_of_turn>user\nBe brief.\n\nHi there<end_of_turn>\n<start_of_turn>model\n",
+    "gemma3_text": "<bos><start_of_turn>user\nBe brief.\n\nHi there<end_of_turn>\n<start_of_turn>model\n",
 }
 TEXT = "Streaming weights, layer by layer: 42 ≠ 43 — naïve café 東京\n\tdef f(x): return x**2\n"
 

@@ -1,0 +1,69 @@
+"""gemma2 and gemma3_text: embedding scale, +1 norms (mlx-lm's blocks), soft-capping, sliding windows.
+
+gemma2's attention groups query heads as [B, kv_heads, repeats, T, S] when kv_heads < heads, so a
+batch mask [B, 1, T, S] would broadcast B against kv_heads (mlx-lm's own batch path breaks there);
+spill gives it one more axis, [B, 1, 1, T, S].
+"""
+
+import mlx.core as mx
+from mlx_lm.models.cache import BatchKVCache, BatchRotatingKVCache
+
+from .base import Adapter
+
+
+class Gemma2Adapter(Adapter):
+    def embed(self, tokens):
+        return self.inner.embed_tokens(tokens) * (self.args.hidden_size ** 0.5)
+
+    def masks(self, h, caches):
+        mask = caches[0].make_mask(h.shape[1])
+        if self.args.num_attention_heads > self.args.num_key_value_heads:
+            mask = mx.expand_dims(mask, 2)
+        return [mask] * len(self.layers)
+
+    def head(self, h):
+        logits = self.inner.embed_tokens.as_linear(self.inner.norm(h))
+        cap = self.args.final_logit_softcapping
+        return mx.tanh(logits / cap) * cap
+
+
+class Gemma3TextAdapter(Adapter):
+    """Every `sliding_window_pattern`-th layer is global; the others attend to a sliding window and
+    keep a rotating cache of that many positions."""
+
+    def __init__(self, config):
+        super().__init__(config)
+        self._sanitized = False
+
+    def sanitize(self, weights):
+        # mlx-lm's gemma3 sanitize decides the tie from the whole set of names (and drops lm_head): once
+        if self._sanitized:
+            return weights
+        self._sanitized = True
+        return super().sanitize(weights)
+
+    def _global(self, i: int) -> bool:
+        pattern = self.args.sliding_window_pattern
+        return i % pattern == pattern - 1
+
+    def embed(self, tokens):
+        h = self.inner.embed_tokens(tokens)
+        return h * mx.array(self.args.hidden_size ** 0.5, mx.bfloat16).astype(h.dtype)
+
+    def make_cache(self, i, left_padding):
+        if self._global(i):
+            return BatchKVCache(left_padding)
+        return BatchRotatingKVCache(self.args.sliding_window, left_padding)
+
+    def masks(self, h, caches):
+        n = h.shape[1]
+        glob = next((c for i, c in enumerate(caches) if self._global(i)), None)
+        full = glob.make_mask(n) if glob is not None else None
+        slide = caches[0].make_mask(n, window_size=self.args.sliding_window)
+        return [full if self._global(i) else slide for i in range(len(self.layers))]
+
+    def head(self, h):
+        h = self.inner.norm(h)
+        if self.model.tie_word_embeddings:
+            return self.inner.embed_tokens.as_linear(h)
+        return self.model.lm_head(h)
