@@ -37,11 +37,14 @@ def make_model_cmd(
     seed: int = typer.Option(0, help="Random seed; the same seed gives the same bytes."),
     dtype: str = typer.Option("bfloat16", help="Storage dtype: bfloat16, float16 or float32."),
     shard_size: str = typer.Option("", help="Shard the weights into files of at most this size (e.g. 500MB); empty: one file."),
+    bits: int = typer.Option(None, help="Quantize (MLX, mlx-community layout) to 4 or 8 bits."),
+    group_size: int = typer.Option(64, help="Quantization group size: 32, 64 or 128."),
 ) -> None:
     """Write a Hugging Face-layout model folder with random weights of the family's real shapes."""
     from spill.factory import make_model
     try:
-        path = make_model(out, family=family, size=size, seed=seed, dtype=dtype, shard_size=shard_size or None)
+        path = make_model(out, family=family, size=size, seed=seed, dtype=dtype, shard_size=shard_size or None,
+                          bits=bits, group_size=group_size)
     except SpillError as err:
         _fail(err)
     typer.echo(str(path))

@@ -15,15 +15,16 @@ def spill_home(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def make_tiny(tmp_path_factory, spill_home):
-    """make_tiny(family, dtype="bfloat16", shard_size=None) -> folder of a tiny random model."""
+    """make_tiny(family, dtype="bfloat16", shard_size=None, bits=None) -> folder of a tiny random model."""
     from spill.factory import make_model
     made = {}
 
-    def make(family="llama", dtype="bfloat16", shard_size=None, seed=0):
-        key = (family, dtype, shard_size, seed)
+    def make(family="llama", dtype="bfloat16", shard_size=None, seed=0, bits=None, group_size=64):
+        key = (family, dtype, shard_size, seed, bits, group_size)
         if key not in made:
             out = tmp_path_factory.mktemp(f"{family}-{dtype}") / "model"
-            made[key] = make_model(out, family=family, size="tiny", seed=seed, dtype=dtype, shard_size=shard_size)
+            made[key] = make_model(out, family=family, size="tiny", seed=seed, dtype=dtype, shard_size=shard_size,
+                                   bits=bits, group_size=group_size)
         return made[key]
 
     return make

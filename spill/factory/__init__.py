@@ -29,7 +29,8 @@ __all__ = ["make_model", "FAMILIES", "SIZES"]
 
 def make_model(out: Path, *, family: str, size: str = "tiny", seed: int = 0,
                dtype: str = "bfloat16", shard_size: str | int | None = None,
-               tie_word_embeddings: bool | None = None) -> Path:
+               tie_word_embeddings: bool | None = None, bits: int | None = None,
+               group_size: int = 64) -> Path:
     """Write a Hugging Face-layout model folder with random weights; return its path.
 
     family: llama, qwen2 or mistral. size: a preset of `presets.SIZES` (the 1b and 3b
@@ -37,6 +38,8 @@ def make_model(out: Path, *, family: str, size: str = "tiny", seed: int = 0,
     tokenizer is trained locally). The same seed gives the same bytes; shard_size
     ("500MB", "2GB" or bytes) splits the weights without changing any tensor.
     tie_word_embeddings: None follows the family's real checkpoints at that size.
+    bits (4 or 8) and group_size (32, 64 or 128): MLX-quantized weights in the mlx-community
+    layout, written by mlx-lm's own `convert` from the float model (its sharding, not shard_size).
     The folder appears complete or not at all: it is written beside `out` and renamed.
     """
     # 1. check every input before touching the disk
@@ -45,6 +48,9 @@ def make_model(out: Path, *, family: str, size: str = "tiny", seed: int = 0,
         raise SpillError(f"unknown dtype {dtype!r}; choose one of: {', '.join(DTYPES)}")
     if seed < 0:
         raise SpillError(f"seed must be 0 or more, got {seed}; pass a non-negative seed")
+    if bits is not None and (bits not in (4, 8) or group_size not in (32, 64, 128)):
+        raise SpillError(f"cannot quantize to {bits} bits in groups of {group_size}; "
+                         "choose 4 or 8 bits and a group size of 32, 64 or 128")
     max_bytes = None if shard_size is None else parse_size(shard_size)
     out = Path(out).expanduser()
     if out.exists() and not out.is_dir():
@@ -60,6 +66,8 @@ def make_model(out: Path, *, family: str, size: str = "tiny", seed: int = 0,
     tmp.mkdir()
     try:
         _write(tmp, fam, shape, seed=seed, dtype=dtype, tied=tied, max_bytes=max_bytes)
+        if bits is not None:
+            tmp = _quantized(tmp, bits, group_size)
         if out.exists():
             out.rmdir()  # empty, checked above
         os.rename(tmp, out)
@@ -92,6 +100,26 @@ def _write(folder: Path, fam: Family, shape: Shape, *, seed: int, dtype: str, ti
                                                  norm_init=fam.norm_init,
                                                  scaled_embedding=fam.scaled_embedding),
                 max_bytes)
+
+
+def _quantized(folder: Path, bits: int, group_size: int) -> Path:
+    """mlx-lm's convert of `folder` into a quantized sibling; the float folder is removed."""
+    import contextlib
+    import io
+
+    from mlx_lm.convert import convert
+    out = folder.with_name(folder.name + f"-q{bits}")
+    shutil.rmtree(out, ignore_errors=True)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):   # convert prints progress lines
+            convert(str(folder), str(out), quantize=True, q_bits=bits, q_group_size=group_size)
+    except BaseException:
+        shutil.rmtree(out, ignore_errors=True)
+        raise
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    (out / "README.md").unlink(missing_ok=True)   # convert's model card names a Hub upload
+    return out
 
 
 def _write_json(path: Path, data: dict) -> None:

@@ -5,13 +5,18 @@ adapter exposes the parts around the layers (embedding, masks, final norm, head)
 """
 
 import mlx.core as mx
+import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_unflatten
 from mlx_lm.models.cache import BatchKVCache
-from mlx_lm.utils import _get_classes
+from mlx_lm.utils import _get_classes, infer_quant_config
 
 from spill.errors import SpillError
 
 from ..plan import ModelPlan, layer_of, layer_prefix
+
+
+# safetensors codes of packed and scale tensors -> the dtype their stubs need for mlx-lm's checks
+_STUB = {"U32": mx.uint32, "U8": mx.uint8, "BF16": mx.bfloat16, "F16": mx.float16}
 
 
 class Adapter:
@@ -19,6 +24,7 @@ class Adapter:
 
     def __init__(self, config: dict):
         model_class, args_class = _get_classes(config)
+        self.config = config
         self.args = args_class.from_dict(config)
         # Parameters stay lazy (never evaluated) until real weights replace them.
         self.model = model_class(self.args)
@@ -35,7 +41,10 @@ class Adapter:
         """The files hold exactly the tensors the model has, layer by layer: one sentence if not."""
         # one sanitize over every name, as mlx-lm's loader does (some decide ties from the whole set)
         specs = plan.resident + [s for layer in plan.layers for s in layer]
-        names = self.sanitize({s.name: mx.zeros(s.shape) for s in specs})   # lazy, never evaluated
+        stubs = {s.name: mx.zeros(s.shape, _STUB.get(s.dtype, mx.float32)) for s in specs}   # lazy, never evaluated
+        names = self.sanitize(stubs)
+        if self.config.get("quantization"):
+            self._quantize(self.config["quantization"], names)
         by_layer: dict[int | None, set[str]] = {}
         for name in names:
             by_layer.setdefault(layer_of(name), set()).add(name)
@@ -44,6 +53,18 @@ class Adapter:
             prefix = layer_prefix(next(iter(found))) if found else f"model.layers.{i}."
             self._match(plan, found, {prefix + k for k, _ in tree_flatten(self._blank[i])})
         self._match(plan, by_layer.get(None, set()), self._resident_names())
+
+    def _quantize(self, quantization: dict, stubs: dict) -> None:
+        """Quantized layers where the files hold scales, as mlx-lm's loader decides (mlx-community layout)."""
+        def predicate(path, module):
+            if path in quantization:          # a per-layer setting
+                return quantization[path]
+            if not hasattr(module, "to_quantized") or f"{path}.scales" not in stubs:
+                return False
+            return infer_quant_config(path, module, stubs)
+        nn.quantize(self.model, group_size=quantization["group_size"], bits=quantization["bits"],
+                    mode=quantization.get("mode", "affine"), class_predicate=predicate)
+        self._blank = [layer.parameters() for layer in self.layers]
 
     def sanitize(self, weights: dict) -> dict:
         """mlx-lm's renames and drops of checkpoint names (families without one keep them as they are)."""
