@@ -30,7 +30,7 @@ from .control import authorized, open_control, refusal
 from .estimate import job_estimate
 from .jobrun import JobRun
 from .jobstore import Job
-from .models import resolve, warning
+from .models import check_room, output_bytes, resolve, warning
 from .rundir import LOCKED_EXIT, lock as lock_run_dir, remove_sockets, write_record, clear_record
 from .supervisor import ACTORS, Supervisor
 
@@ -175,6 +175,8 @@ class Group:
         params = {"max_tokens": 256 if args.get("max_tokens") is None else args["max_tokens"],
                   "temperature": args.get("temperature") or 0.0}
         output = Path(args["output"]) if args.get("output") else None
+        check_room(output or config.home() / "jobs", output_bytes(len(requests), params["max_tokens"]),
+                   "the job's output may need", "there, or write it elsewhere with -o")
         if job is None and not args.get("new"):
             job = Job.find(Path(args["input"]), output, args["model"])
         if job is None:

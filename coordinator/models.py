@@ -13,6 +13,7 @@ sentence naming the fix. A model is classified from its config.json before any w
 import json
 import os
 import re
+import shutil
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
@@ -107,6 +108,8 @@ def download(repo: str, revision: str, model: str) -> Path:
     cache_dir = hub_cache()
     constants.HF_HUB_OFFLINE = offline()   # huggingface_hub reads it once, at import; spill per call
     try:
+        if not offline():
+            _check_room(repo, revision, cache_dir)
         folder = snapshot_download(repo, revision=revision, cache_dir=cache_dir, allow_patterns=ALLOW,
                                    local_files_only=offline(), endpoint=os.environ.get("HF_ENDPOINT"))
     except e.HFValidationError:
@@ -128,6 +131,39 @@ def download(repo: str, revision: str, model: str) -> Path:
         raise SpillError(f"model {repo!r} at {revision!r} is not in the cache {cache_dir} and the Hugging Face "
                          f"Hub cannot be reached; connect to the network and run `spill pull {model}`") from None
     return Path(folder)
+
+
+def _check_room(repo: str, revision: str, cache_dir: Path) -> None:
+    """Refuse a download that would not fit: the files spill reads, less those already cached."""
+    from huggingface_hub import HfApi
+    from huggingface_hub import errors as e
+    from huggingface_hub.utils import filter_repo_objects
+    try:
+        info = HfApi(endpoint=os.environ.get("HF_ENDPOINT")).model_info(repo, revision=revision, files_metadata=True)
+    except (e.RepositoryNotFoundError, e.RevisionNotFoundError):
+        raise
+    except Exception:   # no network, the Hub down: snapshot_download says so, or uses the cache
+        return
+    sizes = {s.rfilename: s.size or 0 for s in info.siblings or []}
+    snapshot = cache_dir / ("models--" + repo.replace("/", "--")) / "snapshots" / (info.sha or "-")
+    need = sum(sizes[f] for f in filter_repo_objects(sizes, allow_patterns=ALLOW) if not (snapshot / f).exists())
+    check_room(cache_dir, need, f"model {repo!r} needs", "or point HF_HUB_CACHE at a disk with room")
+
+
+def check_room(folder: Path, need: int, what: str, fix: str) -> None:
+    """One sentence when fewer than `need` bytes are free where `folder` is (or will be)."""
+    existing = Path(folder).expanduser().absolute()
+    while not existing.exists():
+        existing = existing.parent
+    free = shutil.disk_usage(existing).free
+    if need > free:
+        raise SpillError(f"{what} {need / 1e9:.1f} GB in {folder} but {free / 1e9:.1f} GB is free there; "
+                         f"free {(need - free) / 1e9:.1f} GB {fix}")
+
+
+def output_bytes(rows: int, max_tokens: int) -> int:
+    """A generous guess at a job's output: a JSON line of ~600 bytes per row plus ~8 bytes a token."""
+    return rows * (600 + 8 * max_tokens)
 
 
 def _config(folder: Path, model: str) -> dict:

@@ -6,6 +6,7 @@ and a tiny HTTP server that answers repo look-ups with the Hub's error replies.
 """
 
 import http.server
+import json
 import shutil
 import threading
 from pathlib import Path
@@ -23,6 +24,10 @@ def cache_model(cache: Path, repo: str, source: Path, *, revision: str = "main",
 
 # repo id -> (status, X-Error-Code) the server answers for it; a revision "nope" does not exist
 REPLIES = {"org/missing": (404, "RepoNotFound"), "org/gated": (403, "GatedRepo")}
+# org/huge exists: a config and one 2 PB safetensors file (its download never starts: no disk has room)
+HUGE = {"id": "org/huge", "sha": "c" * 40, "siblings": [
+    {"rfilename": "config.json", "size": 700}, {"rfilename": "model.safetensors", "size": 2 * 10**15},
+    {"rfilename": "pytorch_model.bin", "size": 4 * 10**15}]}
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
@@ -31,6 +36,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         repo, rev = "/".join(parts[2:4]), parts[5] if len(parts) > 5 else "main"
         status, code = REPLIES.get(repo, (404, "RevisionNotFound") if rev == "nope" else (500, ""))
         body = b'{"error": "fake hub"}'
+        if repo == "org/huge":
+            status, code, body = 200, "", json.dumps(HUGE).encode()
         self.send_response(status)
         if code:
             self.send_header("X-Error-Code", code)

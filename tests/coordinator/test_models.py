@@ -144,3 +144,28 @@ def test_spill_models_lists_tags_and_cached_models_and_pull_prints_the_folder(hu
     result = runner.invoke(app, ["pull", "org/name"])
     assert result.exit_code == 2
     assert result.output.startswith("spill: model 'org/name' at 'main' is not in the cache")
+
+
+def test_a_download_that_would_not_fit_is_refused_before_it_starts(hub, monkeypatch):
+    import shutil as sh
+    monkeypatch.setenv("HF_HUB_OFFLINE", "0")
+    free = sh.disk_usage(hub).free
+    with FakeHub() as endpoint:
+        monkeypatch.setenv("HF_ENDPOINT", endpoint)
+        sentence = _error("org/huge")   # 2 PB of safetensors; the 4 PB .bin is not a file spill reads
+    need = 2 * 10**15 + 700
+    assert sentence == (f"model 'org/huge' needs {need / 1e9:.1f} GB in {hub} but {free / 1e9:.1f} GB is free "
+                        f"there; free {(need - free) / 1e9:.1f} GB or point HF_HUB_CACHE at a disk with room")
+    assert not list(hub.iterdir())
+
+
+def test_output_room_is_checked_where_the_output_goes(tmp_path, monkeypatch):
+    from collections import namedtuple
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(models.shutil, "disk_usage", lambda path: usage(10**9, 10**9 - 10**6, 10**6))
+    need = models.output_bytes(rows=2000, max_tokens=256)
+    with pytest.raises(SpillError) as err:
+        models.check_room(tmp_path / "job" / "out.jsonl", need, "the job's output may need", "there")
+    assert str(err.value) == (f"the job's output may need {need / 1e9:.1f} GB in {tmp_path / 'job' / 'out.jsonl'} "
+                              f"but 0.0 GB is free there; free {(need - 10**6) / 1e9:.1f} GB there")
+    models.check_room(tmp_path, 10**5, "x", "y")   # room enough: nothing said
