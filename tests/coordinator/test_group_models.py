@@ -4,7 +4,7 @@ any pass for one spill cannot run."""
 import json
 import shutil
 
-from .group_util import read_output, spill
+from .group_util import read_output, resident_texts, spill, texts, write_input
 
 
 def _retyped(make_tiny, tmp_path, model_type: str, **extra):
@@ -35,3 +35,11 @@ def test_a_mixture_of_experts_model_is_refused_before_any_pass(make_tiny, tmp_pa
         f"spill: model '{folder}': mixtral is a mixture-of-experts model (num_local_experts = 8 in config.json): "
         "per-token expert routing defeats layer-order streaming; use a dense model")
     assert not (tmp_path / "out.jsonl").exists()
+
+
+def test_a_gemma2_batch_through_the_group_matches_resident_mlx_lm(make_tiny, tmp_path):
+    # grouped KV heads in a batch (the mask case mlx-lm's own batch path breaks on); EOS from both configs
+    folder = make_tiny("gemma2")
+    rows = write_input(tmp_path / "in.jsonl", 8)
+    spill("run", folder, tmp_path / "in.jsonl", "-o", tmp_path / "out.jsonl", "--quiet", check=True)
+    assert texts(read_output(tmp_path / "out.jsonl")) == resident_texts(folder, rows)
