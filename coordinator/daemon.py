@@ -175,13 +175,13 @@ class Group:
         params = {"max_tokens": 256 if args.get("max_tokens") is None else args["max_tokens"],
                   "temperature": args.get("temperature") or 0.0}
         output = Path(args["output"]) if args.get("output") else None
-        check_room(output or config.home() / "jobs", output_bytes(len(requests), params["max_tokens"]),
-                   "the job's output may need", "there, or write it elsewhere with -o")
         if job is None and not args.get("new"):
             job = Job.find(Path(args["input"]), output, args["model"])
         if job is None:
             job = Job.create(Path(args["input"]), args["model"], params, output)
         job.check_input()
+        check_room(job.output_path, output_bytes(len(requests), params["max_tokens"]),
+                   "the job's output may need", "there, or write it elsewhere with -o")
         if any(run.job.id == job.id for run, _ in self.queue) or (self.current and self.current.job.id == job.id):
             raise SpillError(f"job {job.id} is already running; follow it with `spill status {job.id}`")
         job.lock()

@@ -55,6 +55,7 @@ def group() -> Group:
 def submit(g: Group, tmp_path, name: str, rows: int = 2) -> dict:
     inp = tmp_path / f"{name}.jsonl"
     inp.write_text("".join(json.dumps({"custom_id": f"{name}{i}", "prompt": f"{name} {i}"}) + "\n" for i in range(rows)))
+    (tmp_path / "config.json").write_text('{"model_type": "llama"}')   # submit classifies the model first
     return g.handle(m.Request("submit", {"model": str(tmp_path), "input": str(inp),
                                          "output": str(tmp_path / f"{name}.out.jsonl")})).data
 
@@ -95,6 +96,7 @@ def test_an_output_that_cannot_be_opened_is_an_error_reply_not_a_dead_group(tmp_
     g = group()
     inp = tmp_path / "in.jsonl"
     inp.write_text('{"custom_id": "a", "prompt": "x"}\n')
+    (tmp_path / "config.json").write_text('{"model_type": "llama"}')
     reply = g.handle(m.Request("submit", {"model": str(tmp_path), "input": str(inp), "output": "/proc/x.jsonl"}))
     assert not reply.ok
     assert reply.error.startswith("cannot create -o /proc/x.jsonl (") and "choose a path in a folder you can write" in reply.error
