@@ -6,8 +6,6 @@ spill gives it one more axis, [B, 1, 1, T, S].
 """
 
 import mlx.core as mx
-from mlx_lm.models.cache import BatchKVCache, BatchRotatingKVCache
-
 from .base import Adapter
 
 
@@ -28,8 +26,8 @@ class Gemma2Adapter(Adapter):
 
 
 class Gemma3TextAdapter(Adapter):
-    """Every `sliding_window_pattern`-th layer is global; the others attend to a sliding window and
-    keep a rotating cache of that many positions."""
+    """Every `sliding_window_pattern`-th layer is global; the others attend to a sliding window: a
+    full cache (the decode pool's slots are full width) under a window mask."""
 
     def __init__(self, config):
         super().__init__(config)
@@ -49,11 +47,6 @@ class Gemma3TextAdapter(Adapter):
     def embed(self, tokens):
         h = self.inner.embed_tokens(tokens)
         return h * mx.array(self.args.hidden_size ** 0.5, mx.bfloat16).astype(h.dtype)
-
-    def make_cache(self, i, left_padding):
-        if self._global(i):
-            return BatchKVCache(left_padding)
-        return BatchRotatingKVCache(self.args.sliding_window, left_padding)
 
     def masks(self, h, caches):
         n = h.shape[1]
