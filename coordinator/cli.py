@@ -127,12 +127,16 @@ def up_cmd(
     foreground: bool = typer.Option(False, "--foreground", help="Stay attached; Ctrl-C stops the group."),
     listen: str = typer.Option(None, help="Control address for clients: a port (5557) or tcp://127.0.0.1:5557."),
     allow_remote: bool = typer.Option(False, "--allow-remote", help="Let --listen take an address other hosts reach (a token is required)."),
+    metrics_port: int = typer.Option(None, help="Port of the Prometheus endpoint (default 9464; 0 serves none)."),
+    metrics_host: str = typer.Option(None, help="Address of the endpoint (default 127.0.0.1, this machine only)."),
 ) -> None:
     """Start the actor group and return (it keeps running until `spill down`)."""
     from spill.coordinator.run import group_up
+    from spill.coordinator.telemetry import metrics_env
     if allow_remote:
         os.environ["SPILL_ALLOW_REMOTE"] = "1"   # read by the group through spill.config
     try:
+        metrics_env(metrics_host, metrics_port)
         typer.echo(group_up(model=model, foreground=foreground, listen=listen))
     except SpillError as err:
         _fail(err)

@@ -33,6 +33,7 @@ from .jobstore import Job
 from .models import check_room, output_bytes, resolve, warning
 from .rundir import LOCKED_EXIT, lock as lock_run_dir, remove_sockets, write_record, clear_record
 from .supervisor import ACTORS, Supervisor
+from .telemetry import Telemetry
 
 MAX_CRASHES = 3   # restarts of one actor during one job before the job fails
 END_GRACE_S = 5.0   # a stopping group waits this long at most for clients to see how their jobs ended
@@ -123,7 +124,7 @@ class Group:
             self.log.warning("actor hung; killing it", actor=role, deadline_s=config.liveness_timeout())
             self.sup.kill(role)
         for role, code in self.sup.dead():
-            self.log.warning("actor died; restarting", actor=role, exit_code=code)
+            self.log.warning("actor died; restarting", role=role, exit_code=code)
             self.crashes[role] = self.crashes.get(role, 0) + 1
             if self.current is not None and self.crashes[role] > MAX_CRASHES:
                 self.fail(f"the {role} crashed {self.crashes[role]} times during this job; "
@@ -337,6 +338,7 @@ def run_coordinator_process(endpoints, args, log) -> None:
     if args.get("owner_fd") is not None:
         group.owner = str(args.get("owner", ""))
         _watch_owner(args["owner_fd"], group.owner_gone)
+    telemetry = Telemetry(group, log)   # the metrics endpoint, fed from what the actors report
     fault = Fault("coordinator")
     sup.start_all()
     poller = zmq.Poller()
@@ -348,17 +350,20 @@ def run_coordinator_process(endpoints, args, log) -> None:
             if control in ready:
                 control.send(m.encode(answer(group, control.recv(), token, endpoints.control, log)))
             for msg in box.drain():   # after a slow request too: heartbeats are read before liveness is judged
+                telemetry.on_actor(msg)
                 group.on_actor(msg)
                 for _row in getattr(msg, "rows", []) if isinstance(msg, m.Done) else []:
                     fault.tick("done")   # counts rows written
             group.check_actors()
             group.check_clients()
             group.next_job()
+            telemetry.update()
             if group.waiting and time.monotonic() - group.waiting_since > config.ready_timeout():
                 raise RuntimeError(f"actors {sorted(group.waiting)} did not start within {config.ready_timeout()} s")
     finally:
         for run in group.runs():   # Ctrl-C on `spill up --foreground`, or a crash: the jobs are interrupted
             group.stop_job(run, "interrupted")
+        telemetry.linger()
         for role in ACTORS:
             box.send(role, m.Shutdown("down"))
         sup.stop_all()

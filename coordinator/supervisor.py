@@ -40,7 +40,7 @@ class Supervisor:
             os.close(self._pipes[role])
         self._pipes[role] = write_end
         if self.log:
-            self.log.info("started", actor=role, actor_pid=self.procs[role].pid)
+            self.log.info("started", role=role, actor_pid=self.procs[role].pid)
 
     def start_all(self) -> None:
         for role in ACTORS:

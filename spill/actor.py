@@ -2,10 +2,12 @@
 fault-injection knobs for tests, and one place that catches a crash and logs it."""
 
 import json
+import logging
 import os
 import sys
 import threading
 import traceback
+from logging.handlers import RotatingFileHandler
 
 import structlog
 
@@ -23,21 +25,47 @@ def parent_watch(fd: int) -> None:
 
 
 def setup_logging(role: str) -> structlog.BoundLogger:
-    """key=value lines on stderr, JSON lines in $SPILL_HOME/run/logs/<role>.log."""
+    """The logging of every spill process: JSON lines in $SPILL_HOME/run/logs/<role>.log, rotated by
+    size (SPILL_LOG_MAX_BYTES, SPILL_LOG_BACKUPS); key=value on stderr, where warnings and errors
+    only go unless it is a terminal. Every line carries actor and pid, and job and pass_index once
+    the process has bound them (structlog's contextvars: `bind_context`)."""
     logs = config.home() / "run" / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    file = open(logs / f"{role}.log", "a", buffering=1)
+    file = logging.getLogger(f"spill.log.{role}")
+    file.handlers[:] = [RotatingFileHandler(logs / f"{role}.log", maxBytes=config.log_max_bytes(),
+                                            backupCount=config.log_backups(), encoding="utf-8")]
+    file.propagate, file.level = False, logging.INFO
     console = structlog.dev.ConsoleRenderer(colors=False)
     as_json = structlog.processors.JSONRenderer()
+    terminal, pid = sys.stderr.isatty(), os.getpid()
+
+    def process(logger, name, event):
+        event.setdefault("actor", role)
+        event.setdefault("pid", pid)
+        return event
 
     def both(logger, name, event):
-        file.write(as_json(logger, name, dict(event)) + "\n")
-        return console(logger, name, event)
+        file.info("%s", as_json(logger, name, dict(event)))
+        if terminal or event.get("level") in ("warning", "error", "critical"):
+            return console(logger, name, event)
+        raise structlog.DropEvent
 
-    structlog.configure(processors=[structlog.processors.add_log_level,
+    structlog.configure(processors=[structlog.contextvars.merge_contextvars, process,
+                                    structlog.processors.add_log_level,
                                     structlog.processors.TimeStamper(fmt="iso"), both],
                         logger_factory=structlog.PrintLoggerFactory(sys.stderr))
-    return structlog.get_logger(role=role, pid=os.getpid())
+    return structlog.get_logger()
+
+
+def bind_context(msg) -> None:
+    """Job id and pass index for every later log line of this process, from a message it handles."""
+    from .messages import Pass, Reset, Tokens
+    if isinstance(msg, Reset):
+        structlog.contextvars.unbind_contextvars("job", "pass_index")
+        if msg.job:
+            structlog.contextvars.bind_contextvars(job=msg.job)
+    elif isinstance(msg, (Pass, Tokens)):
+        structlog.contextvars.bind_contextvars(pass_index=msg.index if isinstance(msg, Pass) else msg.pass_index)
 
 
 class Fault:
@@ -132,4 +160,7 @@ def inbox(box, role: str, log, busy=lambda: False):
         arrived = box.drain() if busy() else [box.recv(), *box.drain()]
         if any(isinstance(msg, Shutdown) for msg in arrived):
             return
-        yield [msg for a in arrived for msg in gate(a)]
+        batch = [msg for a in arrived for msg in gate(a)]
+        for msg in batch:
+            bind_context(msg)
+        yield batch

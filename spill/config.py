@@ -82,3 +82,23 @@ def client_timeout() -> float:
     """Seconds a queued job waits for its `spill run` to ask about it before it leaves the queue
     (SPILL_CLIENT_TIMEOUT, default 10): a killed client's job does not run unattended later."""
     return float(os.environ.get("SPILL_CLIENT_TIMEOUT", "10"))
+
+
+def metrics_host() -> str:
+    """Address the group's metrics endpoint listens on (SPILL_METRICS_HOST, default loopback only)."""
+    return os.environ.get("SPILL_METRICS_HOST", "127.0.0.1")
+
+
+def metrics_port() -> int:
+    """Port of the group's Prometheus endpoint (SPILL_METRICS_PORT, default 9464; 0 serves none)."""
+    return int(os.environ.get("SPILL_METRICS_PORT", "9464"))
+
+
+def log_max_bytes() -> int:
+    """Size at which an actor's JSON log rotates (SPILL_LOG_MAX_BYTES, default 20 MB)."""
+    return int(os.environ.get("SPILL_LOG_MAX_BYTES", str(20 * 10**6)))
+
+
+def log_backups() -> int:
+    """Rotated log files kept per actor besides the live one (SPILL_LOG_BACKUPS, default 3)."""
+    return int(os.environ.get("SPILL_LOG_BACKUPS", "3"))

@@ -6,7 +6,7 @@ import numpy as np
 
 from spill import config
 from spill import messages as m
-from spill.actor import Fault, inbox, run_actor
+from spill.actor import Fault, bind_context, inbox, run_actor
 from spill.errors import SpillError
 from spill.wire import Mailbox
 
@@ -105,6 +105,7 @@ def run_streamer_process(endpoints, args, log) -> None:
                 rows, why = zip(*actor.refused)
                 box.send("coordinator", m.Error(actor.epoch, list(rows), ["invalid_request"] * len(rows), list(why), actor.job))
                 actor.refused = []
+            bind_context(stats)   # later log lines carry this pass's index
             box.send("tokenizer", tokens)
             box.send("admission", stats)
             box.send("coordinator", stats)

@@ -1,0 +1,177 @@
+"""The coordinator's side of the metrics: it feeds spill/metrics.py from what the actors report and
+serves them on one endpoint. The daemon calls `on_actor` with each message before the group
+handles it (so a row still pending is known to be newly written) and `update` once per loop."""
+
+import os
+import socket
+import time
+
+import structlog
+from prometheus_client import start_http_server
+
+from spill import config
+from spill import messages as m
+from spill import metrics as mt
+from spill.errors import SpillError
+
+
+class Telemetry:
+    def __init__(self, group, log):
+        self.group, self.log = group, log
+        self.run = None                      # the current job's JobRun, or the last one's
+        self.running: set[int] = set()       # rows of the run that have generated a token
+        self.started: dict[int, float] = {}  # row -> when it was first submitted to the group
+        self.epoch = group.epoch
+        self.clock = mt.ScrapeClock()
+        self.server = None
+        self.processes = mt.ProcessCollector(group.sup.pids, lambda: group.sup.restarts)
+        mt.REGISTRY.register(self.processes)
+        mt.REGISTRY.register(self.clock)
+        mt.build_info("")
+        send = group.box.send
+        def tapped(peer, msg):   # the time each row is first submitted, for its latency
+            if isinstance(msg, m.Submit):
+                now = time.monotonic()
+                for row in msg.rows:
+                    self.started.setdefault(row, now)
+            send(peer, msg)
+        group.box.send = tapped
+        self.serve(config.metrics_host(), config.metrics_port())
+
+    def serve(self, host: str, port: int) -> None:
+        """Serve on host:port; a port in use is logged, never fatal (`spill up` checks it first)."""
+        if port == 0:
+            return
+        try:
+            self.server, _thread = start_http_server(port, addr=host, registry=mt.REGISTRY)
+            self.log.info("metrics endpoint", url=f"http://{host}:{port}/metrics")
+        except OSError as err:
+            self.log.warning("metrics endpoint not served", host=host, port=port, error=str(err))
+
+    # -- messages ------------------------------------------------------------------------------
+    def on_actor(self, msg) -> None:
+        run = self.group.current
+        if run is None:
+            return
+        stale = getattr(msg, "epoch", self.group.epoch) != self.group.epoch   # rows are written whatever their epoch
+        if isinstance(msg, m.Pass) and not stale:
+            self._pass(msg)
+        elif isinstance(msg, m.Done):
+            for row, finish, p, c in zip(msg.rows, msg.finish, msg.prompt_tokens, msg.completion_tokens):
+                if row in run.pending:
+                    self._written(row, mt.tier(p), finish)
+                    mt.PROMPT_TOKENS.inc(p)
+                    mt.GENERATED_TOKENS.inc(c)
+        elif isinstance(msg, m.Error):
+            for row, code in zip(msg.rows, msg.codes):
+                if row in run.pending:
+                    self._written(row, "unknown", code)
+        elif isinstance(msg, m.Progress) and not stale:
+            self.running.update(r for r in msg.rows if r in run.pending)
+        elif type(msg).__name__ == "Preempt":   # issue 6's PREEMPT message, once it exists
+            mt.PREEMPTIONS.inc(len(getattr(msg, "rows", ())))
+
+    def _written(self, row: int, tier: str, reason: str) -> None:
+        mt.ROWS_COMPLETED.labels(tier, reason).inc()
+        start = self.started.pop(row, None)
+        if start is not None:
+            mt.ROW_LATENCY.labels(tier).observe(time.monotonic() - start)
+        self.running.discard(row)
+
+    def _pass(self, msg: m.Pass) -> None:
+        structlog.contextvars.bind_contextvars(pass_index=msg.index)
+        mt.PASS_SECONDS.observe(msg.seconds)
+        overhead = max(msg.seconds - msg.wait_s - msg.compute_s, 0.0)
+        for phase, s in (("read_wait", msg.wait_s), ("compute", msg.compute_s), ("overhead", overhead)):
+            mt.PHASE_SECONDS.labels(phase).inc(s)
+        mt.STREAMED_BYTES.inc(msg.bytes_streamed)
+        mt.DECODE_ROWS.inc(msg.decode_rows)
+        mt.PREFILL_TOKENS.inc(msg.prefill_tokens)
+        mt.MLX_ACTIVE.set(msg.active_memory)
+        mt.MLX_PEAK.set(msg.peak_memory)
+        _memory(msg)
+        self.log.info("pass", seconds=round(msg.seconds, 4), read_wait_s=round(msg.wait_s, 4),
+                      compute_s=round(msg.compute_s, 4), decode_rows=msg.decode_rows,
+                      prefill_tokens=msg.prefill_tokens, bytes_streamed=msg.bytes_streamed)
+
+    # -- once per loop ---------------------------------------------------------------------------
+    def update(self) -> None:
+        run = self.group.current
+        if run is not None and run is not self.run:
+            self.run, self.running, self.started = run, set(), {r: t for r, t in self.started.items() if r in run.pending}
+            structlog.contextvars.bind_contextvars(job=run.job.id)
+            structlog.contextvars.unbind_contextvars("pass_index")
+            mt.build_info(run.model_name)
+        elif run is None and self.run is not None:
+            structlog.contextvars.unbind_contextvars("job", "pass_index")
+        if self.group.epoch != self.epoch:   # rows in flight are resubmitted and wait again
+            self.epoch, self.running = self.group.epoch, set()
+        if self.run is None:
+            return
+        counts, live = self.run.job.counts(), self.group.current is not None   # an ended job has no rows in flight
+        running = len(self.running) if live else 0
+        waiting = len(self.run.pending) - running if live else 0
+        for state, n in (("waiting", waiting), ("running", running),
+                         ("done", counts["succeeded"]), ("failed", counts["failed"])):
+            mt.JOB_ROWS.labels(state).set(n)
+        eta = _eta(self.run) if live else 0.0
+        if eta is not None:
+            mt.JOB_ETA.set(eta)
+
+    def linger(self) -> None:
+        """Where a Prometheus scrapes us, wait (one scrape interval at most) for it to see the end."""
+        interval = self.clock.interval()
+        if self.server is None or interval is None:
+            return
+        self.update()
+        deadline, seen = time.monotonic() + min(interval * 1.5, 60.0), self.clock.times[-1]
+        while time.monotonic() < deadline and self.clock.times[-1] == seen:
+            time.sleep(0.05)
+        self.server.shutdown()
+
+
+def _eta(run) -> float | None:
+    """The live view's ETA: elapsed over rows done this session, times rows left."""
+    done_now = run.left_at_start - len(run.pending)
+    return (time.monotonic() - run.started) / done_now * len(run.pending) if done_now > 0 else None
+
+
+def _memory(msg) -> None:
+    """Memory figures of issue 6's PASS fields, read only where the message carries them."""
+    for name, gauge in (("working_set", mt.WORKING_SET), ("budget", mt.BUDGET), ("guard", mt.GUARD),
+                        ("hard", mt.HARD), ("read_bandwidth", mt.READ_BANDWIDTH)):
+        value = getattr(msg, name, None)
+        if isinstance(value, (int, float)) and value > 0:
+            gauge.set(value)
+    live = getattr(msg, "live", None)
+    if isinstance(live, dict):
+        for kind, n in live.items():
+            if kind in mt.LIVE_KINDS:
+                mt.LIVE.labels(kind).set(n)
+    if getattr(msg, "held", 0):
+        mt.HOLDS.inc()
+
+
+def metrics_env(host: str | None, port: int | None) -> None:
+    """`spill up --metrics-host/--metrics-port`: checked here when given, handed to the group by
+    environment. The default port, when taken, costs only a warning in the coordinator's log."""
+    if port is None and host is None:
+        return
+    if port is not None:
+        if not 0 <= port <= 65535:
+            raise SpillError(f"--metrics-port {port} is not a port; give 1-65535, or 0 to serve no metrics")
+        os.environ["SPILL_METRICS_PORT"] = str(port)
+    if host is not None:
+        os.environ["SPILL_METRICS_HOST"] = host
+    host, port = config.metrics_host(), config.metrics_port()
+    if port and not _free(host, port):
+        raise SpillError(f"cannot serve metrics on {host}:{port}: the address is in use or not this machine's "
+                         f"(a spill group already up? see `spill status`); choose another with --metrics-port")
+
+
+def _free(host: str, port: int) -> bool:
+    try:
+        with socket.create_server((host, port)):
+            return True
+    except OSError:
+        return False
