@@ -68,8 +68,6 @@ class Telemetry:
                     self._written(row, "unknown", code)
         elif isinstance(msg, m.Progress) and not stale:
             self.running.update(r for r in msg.rows if r in run.pending)
-        elif type(msg).__name__ == "Preempt":   # issue 6's PREEMPT message, once it exists
-            mt.PREEMPTIONS.inc(len(getattr(msg, "rows", ())))
 
     def _written(self, row: int, tier: str, reason: str) -> None:
         mt.ROWS_COMPLETED.labels(tier, reason).inc()
@@ -87,8 +85,6 @@ class Telemetry:
         mt.STREAMED_BYTES.inc(msg.bytes_streamed)
         mt.DECODE_ROWS.inc(msg.decode_rows)
         mt.PREFILL_TOKENS.inc(msg.prefill_tokens)
-        mt.MLX_ACTIVE.set(msg.active_memory)
-        mt.MLX_PEAK.set(msg.peak_memory)
         _memory(msg)
         self.log.info("pass", seconds=round(msg.seconds, 4), read_wait_s=round(msg.wait_s, 4),
                       compute_s=round(msg.compute_s, 4), decode_rows=msg.decode_rows,
@@ -137,19 +133,20 @@ def _eta(run) -> float | None:
 
 
 def _memory(msg) -> None:
-    """Memory figures of issue 6's PASS fields, read only where the message carries them."""
-    for name, gauge in (("working_set", mt.WORKING_SET), ("budget", mt.BUDGET), ("guard", mt.GUARD),
-                        ("hard", mt.HARD), ("read_bandwidth", mt.READ_BANDWIDTH)):
-        value = getattr(msg, name, None)
-        if isinstance(value, (int, float)) and value > 0:
-            gauge.set(value)
-    live = getattr(msg, "live", None)
-    if isinstance(live, dict):
-        for kind, n in live.items():
-            if kind in mt.LIVE_KINDS:
-                mt.LIVE.labels(kind).set(n)
-    if getattr(msg, "held", 0):
-        mt.HOLDS.inc()
+    """Memory figures of the PASS report; issue 6's fields are read only where the message has them."""
+    live = {"mlx_active": msg.active_memory, "mlx_cache": getattr(msg, "cache_memory", 0),
+            "reader_buffers": getattr(msg, "reader_memory", 0)}
+    for kind, n in live.items():
+        if n:
+            mt.LIVE.labels(kind).set(n)
+    mt.MLX_PEAK.set(msg.peak_memory)
+    for name, gauge in (("read_bandwidth", mt.READ_BANDWIDTH), ("cgroup_usage", mt.CGROUP_USAGE)):
+        if getattr(msg, name, None):
+            gauge.set(getattr(msg, name))
+    for kind in ("minor", "major"):
+        if hasattr(msg, f"{kind}_faults"):
+            mt.PASS_FAULTS.labels(kind).inc(getattr(msg, f"{kind}_faults"))
+    mt.PREEMPTIONS.inc(len(getattr(msg, "preempted", None) or ()))
 
 
 def metrics_env(host: str | None, port: int | None) -> None:

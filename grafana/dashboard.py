@@ -3,6 +3,7 @@
     python grafana/dashboard.py           # writes grafana/spill-dashboard.json and grafana/spill-rules.yml
     python grafana/dashboard.py --check   # fails when a query names a metric spill/metrics.py does not
                                           # define, or when the files differ from what this writes
+    python grafana/dashboard.py --markdown  # the README's table of panels and their queries
 """
 
 import json
@@ -73,11 +74,14 @@ ROWS = [
                                               q("spill_memory_guard_bytes", "guard"),
                                               q("spill_memory_hard_bytes", "hard"),
                                               q("spill_memory_working_set_bytes", "working set"),
-                                              q("spill_mlx_active_bytes", "MLX active"),
+                                              q("spill_memory_cgroup_usage_bytes", "cgroup usage"),
                                               q("spill_mlx_peak_bytes", "MLX peak")]),
         ("Live by kind", "bytes", [q("spill_memory_live_bytes", "{{kind}}")]),
         ("Page faults", "short", [q(f"sum by (actor, kind) (rate(spill_process_page_faults_total[{W}]))",
-                                    "{{actor}} {{kind}}")]),
+                                    "{{actor}} {{kind}} per s"),
+                                  q(f"sum by (kind) (rate(spill_pass_page_faults_total[{W}])) / ignoring(kind) "
+                                    f"group_left sum(rate(spill_pass_duration_seconds_count[{W}]))",
+                                    "streamer {{kind}} per pass")]),
         ("Holds and preemptions", "short", [q(f"increase(spill_admission_holds_total[{W}])", "passes held"),
                                             q(f"increase(spill_preemptions_total[{W}])", "rows preempted")]),
     ]),
@@ -141,6 +145,15 @@ def dashboard_json() -> str:
     return json.dumps(build(), indent=2) + "\n"
 
 
+def panels_markdown() -> str:
+    """The README's panel list: row, panel and the query behind each line (kept in step by a test)."""
+    lines = ["| row | panel | query |", "| --- | --- | --- |"]
+    for row, panel, expr in queries():
+        cell = expr.replace("|", "\\|")   # a pipe inside a table cell, code or not
+        lines.append(f"| {row} | {panel} | `{cell}` |")
+    return "\n".join(lines) + "\n"
+
+
 def problems() -> list[str]:
     """What --check reports: queries on undefined metrics, files out of date."""
     from spill.metrics import defined_names
@@ -155,6 +168,9 @@ def problems() -> list[str]:
 
 
 def main(argv: list[str]) -> int:
+    if "--markdown" in argv:
+        print(panels_markdown(), end="")
+        return 0
     if "--check" in argv:
         found = problems()
         for line in found:

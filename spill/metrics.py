@@ -4,7 +4,7 @@ from these names and checked against them).
 The coordinator serves them all on one endpoint (default 127.0.0.1:9464): the actors already
 report each pass, each finished row and each error to it, so it holds the job's figures and
 keeps counters across actor restarts; what only the OS knows of each actor (resident memory,
-CPU, faults) it reads by pid. Why one endpoint and not one per process: see docs/metrics.md.
+CPU, faults) it reads by pid. Why one endpoint and not one per process: the README, "Metrics".
 
 Names follow Prometheus's conventions: `spill_` prefix, base units, `_total` on counters,
 labels from small fixed sets (tier, phase, kind, reason, actor, state), never a row or job id.
@@ -38,7 +38,7 @@ class Unset(Gauge):
 
 # Prompt-length tiers (prompt tokens below the bound): the labels of per-row series.
 TIERS = ((256, "short"), (1024, "medium"), (float("inf"), "long"))
-LIVE_KINDS = ("weights", "kv", "activations", "mlx_cache", "reader_buffers", "other_processes")
+LIVE_KINDS = ("mlx_active", "mlx_cache", "reader_buffers", "weights", "kv", "activations", "other_processes")
 PASS_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 LATENCY_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200, 14400, 43200)
 
@@ -82,10 +82,11 @@ WORKING_SET = Unset("spill_memory_working_set_bytes", "Memory the machine gives 
 BUDGET = Unset("spill_memory_budget_bytes", "Live allocation admission aims at.")
 GUARD = Unset("spill_memory_guard_bytes", "Above this live allocation nothing is admitted.")
 HARD = Unset("spill_memory_hard_bytes", "Above this live allocation rows are preempted.")
-LIVE = Gauge("spill_memory_live_bytes", "Live allocation by kind, as the streamer reports it each pass.",
-             ["kind"], registry=REGISTRY)
-MLX_ACTIVE = Gauge("spill_mlx_active_bytes", "MLX's active memory in the streamer after the last pass.",
-                   registry=REGISTRY)
+LIVE = Gauge("spill_memory_live_bytes", "Live allocation by kind, as the streamer reports it each pass "
+             "(mlx_active: MLX's arrays; mlx_cache: its buffer cache; reader_buffers; ...).", ["kind"], registry=REGISTRY)
+CGROUP_USAGE = Unset("spill_memory_cgroup_usage_bytes", "Bytes charged to the cgroup that limits spill, page cache included.")
+PASS_FAULTS = Counter("spill_pass_page_faults_total", "Page faults of the streamer during passes, minor or major.",
+                      ["kind"], registry=REGISTRY)
 MLX_PEAK = Gauge("spill_mlx_peak_bytes", "MLX's peak memory in the streamer so far.", registry=REGISTRY)
 HOLDS = Counter("spill_admission_holds_total", "Passes in which admission held rows back for memory.",
                 registry=REGISTRY)
@@ -114,10 +115,11 @@ AWAITING_SOURCE = {
     "spill_memory_budget_bytes": "PASS memory figures (issue 6)",
     "spill_memory_guard_bytes": "PASS memory figures (issue 6)",
     "spill_memory_hard_bytes": "PASS memory figures (issue 6)",
-    "spill_memory_live_bytes": "PASS live allocation by kind (issue 6)",
+    "spill_memory_cgroup_usage_bytes": "PASS cgroup usage (issue 6)",
+    "spill_pass_page_faults_total": "PASS faults (issue 6)",
 }
 # spill_admission_holds_total and spill_preemptions_total count from zero: today's FIFO policy
-# never holds for memory nor preempts; issue 6's PASS fields and PREEMPT message will feed them.
+# never holds for memory nor preempts; issue 6's PASS fields will feed them.
 
 
 def build_info(model: str) -> None:

@@ -80,3 +80,8 @@ def test_promtool_checks_the_derived_queries_on_made_up_series(tmp_path):
     result = subprocess.run(["promtool", "test", "rules", str(tests)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "SUCCESS" in result.stdout
+
+
+def test_the_readme_lists_every_panel_and_its_query():
+    readme = (GRAFANA.parent / "README.md").read_text()
+    assert load_dashboard().panels_markdown() in readme
