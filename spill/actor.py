@@ -2,12 +2,12 @@
 fault-injection knobs for tests, and one place that catches a crash and logs it."""
 
 import json
-import logging
 import os
 import sys
 import threading
 import traceback
 from logging.handlers import RotatingFileHandler
+from pathlib import Path
 
 import structlog
 
@@ -24,6 +24,27 @@ def parent_watch(fd: int) -> None:
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
+class RotatingLines:
+    """Lines appended to a file that rotates by size like logging's RotatingFileHandler (<name>.1 is
+    the newest old file), whose rollover it uses; it counts bytes instead of a seek per line."""
+
+    def __init__(self, path: Path, max_bytes: int, backups: int):
+        self.handler = RotatingFileHandler(path, maxBytes=max_bytes, backupCount=backups, encoding="utf-8")
+        self.max_bytes, self.size = max_bytes, self.handler.stream.tell()
+        self.lock = threading.Lock()
+
+    def write(self, line: str) -> None:
+        data = line + "\n"
+        n = len(data.encode())
+        with self.lock:
+            if self.size and self.size + n > self.max_bytes:
+                self.handler.doRollover()
+                self.size = 0
+            self.handler.stream.write(data)
+            self.handler.stream.flush()
+            self.size += n
+
+
 def setup_logging(role: str) -> structlog.BoundLogger:
     """The logging of every spill process: JSON lines in $SPILL_HOME/run/logs/<role>.log, rotated by
     size (SPILL_LOG_MAX_BYTES, SPILL_LOG_BACKUPS); key=value on stderr, where warnings and errors
@@ -31,10 +52,7 @@ def setup_logging(role: str) -> structlog.BoundLogger:
     the process has bound them (structlog's contextvars: `bind_context`)."""
     logs = config.home() / "run" / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    file = logging.getLogger(f"spill.log.{role}")
-    file.handlers[:] = [RotatingFileHandler(logs / f"{role}.log", maxBytes=config.log_max_bytes(),
-                                            backupCount=config.log_backups(), encoding="utf-8")]
-    file.propagate, file.level = False, logging.INFO
+    file = RotatingLines(logs / f"{role}.log", config.log_max_bytes(), config.log_backups())
     console = structlog.dev.ConsoleRenderer(colors=False)
     as_json = structlog.processors.JSONRenderer()
     terminal, pid = sys.stderr.isatty(), os.getpid()
@@ -45,7 +63,7 @@ def setup_logging(role: str) -> structlog.BoundLogger:
         return event
 
     def both(logger, name, event):
-        file.info("%s", as_json(logger, name, dict(event)))
+        file.write(as_json(logger, name, dict(event)))
         if terminal or event.get("level") in ("warning", "error", "critical"):
             return console(logger, name, event)
         raise structlog.DropEvent

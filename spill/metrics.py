@@ -10,6 +10,7 @@ Names follow Prometheus's conventions: `spill_` prefix, base units, `_total` on 
 labels from small fixed sets (tier, phase, kind, reason, actor, state), never a row or job id.
 """
 
+import functools
 import os
 import sys
 import time
@@ -127,6 +128,7 @@ def build_info(model: str) -> None:
     BUILD.labels(_version(), _backend(), model).set(1)
 
 
+@functools.cache
 def _version() -> str:
     try:
         return metadata.version("streamweights")
@@ -134,12 +136,18 @@ def _version() -> str:
         return "unknown"
 
 
+@functools.cache
 def _backend() -> str:
     """The device MLX computes on in the streamer, known without importing MLX here."""
     if sys.platform == "darwin":
         return "metal"
-    names = {(d.metadata["Name"] or "").lower() for d in metadata.distributions()}
-    return "cuda" if any(n.startswith("mlx-cuda") for n in names) else "cpu"
+    for name in ("mlx-cuda-13", "mlx-cuda-12", "mlx-cuda"):
+        try:
+            metadata.distribution(name)
+            return "cuda"
+        except metadata.PackageNotFoundError:
+            pass
+    return "cpu"
 
 
 # -- processes (read by pid at scrape time) -------------------------------------------------------
