@@ -121,7 +121,7 @@ class Group:
 
     def check_actors(self) -> None:
         for role in self.sup.hung(config.liveness_timeout()):
-            self.log.warning("actor hung; killing it", actor=role, deadline_s=config.liveness_timeout())
+            self.log.warning("actor hung; killing it", role=role, deadline_s=config.liveness_timeout())
             self.sup.kill(role)
         for role, code in self.sup.dead():
             self.log.warning("actor died; restarting", role=role, exit_code=code)

@@ -100,7 +100,7 @@ def group_pids(home: Path) -> dict[str, int]:
     pids = {}
     for event in _coordinator_log(home):
         if event.get("event") == "started":
-            pids[event["actor"]] = event["actor_pid"]
+            pids[event["role"]] = event["actor_pid"]
     with_pid = home / "run" / "coordinator.pid"
     if with_pid.exists():
         pids["coordinator"] = int(with_pid.read_text())
