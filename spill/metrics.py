@@ -111,13 +111,11 @@ AWAITING_SOURCE = {
     "spill_job_estimate_seconds": "the pre-run estimate (issue 7)",
     "spill_job_estimate_error_ratio": "the pre-run estimate (issue 7)",
     "spill_read_probe_bytes_per_second": "the calibration's read probe (issue 7)",
-    "spill_pass_read_bandwidth_bytes_per_second": "PASS read bandwidth (issue 6)",
     "spill_memory_working_set_bytes": "PASS memory figures (issue 6)",
     "spill_memory_budget_bytes": "PASS memory figures (issue 6)",
     "spill_memory_guard_bytes": "PASS memory figures (issue 6)",
     "spill_memory_hard_bytes": "PASS memory figures (issue 6)",
-    "spill_memory_cgroup_usage_bytes": "PASS cgroup usage (issue 6)",
-    "spill_pass_page_faults_total": "PASS faults (issue 6)",
+    "spill_memory_cgroup_usage_bytes": "PASS cgroup usage, only where a cgroup limits spill",
 }
 # spill_admission_holds_total and spill_preemptions_total count from zero: today's FIFO policy
 # never holds for memory nor preempts; issue 6's PASS fields will feed them.
