@@ -21,7 +21,7 @@ LOCKED_EXIT = 75   # the coordinator's exit code when another group holds the ru
 
 def run_dir() -> Path:
     path = config.home() / "run"
-    path.mkdir(parents=True, exist_ok=True)
+    config.check_writable(path)   # one sentence naming SPILL_HOME when it cannot be made or written
     return path
 
 

@@ -4,6 +4,18 @@ import os
 from pathlib import Path
 
 
+def check_writable(run_dir: Path) -> None:
+    """SpillError naming SPILL_HOME when a folder of the data home cannot be made or written."""
+    import tempfile
+    from .errors import SpillError
+    try:
+        run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=run_dir).close()
+    except OSError as err:
+        raise SpillError(f"cannot write to {run_dir} ({err.strerror}); set SPILL_HOME to a folder you can write "
+                         f"(the data home is {home()})") from None
+
+
 def home() -> Path:
     """The data home: models/, jobs/, calibration/, run/, cache/ (SPILL_HOME, default ~/.streamweights)."""
     return Path(os.environ.get("SPILL_HOME", "~/.streamweights")).expanduser()

@@ -41,7 +41,7 @@ class Endpoints:
 
     @classmethod
     def in_dir(cls, run_dir: Path, control: str | None = None) -> "Endpoints":
-        _writable(Path(run_dir))
+        config.check_writable(Path(run_dir))
         run_dir = socket_dir(run_dir)
         addr = {r: f"ipc://{run_dir / (r + '.sock')}" for r in ROLES}
         return cls(**addr, control=control or f"ipc://{run_dir / 'control.sock'}")
@@ -49,15 +49,6 @@ class Endpoints:
     def as_dict(self) -> dict:
         return asdict(self)
 
-
-def _writable(run_dir: Path) -> None:
-    """SpillError naming SPILL_HOME when the run folder cannot be made or written (sockets, logs, pid files)."""
-    try:
-        run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-        tempfile.TemporaryFile(dir=run_dir).close()
-    except OSError as err:
-        raise SpillError(f"cannot write to {run_dir} ({err.strerror}); set SPILL_HOME to a folder you can write "
-                         f"(the data home is {config.home()})") from None
 
 
 def socket_dir(run_dir: Path) -> Path:

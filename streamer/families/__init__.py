@@ -4,22 +4,22 @@ Adding a family is one small file: subclass `Adapter`, override what differs (em
 masks, head soft-capping), and list it in FAMILIES once `spill check` passes on it.
 """
 
+import importlib
+
 from spill.errors import SpillError
 
-from .base import Adapter
 from .classify import Verdict, classify
-from .gemma import Gemma2Adapter, Gemma3TextAdapter
-from .llama import LlamaAdapter
 
-# model_type -> adapter class, for the families whose streamed-vs-resident identity passes.
-FAMILIES: dict[str, type[Adapter]] = {
-    "llama": LlamaAdapter,
-    "mistral": LlamaAdapter,
-    "qwen2": Adapter,
-    "qwen3": Adapter,
-    "phi3": Adapter,
-    "gemma2": Gemma2Adapter,
-    "gemma3_text": Gemma3TextAdapter,
+# model_type -> (module, adapter class), for the families whose streamed-vs-resident identity passes;
+# imported on use, so classifying a config (the client does it) loads no MLX.
+FAMILIES: dict[str, tuple[str, str]] = {
+    "llama": ("llama", "LlamaAdapter"),
+    "mistral": ("llama", "LlamaAdapter"),
+    "qwen2": ("base", "Adapter"),
+    "qwen3": ("base", "Adapter"),
+    "phi3": ("base", "Adapter"),
+    "gemma2": ("gemma", "Gemma2Adapter"),
+    "gemma3_text": ("gemma", "Gemma3TextAdapter"),
 }
 VERIFIED = frozenset(FAMILIES)
 
@@ -29,11 +29,12 @@ def verdict(config: dict) -> Verdict:
     return classify(config, VERIFIED)
 
 
-def adapter_for(plan) -> Adapter:
+def adapter_for(plan):
     """The family's adapter, after checking that the plan's tensors are exactly the model's."""
     v = verdict(plan.config)
     if not v.runs:
         raise SpillError(f"model folder {plan.folder}: {v.why}")
-    adapter = FAMILIES.get(v.model_type, LlamaAdapter)(plan.config)
+    module, name = FAMILIES.get(v.model_type, ("llama", "LlamaAdapter"))
+    adapter = getattr(importlib.import_module(f".{module}", __name__), name)(plan.config)
     adapter.check_names(plan)
     return adapter

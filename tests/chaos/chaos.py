@@ -9,7 +9,7 @@ on disk when the fault hit is still there, byte for byte.
     kill      SIGKILL of a random group process (coordinator, tokenizer, admission, streamer) at a random
               moment of a 3-tier job (short, medium, long prompts); resume when the run stopped
     stop      SIGSTOP of the streamer: the liveness deadline (SPILL_LIVENESS_TIMEOUT) restarts it
-    disk      the output's filesystem (a small tmpfs) fills up: one sentence; resume after it grows
+    disk      the output's filesystem (a small tmpfs) fills up mid-job: one sentence; resume once there is room
     readonly  the output's filesystem turns read-only mid-run: one sentence; resume after it is writable
     home      SPILL_HOME on a read-only filesystem: one sentence, no traceback
 """
@@ -179,8 +179,8 @@ def trial_kill(model, inp, expected, work: Path, rng: random.Random) -> dict:
 
 
 def trial_stop(model, inp, expected, work: Path, rng: random.Random) -> dict:
-    out, home, env = work / "out.jsonl", Path(os.environ["SPILL_HOME"]), {"SPILL_LIVENESS_TIMEOUT": "5"}
-    logged = len(_coordinator_log(home))
+    out, home = work / "out.jsonl", work / "home"      # a data home of its own: its logs are this group's alone
+    env = {"SPILL_LIVENESS_TIMEOUT": "5", "SPILL_HOME": str(home)}
     proc = start(model, inp, out, env)
     pids = wait_group(home, proc)
     wait_for_rows(out, rng.randint(1, len(expected) - 2), proc)
@@ -190,17 +190,33 @@ def trial_stop(model, inp, expected, work: Path, rng: random.Random) -> dict:
     stopped_at = time.monotonic()
     before = output_lines(out)
     result = finish(proc, out, env)
-    hung = sum(e.get("event") == "actor hung; killing it" for e in _coordinator_log(home)[logged:])
+    hung = sum(e.get("event") == "actor hung; killing it" for e in _coordinator_log(home))
     return {"victim": "streamer (SIGSTOP)" if stopped else "none (the job ended first)", "at_row": len(before), "seconds_to_finish": round(time.monotonic() - stopped_at, 1),
             "hung_restarts": hung, **result, **check(out, expected, before)}
 
 
 def trial_disk(model, inp, expected, work: Path, rng: random.Random) -> dict:
-    with tmpfs("4k") as fs:                 # one page: full after a few rows
+    with tmpfs("1m") as fs:                 # roomy at submit (the up-front disk check passes), then filled
         out = fs / "out.jsonl"
         proc = start(model, inp, out)
-        result = finish(proc, out, fix=lambda: remount(fs, "size=1m"))
-        return {**result, **check(out, expected, [])}
+        wait_for_rows(out, rng.randint(1, len(expected) - 2), proc)
+        filler = fill(fs / "filler")
+        before = output_lines(out)
+        result = finish(proc, out, fix=filler.unlink)
+        return {"at_row": len(before), **result, **check(out, expected, before)}
+
+
+def fill(path: Path) -> Path:
+    """Write zeros until the filesystem is full."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT)
+    try:
+        while os.write(fd, bytes(4096)):
+            pass
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+    return path
 
 
 def trial_readonly(model, inp, expected, work: Path, rng: random.Random) -> dict:

@@ -2,7 +2,6 @@
 tests/chaos)."""
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -23,18 +22,19 @@ def job8(make_tiny, tmp_path_factory):
     return folder, data / "in.jsonl", resident_texts(folder, rows)
 
 
-def _ready(role: str) -> int:
-    return sum(e.get("event") == "ready" for e in log_events(role))
+def _ready(role: str, home: Path) -> int:
+    return sum(e.get("event") == "ready" for e in log_events(role, home))
 
 
 def test_a_slow_pass_is_not_taken_for_a_hang(job8, tmp_path):
     folder, inp, _ = job8
     one = tmp_path / "one.jsonl"
     one.write_text(inp.read_text().splitlines()[0].replace('"max_tokens": 6', '"max_tokens": 2') + "\n")
-    before = len(log_events("coordinator"))
+    home = tmp_path / "home"     # a data home of its own: its logs are this group's alone
     spill("run", folder, one, "-o", tmp_path / "out.jsonl", "--quiet", check=True,
-          env={"SPILL_LIVENESS_TIMEOUT": "2", "SPILL_TEST_PASS_DELAY": "3"})   # each pass outlasts the deadline
-    assert not [e for e in log_events("coordinator")[before:] if e.get("event") in ("actor hung; killing it", "actor died; restarting")]
+          env={"SPILL_HOME": str(home), "SPILL_LIVENESS_TIMEOUT": "2", "SPILL_TEST_PASS_DELAY": "3"})   # each pass outlasts the deadline
+    assert log_events("coordinator", home), "the group wrote no log"
+    assert not [e for e in log_events("coordinator", home) if e.get("event") in ("actor hung; killing it", "actor died; restarting")]
 
 
 FOREIGN = r"""
@@ -64,21 +64,21 @@ print(m.decode(req.recv(), ).error if req.poll(10000) else "no reply")
 
 def test_foreign_frames_on_every_socket_are_dropped_and_logged(job8, tmp_path):
     folder, inp, expected = job8
-    env = {"SPILL_MAX_MESSAGE_MB": "1"}
-    ready = {role: _ready(role) for role in ("tokenizer", "admission", "streamer")}
+    home = tmp_path / "home"     # a data home of its own: its logs are this group's alone
+    env = {"SPILL_MAX_MESSAGE_MB": "1", "SPILL_HOME": str(home)}
     spill("up", check=True, env=env)
     try:
         deadline = time.monotonic() + 180
-        while any(_ready(role) == n for role, n in ready.items()) and time.monotonic() < deadline:
+        while any(_ready(role, home) == 0 for role in ("tokenizer", "admission", "streamer")) and time.monotonic() < deadline:
             time.sleep(0.2)     # `spill up` returns once the coordinator answers; its actors bind a little later
-        eps = Endpoints.in_dir(Path(os.environ["SPILL_HOME"]) / "run")
+        eps = Endpoints.in_dir(home / "run")
         foreign = subprocess.run([sys.executable, "-c", FOREIGN, json.dumps(eps.as_dict()), eps.control],
                                  capture_output=True, text=True, timeout=60)
         assert foreign.stdout.startswith("not a spill request (Request: not msgpack"), foreign.stdout + foreign.stderr
         spill("run", folder, inp, "-o", tmp_path / "out.jsonl", "--quiet", check=True, env=env)
     finally:
-        spill("down")
+        spill("down", env=env)
     assert texts(read_output(tmp_path / "out.jsonl")) == expected
     for role in ("coordinator", "tokenizer", "admission", "streamer"):   # the coordinator takes a READY
-        dropped = [e for e in log_events(role) if e.get("event") == "dropped a bad frame"]
+        dropped = [e for e in log_events(role, home) if e.get("event") == "dropped a bad frame"]
         assert len(dropped) == (8 if role == "coordinator" else 9), (role, [e["why"] for e in dropped])
