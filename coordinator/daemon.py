@@ -208,7 +208,8 @@ class Group:
     def status(self, args: dict) -> dict:
         runs = self.runs()
         wanted = args.get("job")
-        if wanted in self.clients:   # its client is still there; once it has seen the end it is done with us
+        if wanted in self.clients and str(args.get("client")) == self.clients[wanted][0]:
+            # its own client is still there (a user's `spill status JOB` is not); once it has seen the end it is done
             self.clients[wanted] = (self.clients[wanted][0], time.monotonic())
             if wanted in self.last:
                 del self.clients[wanted]

@@ -103,7 +103,7 @@ def run_job(*, model, input, output, max_tokens, temperature, resume, new, quiet
                 if group is not None and group.poll() is not None:
                     break
                 try:
-                    return client.request("status", timeout_s=1, job=job)
+                    return client.request("status", timeout_s=1, job=job, client=os.getpid())
                 except GroupDead:
                     continue
             raise GroupDead(f"the spill group stopped answering; {RESUME.format(job)}")

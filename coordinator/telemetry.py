@@ -22,11 +22,10 @@ class Telemetry:
         self.running: set[int] = set()       # rows of the run that have generated a token
         self.started: dict[int, float] = {}  # row -> when it was first submitted to the group
         self.epoch = group.epoch
-        self.clock = mt.ScrapeClock()
+        self.clock = mt.SCRAPES
         self.server = None
         self.processes = mt.ProcessCollector(group.sup.pids, lambda: group.sup.restarts)
         mt.REGISTRY.register(self.processes)
-        mt.REGISTRY.register(self.clock)
         mt.build_info("")
         send = group.box.send
         def tapped(peer, msg):   # the time each row is first submitted, for its latency
@@ -116,14 +115,18 @@ class Telemetry:
 
     def linger(self) -> None:
         """Where a Prometheus scrapes us, wait (one scrape interval at most) for it to see the end."""
-        interval = self.clock.interval()
-        if self.server is None or interval is None:
+        if self.server is None or not self.clock.times:
             return
         self.update()
+        interval = self.clock.interval() or ONE_SCRAPE_S   # scraped once: the interval is not known yet
         deadline, seen = time.monotonic() + min(interval * 1.5, 60.0), self.clock.times[-1]
         while time.monotonic() < deadline and self.clock.times[-1] == seen:
             time.sleep(0.05)
+        time.sleep(0.25)   # the scrape that saw the end is still being answered
         self.server.shutdown()
+
+
+ONE_SCRAPE_S = 15.0   # how long to wait for a second scrape when only one was seen (a common interval)
 
 
 def _eta(run) -> float | None:

@@ -24,6 +24,28 @@ REGISTRY = CollectorRegistry(auto_describe=True)
 disable_created_metrics()   # no `_created` series: Prometheus does not need them
 
 
+class ScrapeClock:
+    """Remembers when the endpoint was scraped, so the group can stay up for one more scrape. Registered
+    before every metric, so a scrape's time is when it began reading them."""
+
+    def __init__(self):
+        self.times: list[float] = []
+
+    def describe(self):
+        return []
+
+    def collect(self):
+        self.times = [*self.times[-1:], time.monotonic()]
+        return []
+
+    def interval(self) -> float | None:
+        return self.times[1] - self.times[0] if len(self.times) == 2 else None
+
+
+SCRAPES = ScrapeClock()
+REGISTRY.register(SCRAPES)
+
+
 class Unset(Gauge):
     """A gauge that exports nothing until first set: no figure rather than a made-up zero."""
 
@@ -105,6 +127,8 @@ for _, _tier in TIERS:
         ROWS_COMPLETED.labels(_tier, _reason)
 for _phase in ("read_wait", "compute", "overhead"):
     PHASE_SECONDS.labels(_phase)
+for _kind in ("minor", "major"):
+    PASS_FAULTS.labels(_kind)
 
 # Defined above but fed by work not yet on main: name -> where its figures will come from.
 AWAITING_SOURCE = {
@@ -207,23 +231,6 @@ def _faults(pid: int) -> dict[str, int]:
     except OSError:
         return {}
     return {"minor": int(fields[7]), "major": int(fields[9])}
-
-
-class ScrapeClock:
-    """Remembers when the endpoint was scraped, so the group can stay up for one more scrape."""
-
-    def __init__(self):
-        self.times: list[float] = []
-
-    def describe(self):
-        return []
-
-    def collect(self):
-        self.times = [*self.times[-1:], time.monotonic()]
-        return []
-
-    def interval(self) -> float | None:
-        return self.times[1] - self.times[0] if len(self.times) == 2 else None
 
 
 def defined_names() -> set[str]:

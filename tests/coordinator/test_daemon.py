@@ -3,6 +3,7 @@
 import errno
 import json
 import os
+import time
 
 import structlog
 
@@ -155,3 +156,19 @@ def test_the_control_socket_answers_garbage_and_refuses_a_wrong_token(tmp_path):
     refused = answer(g, m.encode(m.Request("ping", {}, "guess")), "secret", "tcp://127.0.0.1:5557", log)
     assert not refused.ok and "wrong or missing control token" in refused.error
     assert answer(g, m.encode(m.Request("ping", {}, "secret")), "secret", "tcp://127.0.0.1:5557", log).ok
+
+
+def test_a_users_status_does_not_keep_a_killed_clients_queued_job_alive(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPILL_CLIENT_TIMEOUT", "0.2")
+    g = group()
+    submit(g, tmp_path, "a")
+    b = submit(g, tmp_path, "b")
+    g.clients[b["job"]] = ("4242", g.clients[b["job"]][1])   # b's `spill run` (pid 4242) is then killed
+    g.clients[g.current.job.id] = ("4241", g.clients[g.current.job.id][1])
+    for _ in range(3):
+        time.sleep(0.1)
+        g.handle(m.Request("status", {"job": b["job"]}))      # someone else's `spill status JOB`
+        g.handle(m.Request("status", {"job": g.current.job.id, "client": "4241"}))   # a's client follows
+    g.check_clients()
+    assert [run.job.id for run in g.runs()] == [g.current.job.id]   # b left the queue; a still runs
+    assert g.handle(m.Request("status", {"job": b["job"]})).data["status"] == "interrupted"

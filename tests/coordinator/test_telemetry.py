@@ -36,7 +36,6 @@ def group(tmp_path, monkeypatch):
     g = SimpleNamespace(box=FakeBox(), sup=sup, epoch=1, current=run)
     tele = Telemetry(g, log=SimpleNamespace(info=lambda *a, **k: None, warning=lambda *a, **k: None))
     yield g, tele
-    mt.REGISTRY.unregister(tele.clock)
     mt.REGISTRY.unregister(tele.processes)
 
 

@@ -51,10 +51,19 @@ def prometheus(tmp_path):
         return json.loads(get(url))["data"]["result"]
 
     try:
+        wait_for(lambda: _ready(web))
+        wait_for(lambda: query('up{job="spill"}'))   # it scrapes (up 0: no group yet) from before the job starts
         yield port, query
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def _ready(web: int) -> bool:
+    try:
+        return get(f"http://127.0.0.1:{web}/-/ready") is not None
+    except OSError:
+        return False
 
 
 def wait_for(check, within_s: float = 60.0):
@@ -105,5 +114,7 @@ def test_an_embedded_group_stays_up_for_the_scrape_that_sees_its_end(make_tiny, 
     write_input(tmp_path / "in.jsonl", 6, max_tokens=4)
     spill("run", make_tiny("llama"), tmp_path / "in.jsonl", "-o", tmp_path / "out.jsonl", "--quiet",
           check=True, env={"SPILL_METRICS_PORT": str(port)})
-    seen = query('max_over_time(spill_job_rows{state="done"}[5m])')
-    assert [float(s["value"][1]) for s in seen] == [6.0]
+    # the last scrape's sample may take a moment to be queryable; without the group's linger it never comes
+    seen = wait_for(lambda: [float(s["value"][1]) for s in query('max_over_time(spill_job_rows{state="done"}[5m])')
+                             if float(s["value"][1]) == 6.0], within_s=10)
+    assert seen == [6.0]
