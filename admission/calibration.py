@@ -306,6 +306,10 @@ class Calibrator:
     def admitted(self, rows: list[int], lengths: list[int]) -> None:
         self.context.admitted(rows, lengths)
 
+    def probe_bandwidth(self) -> float:
+        """The cold read probe's bytes/s for this model and machine, 0.0 without a calibration."""
+        return self.cal.prior.bandwidth if self.cal is not None else 0.0
+
     def allowance(self) -> int:
         """Prompt tokens the next pass may start (see schedule.allowance)."""
         t = self.context

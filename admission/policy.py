@@ -109,11 +109,12 @@ class BudgetPolicy:
             self.running.pop(row, None)
             self.preempting.discard(row)
 
-    def preempted(self, rows: list[int]) -> None:
-        """Rows the streamer dropped: back to the head of the queue, in their order."""
+    def preempted(self, rows: list[int]) -> int:
+        """Rows the streamer dropped: back to the head of the queue, in their order; how many."""
         self.preempting.difference_update(rows)
         back = [self.running.pop(r) for r in [r for r in self.running if r in set(rows)]]   # admission order
         self.queue.extendleft(reversed(back))
+        return len(back)
 
     # -- each pass --------------------------------------------------------------------------------
     def observe(self, live: int) -> None:

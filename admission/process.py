@@ -26,7 +26,7 @@ def run_admission_process(endpoints, args, log) -> None:
     policy, others, limit = None, 0, 0
     epoch, job, eos, in_flight = -1, "", [], False   # in_flight: an ADMIT the streamer has not reported on
     for batch in inbox(box, "admission", log):
-        reported = None
+        reported, requeued = None, 0
         for msg in batch:
             if isinstance(msg, m.Reset):
                 epoch, job, in_flight = msg.epoch, msg.job, False
@@ -47,7 +47,7 @@ def run_admission_process(endpoints, args, log) -> None:
                 fault.tick("tokenized")
             elif isinstance(msg, m.Pass):
                 policy.finished(msg.finished)
-                policy.preempted(msg.preempted)
+                requeued += policy.preempted(msg.preempted)
                 policy.observe(live_allocation(msg, others))
                 calibrator.passed(msg)
                 in_flight, reported = False, msg
@@ -63,11 +63,20 @@ def run_admission_process(endpoints, args, log) -> None:
             calibrator.admitted([w.row for w in admitted], [len(w.prompt) for w in admitted])
             in_flight = True
         if reported is not None:
+            told = report(epoch, reported.index, policy, others, requeued, calibrator, job)
+            box.send("coordinator", told)
             log.info("pass", index=reported.index, budget=policy.sheet.budget, kv_budget=policy.sheet.kv_budget,
                      live=policy.live, reserved=policy.reserved(), pool=policy.pool, running=len(policy.running),
-                     admitted=len(admitted), held=len(policy.queue) if policy.holding else 0,
+                     admitted=len(admitted), held=told.held_rows,
                      waiting=len(policy.queue), preempted=len(preempt), holding=policy.holding)
     box.close()
+
+
+def report(epoch: int, index: int, policy, others: int, requeued: int, calibrator, job: str) -> m.Budget:
+    """What the coordinator's metrics take from admission after a pass: the lines, a hold, preemptions."""
+    s = policy.sheet
+    return m.Budget(epoch, index, s.working_set, s.budget, s.line(s.guard), s.line(s.hard), others,
+                    len(policy.queue) if policy.holding else 0, requeued, calibrator.probe_bandwidth(), job)
 
 
 def _price(msg: m.Reset, args: dict, box, log):

@@ -1,7 +1,7 @@
 """The coordinator process: starts and watches the actors, queues jobs, writes results, answers clients.
 
     spill run/status/down ──REQ/REP──▶ control socket
-    actors ──PUSH──▶ coordinator inbox: READY, PASS, DONE, ERROR, PROGRESS
+    actors ──PUSH──▶ coordinator inbox: READY, PASS, DONE, ERROR, PROGRESS, BUDGET
     coordinator ──▶ tokenizer: RESET, SUBMIT; admission, streamer: RESET
 
 An actor that dies is restarted; once it is READY the group is reset (a new epoch) and every

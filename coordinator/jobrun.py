@@ -110,10 +110,7 @@ class JobRun:
         done = self.total - len(self.pending)
         rate = self.generated / elapsed
         p = self.last_pass
-        done_now = self.left_at_start - len(self.pending)   # rows finished in this session
-        eta = elapsed / done_now * len(self.pending) if done_now > 0 else None
-        if self.estimate is not None:   # the rows left, re-simulated with the refitted pass model
-            eta = self.estimate.eta(self.pending, {r: n for r, (n, _) in self.tails.items()})
+        eta = self.eta()
         slots = [(self.requests[r].custom_id, n, tail) for r, (n, tail) in list(self.tails.items())[-8:]]
         return {"job": self.job.id, "status": self.job.meta.get("status"), "done": done, "total": self.total,
                 "tokens_per_s": rate, "pass_s": p.seconds if p else None, "peak_memory": self.peak_memory,
@@ -122,10 +119,22 @@ class JobRun:
                 "wall_per_pass_s": (self.last_pass_at - self.first_pass_at) / (self.passes - 1) if self.passes > 1 else None,
                 "estimate": self.estimate.first.to_dict() if self.estimate else None, "summary": self.summary()}
 
+    def eta(self) -> float | None:
+        """Seconds left: the rows left re-simulated with the refitted pass model, or without an
+        estimate the time per row done in this session; None before the first row."""
+        if self.estimate is not None:
+            return self.estimate.eta(self.pending, {r: n for r, (n, _) in self.tails.items()})
+        done_now = self.left_at_start - len(self.pending)
+        return (time.monotonic() - self.started) / done_now * len(self.pending) if done_now > 0 else None
+
+    def actual_seconds(self, until: float | None = None) -> float:
+        """The job's time as its estimate counts it: from the first pass's start to `until` (default:
+        the last pass's end)."""
+        return (until or self.last_pass_at) - self.first_pass_at + self.first_pass_s if self.passes else 0.0
+
     def summary(self) -> dict:
         from .estimate import summary
-        actual = self.last_pass_at - self.first_pass_at + self.first_pass_s if self.passes else 0.0
-        return summary(self.estimate.first.total_seconds if self.estimate else None, actual,
+        return summary(self.estimate.first.total_seconds if self.estimate else None, self.actual_seconds(),
                        self.finishes, self.lengths, self.passes)
 
 

@@ -49,6 +49,9 @@ class Telemetry:
 
     # -- messages ------------------------------------------------------------------------------
     def on_actor(self, msg) -> None:
+        if isinstance(msg, m.Budget):   # admission's figures stand whatever the job
+            _budget(msg)
+            return
         run = self.group.current
         if run is None:
             return
@@ -97,6 +100,10 @@ class Telemetry:
             structlog.contextvars.bind_contextvars(job=run.job.id)
             structlog.contextvars.unbind_contextvars("pass_index")
             mt.build_info(run.model_name)
+            for gauge in (mt.JOB_ESTIMATE, mt.JOB_ESTIMATE_ERROR):
+                gauge.hide()   # until this job's figures come
+            if run.estimate is not None:
+                mt.JOB_ESTIMATE.set(run.estimate.first.total_seconds)
         elif run is None and self.run is not None:
             structlog.contextvars.unbind_contextvars("job", "pass_index")
         if self.group.epoch != self.epoch:   # rows in flight are resubmitted and wait again
@@ -109,9 +116,13 @@ class Telemetry:
         for state, n in (("waiting", waiting), ("running", running),
                          ("done", counts["succeeded"]), ("failed", counts["failed"])):
             mt.JOB_ROWS.labels(state).set(n)
-        eta = _eta(self.run) if live else 0.0
-        if eta is not None:
-            mt.JOB_ETA.set(eta)
+        eta = self.run.eta() if live else 0.0
+        if eta is None:
+            return
+        mt.JOB_ETA.set(eta)
+        if self.run.estimate is not None and self.run.passes:   # an ended job: its actual time over the estimate
+            taken = self.run.actual_seconds(time.monotonic() if live else None)
+            mt.JOB_ESTIMATE_ERROR.set((taken + eta) / self.run.estimate.first.total_seconds - 1)
 
     def linger(self) -> None:
         """Where a Prometheus scrapes us, wait (one scrape interval at most) for it to see the end."""
@@ -129,27 +140,31 @@ class Telemetry:
 ONE_SCRAPE_S = 15.0   # how long to wait for a second scrape when only one was seen (a common interval)
 
 
-def _eta(run) -> float | None:
-    """The live view's ETA: elapsed over rows done this session, times rows left."""
-    done_now = run.left_at_start - len(run.pending)
-    return (time.monotonic() - run.started) / done_now * len(run.pending) if done_now > 0 else None
-
-
-def _memory(msg) -> None:
-    """Memory figures of the PASS report; issue 6's fields are read only where the message has them."""
-    live = {"mlx_active": msg.active_memory, "mlx_cache": getattr(msg, "cache_memory", 0),
-            "reader_buffers": getattr(msg, "reader_memory", 0)}
+def _memory(msg: m.Pass) -> None:
+    """Memory figures of the PASS report (the cgroup's usage only where a memory cgroup holds us)."""
+    live = {"mlx_active": msg.active_memory, "mlx_cache": msg.cache_memory, "reader_buffers": msg.reader_memory}
     for kind, n in live.items():
         if n:
             mt.LIVE.labels(kind).set(n)
     mt.MLX_PEAK.set(msg.peak_memory)
-    for name, gauge in (("read_bandwidth", mt.READ_BANDWIDTH), ("cgroup_usage", mt.CGROUP_USAGE)):
-        if getattr(msg, name, None):
-            gauge.set(getattr(msg, name))
-    for kind in ("minor", "major"):
-        if hasattr(msg, f"{kind}_faults"):
-            mt.PASS_FAULTS.labels(kind).inc(getattr(msg, f"{kind}_faults"))
-    mt.PREEMPTIONS.inc(len(getattr(msg, "preempted", None) or ()))
+    if msg.read_bandwidth:
+        mt.READ_BANDWIDTH.set(msg.read_bandwidth)
+    if msg.cgroup_usage is not None:
+        mt.CGROUP_USAGE.set(msg.cgroup_usage)
+    mt.PASS_FAULTS.labels("minor").inc(msg.minor_faults)
+    mt.PASS_FAULTS.labels("major").inc(msg.major_faults)
+
+
+def _budget(msg: m.Budget) -> None:
+    """Admission's report after a pass: its memory lines, a hold, the rows it queued again."""
+    for gauge, n in ((mt.WORKING_SET, msg.working_set), (mt.BUDGET, msg.budget), (mt.GUARD, msg.guard),
+                     (mt.HARD, msg.hard)):
+        gauge.set(n)
+    mt.LIVE.labels("other_processes").set(msg.others)
+    if msg.probe_bandwidth:
+        mt.PROBE_BANDWIDTH.set(msg.probe_bandwidth)
+    mt.HOLDS.inc(1 if msg.held_rows else 0)
+    mt.PREEMPTIONS.inc(msg.preempted_rows)
 
 
 def metrics_env(host: str | None, port: int | None) -> None:

@@ -32,6 +32,7 @@ class Kind(IntEnum):
     SHUTDOWN = 12    # coordinator -> actors
     HEARTBEAT = 13   # actor -> coordinator, every second from a thread: the process is scheduled
     PREEMPT = 14     # admission -> streamer: drop these rows' KV and report them (memory above the hard line)
+    BUDGET = 15      # admission -> coordinator, after each pass report: memory lines, holds, preemptions
     REQUEST = 20     # client -> coordinator
     REPLY = 21       # coordinator -> client
 
@@ -141,6 +142,21 @@ class Preempt:
 
 
 @dataclass
+class Budget:
+    epoch: int
+    index: int               # the pass this answers
+    working_set: int         # bytes; the budget, guard and hard lines are admission's (policy.py)
+    budget: int
+    guard: int
+    hard: int
+    others: int              # resident memory of the group's other processes, as priced
+    held_rows: int           # rows held back for memory after this pass (0: no hold)
+    preempted_rows: int      # rows the pass reported preempted, queued again
+    probe_bandwidth: float = 0.0   # the calibration's cold read probe, bytes/s (0: no calibration)
+    job: str = ""
+
+
+@dataclass
 class Done:
     epoch: int
     rows: list[int]
@@ -191,7 +207,7 @@ class Reply:
 _TYPES = {Kind.READY: Ready, Kind.RESET: Reset, Kind.SUBMIT: Submit, Kind.TOKENIZED: Tokenized,
           Kind.ADMIT: Admit, Kind.TOKENS: Tokens, Kind.STOP: Stop, Kind.PASS: Pass, Kind.DONE: Done,
           Kind.ERROR: Error, Kind.PROGRESS: Progress, Kind.SHUTDOWN: Shutdown, Kind.HEARTBEAT: Heartbeat,
-          Kind.PREEMPT: Preempt,
+          Kind.PREEMPT: Preempt, Kind.BUDGET: Budget,
           Kind.REQUEST: Request, Kind.REPLY: Reply}
 _KINDS = {t: k for k, t in _TYPES.items()}
 
@@ -200,9 +216,11 @@ INT64 = (-(1 << 63), (1 << 63) - 1)
 ROW = (MODEL_ROW, (1 << 31) - 1)     # row numbers within a job
 COUNT = (0, (1 << 31) - 1)           # token counts and ids, lengths, epochs, pass indices
 SEED = (0, (1 << 63) - 1)
+BYTES = (0, (1 << 63) - 1)
 _RANGES = {"epoch": COUNT, "index": COUNT, "pass_index": COUNT, "pid": COUNT, "rows": ROW, "finished": ROW,
            "lengths": COUNT, "max_tokens": COUNT, "prompt_tokens": COUNT, "completion_tokens": COUNT,
-           "tokens": COUNT, "eos": COUNT, "seed": SEED, "top_k": (-1, COUNT[1])}
+           "tokens": COUNT, "eos": COUNT, "seed": SEED, "top_k": (-1, COUNT[1]), "held_rows": COUNT,
+           "preempted_rows": COUNT, **dict.fromkeys(("working_set", "budget", "guard", "hard", "others"), BYTES)}
 _PARALLEL = {Submit: ("rows", "requests"), Tokenized: ("rows", "lengths", "max_tokens", "sampling"),
              Admit: ("rows", "lengths", "max_tokens", "sampling"), Tokens: ("rows", "finish"),
              Done: ("rows", "texts", "finish", "prompt_tokens", "completion_tokens"),

@@ -59,9 +59,14 @@ class Unset(Gauge):
             REGISTRY.register(self)
         super().set(value)
 
+    def hide(self) -> None:
+        """Export nothing again (a new job whose figure is not known yet)."""
+        if self._shown:
+            self._shown = False
+            REGISTRY.unregister(self)
+
 # Prompt-length tiers (prompt tokens below the bound): the labels of per-row series.
 TIERS = ((256, "short"), (1024, "medium"), (float("inf"), "long"))
-LIVE_KINDS = ("mlx_active", "mlx_cache", "reader_buffers", "weights", "kv", "activations", "other_processes")
 PASS_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 LATENCY_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200, 14400, 43200)
 
@@ -74,9 +79,10 @@ def tier(prompt_tokens: int) -> str:
 JOB_ROWS = Gauge("spill_job_rows", "Rows of the current (or last) job by state: waiting, running, done, failed.",
                  ["state"], registry=REGISTRY)
 JOB_ETA = Unset("spill_job_eta_seconds", "The live view's estimate of the time left in the job.")
-JOB_ESTIMATE = Unset("spill_job_estimate_seconds", "The pre-run estimate of the job's total time.")
-JOB_ESTIMATE_ERROR = Unset("spill_job_estimate_error_ratio",
-                           "Elapsed plus ETA over the pre-run estimate, minus one.")
+JOB_ESTIMATE = Unset("spill_job_estimate_seconds", "The pre-run estimate of the job's total time "
+                     "(the line `spill run` prints).")
+JOB_ESTIMATE_ERROR = Unset("spill_job_estimate_error_ratio", "Time since the first pass plus the ETA, over "
+                           "the pre-run estimate, minus one (after the job: actual over estimate, minus one).")
 ROWS_COMPLETED = Counter("spill_rows_completed_total", "Rows written, by prompt tier and finish reason "
                          "(stop, length, or the error code of an error line).", ["tier", "reason"], registry=REGISTRY)
 ROW_LATENCY = Histogram("spill_row_latency_seconds", "From a row's submission to the group to its line written.",
@@ -98,22 +104,25 @@ PREFILL_TOKENS = Counter("spill_pass_prefill_tokens_total", "Prompt positions pr
 READ_BANDWIDTH = Unset("spill_pass_read_bandwidth_bytes_per_second",
                        "Disk read bandwidth the last pass measured.")
 PROBE_BANDWIDTH = Unset("spill_read_probe_bytes_per_second",
-                        "Cold read bandwidth of the calibration probe.")
+                        "Cold read bandwidth of the calibration probe of the job's model on this machine.")
 
 # -- memory ---------------------------------------------------------------------------------------
-WORKING_SET = Unset("spill_memory_working_set_bytes", "Memory the machine gives spill.")
+WORKING_SET = Unset("spill_memory_working_set_bytes", "Memory the machine gives spill (--memory, Metal's, "
+                    "the cgroup limit or physical), as admission priced the model.")
 BUDGET = Unset("spill_memory_budget_bytes", "Live allocation admission aims at.")
 GUARD = Unset("spill_memory_guard_bytes", "Above this live allocation nothing is admitted.")
 HARD = Unset("spill_memory_hard_bytes", "Above this live allocation rows are preempted.")
-LIVE = Gauge("spill_memory_live_bytes", "Live allocation by kind, as the streamer reports it each pass "
-             "(mlx_active: MLX's arrays; mlx_cache: its buffer cache; reader_buffers; ...).", ["kind"], registry=REGISTRY)
-CGROUP_USAGE = Unset("spill_memory_cgroup_usage_bytes", "Bytes charged to the cgroup that limits spill, page cache included.")
+LIVE = Gauge("spill_memory_live_bytes", "Live allocation by kind: the streamer's each pass (mlx_active: MLX's "
+             "arrays; mlx_cache: its buffer cache; reader_buffers), admission's other_processes (the group's other "
+             "processes' resident memory, as priced).", ["kind"], registry=REGISTRY)
+CGROUP_USAGE = Unset("spill_memory_cgroup_usage_bytes", "Bytes charged to the memory cgroup whose limit binds spill "
+                     "(else its own), page cache included; absent where no cgroup holds spill.")
 PASS_FAULTS = Counter("spill_pass_page_faults_total", "Page faults of the streamer during passes, minor or major.",
                       ["kind"], registry=REGISTRY)
 MLX_PEAK = Gauge("spill_mlx_peak_bytes", "MLX's peak memory in the streamer so far.", registry=REGISTRY)
-HOLDS = Counter("spill_admission_holds_total", "Passes in which admission held rows back for memory.",
+HOLDS = Counter("spill_admission_holds_total", "Passes after which admission held waiting rows back for memory.",
                 registry=REGISTRY)
-PREEMPTIONS = Counter("spill_preemptions_total", "Rows preempted (KV dropped, recomputed later).",
+PREEMPTIONS = Counter("spill_preemptions_total", "Rows preempted (KV dropped, queued again, recomputed later).",
                       registry=REGISTRY)
 
 # -- build ----------------------------------------------------------------------------------------
@@ -130,19 +139,9 @@ for _phase in ("read_wait", "compute", "overhead"):
 for _kind in ("minor", "major"):
     PASS_FAULTS.labels(_kind)
 
-# Defined above but fed by work not yet on main: name -> where its figures will come from.
-AWAITING_SOURCE = {
-    "spill_job_estimate_seconds": "the pre-run estimate (issue 7)",
-    "spill_job_estimate_error_ratio": "the pre-run estimate (issue 7)",
-    "spill_read_probe_bytes_per_second": "the calibration's read probe (issue 7)",
-    "spill_memory_working_set_bytes": "PASS memory figures (issue 6)",
-    "spill_memory_budget_bytes": "PASS memory figures (issue 6)",
-    "spill_memory_guard_bytes": "PASS memory figures (issue 6)",
-    "spill_memory_hard_bytes": "PASS memory figures (issue 6)",
-    "spill_memory_cgroup_usage_bytes": "PASS cgroup usage, only where a cgroup limits spill",
-}
-# spill_admission_holds_total and spill_preemptions_total count from zero: today's FIFO policy
-# never holds for memory nor preempts; issue 6's PASS fields will feed them.
+# The one metric that may have no series: the streamer reads the usage of its memory cgroup, and
+# where no cgroup holds it (macOS, a Linux without cgroup memory accounting) there is none.
+ONLY_WITH_CGROUP = "spill_memory_cgroup_usage_bytes"
 
 
 def build_info(model: str) -> None:

@@ -1,7 +1,7 @@
 """Where the group's sockets live and how an actor talks: one PULL inbox each, PUSH to the others.
 
     endpoint     bound by       connected by
-    coordinator  coordinator    every actor (reports: READY, PASS, DONE, ERROR, PROGRESS)
+    coordinator  coordinator    every actor (reports: READY, PASS, DONE, ERROR, PROGRESS, BUDGET)
     tokenizer    tokenizer      coordinator, streamer
     admission    admission      tokenizer, streamer, coordinator
     streamer     streamer       admission, tokenizer, coordinator
@@ -24,7 +24,7 @@ from .messages import Kind
 
 ROLES = ("coordinator", "tokenizer", "admission", "streamer")
 # The kinds each inbox takes; any other frame is dropped with one log line (add a new kind here).
-ACCEPTS = {"coordinator": {Kind.READY, Kind.HEARTBEAT, Kind.PASS, Kind.DONE, Kind.ERROR, Kind.PROGRESS},
+ACCEPTS = {"coordinator": {Kind.READY, Kind.HEARTBEAT, Kind.PASS, Kind.DONE, Kind.ERROR, Kind.PROGRESS, Kind.BUDGET},
            "tokenizer": {Kind.RESET, Kind.SUBMIT, Kind.TOKENS, Kind.SHUTDOWN},
            "admission": {Kind.RESET, Kind.TOKENIZED, Kind.PASS, Kind.SHUTDOWN},
            "streamer": {Kind.RESET, Kind.ADMIT, Kind.STOP, Kind.SHUTDOWN}}

@@ -37,6 +37,9 @@ def group(tmp_path, monkeypatch):
     tele = Telemetry(g, log=SimpleNamespace(info=lambda *a, **k: None, warning=lambda *a, **k: None))
     yield g, tele
     mt.REGISTRY.unregister(tele.processes)
+    for gauge in vars(mt).values():
+        if isinstance(gauge, mt.Unset):
+            gauge.hide()
 
 
 def feed(g, tele, msg):
@@ -77,6 +80,39 @@ def test_figures_without_a_source_are_not_exported(group):
     tele.update()
     names = {s.name for family in mt.REGISTRY.collect() for s in family.samples}
     assert not names & {"spill_memory_budget_bytes", "spill_read_probe_bytes_per_second", "spill_job_estimate_seconds"}
+
+
+def test_admission_report_feeds_the_memory_lines_holds_and_preemptions(group):
+    g, tele = group
+    tele.update()
+    before = {k: value(k) for k in ("spill_admission_holds_total", "spill_preemptions_total")}
+    tele.on_actor(m.Budget(1, 3, 1000, 780, 800, 900, 64, held_rows=5, preempted_rows=2, probe_bandwidth=2.5e9))
+    tele.on_actor(m.Budget(1, 4, 1000, 780, 800, 900, 64, held_rows=0, preempted_rows=1))   # no hold; no probe
+    feed(g, tele, m.Pass(1, 4, 2.0, 0.5, 1.2, 2, 10, 2, [], 100, 200, 300, preempted=[1, 2]))   # counted once, by admission
+    assert [value(f"spill_memory_{k}_bytes") for k in ("working_set", "budget", "guard", "hard")] == [1000, 780, 800, 900]
+    assert value("spill_memory_live_bytes", kind="other_processes") == 64
+    assert value("spill_read_probe_bytes_per_second") == 2.5e9
+    assert value("spill_admission_holds_total") - before["spill_admission_holds_total"] == 1
+    assert value("spill_preemptions_total") - before["spill_preemptions_total"] == 3
+
+
+def test_the_estimate_its_error_and_the_eta_are_the_jobs_own(group):
+    g, tele = group
+    g.current.estimate = SimpleNamespace(first=SimpleNamespace(total_seconds=100.0), eta=lambda pending, generated: 40.0)
+    tele.update()
+    assert value("spill_job_estimate_seconds") == 100.0
+    feed(g, tele, m.Pass(1, 0, 2.0, 0.5, 1.2, 2, 10, 2, [], 100, 200, 300))
+    assert value("spill_job_eta_seconds") == 40.0          # the live view's ETA, re-simulated from the estimate
+    assert value("spill_job_estimate_error_ratio") == pytest.approx((2.0 + 40.0) / 100.0 - 1, abs=0.01)
+    run = g.current
+    feed(g, tele, m.Done(1, [0, 1, 2], ["a", "b", "c"], ["stop"] * 3, [3] * 3, [1] * 3))
+    g.current = None   # the job ended: its actual time over the estimate, as its summary says
+    tele.update()
+    assert value("spill_job_estimate_error_ratio") == pytest.approx(run.summary()["actual_over_estimate"] - 1, abs=1e-3)
+    g.current = JobRun(run.job, run.requests, "demo", {})   # a job without an estimate shows none
+    tele.update()
+    names = {s.name for family in mt.REGISTRY.collect() for s in family.samples}
+    assert not names & {"spill_job_estimate_seconds", "spill_job_estimate_error_ratio"}
 
 
 def test_metrics_flags_name_the_fix(monkeypatch):

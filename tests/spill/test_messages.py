@@ -18,7 +18,7 @@ def test_every_message_round_trips_through_msgpack():
                m.Admit(1, [0, 1, 2], tokens, lengths, [4] * 3, [[0.7, 0.9, 40, 7]] * 3, [2]),
                m.Tokens(1, 5, [0], b"\x01\x00\x00\x00", ["length"]), m.Stop(1, [0]),
                m.Pass(1, 5, 1.5, 0.1, 1.2, 8, 32, 8, [0], 10, 20, 30), m.Done(1, [0], ["hi"], ["stop"], [3], [1]),
-               m.Error(1, [2], ["code"], ["why"]), m.Progress(1, [0], [2], ["..."]), m.Shutdown("down"),
+               m.Error(1, [2], ["code"], ["why"]), m.Budget(1, 5, 2**34, 2**33, 2**33 + 1, 2**33 + 2, 10, 3, 1, 5e9, "j"), m.Progress(1, [0], [2], ["..."]), m.Shutdown("down"),
                m.Request("status", {"job": "j"}), m.Reply(False, {}, "no")]
     for msg in samples:
         data = m.encode(msg)
@@ -57,6 +57,8 @@ def test_the_gate_drops_old_epochs_and_holds_early_ones_until_their_reset():
      "Admit.sampling.seed: expected int | None, found int"),
     (bytes([m.Kind.PASS]) + msgpack.packb({**asdict(m.Pass(1, 0, 1.0, 0.0, 1.0, 1, 1, 1, [], 1, 1, 1)),
                                            "seconds": float("nan")}), "Pass.seconds: expected float, found nan"),
+    (bytes([m.Kind.BUDGET]) + msgpack.packb({**asdict(m.Budget(1, 0, 1, 1, 1, 1, 0, 0, 0)), "budget": -1}),
+     "Budget.budget: expected int, found -1"),
 ], ids=lambda x: "" if isinstance(x, bytes) else x[:30])
 def test_a_bad_frame_is_refused_at_the_boundary_with_one_sentence(frame, why):
     """Issue 8, finding 4: decoded messages trusted their contents (a bad row crashed a process three hops away)."""
