@@ -27,6 +27,14 @@ def write_input(path: Path, n: int, max_tokens: int = 8) -> list[dict]:
     return rows
 
 
+def llama_job(make_tiny, tmp_path_factory, n: int, max_tokens: int = 8) -> tuple[Path, Path, dict[str, str]]:
+    """A job of n rows on the tiny llama: (model folder, input file, what resident mlx-lm writes)."""
+    folder = make_tiny("llama")
+    data = tmp_path_factory.mktemp(f"job{n}")
+    rows = write_input(data / "in.jsonl", n, max_tokens=max_tokens)
+    return folder, data / "in.jsonl", resident_texts(folder, rows)
+
+
 def spill(*args, timeout=300, check=False, **kw) -> subprocess.CompletedProcess:
     """Run the spill CLI in a child process, the way a user does."""
     result = subprocess.run([sys.executable, "-m", "spill.coordinator.cli", *map(str, args)],

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from .group_util import read_output, resident_texts, spill, texts, write_input
+from .group_util import llama_job, read_output, spill, texts
 from .pty_util import PtySpill
 
 SLOW = {"SPILL_MAX_ROWS": "4", "SPILL_TEST_PASS_DELAY": "0.05"}
@@ -17,10 +17,7 @@ SLOW = {"SPILL_MAX_ROWS": "4", "SPILL_TEST_PASS_DELAY": "0.05"}
 
 @pytest.fixture(scope="module")
 def job24(make_tiny, tmp_path_factory):
-    folder = make_tiny("llama")
-    data = tmp_path_factory.mktemp("job24")
-    rows = write_input(data / "in.jsonl", 24)
-    return folder, data / "in.jsonl", resident_texts(folder, rows)
+    return llama_job(make_tiny, tmp_path_factory, 24)
 
 
 @pytest.fixture

@@ -8,15 +8,12 @@ import time
 
 import pytest
 
-from .group_util import assert_actors_exit, last_actor_pids, read_output, resident_texts, spill, texts, write_input
+from .group_util import assert_actors_exit, last_actor_pids, llama_job, read_output, resident_texts, spill, texts, write_input
 
 
 @pytest.fixture(scope="module")
 def job40(make_tiny, tmp_path_factory):
-    folder = make_tiny("llama")
-    data = tmp_path_factory.mktemp("job40")
-    rows = write_input(data / "in.jsonl", 40)
-    return folder, data / "in.jsonl", resident_texts(folder, rows)
+    return llama_job(make_tiny, tmp_path_factory, 40)
 
 
 def test_embedded_run_matches_resident_mlx_lm(job40, tmp_path):

@@ -11,15 +11,12 @@ import pytest
 
 from spill.wire import Endpoints
 
-from .group_util import log_events, read_output, resident_texts, spill, texts, write_input
+from .group_util import llama_job, log_events, read_output, spill, texts
 
 
 @pytest.fixture(scope="module")
 def job8(make_tiny, tmp_path_factory):
-    folder = make_tiny("llama")
-    data = tmp_path_factory.mktemp("job8")
-    rows = write_input(data / "in.jsonl", 8, max_tokens=6)
-    return folder, data / "in.jsonl", resident_texts(folder, rows)
+    return llama_job(make_tiny, tmp_path_factory, 8, max_tokens=6)
 
 
 def _ready(role: str, home: Path) -> int:
