@@ -74,6 +74,7 @@ def _read_json() -> dict:
 
 def rotate_logs() -> None:
     """Before a group starts: keep the last group's logs as <name>.1, so logs/ does not grow for ever."""
+    config.log_level()   # a level the actors cannot use is refused here, in one sentence
     if _held():
         return
     logs = run_dir() / "logs"

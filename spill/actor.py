@@ -47,7 +47,7 @@ class RotatingLines:
 
 def setup_logging(role: str) -> structlog.BoundLogger:
     """The logging of every spill process: JSON lines in $SPILL_HOME/run/logs/<role>.log, rotated by
-    size (SPILL_LOG_MAX_BYTES, SPILL_LOG_BACKUPS); key=value on stderr, where warnings and errors
+    size (SPILL_LOG_MAX_BYTES, SPILL_LOG_BACKUPS), from SPILL_LOG_LEVEL up; key=value on stderr, where warnings and errors
     only go unless it is a terminal. Every line carries actor and pid, and job and pass_index once
     the process has bound them (structlog's contextvars: `bind_context`)."""
     logs = config.home() / "run" / "logs"
@@ -71,6 +71,7 @@ def setup_logging(role: str) -> structlog.BoundLogger:
     structlog.configure(processors=[structlog.contextvars.merge_contextvars, process,
                                     structlog.processors.add_log_level,
                                     structlog.processors.TimeStamper(fmt="iso"), both],
+                        wrapper_class=structlog.make_filtering_bound_logger(config.log_level()),
                         logger_factory=structlog.PrintLoggerFactory(sys.stderr))
     return structlog.get_logger()
 

@@ -114,3 +114,16 @@ def log_max_bytes() -> int:
 def log_backups() -> int:
     """Rotated log files kept per actor besides the live one (SPILL_LOG_BACKUPS, default 3)."""
     return int(os.environ.get("SPILL_LOG_BACKUPS", "3"))
+
+
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+def log_level() -> str:
+    """Lowest level the actors log (SPILL_LOG_LEVEL, default info; warning drops the per-pass lines)."""
+    level = os.environ.get("SPILL_LOG_LEVEL", "info").strip().lower()
+    if level not in LOG_LEVELS:
+        from .errors import SpillError
+        raise SpillError(f"SPILL_LOG_LEVEL={os.environ['SPILL_LOG_LEVEL']!r} is not a log level; "
+                         f"set it to {', '.join(LOG_LEVELS[:-1])} or {LOG_LEVELS[-1]}, or unset it")
+    return level

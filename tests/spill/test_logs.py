@@ -53,3 +53,18 @@ def test_rotation_keeps_the_newest_lines(tmp_path):
     numbers = [e["n"] for e in kept if "n" in e]
     assert numbers == list(range(numbers[0], 400))          # the newest, in order, none missing
     assert numbers[0] > 300 and kept[-1]["event"] == "from the reader thread"
+
+
+def test_a_log_level_keeps_lines_from_that_level_up(tmp_path):
+    result = run_logging(tmp_path, SPILL_LOG_LEVEL="warning")
+    assert result.returncode == 0, result.stderr
+    assert [e["event"] for e in read_lines(tmp_path / "run" / "logs" / "streamer.log")] == ["from the reader thread"]
+
+
+def test_a_bad_log_level_is_one_sentence_before_any_group_starts(tmp_path):
+    env = {**os.environ, "SPILL_HOME": str(tmp_path), "SPILL_LOG_LEVEL": "loud"}
+    result = subprocess.run([sys.executable, "-m", "spill.coordinator.cli", "up"], env=env, capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode != 0 and result.stdout == ""
+    assert result.stderr == ("spill: SPILL_LOG_LEVEL='loud' is not a log level; set it to debug, info, warning "
+                             "or error, or unset it\n")
