@@ -55,8 +55,8 @@ def through_group(folder: Path, rows: int, max_tokens: int) -> dict:
         try:
             info = client.request("submit", timeout_s=600, model=str(folder), input=str(inp),
                                   output=str(Path(tmp) / "out.jsonl"), max_tokens=max_tokens,
-                                  temperature=0.0, resume=None, new=True)
-            while (s := client.request("status", job=info["job"]))["status"] != "done":
+                                  temperature=0.0, resume=None, new=True, client=os.getpid())
+            while (s := client.request("status", job=info["job"], client=os.getpid()))["status"] != "done":
                 if first is None and s.get("passes"):
                     first = (s["passes"], _cpu(psutil, s["processes"]))
                 time.sleep(0.2)
@@ -180,7 +180,8 @@ def observe(a) -> None:
             runs[on].append(observed_run(a, on))
             r = runs[on][-1]
             print(f"  run {i + 1} {'on ' if on else 'off'}: median pass {r['median']:.4f} s over {r['passes']} passes, "
-                  f"{r['scrapes']} scrapes", flush=True)
+                  f"{r['scrapes']} scrapes, CPU ms/pass " + ", ".join(f"{k} {1e3 * v:.1f}" for k, v in r["cpu"].items()),
+                  flush=True)
     on, off = [r["median"] for r in runs[True]], [r["median"] for r in runs[False]]
     ratios = [x / y - 1 for x, y in zip(on, off)]
     lo, hi = _bootstrap(ratios)
