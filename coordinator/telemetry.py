@@ -120,9 +120,10 @@ class Telemetry:
         if eta is None:
             return
         mt.JOB_ETA.set(eta)
-        if self.run.estimate is not None and self.run.passes:   # an ended job: its actual time over the estimate
+        estimate = self.run.estimate.first.total_seconds if self.run.estimate is not None else 0.0
+        if estimate > 0 and self.run.passes:   # an ended job: its actual time over the estimate
             taken = self.run.actual_seconds(time.monotonic() if live else None)
-            mt.JOB_ESTIMATE_ERROR.set((taken + eta) / self.run.estimate.first.total_seconds - 1)
+            mt.JOB_ESTIMATE_ERROR.set((taken + eta) / estimate - 1)
 
     def linger(self) -> None:
         """Where a Prometheus scrapes us, wait (one scrape interval at most) for it to see the end."""
