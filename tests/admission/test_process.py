@@ -6,6 +6,7 @@ import sys
 import time
 
 from spill import memory
+from spill import messages as m
 from spill.admission import process
 
 
@@ -25,3 +26,14 @@ def test_the_other_processes_are_priced_though_their_arguments_name_the_streamer
     finally:
         sibling.kill()
         streamer.kill()
+
+
+def test_the_streamers_runtime_from_its_ready_is_priced_with_the_others(make_tiny, monkeypatch):
+    """The streamer's interpreter and libraries (its RSS at READY, before any model) are memory no KV gets."""
+    monkeypatch.setattr(process, "_others_rss", lambda: 50 * 2**20)
+    sent = []
+    box = type("Box", (), {"send": lambda self, peer, msg: sent.append(msg)})()
+    log = type("Log", (), {"info": lambda *a, **k: None})()
+    reset = m.Reset(1, str(make_tiny("llama")), "job", runtime=120 * 2**20)
+    policy, others, _ = process._price(reset, {"memory": "2GB"}, box, log)
+    assert others == 170 * 2**20 and policy.sheet.fixed["others"] == 170 * 2**20 and not sent
