@@ -2,13 +2,14 @@
 # On the H200 machine (no package registry; see docs/benchmarks.md): set it up and run spill's GPU
 # check and benchmarks. STAGE is the folder pack.sh filled, carried into the call.
 #   bash h200.sh stage STAGE          keep the mlx-cuda-13 parts this call carried (back-to-back calls)
+#   bash h200.sh setup STAGE          reassemble, check and install only
 #   bash h200.sh probe STAGE OUT      set up; `spill check` on the GPU (bf16); each read-path step's GB/s
 #   bash h200.sh test STAGE           set up; the GPU tests (tests/streamer/test_check.py)
 #   bash h200.sh gpu|cpu STAGE OUT    set up; benchmarks/pass_time.py on the GPU or on the CPU cores
 #                                     (cpu: then benchmarks/cpu_threads.py, BLAS:convert threads in
 #                                     SPILL_SWEEP; reader knobs in spill/config.py)
 set -euo pipefail
-cmd=${1:?usage: h200.sh stage|probe|test|gpu|cpu STAGE [OUT]}
+cmd=${1:?usage: h200.sh stage|setup|probe|test|gpu|cpu STAGE [OUT]}
 stage=$(cd "${2:?STAGE}" && pwd)
 out=${3:-/tmp/spill-out}
 keep=/root/spill-stage site=/tmp/spill-site work=/tmp/spill-work
@@ -31,6 +32,7 @@ setup() {
 }
 
 setup
+[ "$cmd" = setup ] && exit 0
 cd "$work"   # not the source folder: its spill/ would shadow the installed package
 src=$work/src
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
