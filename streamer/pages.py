@@ -77,8 +77,10 @@ def aligned_buffer(size: int) -> np.ndarray:
     """A buffer of private memory, 2 MiB aligned, huge pages advised (Linux), its pages mapped. Huge
     pages let one O_DIRECT request carry MiBs: 4 KiB pages cap it at the disk's segments (254 x 4 KiB)."""
     m = mmap.mmap(-1, max(size, 1) + _HUGE, flags=mmap.MAP_PRIVATE)   # shared anonymous memory gets no huge pages
-    if hasattr(mmap, "MADV_HUGEPAGE"):
+    try:
         m.madvise(mmap.MADV_HUGEPAGE)
+    except (AttributeError, OSError):   # macOS; a kernel built without transparent huge pages
+        pass
     buf = np.frombuffer(m, np.uint8)
     skip = -buf.ctypes.data % _HUGE
     buf = buf[skip:skip + size]
