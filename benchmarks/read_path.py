@@ -1,6 +1,7 @@
 """Each step of the read path alone, in GB/s, on this machine: where a pass's time can go.
 
     python benchmarks/read_path.py MODEL_FOLDER [--threads 4] [--json out.json]
+    python benchmarks/read_path.py MODEL_FOLDER --reader 2     # the reader's passes, old buffers and new
 
 Disk (every read from cold, over all the model's shards): buffered reads dropping behind, on 1 and
 N threads; O_DIRECT into shared anonymous memory (4 KiB pages), on 1 and N threads, into huge pages
@@ -69,12 +70,49 @@ def timed(fn, nbytes, reps=3) -> float:
     return nbytes / best / GB
 
 
+def reader_passes(folder, reps: int) -> dict:
+    """The reader's passes alone (read + convert in the compute dtype, no layer math), from cold, with
+    its old buffers (shared anonymous memory: 4 KiB pages) and its huge-page buffers, alternating."""
+    import numpy as np
+    from spill.streamer import reader
+    from spill.streamer.core import default_dtype
+    from spill.streamer.plan import load_plan
+
+    def shared(size):
+        buf = np.frombuffer(mmap.mmap(-1, max(size, 1)), np.uint8)[:size]
+        buf.fill(0)
+        return buf
+    plan, files, out = load_plan(folder), sorted(Path(folder).glob("*.safetensors")), {}
+    for _ in range(reps):
+        for name, alloc in (("4 KiB pages (shared memory)", shared), ("huge pages", aligned_buffer)):
+            reader.aligned_buffer = alloc
+            with reader.WeightReader(plan, dtype=default_dtype()) as rd:
+                drop_cache(files)
+                t0 = time.perf_counter()
+                rd.start_pass()
+                for i in range(len(plan.layers)):
+                    rd.take(i)
+                dt, st = time.perf_counter() - t0, rd.stats()
+            key = f"reader pass into {name}: pass GB/s, reads GB/s"
+            out.setdefault(key, []).append([round(plan.streamed_bytes / dt / GB, 2),
+                                            round(st["bytes_read"] / st["read_s"] / GB, 2)])
+            print(f"{key}: {out[key][-1]}", flush=True)
+    reader.aligned_buffer = aligned_buffer
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("model")
     p.add_argument("--threads", type=int, default=4)
     p.add_argument("--json", default="")
+    p.add_argument("--reader", type=int, default=0, help="only the reader's passes, old buffers against new, N times")
     a = p.parse_args()
+    if a.reader:
+        out = reader_passes(a.model, a.reader)
+        if a.json:
+            Path(a.json).write_text(json.dumps(out, indent=1))
+        return
     import mlx.core as mx
     import numpy as np
     files = sorted(Path(a.model).glob("*.safetensors"))
