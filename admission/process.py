@@ -85,7 +85,7 @@ def _price(msg: m.Reset, args: dict, box, log):
         plan = load_plan(msg.model)
     except SpillError:
         return None, 0, 0   # the streamer fails the job with the loader's sentence
-    others = _others_rss()
+    others = _others_rss() + msg.runtime   # the other processes now, and the streamer's own runtime
     policy, ws = budget_policy(plan, args.get("memory"), args.get("budget_fraction"), others,
                                args.get("prefill_chunk", 512))
     sheet = policy.sheet
@@ -112,8 +112,8 @@ def _others_rss() -> int:
     total = 0
     for pid in pids:
         try:
-            if b"streamer" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                continue
+            if b"spill.streamer.process" in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0"):
+                continue   # the streamer itself (every actor's arguments name its socket: match the module)
         except OSError:
             pass
         try:

@@ -141,7 +141,7 @@ def work_per_pass(n: int = 2000) -> dict:
     log = setup_logging("bench-coordinator")
     run = SimpleNamespace(pending=set(range(64)), job=SimpleNamespace(id="bench", counts=lambda: {"succeeded": 0, "failed": 0}),
                           model_name="bench", left_at_start=64, started=time.monotonic(), finished=False,
-                          estimate=None, passes=0, eta=lambda: 30.0)
+                          estimate=None, passes=0, live_eta=lambda: 30.0)
     group = SimpleNamespace(box=SimpleNamespace(send=lambda *a: None), sup=SimpleNamespace(pids=lambda: {}, restarts={}),
                             epoch=1, current=run)
     tele = Telemetry(group, log)

@@ -51,6 +51,7 @@ class Group:
         self.crashes: dict[str, int] = {}         # actor restarts during the running job
         self.waiting: set[str] = set(ACTORS)     # actors not READY yet
         self.waiting_since = time.monotonic()
+        self.ready_rss: dict[str, int] = {}       # each actor's resident memory at its READY
         self.running = True
         self.stop_at: float | None = None        # `spill down`, or an embedded group left idle: stop then
         self.clients: dict[str, tuple[str, float]] = {}   # job -> (its client, when it last asked); until it saw the end
@@ -74,6 +75,7 @@ class Group:
             self.sup.beat(msg.role, msg.pid)
         if isinstance(msg, m.Ready):
             self.waiting.discard(msg.role)
+            self.ready_rss[msg.role] = msg.rss
             if not self.waiting and self.current is not None:
                 self._restart_rows()
             return
@@ -137,7 +139,8 @@ class Group:
 
     def _broadcast_reset(self, model: str = "") -> None:
         for role in ACTORS:
-            self.box.send(role, m.Reset(self.epoch, model, self.current.job.id if self.current else ""))
+            self.box.send(role, m.Reset(self.epoch, model, self.current.job.id if self.current else "",
+                                        runtime=self.ready_rss.get("streamer", 0)))
 
     def _restart_rows(self) -> None:
         """(Re)start the current job's unfinished rows on a fresh epoch."""

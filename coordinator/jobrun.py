@@ -91,7 +91,7 @@ class JobRun:
         self.last_pass = msg
         self.generated += msg.emitted
         self.peak_memory = max(self.peak_memory, msg.peak_memory)
-        history.append(self.job.dir, msg, done=self.total - len(self.pending))
+        history.append(self.job.dir, msg, done=self.total - len(self.pending), eta_s=self.eta())
 
     def on_progress(self, msg: m.Progress) -> None:
         for row, n, tail in zip(msg.rows, msg.tokens, msg.tails):
@@ -110,7 +110,7 @@ class JobRun:
         done = self.total - len(self.pending)
         rate = self.generated / elapsed
         p = self.last_pass
-        eta = self.eta()
+        eta = self.live_eta()
         slots = [(self.requests[r].custom_id, n, tail) for r, (n, tail) in list(self.tails.items())[-8:]]
         return {"job": self.job.id, "status": self.job.meta.get("status"), "done": done, "total": self.total,
                 "tokens_per_s": rate, "pass_s": p.seconds if p else None, "peak_memory": self.peak_memory,
@@ -120,10 +120,15 @@ class JobRun:
                 "estimate": self.estimate.first.to_dict() if self.estimate else None, "summary": self.summary()}
 
     def eta(self) -> float | None:
-        """Seconds left: the rows left re-simulated with the refitted pass model, or without an
-        estimate the time per row done in this session; None before the first row."""
+        """Seconds left: the rows left re-simulated with the refitted pass model (None without an estimate)."""
+        if self.estimate is None:
+            return None
+        return self.estimate.eta(self.pending, {r: n for r, (n, _) in self.tails.items()})
+
+    def live_eta(self) -> float | None:
+        """The live view's ETA: the estimate's, else the time per row done in this session (None before the first)."""
         if self.estimate is not None:
-            return self.estimate.eta(self.pending, {r: n for r, (n, _) in self.tails.items()})
+            return self.eta()
         done_now = self.left_at_start - len(self.pending)
         return (time.monotonic() - self.started) / done_now * len(self.pending) if done_now > 0 else None
 

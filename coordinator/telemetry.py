@@ -116,7 +116,7 @@ class Telemetry:
         for state, n in (("waiting", waiting), ("running", running),
                          ("done", counts["succeeded"]), ("failed", counts["failed"])):
             mt.JOB_ROWS.labels(state).set(n)
-        eta = self.run.eta() if live else 0.0
+        eta = self.run.live_eta() if live else 0.0
         if eta is None:
             return
         mt.JOB_ETA.set(eta)

@@ -17,8 +17,9 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 import numpy as np
 
-from spill import memory
+from spill import config, memory
 from spill.errors import SpillError
+from spill.platform import set_blas_threads
 
 from .families import adapter_for
 from .groups import Group, Pool, RowState, bucket
@@ -85,6 +86,8 @@ class Streamer:
         self.prefill_chunk = prefill_chunk
         self.keep_logits = keep_logits
         self.seed = seed
+        if mx.default_device() == mx.cpu:   # OpenBLAS's threads share the cores with the reader's
+            set_blas_threads(config.blas_threads())
         self.reader = WeightReader(self.plan, dtype=self.dtype, read_ahead=read_ahead, drop_cache=drop_cache)
         self.adapter.load_resident(self.reader.read_resident())
         self.decode: Pool | None = None

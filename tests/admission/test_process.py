@@ -1,14 +1,49 @@
-"""What the admission actor tells the coordinator after a pass (its report, no sockets)."""
+"""The admission actor's process wrapper: what it measures of the machine when it prices a model, and
+what it tells the coordinator after a pass (its report, no sockets)."""
 
+import os
+import subprocess
+import sys
+import time
 from types import SimpleNamespace
 
+from spill import memory
 from spill import messages as m
+from spill.admission import process
 from spill.admission.calibration import Calibration, Calibrator
 from spill.admission.passmodel import PassModel
 from spill.admission.policy import BudgetPolicy
-from spill.admission.process import report
 
 from .test_policy import MB, rows, run_pass, sheet
+
+
+def test_the_other_processes_are_priced_though_their_arguments_name_the_streamer(monkeypatch):
+    """Every actor's command line carries the endpoints, which name the streamer's socket: only the
+    streamer's own process may be left out of the others' resident memory."""
+    endpoints = '{"endpoints": {"streamer": "ipc:///run/streamer.sock"}}'
+    sleep = [sys.executable, "-c", "import time; time.sleep(30)"]
+    sibling = subprocess.Popen([*sleep, endpoints])
+    streamer = subprocess.Popen([*sleep, "-m", "spill.streamer.process", endpoints])   # argv as the streamer's
+    try:
+        time.sleep(1.0)
+        monkeypatch.setattr(os, "getppid", os.getpid)   # we stand for the coordinator
+        others = process._others_rss()
+        ours, theirs = memory.process_memory(os.getpid()).rss, memory.process_memory(sibling.pid).rss
+        assert ours + theirs - 2**20 <= others < ours + theirs + memory.process_memory(streamer.pid).rss - 2**20
+    finally:
+        sibling.kill()
+        streamer.kill()
+
+
+def test_the_streamers_runtime_from_its_ready_is_priced_with_the_others(make_tiny, monkeypatch):
+    """The streamer's interpreter and libraries (its RSS at READY, before any model) are memory no KV gets."""
+    monkeypatch.setattr(process, "_others_rss", lambda: 50 * 2**20)
+    sent = []
+    box = type("Box", (), {"send": lambda self, peer, msg: sent.append(msg)})()
+    log = type("Log", (), {"info": lambda *a, **k: None})()
+    reset = m.Reset(1, str(make_tiny("llama")), "job", runtime=120 * 2**20)
+    policy, others, _ = process._price(reset, {"memory": "2GB"}, box, log)
+    assert others == 170 * 2**20 and policy.sheet.fixed["others"] == 170 * 2**20 and not sent
 
 
 def test_the_report_carries_the_lines_the_hold_and_the_rows_preempted():
@@ -21,9 +56,9 @@ def test_the_report_carries_the_lines_the_hold_and_the_rows_preempted():
     p.observe(790 * MB)                                       # under the guard, above it less hysteresis: held
     calibrator = Calibrator(SimpleNamespace(info=print, warning=print))
     calibrator.cal = Calibration("k", PassModel(bandwidth=3.5e9))
-    told = m.decode(m.encode(report(2, 9, p, 64 * MB, requeued, calibrator, "job1")))
+    told = m.decode(m.encode(process.report(2, 9, p, 64 * MB, requeued, calibrator, "job1")))
     assert told == m.Budget(2, 9, 1000 * MB, int(0.78 * 1000 * MB), int(0.80 * 1000 * MB), int(0.90 * 1000 * MB),
                             64 * MB, held_rows=9, preempted_rows=7, probe_bandwidth=3.5e9, job="job1")
     p.observe(700 * MB)                                        # below guard less hysteresis: no hold
-    assert report(2, 10, p, 0, 0, Calibrator(None), "job1").held_rows == 0
-    assert report(2, 10, p, 0, 0, Calibrator(None), "job1").probe_bandwidth == 0.0   # no calibration: no figure
+    assert process.report(2, 10, p, 0, 0, Calibrator(None), "job1").held_rows == 0
+    assert process.report(2, 10, p, 0, 0, Calibrator(None), "job1").probe_bandwidth == 0.0   # no calibration: no figure
