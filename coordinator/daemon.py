@@ -44,6 +44,7 @@ class Group:
         self.box, self.sup, self.log = box, sup, log
         self.epoch = 0
         self.model = ""
+        self.resident = False                     # the running job's advice: keep every layer in memory
         self.queue: deque[tuple[JobRun, Path]] = deque()
         self.current: JobRun | None = None
         self.job_epoch: int | None = None         # the running job's first epoch: older results are not its own
@@ -137,7 +138,8 @@ class Group:
 
     def _broadcast_reset(self, model: str = "") -> None:
         for role in ACTORS:
-            self.box.send(role, m.Reset(self.epoch, model, self.current.job.id if self.current else ""))
+            self.box.send(role, m.Reset(self.epoch, model, self.current.job.id if self.current else "",
+                                        resident=bool(model) and self.resident))
 
     def _restart_rows(self) -> None:
         """(Re)start the current job's unfinished rows on a fresh epoch."""
@@ -153,7 +155,7 @@ class Group:
         if self.current is not None or not self.queue:
             return
         self.current, model = self.queue.popleft()
-        self.model, self.job_epoch = str(model), None
+        self.model, self.job_epoch, self.resident = str(model), None, self.current.resident
         self.crashes = {}
         try:
             self.current.job.set_status("running")
@@ -193,9 +195,11 @@ class Group:
         except BaseException:
             job.close()     # not queued: a later run of the same command may take it
             raise
-        run.estimate = job_estimate(model, requests, run.pending, run.defaults, args.get("memory"), self.log)
+        run.estimate = job_estimate(model, requests, run.pending, run.defaults, args.get("memory"), self.log,
+                                    stream=bool(args.get("stream")), name=args["model"])
+        run.resident = bool(run.estimate and run.estimate.advice.resident)   # decided once, before the first pass
         if run.estimate is not None:
-            job.set_status("queued", estimate=run.estimate.to_meta())
+            job.set_status("queued", estimate=run.estimate.to_meta(), mode="resident" if run.resident else "streamed")
         self.queue.append((run, model))
         self.clients[job.id] = (str(args.get("client", "")), time.monotonic())
         self.last.pop(job.id, None)   # resumed in this group: its old ending is history
@@ -203,6 +207,7 @@ class Group:
         return {"job": job.id, "total": run.total, "done": run.total - len(run.pending),
                 "output": str(job.output_path), "queued": len(self.queue),
                 "estimate": run.estimate.to_meta()["line"] if run.estimate else None,
+                "advice": run.estimate.advice.line if run.estimate else None,
                 "warning": warning(model)}
 
     def status(self, args: dict) -> dict:

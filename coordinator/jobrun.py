@@ -35,6 +35,7 @@ class JobRun:
         self.peak_memory = 0
         self.tails: OrderedDict[int, tuple[int, str]] = OrderedDict()   # row -> (tokens, tail)
         self.estimate = None              # a JobEstimate, when the daemon could make one
+        self.resident = False             # the advisor's choice: every layer kept in memory after pass 1
         self.finishes, self.lengths = [], []   # finish reason and output tokens of rows done this session
         self.first_pass_s = 0.0
 

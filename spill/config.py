@@ -114,3 +114,9 @@ def log_max_bytes() -> int:
 def log_backups() -> int:
     """Rotated log files kept per actor besides the live one (SPILL_LOG_BACKUPS, default 3)."""
     return int(os.environ.get("SPILL_LOG_BACKUPS", "3"))
+
+
+def stream() -> bool:
+    """Stream every job's weights from disk even where the model and the job's KV fit resident
+    (SPILL_STREAM=1; `spill run --stream`). Default 0: the advisor keeps a model that fits resident."""
+    return os.environ.get("SPILL_STREAM", "0") not in ("", "0")

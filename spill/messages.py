@@ -66,6 +66,7 @@ class Reset:
     epoch: int
     model: str = ""          # model folder; "" keeps the current one
     job: str = ""
+    resident: bool = False   # keep every layer in memory after its first read (the advisor's choice)
 
 
 @dataclass
