@@ -40,23 +40,23 @@ def advise(plan: ModelPlan, rows: list, memory_arg=None, *, stream: bool = False
     s = policy.sheet
     width = -(-max((r.prompt + r.out for r in rows), default=1) // 256) * 256
     want = max(1, min(len(rows), policy.max_rows))
-    slots = min(want, max(s.kv_budget, 0) // s.cost(1, width))
+    slots = _slots(policy, want, width)
     weights, kv = s.fixed["resident"], s.cost(want, width)
-    budget = f"the {fmt(s.budget)} budget ({s.fraction:.0%} of the {fmt(ws.bytes)} working set)"
+    budget = f"the {fmt(s.budget)} memory budget"
     streamed_slots = _slots(budget_policy(plan, memory_arg)[0], want, width)
     faster = 0 < slots < want and _faster(passes, plan, slots, streamed_slots, rows)
     fits = slots >= want or faster
-    what = (f"the weights ({fmt(weights)} in memory) and the job's KV ({fmt(kv)} for {want} rows at once) fit {budget}"
+    what = (f"the weights ({fmt(weights)}) and the job's KV ({fmt(kv)} for {want} rows at once) fit {budget}"
             if slots >= want else
-            f"the weights ({fmt(weights)} in memory) leave KV for {slots} of the job's {want} rows at once in {budget}, "
+            f"the weights ({fmt(weights)}) leave KV for {slots} of the job's {want} rows at once in {budget}, "
             f"faster by the pass model than streaming {streamed_slots} at once")
     if fits and stream:
         line = f"streamed (--stream or SPILL_STREAM), though resident would fit: {what}"
     elif fits:
-        line = f"resident: {what}, so only the first pass reads the weights from disk; --stream streams them instead"
+        line = f"resident: {what}; only the first pass reads the disk (--stream streams every pass)"
     else:
-        line = (f"streamed: the weights need {fmt(weights)} in memory resident and the job's KV {fmt(kv)}, "
-                f"more than {budget}")
+        line = (f"streamed: the weights need {fmt(weights)} in memory and the job's KV {fmt(kv)}, more than "
+                f"{budget} ({s.fraction:.0%} of the {fmt(ws.bytes)} working set)")
         if tag := _variant(plan, rows, memory_arg, passes, variants):
             line += f"; {tag} would fit resident: spill run {tag}"
     return Advice(fits and not stream, line, weights, kv, s.budget, slots)

@@ -80,7 +80,7 @@ def _price(msg: m.Reset, args: dict, box, log):
     policy, ws = budget_policy(plan, args.get("memory"), args.get("budget_fraction"), others,
                                args.get("prefill_chunk", 512), resident=msg.resident)
     sheet = policy.sheet
-    log.info("budget", resident=msg.resident, working_set=ws.bytes, source=ws.source, budget=sheet.budget, kv_budget=sheet.kv_budget,
+    log.info("budget", mode="resident" if msg.resident else "streamed", working_set=ws.bytes, source=ws.source, budget=sheet.budget, kv_budget=sheet.kv_budget,
              kv_per_token=sheet.kv_per_token, **sheet.fixed)
     if sheet.kv_budget < sheet.cost(1, 1):
         box.send("coordinator", m.Error(msg.epoch, [m.MODEL_ROW], ["memory_budget_exceeded"], [

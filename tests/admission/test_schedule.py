@@ -67,3 +67,8 @@ def test_the_allowance_comes_from_the_pass_model_and_running_rows_keep_moving():
     assert [w.row for w in schedule.admit(p, 0)] == [0]          # nothing running: one row still starts
     assert schedule.admit(p, -50) == []                           # prefills in flight use the allowance up
     assert [w.row for w in schedule.admit(p, 100)] == [1]
+
+
+def test_a_resident_pass_reads_nothing_so_its_allowance_is_the_fixed_prefill_tokens(monkeypatch):
+    monkeypatch.setenv("SPILL_PREFILL_TOKENS", "3000")
+    assert schedule.allowance(MODEL, 0, 10, 1000, 300) == 3000 - 300
