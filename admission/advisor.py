@@ -55,7 +55,8 @@ def advise(plan: ModelPlan, rows: list, memory_arg=None, *, stream: bool = False
     elif fits:
         line = f"resident: {what}; only the first pass reads the disk (--stream streams every pass)"
     else:
-        line = (f"streamed: the weights need {fmt(weights)} in memory and the job's KV {fmt(kv)}, more than "
+        line = (f"streamed: resident, the weights ({fmt(weights)}), the job's KV ({fmt(kv)} for {want} rows at once) "
+                f"and the buffers and activations ({fmt(sum(s.fixed.values()) - weights)}) would need more than "
                 f"{budget} ({s.fraction:.0%} of the {fmt(ws.bytes)} working set)")
         if tag := _variant(plan, rows, memory_arg, passes, variants):
             line += f"; {tag} would fit resident: spill run {tag}"

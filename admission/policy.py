@@ -8,6 +8,9 @@ The budget is a target for live allocation at the knee of the memory curve, not 
                  + the other processes' resident memory
     KV budget  = budget - fixed
 
+Resident (the advisor's choice, advisor.py), "resident tensors" are every layer's weights and no
+layer is in flight.
+
 KV is reserved up front: when a batch starts, admission sizes the streamer's decode pool, `slots`
 rows of `width` tokens (the longest full length, prompt + max_tokens, of the rows waiting first,
 rounded up to 256), as many slots as the KV budget buys (at most SPILL_MAX_ROWS, default 256):

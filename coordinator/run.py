@@ -13,6 +13,7 @@ import time
 
 import typer
 
+from spill import config
 from spill.errors import SpillError
 
 from . import rundir
@@ -67,8 +68,7 @@ def run_job(*, model, input, output, max_tokens, temperature, resume, new, quiet
     openblas_note()
     args, finished = check_run(model=model, input=input, output=output, max_tokens=max_tokens,
                                temperature=temperature, resume=resume, new=new)
-    from spill import config
-    args["stream"] = stream or config.stream()
+    args["stream"] = stream or config.stream()   # the group's own SPILL_STREAM counts too
     if finished is not None:
         c = finished.counts()
         typer.echo(f"job {finished.id} already ran this command: done, {c['succeeded']} succeeded, {c['failed']} "

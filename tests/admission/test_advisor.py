@@ -48,7 +48,7 @@ def test_a_smaller_resident_batch_runs_resident_only_where_the_pass_model_rates_
     assert "leave KV for 2 of the job's 4 rows at once in the " in a.line
     assert "faster by the pass model than streaming 4 at once" in a.line
     b = advise(plan, ROWS, memory, passes=fast_disk)
-    assert not b.resident and b.line.startswith("streamed: the weights need ")
+    assert not b.resident and b.line.startswith("streamed: resident, the weights (")
     assert not advise(plan, ROWS, memory).resident      # no pass model: only the whole batch counts
 
 
@@ -61,8 +61,9 @@ def test_a_model_too_big_resident_streams_and_names_the_quantized_variant_that_f
     a = advise(plan, ROWS, memory, variants=variants)
     s = budget_policy(plan, memory, resident=True)[0].sheet
     assert not a.resident
-    assert a.line == (f"streamed: the weights need {fmt(a.weights)} in memory and the job's KV {fmt(s.cost(4, 256))}, "
-                      f"more than the {fmt(s.budget)} memory budget (78% of the {fmt(int(memory))} working set); "
+    assert a.line == (f"streamed: resident, the weights ({fmt(a.weights)}), the job's KV ({fmt(s.cost(4, 256))} for 4 "
+                      f"rows at once) and the buffers and activations ({fmt(sum(s.fixed.values()) - a.weights)}) would "
+                      f"need more than the {fmt(s.budget)} memory budget (78% of the {fmt(int(memory))} working set); "
                       "t:tiny-4bit would fit resident: spill run t:tiny-4bit")
     assert advise(plan, ROWS, memory_for(eight, 4.5), variants=variants).line.endswith("spill run t:tiny-8bit")
     assert "would fit" not in advise(plan, ROWS, memory_for(four, 3.5), variants=variants).line   # none fits
