@@ -43,7 +43,7 @@ def through_group(folder: Path, texts: list[str], max_tokens: int) -> tuple[floa
         try:
             info = client.request("submit", timeout_s=600, model=str(folder), input=str(inp),
                                   output=str(Path(tmp) / "out.jsonl"), max_tokens=max_tokens,
-                                  temperature=0.0, resume=None, new=True)
+                                  temperature=0.0, resume=None, new=True, stream=True)   # as the core alone
             while (s := client.request("status", job=info["job"]))["status"] != "done":
                 time.sleep(0.2)
         finally:
