@@ -298,7 +298,8 @@ class Streamer:
             wait_s=self._wait_s() - wait0, compute_s=compute_s,
             bytes_streamed=streamed, active_memory=mx.get_active_memory(),
             peak_memory=mx.get_peak_memory(), left=left, preempted=preempted,
-            cache_memory=mx.get_cache_memory(), reader_memory=self.reader.buffer_bytes if self.reader else 0, rss=now.rss,
+            cache_memory=mx.get_cache_memory(), reader_memory=self.reader.buffer_bytes if self.reader else 0,
+            rss=now.rss,
             cgroup_usage=memory.cgroup_usage(), minor_faults=now.minor_faults - before.minor_faults,
             major_faults=now.major_faults - before.major_faults)
 
