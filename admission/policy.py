@@ -81,7 +81,8 @@ class BudgetPolicy:
         self.sheet = sheet
         self.max_rows = max_rows                 # slots at most
         self.pool: tuple[int, int] | None = None  # (slots, width) of the streamer's decode pool
-        self.prefill_tokens = prefill_tokens
+        self.prefill_tokens = prefill_tokens     # prompt tokens the next pass may start
+        self.priced_prefill = prefill_tokens     # what the sheet priced activations for: never more
         self.queue: deque[Waiting] = deque()
         self.running: dict[int, Waiting] = {}    # admission order: the newest last
         self.live = 0                            # live allocation in the last pass report

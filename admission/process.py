@@ -103,8 +103,8 @@ def _others_rss() -> int:
     total = 0
     for pid in pids:
         try:
-            if b"streamer" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                continue
+            if b"spill.streamer.process" in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0"):
+                continue   # the streamer itself (every actor's arguments name its socket: match the module)
         except OSError:
             pass
         try:

@@ -25,10 +25,15 @@ def budget_policy(plan, memory_arg=None, fraction: float | None = None, others: 
     """The budget policy for `plan` on this machine (`memory_arg`: --memory, else detected);
     `resident`: every layer's weights priced as kept in memory."""
     ws = memory.working_set(memory_arg)
-    sheet = sheet_for(plan, ws.bytes, compute_itemsize(plan), prefill_tokens=config.prefill_tokens(),
-                      prefill_chunk=prefill_chunk, others=others, resident=resident, fraction=fraction or 0.78,
-                      guard=config.guard_line(), hard=config.hard_line())
-    return BudgetPolicy(sheet, config.max_rows(), config.prefill_tokens()), ws
+    tokens = config.prefill_tokens()
+    while True:   # on a small machine, price fewer prefill tokens a pass (down to a chunk) than KV gets
+        sheet = sheet_for(plan, ws.bytes, compute_itemsize(plan), prefill_tokens=tokens,
+                          prefill_chunk=prefill_chunk, others=others, resident=resident, fraction=fraction or 0.78,
+                          guard=config.guard_line(), hard=config.hard_line())
+        prefill = sheet.fixed["activations"] + sheet.fixed["prefill_kv"]
+        if tokens <= prefill_chunk or sheet.kv_budget >= prefill:
+            return BudgetPolicy(sheet, config.max_rows(), tokens), ws
+        tokens = max(tokens // 2, prefill_chunk)
 
 
 def compute_itemsize(plan) -> int:
@@ -84,7 +89,7 @@ def admit(policy, tokens: int) -> list:
     prompts already prefilling use the allowance up and rows are running (they still move)."""
     if tokens <= 0 and policy.running:
         return []
-    policy.prefill_tokens = max(tokens, 1)
+    policy.prefill_tokens = max(min(tokens, policy.priced_prefill), 1)
     return policy.admit()
 
 

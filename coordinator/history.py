@@ -9,10 +9,11 @@ from pathlib import Path
 FILE = "passes.jsonl"
 
 
-def append(job_dir: Path, msg, done: int) -> None:
-    """Record one pass: its report, the wall time and the rows done so far (not fsynced: a lost
-    line costs a point on a plot, not a result)."""
-    line = {**asdict(msg), "finished": len(msg.finished), "time": time.time(), "done": done}
+def append(job_dir: Path, msg, done: int, eta_s: float | None = None) -> None:
+    """Record one pass: its report, the wall time, the rows done so far and the live ETA then (not
+    fsynced: a lost line costs a point on a plot, not a result)."""
+    line = {**asdict(msg), "finished": len(msg.finished), "finished_rows": list(msg.finished),
+            "time": time.time(), "done": done, "eta_s": eta_s}
     with open(Path(job_dir) / FILE, "a") as f:
         f.write(json.dumps(line) + "\n")
 

@@ -92,7 +92,7 @@ class JobRun:
         self.last_pass = msg
         self.generated += msg.emitted
         self.peak_memory = max(self.peak_memory, msg.peak_memory)
-        history.append(self.job.dir, msg, done=self.total - len(self.pending))
+        history.append(self.job.dir, msg, done=self.total - len(self.pending), eta_s=self.eta())
 
     def on_progress(self, msg: m.Progress) -> None:
         for row, n, tail in zip(msg.rows, msg.tokens, msg.tails):
@@ -112,9 +112,8 @@ class JobRun:
         rate = self.generated / elapsed
         p = self.last_pass
         done_now = self.left_at_start - len(self.pending)   # rows finished in this session
-        eta = elapsed / done_now * len(self.pending) if done_now > 0 else None
-        if self.estimate is not None:   # the rows left, re-simulated with the refitted pass model
-            eta = self.estimate.eta(self.pending, {r: n for r, (n, _) in self.tails.items()})
+        eta = self.eta() if self.estimate is not None else \
+            elapsed / done_now * len(self.pending) if done_now > 0 else None
         slots = [(self.requests[r].custom_id, n, tail) for r, (n, tail) in list(self.tails.items())[-8:]]
         return {"job": self.job.id, "status": self.job.meta.get("status"), "done": done, "total": self.total,
                 "tokens_per_s": rate, "pass_s": p.seconds if p else None, "peak_memory": self.peak_memory,
@@ -122,6 +121,12 @@ class JobRun:
                 "streamer_pass_s": self.pass_seconds / self.passes if self.passes else None,
                 "wall_per_pass_s": (self.last_pass_at - self.first_pass_at) / (self.passes - 1) if self.passes > 1 else None,
                 "estimate": self.estimate.first.to_dict() if self.estimate else None, "summary": self.summary()}
+
+    def eta(self) -> float | None:
+        """Seconds left: the rows left re-simulated with the refitted pass model (None without an estimate)."""
+        if self.estimate is None:
+            return None
+        return self.estimate.eta(self.pending, {r: n for r, (n, _) in self.tails.items()})
 
     def summary(self) -> dict:
         from .estimate import summary

@@ -38,6 +38,10 @@ SIZES: dict[str, Shape] = {
     # ~30M parameters, 60-70 MB in bf16: integration tests, several shards
     "small": Shape(hidden=512, layers=8, intermediate=1536, heads=8, kv_heads=4,
                    head_dim=64, vocab=8192),
+    # 48 thin layers, ~310M parameters, ~0.62 GB in bf16: a model twice a small cgroup that two CPU
+    # cores compute in minutes (the job benchmark, benchmarks/job.py)
+    "tall": Shape(hidden=768, layers=48, intermediate=2048, heads=12, kv_heads=4,
+                  head_dim=64, vocab=8192),
     # Llama-3.2-1B layer shapes, 1.04B parameters, ~2.1 GB in bf16 (tied)
     "1b": Shape(hidden=2048, layers=16, intermediate=8192, heads=32, kv_heads=8,
                 head_dim=64, vocab=32768),

@@ -19,7 +19,8 @@ def memory_for(plan, slots: float, resident=True) -> str:
 
 
 @pytest.fixture
-def plan(make_tiny):
+def plan(make_tiny, monkeypatch):
+    monkeypatch.setenv("SPILL_PREFILL_TOKENS", "512")   # one chunk: the budget prices no fewer on a small machine
     return load_plan(make_tiny("llama"))
 
 

@@ -1,17 +1,41 @@
-"""The admission actor's pricing of a job's model, resident or streamed."""
+"""The admission actor's process wrapper: what it measures of the machine when it prices a model."""
+
+import os
+import subprocess
+import sys
+import time
 
 import structlog
 
+from spill import memory
 from spill import messages as m
-from spill.admission.process import _price
+from spill.admission import process
 from spill.streamer.plan import load_plan
+
+
+def test_the_other_processes_are_priced_though_their_arguments_name_the_streamer(monkeypatch):
+    """Every actor's command line carries the endpoints, which name the streamer's socket: only the
+    streamer's own process may be left out of the others' resident memory."""
+    endpoints = '{"endpoints": {"streamer": "ipc:///run/streamer.sock"}}'
+    sleep = [sys.executable, "-c", "import time; time.sleep(30)"]
+    sibling = subprocess.Popen([*sleep, endpoints])
+    streamer = subprocess.Popen([*sleep, "-m", "spill.streamer.process", endpoints])   # argv as the streamer's
+    try:
+        time.sleep(1.0)
+        monkeypatch.setattr(os, "getppid", os.getpid)   # we stand for the coordinator
+        others = process._others_rss()
+        ours, theirs = memory.process_memory(os.getpid()).rss, memory.process_memory(sibling.pid).rss
+        assert ours + theirs - 2**20 <= others < ours + theirs + memory.process_memory(streamer.pid).rss - 2**20
+    finally:
+        sibling.kill()
+        streamer.kill()
 
 
 def test_a_resident_reset_prices_every_layer_as_fixed_and_leaves_less_kv(make_tiny):
     folder = str(make_tiny("llama"))
     args, log = {"memory": "2GB"}, structlog.get_logger()
-    streamed, _, _ = _price(m.Reset(1, folder, "job"), args, None, log)
-    resident, _, _ = _price(m.Reset(1, folder, "job", resident=True), args, None, log)
+    streamed, _, _ = process._price(m.Reset(1, folder, "job"), args, None, log)
+    resident, _, _ = process._price(m.Reset(1, folder, "job", resident=True), args, None, log)
     assert resident.sheet.fixed["resident"] == 2 * load_plan(folder).total_bytes   # bf16, computed in float32
     assert resident.sheet.fixed["layers"] == 0 < streamed.sheet.fixed["layers"]
     assert resident.sheet.kv_budget < streamed.sheet.kv_budget

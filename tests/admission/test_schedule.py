@@ -72,3 +72,29 @@ def test_the_allowance_comes_from_the_pass_model_and_running_rows_keep_moving():
 def test_a_resident_pass_reads_nothing_so_its_allowance_is_the_fixed_prefill_tokens(monkeypatch):
     monkeypatch.setenv("SPILL_PREFILL_TOKENS", "3000")
     assert schedule.allowance(MODEL, 0, 10, 1000, 300) == 3000 - 300
+
+
+def test_a_pass_never_starts_more_prompt_tokens_than_the_budget_priced():
+    """The calibrated allowance can exceed what the budget priced activations for (a fast disk, a slow
+    compute probe): admission caps it, so a pass's prefill stays inside the sheet."""
+    from spill.admission.policy import BudgetPolicy
+    from .test_policy import rows, sheet
+    p = BudgetPolicy(sheet(slots_mb=40), prefill_tokens=300)
+    p.offer(rows(*[100] * 10))
+    admitted = schedule.admit(p, 10_000)
+    assert sum(len(w.prompt) for w in admitted) <= 300 and len(admitted) == 3
+    assert schedule.admit(p, 150) and p.prefill_tokens == 150   # a smaller allowance still rules
+
+
+def test_the_budget_shrinks_the_prefill_allowance_it_prices_to_leave_room_for_kv(make_tiny, monkeypatch):
+    """A small machine: 4096 prefill tokens' activations would eat the budget; fewer are priced, down
+    to one chunk, and the KV budget is left at least as large as the prefill's share."""
+    from spill.streamer.plan import load_plan
+    plan = load_plan(make_tiny("llama"))
+    monkeypatch.setenv("SPILL_PREFILL_TOKENS", "4096")
+    roomy, _ = schedule.budget_policy(plan, "4GB")
+    assert roomy.prefill_tokens == 4096
+    tight, _ = schedule.budget_policy(plan, "60MB", prefill_chunk=64)
+    s = tight.sheet
+    assert 64 <= tight.prefill_tokens < 4096
+    assert s.kv_budget >= s.fixed["activations"] + s.fixed["prefill_kv"] or tight.prefill_tokens == 64

@@ -200,6 +200,7 @@ def test_the_advisor_names_the_variant_of_models_yaml_that_would_fit(variant_tag
     from spill.streamer.plan import load_plan
     monkeypatch.setenv("SPILL_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("SPILL_STREAM", "0")
+    monkeypatch.setenv("SPILL_PREFILL_TOKENS", "512")   # one chunk: the budget prices no fewer on a small machine
     monkeypatch.setattr(calibration, "read_probe", lambda files: 2e9)
     folder = make_tiny("llama")
     s = budget_policy(quantized(load_plan(folder), 4, 32), "1GB", resident=True)[0].sheet

@@ -14,6 +14,7 @@ runner = CliRunner()
 
 
 def _job(tmp_path, model):
+    tmp_path.mkdir(exist_ok=True)
     inp = tmp_path / "in.jsonl"
     inp.write_text("".join(f'{{"custom_id": "r{i}", "prompt": "x"}}\n' for i in range(3)))
     requests, _ = read_batch(inp)
@@ -35,6 +36,24 @@ def test_each_pass_becomes_one_line_in_the_job_folder(tmp_path):
     lines = history.read(run.job.dir)
     assert [(p["index"], p["done"], p["finished"], p["decode_rows"]) for p in lines] == [(0, 0, 0, 2), (1, 1, 1, 2)]
     assert lines[1]["time"] >= lines[0]["time"] and lines[0]["bytes_streamed"] == 4_000_000
+
+
+def test_each_pass_line_keeps_the_rows_it_finished_and_the_live_eta(tmp_path):
+    """The job benchmark reads the ETA at 25/50/75% and each tier's finishing times from these lines."""
+    run = _job(tmp_path, "demo")
+
+    class Estimate:
+        def eta(self, pending, generated):
+            return 10.0 * len(pending)
+    run.estimate = Estimate()
+    run.on_pass(_pass(0))
+    run.on_done(m.Done(1, [0, 2], ["a", "b"], ["length"] * 2, [1] * 2, [5] * 2))
+    run.on_pass(_pass(1, finished=[0, 2]))
+    lines = history.read(run.job.dir)
+    assert [(p["finished_rows"], p["eta_s"]) for p in lines] == [([], 30.0), ([0, 2], 10.0)]
+    plain = _job(tmp_path / "plain", "demo")   # no estimate: no ETA
+    plain.on_pass(_pass(0))
+    assert history.read(plain.job.dir)[0]["eta_s"] is None
 
 
 def test_report_writes_a_png_with_the_roofline_from_this_machines_calibration(tmp_path, make_tiny, monkeypatch):

@@ -1,0 +1,195 @@
+"""The three-tier job end to end, as a user runs it, in a child memory cgroup smaller than the model
+(issue 7's job section): the pre-run estimate against the measured total, the live ETA's error at
+25/50/75% of the job, the long tier's pass time over the short tier's at equal batch, the total over
+the ideal, rows per hour and finishing time per tier, and the job's `spill report` plot.
+
+    python benchmarks/job.py [--size tall] [--rows 200] [--max-tokens 128] [--limit 300MB] [--fresh]
+
+1. builds a factory model (default `tall`: 48 thin layers, ~0.6 GB in bf16) and the three-tier input
+   (`three_tier.py`, token counts from the model's tokenizer);
+2. runs `spill run MODEL INPUT` inside a child cgroup of --limit bytes (no --memory: spill finds the
+   limit), in its own data home (--fresh: a new one, so the estimate starts from the first-use probes);
+3. runs two small jobs at one batch (--pair-batch rows of the longest and of the shortest tier, 16 new
+   tokens each) in the same cgroup, for the tiers' decode pass times at equal batch;
+4. reads the job's job.json and passes.jsonl, prints the figures as markdown and JSON, and draws the
+   plot with `spill report`.
+Root is needed for the cgroup (v1, under this process's own) and to drop the page cache.
+"""
+
+import argparse
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import three_tier  # noqa: E402
+from memory import child_cgroup  # noqa: E402
+from pass_time import drop_cache, model_folder  # noqa: E402
+
+QUANTILES = (0.25, 0.5, 0.75)
+
+
+def parse() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", default="/tmp/spill-bench")
+    p.add_argument("--family", default="llama")
+    p.add_argument("--size", default="tall")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--rows", type=int, default=200)
+    p.add_argument("--max-tokens", type=int, default=three_tier.MAX_TOKENS)
+    p.add_argument("--limit", default="300MB", help="the child cgroup's memory limit (the working set)")
+    p.add_argument("--home", default="/tmp/spill-bench-home", help="the runs' SPILL_HOME")
+    p.add_argument("--fresh", action="store_true", help="start from an empty data home (first-use calibration)")
+    p.add_argument("--pair-batch", type=int, default=8)
+    p.add_argument("--out", type=Path, default=Path("/tmp/spill-job-bench"))
+    return p.parse_args()
+
+
+def spill_in_cgroup(args: list, limit: int, env: dict, log: Path) -> str:
+    """Run `spill ARGS` inside a new child cgroup; return the job id it printed."""
+    cg = child_cgroup(limit)
+    try:
+        enter = 'echo $$ > "$0/cgroup.procs" && exec "$@"'
+        with open(log, "w") as f:
+            proc = subprocess.run(["sh", "-c", enter, str(cg), sys.executable, "-m", "spill.coordinator.cli",
+                                   *map(str, args)], stdout=f, stderr=subprocess.STDOUT, env=env)
+        oom = re.search(r"oom_kill [1-9]", (cg / "memory.oom_control").read_text())
+        peak = int((cg / "memory.max_usage_in_bytes").read_text())
+    finally:
+        _remove(cg)
+    text = log.read_text()
+    if proc.returncode or oom:
+        raise SystemExit(f"spill {' '.join(map(str, args[:1]))} exited {proc.returncode}"
+                         f"{' (OOM-killed)' if oom else ''}; its output:\n{text[-3000:]}")
+    print(f"  cgroup peak {peak / 2**20:.0f} MiB", flush=True)
+    return re.search(r"job (\S+): \d+ rows", text).group(1)
+
+
+def _remove(cg: Path) -> None:
+    for _ in range(50):   # the group's last processes may still be exiting
+        try:
+            cg.rmdir()
+            return
+        except OSError:
+            time.sleep(0.1)
+
+
+def job_files(home: Path, job: str) -> tuple[dict, list[dict]]:
+    from spill.coordinator import history
+    d = home / "jobs" / job
+    return json.loads((d / "job.json").read_text()), history.read(d)
+
+
+def eta_errors(passes: list[dict], total: int) -> dict:
+    """At the first pass where q of the rows are done: the live ETA over the time that was actually left."""
+    end, out = passes[-1]["time"], {}
+    for q in QUANTILES:
+        p = next((p for p in passes if p["done"] >= q * total and p.get("eta_s") is not None), None)
+        if p is not None and end > p["time"]:
+            out[f"{int(q * 100)}%"] = {"eta_s": round(p["eta_s"], 1), "left_s": round(end - p["time"], 1),
+                                       "eta_over_actual": round(p["eta_s"] / (end - p["time"]), 3)}
+    return out
+
+
+def tiers(rows: list[dict], passes: list[dict]) -> dict:
+    """Per tier (the custom_id's prefix): rows, rows per hour of the job, and when its last row finished."""
+    start, end = passes[0]["time"] - passes[0]["seconds"], passes[-1]["time"]
+    names = [r["custom_id"].rsplit("-", 1)[0] for r in rows]
+    last: dict[str, float] = {}
+    for p in passes:
+        for row in p.get("finished_rows", []):
+            last[names[row]] = p["time"]
+    hours = (end - start) / 3600
+    return {t: {"rows": names.count(t), "rows_per_hour": round(names.count(t) / hours, 1),
+                "last_row_at": round((last[t] - start) / (end - start), 3) if t in last else None}
+            for t in dict.fromkeys(names)}
+
+
+def decode_pass_s(passes: list[dict], batch: int) -> float | None:
+    """The median decode-only pass at `batch` rows (no prompt prefilled in it)."""
+    s = [p["seconds"] for p in passes if p["decode_rows"] == batch and p["prefill_tokens"] == 0]
+    return statistics.median(s) if s else None
+
+
+def ideal(folder: Path, rows: list[dict], out_rows: dict, limit: str) -> float:
+    """The ideal with this run's refitted pass model: per tier, rows x output tokens / the largest batch the
+    budget fits, times the roofline pass (admission/simulate.py's `_ideal`), summed."""
+    from spill.admission.simulate import SimRow
+    from spill.coordinator.estimate import estimate_rows
+    sim = []
+    for i, r in enumerate(rows):
+        usage = out_rows[r["custom_id"]]["response"]["body"]["usage"]
+        sim.append(SimRow(i, usage["prompt_tokens"], max(usage["completion_tokens"], 1)))
+    est, _ = estimate_rows(folder, sim, memory=limit)
+    return est.ideal_seconds
+
+
+def main() -> None:
+    a = parse()
+    from spill.memory import format_size, parse_size
+    limit = parse_size(a.limit)
+    a.out.mkdir(parents=True, exist_ok=True)
+    home = Path(a.home)
+    if a.fresh and home.exists():
+        shutil.rmtree(home)
+    env = {**os.environ, "SPILL_HOME": str(home)}
+    os.environ["SPILL_HOME"] = str(home)
+    folder = model_folder(a)
+    size = sum(f.stat().st_size for f in folder.glob("*.safetensors"))
+    print(f"model {folder}: {format_size(size)} on disk; cgroup limit {format_size(limit)} "
+          f"({size / limit:.1f}x smaller than the model)", flush=True)
+    rows = three_tier.make_rows(a.rows, three_tier.counter(str(folder)))
+    for r in rows:
+        r["body"]["max_tokens"] = a.max_tokens
+    inp = a.out / "three-tier.jsonl"
+    inp.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+    drop_cache(sorted(folder.glob("*.safetensors")))
+    print(f"1. the job: {len(rows)} rows, max_tokens {a.max_tokens}", flush=True)
+    t0 = time.time()
+    job = spill_in_cgroup(["run", folder, inp, "-o", a.out / "out.jsonl", "--quiet", "--new"], limit, env,
+                          a.out / "job.log")
+    wall = time.time() - t0
+    meta, passes = job_files(home, job)
+    out_rows = {json.loads(line)["custom_id"]: json.loads(line) for line in open(a.out / "out.jsonl")}
+
+    print(f"2. the tiers at batch {a.pair_batch}", flush=True)
+    pair = {}
+    for tier in (three_tier.TIERS[-1][0], three_tier.TIERS[0][0]):
+        few = [dict(r, body={**r["body"], "max_tokens": 16}) for r in rows if r["custom_id"].startswith(tier)]
+        path = a.out / f"{tier}.jsonl"
+        path.write_text("".join(json.dumps(r) + "\n" for r in few[:a.pair_batch]))
+        pj = spill_in_cgroup(["run", folder, path, "-o", a.out / f"{tier}.out.jsonl", "--quiet", "--new"], limit,
+                             {**env, "SPILL_MAX_ROWS": str(a.pair_batch)}, a.out / f"{tier}.log")
+        pair[tier] = decode_pass_s(job_files(home, pj)[1], a.pair_batch)
+
+    summary = meta.get("summary") or {}
+    estimate = (meta.get("estimate") or {}).get("total_seconds")
+    actual = summary.get("actual_seconds")
+    ideal_s = ideal(folder, rows, out_rows, a.limit)
+    long, short = three_tier.TIERS[-1][0], three_tier.TIERS[0][0]
+    result = {
+        "model": str(folder), "model_bytes": size, "limit": limit, "rows": len(rows), "max_tokens": a.max_tokens,
+        "job": job, "wall_s": round(wall, 1), "passes": len(passes),
+        "estimate_s": estimate, "actual_s": actual, "actual_over_estimate": summary.get("actual_over_estimate"),
+        "eta": eta_errors(passes, meta.get("total") or len(rows)),
+        "tier_pass_s": pair, "long_over_short": round(pair[long] / pair[short], 3) if all(pair.values()) else None,
+        "ideal_s": round(ideal_s, 1), "actual_over_ideal": round(actual / ideal_s, 3) if actual and ideal_s else None,
+        "tiers": tiers(rows, passes), "peak_live": max(p["active_memory"] + p.get("cache_memory", 0) for p in passes),
+        "estimate_ideal_s": (meta.get("estimate") or {}).get("ideal_seconds"),
+    }
+    png = subprocess.run([sys.executable, "-m", "spill.coordinator.cli", "report", job, "-o", str(a.out / "job.png")],
+                         capture_output=True, text=True, env=env)
+    result["plot"] = png.stdout.strip() or png.stderr.strip()
+    (a.out / "result.json").write_text(json.dumps(result, indent=1))
+    print(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
