@@ -76,7 +76,7 @@ def _price(msg: m.Reset, args: dict, box, log):
         plan = load_plan(msg.model)
     except SpillError:
         return None, 0, 0   # the streamer fails the job with the loader's sentence
-    others = _others_rss()
+    others = _others_rss() + msg.runtime   # the other processes now, and the streamer's own runtime
     policy, ws = budget_policy(plan, args.get("memory"), args.get("budget_fraction"), others,
                                args.get("prefill_chunk", 512), resident=msg.resident)
     sheet = policy.sheet

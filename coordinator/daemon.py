@@ -18,7 +18,7 @@ from pathlib import Path
 
 import zmq
 
-from spill import config
+from spill import config, memory
 from spill import messages as m
 from spill.actor import Fault, run_actor
 from spill.errors import SpillError
@@ -52,6 +52,7 @@ class Group:
         self.crashes: dict[str, int] = {}         # actor restarts during the running job
         self.waiting: set[str] = set(ACTORS)     # actors not READY yet
         self.waiting_since = time.monotonic()
+        self.ready_rss: dict[str, int] = {}       # each actor's resident memory at its READY
         self.running = True
         self.stop_at: float | None = None        # `spill down`, or an embedded group left idle: stop then
         self.clients: dict[str, tuple[str, float]] = {}   # job -> (its client, when it last asked); until it saw the end
@@ -75,6 +76,7 @@ class Group:
             self.sup.beat(msg.role, msg.pid)
         if isinstance(msg, m.Ready):
             self.waiting.discard(msg.role)
+            self.ready_rss[msg.role] = msg.rss
             if not self.waiting and self.current is not None:
                 self._restart_rows()
             return
@@ -139,6 +141,7 @@ class Group:
     def _broadcast_reset(self, model: str = "") -> None:
         for role in ACTORS:
             self.box.send(role, m.Reset(self.epoch, model, self.current.job.id if self.current else "",
+                                        runtime=self.ready_rss.get("streamer", 0),
                                         resident=bool(model) and self.resident))
 
     def _restart_rows(self) -> None:
@@ -195,8 +198,9 @@ class Group:
         except BaseException:
             job.close()     # not queued: a later run of the same command may take it
             raise
+        others = memory.process_memory().rss + sum(self.ready_rss.values())   # the group, as admission prices it
         run.estimate = job_estimate(model, requests, run.pending, run.defaults, args.get("memory"), self.log,
-                                    stream=bool(args.get("stream")), name=args["model"])
+                                    stream=bool(args.get("stream")), name=args["model"], others=others)
         run.resident = bool(run.estimate and run.estimate.advice.resident)   # decided once, before the first pass
         if run.estimate is not None:
             job.set_status("queued", estimate=run.estimate.to_meta(), mode="resident" if run.resident else "streamed")

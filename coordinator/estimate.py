@@ -37,12 +37,12 @@ def estimate_file(model: str, input: Path, *, max_tokens: int = 256, memory: str
 
 
 def advise_rows(folder: Path, rows: list[SimRow], *, memory: str | None = None, stream: bool = False,
-                name: str = "") -> Advice:
+                name: str = "", others: int = 0) -> Advice:
     """Resident or streamed for these rows (admission/advisor.py); `name`: the MODEL argument, whose
-    quantized variants in models.yaml are named when it does not fit."""
+    quantized variants in models.yaml are named when it does not fit; `others`: the group's RSS."""
     cal = open_calibration(folder)
     return advise(load_plan(folder), rows, memory, stream=stream or config.stream(), passes=cal.model,
-                  variants=variants(name))
+                  variants=variants(name), others=others)
 
 
 def sim_rows(folder: Path, requests: list, which, defaults: dict) -> tuple[list[SimRow], int]:
@@ -157,12 +157,12 @@ def summary_lines(s: dict) -> list[str]:
 
 
 def job_estimate(folder: Path, requests: list, pending: set[int], defaults: dict, memory, log, *,
-                 stream: bool = False, name: str = "") -> "JobEstimate | None":
+                 stream: bool = False, name: str = "", others: int = 0) -> "JobEstimate | None":
     """The advice and estimate of a submitted job's pending rows; a failure costs the estimate (and the
     job streams), never the job."""
     try:
         rows, errors = sim_rows(folder, requests, sorted(pending), defaults)
-        advice = advise_rows(folder, rows, memory=memory, stream=stream, name=name)
+        advice = advise_rows(folder, rows, memory=memory, stream=stream, name=name, others=others)
         return JobEstimate(folder, rows, errors, memory, advice=advice)
     except Exception as err:
         log.warning("no estimate", error=str(err))

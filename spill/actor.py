@@ -171,7 +171,8 @@ def inbox(box, role: str, log, busy=lambda: False):
     While `busy()` it does not block: a loop with work to do only drains what came."""
     from .messages import Ready, Shutdown
     heartbeat(box.endpoints, role)
-    box.send("coordinator", Ready(role, os.getpid()))
+    from .memory import process_memory
+    box.send("coordinator", Ready(role, os.getpid(), process_memory().rss))
     log.info("ready")
     gate = EpochGate()
     while True:

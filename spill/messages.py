@@ -53,6 +53,7 @@ def unpack_tokens(data: bytes, lengths: list[int]) -> list[list[int]]:
 class Ready:
     role: str
     pid: int
+    rss: int = 0             # resident memory once set up, before any model: the budget prices it
 
 
 @dataclass
@@ -66,6 +67,7 @@ class Reset:
     epoch: int
     model: str = ""          # model folder; "" keeps the current one
     job: str = ""
+    runtime: int = 0         # the streamer's RSS at its READY (interpreter, libraries): admission prices it
     resident: bool = False   # keep every layer in memory after its first read (the advisor's choice)
 
 

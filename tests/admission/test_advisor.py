@@ -77,3 +77,10 @@ def test_the_quantized_plan_is_the_factorys_quantized_model_tensor_for_tensor(ma
     def tensors(p):
         return {t.name: (t.dtype, t.shape, t.nbytes) for ts in [*p.layers, p.resident] for t in ts}
     assert tensors(got) == tensors(want)
+
+
+def test_the_groups_other_processes_count_against_the_resident_budget(plan):
+    memory = memory_for(plan, 4.5)
+    slot = budget_policy(plan, memory, resident=True)[0].sheet.cost(1, 256)
+    assert advise(plan, ROWS, memory).resident
+    assert not advise(plan, ROWS, memory, others=slot).resident   # one slot less: the batch no longer fits

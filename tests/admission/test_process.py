@@ -39,3 +39,14 @@ def test_a_resident_reset_prices_every_layer_as_fixed_and_leaves_less_kv(make_ti
     assert resident.sheet.fixed["resident"] == 2 * load_plan(folder).total_bytes   # bf16, computed in float32
     assert resident.sheet.fixed["layers"] == 0 < streamed.sheet.fixed["layers"]
     assert resident.sheet.kv_budget < streamed.sheet.kv_budget
+
+
+def test_the_streamers_runtime_from_its_ready_is_priced_with_the_others(make_tiny, monkeypatch):
+    """The streamer's interpreter and libraries (its RSS at READY, before any model) are memory no KV gets."""
+    monkeypatch.setattr(process, "_others_rss", lambda: 50 * 2**20)
+    sent = []
+    box = type("Box", (), {"send": lambda self, peer, msg: sent.append(msg)})()
+    log = type("Log", (), {"info": lambda *a, **k: None})()
+    reset = m.Reset(1, str(make_tiny("llama")), "job", runtime=120 * 2**20)
+    policy, others, _ = process._price(reset, {"memory": "2GB"}, box, log)
+    assert others == 170 * 2**20 and policy.sheet.fixed["others"] == 170 * 2**20 and not sent

@@ -172,3 +172,12 @@ def test_a_users_status_does_not_keep_a_killed_clients_queued_job_alive(tmp_path
     g.check_clients()
     assert [run.job.id for run in g.runs()] == [g.current.job.id]   # b left the queue; a still runs
     assert g.handle(m.Request("status", {"job": b["job"]})).data["status"] == "interrupted"
+
+
+def test_the_streamers_resident_memory_at_ready_travels_in_every_reset(tmp_path):
+    g = Group(Box(), Sup(), structlog.get_logger())
+    for role in ACTORS:
+        g.on_actor(m.Ready(role, 1, rss=(77 if role == "streamer" else 5) * 2**20))
+    submit(g, tmp_path, "a")
+    resets = [msg for _, msg in g.box.sent if isinstance(msg, m.Reset)]
+    assert resets and {msg.runtime for msg in resets} == {77 * 2**20}
