@@ -18,7 +18,7 @@ from pathlib import Path
 
 import zmq
 
-from spill import config, memory
+from spill import config
 from spill import messages as m
 from spill.actor import Fault, run_actor
 from spill.errors import SpillError
@@ -44,7 +44,6 @@ class Group:
         self.box, self.sup, self.log = box, sup, log
         self.epoch = 0
         self.model = ""
-        self.resident = False                     # the running job's advice: keep every layer in memory
         self.queue: deque[tuple[JobRun, Path]] = deque()
         self.current: JobRun | None = None
         self.job_epoch: int | None = None         # the running job's first epoch: older results are not its own
@@ -142,7 +141,7 @@ class Group:
         for role in ACTORS:
             self.box.send(role, m.Reset(self.epoch, model, self.current.job.id if self.current else "",
                                         runtime=self.ready_rss.get("streamer", 0),
-                                        resident=bool(model) and self.resident))
+                                        resident=bool(model) and self.current.resident))   # a model: a job runs
 
     def _restart_rows(self) -> None:
         """(Re)start the current job's unfinished rows on a fresh epoch."""
@@ -158,7 +157,7 @@ class Group:
         if self.current is not None or not self.queue:
             return
         self.current, model = self.queue.popleft()
-        self.model, self.job_epoch, self.resident = str(model), None, self.current.resident
+        self.model, self.job_epoch = str(model), None
         self.crashes = {}
         try:
             self.current.job.set_status("running")
@@ -198,21 +197,16 @@ class Group:
         except BaseException:
             job.close()     # not queued: a later run of the same command may take it
             raise
-        others = memory.process_memory().rss + sum(self.ready_rss.values())   # the group, as admission prices it
-        run.estimate = job_estimate(model, requests, run.pending, run.defaults, args.get("memory"), self.log,
-                                    stream=bool(args.get("stream")), name=args["model"], others=others)
-        run.resident = bool(run.estimate and run.estimate.advice.resident)   # decided once, before the first pass
+        run.estimate = job_estimate(model, requests, run.pending, run.defaults, args, self.log, self.ready_rss)
         if run.estimate is not None:
-            job.set_status("queued", estimate=run.estimate.to_meta(), mode="resident" if run.resident else "streamed")
+            job.set_status("queued", estimate=run.estimate.to_meta())
         self.queue.append((run, model))
         self.clients[job.id] = (str(args.get("client", "")), time.monotonic())
         self.last.pop(job.id, None)   # resumed in this group: its old ending is history
         self.next_job()
         return {"job": job.id, "total": run.total, "done": run.total - len(run.pending),
-                "output": str(job.output_path), "queued": len(self.queue),
-                "estimate": run.estimate.to_meta()["line"] if run.estimate else None,
-                "advice": run.estimate.advice.line if run.estimate else None,
-                "warning": warning(model)}
+                "output": str(job.output_path), "queued": len(self.queue), "warning": warning(model),
+                **({"estimate": run.estimate.first_line, "advice": run.estimate.advice.line} if run.estimate else {})}
 
     def status(self, args: dict) -> dict:
         runs = self.runs()

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from spill import config
 from spill.admission import schedule
+from spill.memory import process_memory
 from spill.admission.advisor import Advice, advise
 from spill.admission.calibration import open_calibration
 from spill.admission.simulate import Estimate, SimRow, simulate
@@ -126,11 +127,15 @@ class JobEstimate:
                                                 resident=self.advice.resident)[0].total_seconds, now
         return max(self.eta_s - (now - self.at), 0.0)
 
+    @property
+    def first_line(self) -> str:
+        return estimate_line(self.first)
+
     def to_meta(self) -> dict:
         """What job.json keeps: the figures and a timeline of rows done (at most ~200 points)."""
         step = max(1, len(self.first.timeline) // 200)
         points = self.first.timeline[::step] + self.first.timeline[-1:]
-        return {**self.first.to_dict(), "line": estimate_line(self.first), "advice": self.advice.line,
+        return {**self.first.to_dict(), "line": self.first_line, "advice": self.advice.line,
                 "timeline": [[round(t, 3), n] for t, n in points]}
 
 
@@ -156,13 +161,17 @@ def summary_lines(s: dict) -> list[str]:
     return lines
 
 
-def job_estimate(folder: Path, requests: list, pending: set[int], defaults: dict, memory, log, *,
-                 stream: bool = False, name: str = "", others: int = 0) -> "JobEstimate | None":
-    """The advice and estimate of a submitted job's pending rows; a failure costs the estimate (and the
-    job streams), never the job."""
+def job_estimate(folder: Path, requests: list, pending: set[int], defaults: dict, args: dict, log,
+                 actors_rss: dict | None = None) -> "JobEstimate | None":
+    """The advice and estimate of a submitted job's pending rows (`args`: the submit's memory, stream and
+    model; `actors_rss`: each actor's RSS at READY, priced with this coordinator's as admission prices the
+    group); a failure costs the estimate (and the job streams), never the job."""
     try:
         rows, errors = sim_rows(folder, requests, sorted(pending), defaults)
-        advice = advise_rows(folder, rows, memory=memory, stream=stream, name=name, others=others)
+        memory = args.get("memory")
+        others = process_memory().rss + sum((actors_rss or {}).values())
+        advice = advise_rows(folder, rows, memory=memory, stream=bool(args.get("stream")), name=args.get("model", ""),
+                             others=others)
         return JobEstimate(folder, rows, errors, memory, advice=advice)
     except Exception as err:
         log.warning("no estimate", error=str(err))

@@ -35,7 +35,6 @@ class JobRun:
         self.peak_memory = 0
         self.tails: OrderedDict[int, tuple[int, str]] = OrderedDict()   # row -> (tokens, tail)
         self.estimate = None              # a JobEstimate, when the daemon could make one
-        self.resident = False             # the advisor's choice: every layer kept in memory after pass 1
         self.finishes, self.lengths = [], []   # finish reason and output tokens of rows done this session
         self.first_pass_s = 0.0
 
@@ -101,6 +100,11 @@ class JobRun:
                 self.tails.move_to_end(row)
         while len(self.tails) > 64:
             self.tails.popitem(last=False)
+
+    @property
+    def resident(self) -> bool:
+        """The advisor's choice, made once when the job was submitted: every layer kept after its first read."""
+        return bool(self.estimate and self.estimate.advice.resident)
 
     @property
     def finished(self) -> bool:

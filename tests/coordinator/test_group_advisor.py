@@ -19,7 +19,7 @@ def test_a_job_that_fits_runs_resident_and_writes_what_streaming_writes(make_tin
     assert lines[1].endswith("; only the first pass reads the disk (--stream streams every pass)")
     assert " resident passes (ideal " in lines[2]
     job = Job.open(lines[0].split()[1].rstrip(":"))
-    assert job.meta["mode"] == "resident" and job.meta["estimate"]["advice"] == lines[1]
+    assert job.meta["estimate"]["mode"] == "resident" and job.meta["estimate"]["advice"] == lines[1]
     read = [p["bytes_streamed"] for p in read_passes(job.dir)]
     assert len(read) > 2 and read == [load_plan(folder).streamed_bytes] + [0] * (len(read) - 1)
 
