@@ -135,6 +135,8 @@ def main() -> None:
     from spill.memory import format_size, parse_size
     limit = parse_size(a.limit)
     a.out.mkdir(parents=True, exist_ok=True)
+    for old in a.out.glob("*out.jsonl"):   # each run writes its outputs anew
+        old.unlink()
     home = Path(a.home)
     if a.fresh and home.exists():
         shutil.rmtree(home)

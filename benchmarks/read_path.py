@@ -1,12 +1,13 @@
 """Each step of the read path alone, in GB/s, on this machine: where a pass's time can go.
 
     python benchmarks/read_path.py MODEL_FOLDER [--threads 4] [--json out.json]
+    python benchmarks/read_path.py MODEL_FOLDER --reader 2     # the reader's passes, old buffers and new
 
-Disk (every read from cold, over all the model's shards): buffered reads dropping behind as the
-reader does, on 1 and N threads; O_DIRECT into page-aligned memory, on 1 and N threads; buffered
-reads straight into MLX-owned memory. Memory (a 512 MiB buffer, no disk): numpy -> mx.array copy,
-bf16 -> f32 in MLX and in numpy on N threads; on a GPU, the first kernel that reads host-written
-arrays (the page migration a layer pays).
+Disk (every read from cold, over all the model's shards): buffered reads dropping behind, on 1 and
+N threads; O_DIRECT into shared anonymous memory (4 KiB pages), on 1 and N threads, into huge pages
+as the reader reads, and into MLX-owned memory. Memory (a 512 MiB buffer, no disk): numpy ->
+mx.array copy, bf16 -> f32 in MLX and in numpy on N threads; on a GPU, the first kernel that reads
+host-written arrays (the page migration a layer pays).
 """
 
 import argparse
@@ -21,6 +22,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from pass_time import drop_cache  # noqa: E402
+
+from spill.streamer.pages import aligned_buffer  # noqa: E402
 
 GB = 1e9
 _ALIGN = 4096
@@ -67,12 +70,49 @@ def timed(fn, nbytes, reps=3) -> float:
     return nbytes / best / GB
 
 
+def reader_passes(folder, reps: int) -> dict:
+    """The reader's passes alone (read + convert in the compute dtype, no layer math), from cold, with
+    its old buffers (shared anonymous memory: 4 KiB pages) and its huge-page buffers, alternating."""
+    import numpy as np
+    from spill.streamer import reader
+    from spill.streamer.core import default_dtype
+    from spill.streamer.plan import load_plan
+
+    def shared(size):
+        buf = np.frombuffer(mmap.mmap(-1, max(size, 1)), np.uint8)[:size]
+        buf.fill(0)
+        return buf
+    plan, files, out = load_plan(folder), sorted(Path(folder).glob("*.safetensors")), {}
+    for _ in range(reps):
+        for name, alloc in (("4 KiB pages (shared memory)", shared), ("huge pages", aligned_buffer)):
+            reader.aligned_buffer = alloc
+            with reader.WeightReader(plan, dtype=default_dtype()) as rd:
+                drop_cache(files)
+                t0 = time.perf_counter()
+                rd.start_pass()
+                for i in range(len(plan.layers)):
+                    rd.take(i)
+                dt, st = time.perf_counter() - t0, rd.stats()
+            key = f"reader pass into {name}: pass GB/s, reads GB/s"
+            out.setdefault(key, []).append([round(plan.streamed_bytes / dt / GB, 2),
+                                            round(st["bytes_read"] / st["read_s"] / GB, 2)])
+            print(f"{key}: {out[key][-1]}", flush=True)
+    reader.aligned_buffer = aligned_buffer
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("model")
     p.add_argument("--threads", type=int, default=4)
     p.add_argument("--json", default="")
+    p.add_argument("--reader", type=int, default=0, help="only the reader's passes, old buffers against new, N times")
     a = p.parse_args()
+    if a.reader:
+        out = reader_passes(a.model, a.reader)
+        if a.json:
+            Path(a.json).write_text(json.dumps(out, indent=1))
+        return
     import mlx.core as mx
     import numpy as np
     files = sorted(Path(a.model).glob("*.safetensors"))
@@ -92,6 +132,8 @@ def main() -> None:
                      (f"buffered {n} threads 16 MiB", dict(threads=n, chunk=16 << 20, direct=False)),
                      ("O_DIRECT 1 thread 64 MiB", dict(threads=1, chunk=64 << 20, direct=True)),
                      (f"O_DIRECT {n} threads 16 MiB", dict(threads=n, chunk=16 << 20, direct=True)),
+                     (f"O_DIRECT {n} threads 16 MiB into huge pages (the reader's buffers)",
+                      dict(threads=n, chunk=16 << 20, direct=True, into=lambda size: memoryview(aligned_buffer(size)))),
                      (f"O_DIRECT {n} threads 16 MiB into MLX memory", dict(threads=n, chunk=16 << 20, direct=True,
                                                                            into=mlx_memory))]:
         out[name] = [round(disk(files, **kw), 2) for _ in range(2)]

@@ -68,6 +68,12 @@ def convert_threads() -> int:
     return max(1, int(os.environ.get("SPILL_CONVERT_THREADS", str(default))))
 
 
+def blas_threads() -> int:
+    """OpenBLAS threads for the layer math on the CPU (SPILL_BLAS_THREADS, default 0: OpenBLAS's own,
+    one per core); fewer leave cores to the reader's threads."""
+    return max(0, int(os.environ.get("SPILL_BLAS_THREADS", "0")))
+
+
 def direct_io() -> bool:
     """Read weights with O_DIRECT where the OS and the file system allow it (SPILL_DIRECT_IO, default 1;
     0 reads through the page cache, dropping behind)."""

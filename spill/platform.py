@@ -4,6 +4,7 @@ MLX's Linux CPU wheel links a slow reference BLAS (~4 GFLOP/s here); Debian's Op
 (package libopenblas0-pthread) preloaded makes float32 matmuls 20-40x faster.
 """
 
+import ctypes
 import os
 import sys
 
@@ -36,3 +37,14 @@ def openblas_missing() -> bool:
     if not sys.platform.startswith("linux") or os.environ.get("SPILL_NO_OPENBLAS"):
         return False
     return not any(os.path.exists(p) for p in _CANDIDATES)
+
+
+def set_blas_threads(n: int) -> bool:
+    """Set the loaded OpenBLAS's thread count at run time (n > 0); False where none is loaded."""
+    try:
+        setter = ctypes.CDLL(None).openblas_set_num_threads
+    except (OSError, AttributeError):
+        return False
+    if n > 0:
+        setter(int(n))
+    return True

@@ -19,8 +19,9 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 import numpy as np
 
-from spill import memory
+from spill import config, memory
 from spill.errors import SpillError
+from spill.platform import set_blas_threads
 
 from .families import adapter_for
 from .groups import Group, Pool, RowState, bucket
@@ -87,6 +88,8 @@ class Streamer:
         self.prefill_chunk = prefill_chunk
         self.keep_logits = keep_logits
         self.seed = seed
+        if mx.default_device() == mx.cpu:   # OpenBLAS's threads share the cores with the reader's
+            set_blas_threads(config.blas_threads())
         self._reader_args = dict(dtype=self.dtype, read_ahead=read_ahead, drop_cache=drop_cache)
         self.reader = WeightReader(self.plan, **self._reader_args)
         self.adapter.load_resident(self.reader.read_resident())

@@ -22,6 +22,8 @@ copies only its own prompt's KV into its slot, and a row leaving just frees its 
 Attention reads columns 0..max(len) of slots 0..last used; RoPE takes each row's own len.
 """
 
+import weakref
+
 import mlx.core as mx
 import numpy as np
 
@@ -93,7 +95,7 @@ class SlotCache:
     """One layer's K and V of a Pool, as mlx-lm's attention uses a cache: `offset`, `update_and_fetch`, `make_mask`."""
 
     def __init__(self, pool: "Pool"):
-        self.pool = pool
+        self.pool = weakref.proxy(pool)   # no cycle: a retired pool's KV is freed at once, not at a GC
         self.keys = self.values = None   # [slots, heads, width, head_dim], allocated at the first join
 
     @property

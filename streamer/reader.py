@@ -13,17 +13,14 @@ one was taken, so at most two layers of mx.arrays are alive (the one computing, 
 Conversion copies out of the buffer (bf16 stays bf16 through a uint16 view) and, when `dtype` is
 given, casts floating tensors in MLX: faster than numpy here and exact for bf16 -> f32.
 A layer is read as runs of whole pages, in chunks on `read_threads` at once (O_DIRECT where allowed:
-no page cache at all), and its tensors converted on `convert_threads` at once.
+no page cache at all; buffers in huge pages, pages.py), and its tensors converted on `convert_threads` at once.
 """
 
-import mmap
 import os
 import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
@@ -31,12 +28,10 @@ import numpy as np
 from spill import config
 from spill.errors import SpillError
 
+from .pages import Span, aligned_buffer, layout, open_direct, open_file
 from .plan import ModelPlan, TensorSpec
 
 _CHUNK = 16 << 20       # bytes per read call; the page cache holds at most a few of these
-_DIO = 4096             # O_DIRECT: file offsets, lengths and buffer addresses are multiples of this
-_GAP = 1 << 20          # tensors of a file closer than this are read as one span
-_F_NOCACHE = 48         # macOS fcntl: reads bypass the unified buffer cache
 
 # safetensors code -> numpy dtype of the stored bytes (bf16 travels as uint16, fp8 as raw bytes)
 _NP = {
@@ -60,18 +55,18 @@ class WeightReader:
         # one fd per shard, kept open; O_DIRECT only where every shard allows it
         paths = sorted({t.path for t in plan.resident} | {t.path for layer in plan.layers for t in layer})
         direct = (config.direct_io() if direct is None else direct) and drop_cache   # O_DIRECT never caches
-        self._fds = _open_direct(paths) if direct else None
+        self._fds = open_direct(paths) if direct else None
         self.direct = self._fds is not None
-        self._fds = self._fds or {p: _open(p, drop_cache) for p in paths}
+        self._fds = self._fds or {p: open_file(p, drop_cache) for p in paths}
         n_read = read_threads or config.read_threads()
         n_conv = self.convert_threads = convert_threads or config.convert_threads()
         self._read_pool = ThreadPoolExecutor(n_read, "spill-read") if n_read > 1 else None
         self._conv_pool = ThreadPoolExecutor(n_conv, "spill-convert") if n_conv > 1 else None
         # where each tensor of a layer goes in a buffer; buffers fit the largest layer
-        layouts = [_layout(layer) for layer in plan.layers]
+        layouts = [layout(layer) for layer in plan.layers]
         self._layout = [(placed, spans) for placed, spans, _ in layouts]
         size = max((end for _, _, end in layouts), default=0)
-        self._bufs = [_prefaulted(size) for _ in range(2 if read_ahead else 1)]
+        self._bufs = [aligned_buffer(size) for _ in range(2 if read_ahead else 1)]
         self.buffer_bytes = size * len(self._bufs)
         _raise_cache_limit(plan, dtype)
         # pass state, guarded by _cv; positions index the pass's order
@@ -97,8 +92,8 @@ class WeightReader:
             return {}
         out = {}
         for spec in self.plan.resident:
-            [(_, pos)], spans, size = _layout([spec])
-            staging = _prefaulted(size)
+            [(_, pos)], spans, size = layout([spec])
+            staging = aligned_buffer(size)
             self._read_spans(spans, staging, gen=None)
             out[spec.name] = self._convert_tensor(spec, staging, pos)
         self._drop_files()
@@ -253,7 +248,7 @@ class WeightReader:
     def _read_layer(self, i: int, buf: np.ndarray, gen: int | None) -> bool:
         return self._read_spans(self._layout[i][1], buf, gen)
 
-    def _read_spans(self, spans: list["_Span"], buf: np.ndarray, gen: int | None) -> bool:
+    def _read_spans(self, spans: list["Span"], buf: np.ndarray, gen: int | None) -> bool:
         """Read whole pages of each span into the buffer, in chunks (on the read threads, if several);
         False if the pass was abandoned."""
         jobs = [(sp, k, min(_CHUNK, sp.length - k)) for sp in spans for k in range(0, sp.length, _CHUNK)]
@@ -267,7 +262,7 @@ class WeightReader:
             self._stats["read_s"] += time.perf_counter() - t0
         return True
 
-    def _read_chunk(self, sp: "_Span", k: int, n: int, buf: np.ndarray, gen) -> int | None:
+    def _read_chunk(self, sp: "Span", k: int, n: int, buf: np.ndarray, gen) -> int | None:
         """File bytes [start + k, start + k + n) of a span; None if the pass was abandoned."""
         fd, view, done = self._fds[sp.path], memoryview(buf)[sp.buf_start + k:sp.buf_start + k + n], 0
         while done < n:
@@ -319,69 +314,6 @@ class WeightReader:
             a = a.astype(self.dtype)
         mx.eval(a)
         return a
-
-
-def _open(path, drop_cache: bool) -> int:
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-    if drop_cache and sys.platform == "darwin":
-        import fcntl
-        fcntl.fcntl(fd, _F_NOCACHE, 1)
-    return fd
-
-
-def _open_direct(paths) -> dict | None:
-    """fds opened with O_DIRECT, or None where the OS or a file system refuses it (macOS, tmpfs)."""
-    flag = getattr(os, "O_DIRECT", 0)
-    fds = {}
-    try:
-        for p in paths:
-            fds[p] = os.open(p, os.O_RDONLY | flag | getattr(os, "O_CLOEXEC", 0))
-            if not flag:
-                raise OSError("no O_DIRECT here")
-            os.preadv(fds[p], [memoryview(mmap.mmap(-1, _DIO))], 0)   # some file systems refuse only the read
-    except OSError:
-        for fd in fds.values():
-            os.close(fd)
-        return None
-    return fds
-
-
-@dataclass
-class _Span:
-    """Whole pages of one file holding a run of a layer's tensors, and where they go in a buffer."""
-    path: Path
-    file_start: int                 # a multiple of _DIO
-    buf_start: int                  # a multiple of _DIO
-    length: int                     # a multiple of _DIO; may run past the end of the file
-    tensors: list[TensorSpec]
-
-    @property
-    def data_end(self) -> int:
-        return max(t.offset + t.nbytes for t in self.tensors)
-
-
-def _layout(tensors: list[TensorSpec]) -> tuple[list[tuple[TensorSpec, int]], list[_Span], int]:
-    """Each tensor's position in a buffer, the spans to read and the bytes needed. Tensors of one file
-    with less than _GAP between them share a span: one sequential read, at the same offset within a
-    page as in the file (what O_DIRECT needs, and drop-behind then never drops pages not yet read)."""
-    placed, spans, end = {}, [], 0
-    for t in sorted(tensors, key=lambda t: (str(t.path), t.offset)):
-        sp = spans[-1] if spans else None
-        if sp is None or sp.path != t.path or t.offset > sp.data_end + _GAP:
-            sp = _Span(t.path, t.offset - t.offset % _DIO, end, 0, [])
-            spans.append(sp)
-        sp.tensors.append(t)
-        sp.length = -(-(sp.data_end - sp.file_start) // _DIO) * _DIO
-        placed[t.name] = sp.buf_start + t.offset - sp.file_start
-        end = sp.buf_start + sp.length
-    return [(t, placed[t.name]) for t in tensors], spans, end
-
-
-def _prefaulted(size: int) -> np.ndarray:
-    """A page-aligned buffer whose pages are already mapped, so the first pass does not pay the page faults."""
-    buf = np.frombuffer(mmap.mmap(-1, max(size, 1)), np.uint8)[:size]
-    buf.fill(0)
-    return buf
 
 
 def _raise_cache_limit(plan: ModelPlan, dtype) -> None:

@@ -2,13 +2,14 @@
 # On the H200 machine (no package registry; see docs/benchmarks.md): set it up and run spill's GPU
 # check and benchmarks. STAGE is the folder pack.sh filled, carried into the call.
 #   bash h200.sh stage STAGE          keep the mlx-cuda-13 parts this call carried (back-to-back calls)
+#   bash h200.sh setup STAGE          reassemble, check and install only
 #   bash h200.sh probe STAGE OUT      set up; `spill check` on the GPU (bf16); each read-path step's GB/s
 #   bash h200.sh test STAGE           set up; the GPU tests (tests/streamer/test_check.py)
 #   bash h200.sh gpu|cpu STAGE OUT    set up; benchmarks/pass_time.py on the GPU or on the CPU cores
-#                                     (reader settings compared at batch 8 first: SPILL_READ_THREADS,
-#                                     SPILL_CONVERT_THREADS, SPILL_DIRECT_IO; see spill/config.py)
+#                                     (cpu: then benchmarks/cpu_threads.py, BLAS:convert threads in
+#                                     SPILL_SWEEP; reader knobs in spill/config.py)
 set -euo pipefail
-cmd=${1:?usage: h200.sh stage|probe|test|gpu|cpu STAGE [OUT]}
+cmd=${1:?usage: h200.sh stage|setup|probe|test|gpu|cpu STAGE [OUT]}
 stage=$(cd "${2:?STAGE}" && pwd)
 out=${3:-/tmp/spill-out}
 keep=/root/spill-stage site=/tmp/spill-site work=/tmp/spill-work
@@ -31,6 +32,7 @@ setup() {
 }
 
 setup
+[ "$cmd" = setup ] && exit 0
 cd "$work"   # not the source folder: its spill/ would shadow the installed package
 src=$work/src
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
@@ -48,19 +50,10 @@ case $cmd in
     python3 $src/benchmarks/read_path.py "$models/llama-1b" --threads 8 --json "$out/read-gpu.json" ;;
   test)   # the tests that need a GPU (they skip elsewhere); importlib mode: src/spill must not shadow
     python3 -m pytest -q -p no:cacheprovider --import-mode=importlib -rs "$src/tests/streamer/test_check.py" ;;
-  gpu)   # the reader's settings at batch 8 (read threads, convert threads, O_DIRECT), then every batch
-    for v in "1 1 0" "4 8 1" "2 8 0"; do
-      set -- $v
-      SPILL_READ_THREADS=$1 SPILL_CONVERT_THREADS=$2 SPILL_DIRECT_IO=$3 python3 $src/benchmarks/pass_time.py \
-        --models "$models" --device gpu --batches 8 --passes 3 --reps 1 --no-serial --doc "$out/gpu-$1-$2-$3.md"
-    done
-    # every batch with the settings that gave the lowest pass/max(IO, compute) above
-    best=$(grep -H '^| 8 |' "$out"/gpu-*.md | awk -F'|' '{gsub(/[* ]/,"",$7); print $7, $1}' | sort -n | head -1)
-    set -- $(basename "${best#* }" .md: | tr -- - ' ' | cut -d' ' -f2-); echo "best at batch 8: $best"
-    SPILL_READ_THREADS=$1 SPILL_CONVERT_THREADS=$2 SPILL_DIRECT_IO=$3 python3 $src/benchmarks/pass_time.py \
-      --models "$models" --device gpu --doc "$out/pass-gpu.md" --reps 2 ;;
-  cpu)
+  gpu)    # every batch on the GPU in the stored dtype
+    python3 $src/benchmarks/pass_time.py --models "$models" --device gpu --doc "$out/pass-gpu.md" --reps 2 ;;
+  cpu)     # every batch on the CPU cores in float32, then OpenBLAS threads against convert threads
     python3 $src/benchmarks/pass_time.py --models "$models" --device cpu --doc "$out/pass-cpu.md" --reps 2
-    SPILL_READ_THREADS=1 SPILL_CONVERT_THREADS=1 python3 $src/benchmarks/pass_time.py --models "$models" \
-      --device cpu --batches 8,128 --passes 3 --reps 1 --no-serial --doc "$out/cpu-1-1-0.md" ;;
+    python3 $src/benchmarks/cpu_threads.py --models "$models" --batches 8,128 \
+      --settings "${SPILL_SWEEP:-0:8,8:8,12:4}" | tee "$out/cpu-threads.txt" ;;
 esac

@@ -9,6 +9,7 @@ from ._safetensors_util import cached_pages, drop_from_cache, make_model, model_
 
 from spill.errors import SpillError
 from spill.streamer.plan import load_plan
+from spill.streamer import pages
 from spill.streamer import reader as reader_mod
 from spill.streamer.reader import WeightReader
 
@@ -82,9 +83,9 @@ def test_cast_to_float32_is_exact(model, read_ahead):
 def test_threads_and_o_direct_give_the_same_bytes(model, direct, threads, monkeypatch):
     """Several read and convert threads, O_DIRECT with page-rounded reads around unaligned tensors,
     and tensors split into many chunks (the chunk shrunk to two pages)."""
-    monkeypatch.setattr(reader_mod, "_CHUNK", 2 * reader_mod._DIO)
+    monkeypatch.setattr(reader_mod, "_CHUNK", 2 * pages.DIO)
     plan, tensors = model
-    assert any(t.offset % reader_mod._DIO for layer in plan.layers for t in layer)
+    assert any(t.offset % pages.DIO for layer in plan.layers for t in layer)
     with WeightReader(plan, direct=direct, read_threads=threads, convert_threads=threads) as reader:
         assert reader.direct == (direct and sys.platform.startswith("linux"))
         _check_layer(reader.read_resident(), tensors, [t.name for t in plan.resident])
@@ -97,7 +98,7 @@ def test_threads_and_o_direct_give_the_same_bytes(model, direct, threads, monkey
 
 
 def test_o_direct_falls_back_to_plain_reads_where_refused(tmp_path, monkeypatch):
-    monkeypatch.setattr(reader_mod, "_open_direct", lambda paths: None)   # as on tmpfs or macOS
+    monkeypatch.setattr(reader_mod, "open_direct", lambda paths: None)   # as on tmpfs or macOS
     tensors = make_model(tmp_path, layers=2)
     plan = load_plan(tmp_path)
     with WeightReader(plan, direct=True) as reader:
@@ -201,6 +202,7 @@ def test_buffers_are_reused_not_reallocated(tmp_path):
     plan = load_plan(tmp_path)
     with WeightReader(plan) as reader:
         bufs = [b.ctypes.data for b in reader._bufs]
+        assert all(a % (2 << 20) == 0 for a in bufs)   # huge-page aligned: large O_DIRECT requests
         def pages(layer):   # one file, tensors back to back: one span of whole pages
             start = min(t.offset for t in layer) // 4096 * 4096
             return -(-(max(t.offset + t.nbytes for t in layer) - start) // 4096) * 4096

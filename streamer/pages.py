@@ -1,0 +1,88 @@
+"""Whole pages of safetensors files into aligned buffers: the spans a layer is read as, the buffers
+(2 MiB aligned, huge pages) and the file descriptors (O_DIRECT where allowed, F_NOCACHE on macOS)."""
+
+import mmap
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from .plan import TensorSpec
+
+DIO = 4096              # O_DIRECT: file offsets, lengths and buffer addresses are multiples of this
+_GAP = 1 << 20          # tensors of a file closer than this are read as one span
+_HUGE = 2 << 20         # a huge page: buffers start at a multiple of it
+_F_NOCACHE = 48         # macOS fcntl: reads bypass the unified buffer cache
+
+
+def open_file(path, drop_cache: bool) -> int:
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    if drop_cache and sys.platform == "darwin":
+        import fcntl
+        fcntl.fcntl(fd, _F_NOCACHE, 1)
+    return fd
+
+
+def open_direct(paths) -> dict | None:
+    """fds opened with O_DIRECT, or None where the OS or a file system refuses it (macOS, tmpfs)."""
+    flag = getattr(os, "O_DIRECT", 0)
+    fds = {}
+    try:
+        for p in paths:
+            fds[p] = os.open(p, os.O_RDONLY | flag | getattr(os, "O_CLOEXEC", 0))
+            if not flag:
+                raise OSError("no O_DIRECT here")
+            os.preadv(fds[p], [memoryview(mmap.mmap(-1, DIO))], 0)   # some file systems refuse only the read
+    except OSError:
+        for fd in fds.values():
+            os.close(fd)
+        return None
+    return fds
+
+
+@dataclass
+class Span:
+    """Whole pages of one file holding a run of a layer's tensors, and where they go in a buffer."""
+    path: Path
+    file_start: int                 # a multiple of DIO
+    buf_start: int                  # a multiple of DIO
+    length: int                     # a multiple of DIO; may run past the end of the file
+    tensors: list[TensorSpec]
+
+    @property
+    def data_end(self) -> int:
+        return max(t.offset + t.nbytes for t in self.tensors)
+
+
+def layout(tensors: list[TensorSpec]) -> tuple[list[tuple[TensorSpec, int]], list[Span], int]:
+    """Each tensor's position in a buffer, the spans to read and the bytes needed. Tensors of one file
+    with less than _GAP between them share a span: one sequential read, at the same offset within a
+    page as in the file (what O_DIRECT needs, and drop-behind then never drops pages not yet read)."""
+    placed, spans, end = {}, [], 0
+    for t in sorted(tensors, key=lambda t: (str(t.path), t.offset)):
+        sp = spans[-1] if spans else None
+        if sp is None or sp.path != t.path or t.offset > sp.data_end + _GAP:
+            sp = Span(t.path, t.offset - t.offset % DIO, end, 0, [])
+            spans.append(sp)
+        sp.tensors.append(t)
+        sp.length = -(-(sp.data_end - sp.file_start) // DIO) * DIO
+        placed[t.name] = sp.buf_start + t.offset - sp.file_start
+        end = sp.buf_start + sp.length
+    return [(t, placed[t.name]) for t in tensors], spans, end
+
+
+def aligned_buffer(size: int) -> np.ndarray:
+    """A buffer of private memory, 2 MiB aligned, huge pages advised (Linux), its pages mapped. Huge
+    pages let one O_DIRECT request carry MiBs: 4 KiB pages cap it at the disk's segments (254 x 4 KiB)."""
+    m = mmap.mmap(-1, max(size, 1) + _HUGE, flags=mmap.MAP_PRIVATE)   # shared anonymous memory gets no huge pages
+    try:
+        m.madvise(mmap.MADV_HUGEPAGE)
+    except (AttributeError, OSError):   # macOS; a kernel built without transparent huge pages
+        pass
+    buf = np.frombuffer(m, np.uint8)
+    skip = -buf.ctypes.data % _HUGE
+    buf = buf[skip:skip + size]
+    buf.fill(0)
+    return buf

@@ -1,0 +1,40 @@
+"""OpenBLAS's thread count set by the engine (SPILL_BLAS_THREADS), in a process with it preloaded."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from spill.platform import OPENBLAS, preload_env
+
+SCRIPT = """
+import ctypes, sys
+import mlx.core as mx
+from spill.platform import set_blas_threads
+from spill.streamer.core import Streamer
+get = ctypes.CDLL(None).openblas_get_num_threads
+assert set_blas_threads(0) and get() >= 1            # 0 leaves OpenBLAS's own count
+mx.set_default_device(mx.cpu)
+Streamer(sys.argv[1]).close()                        # SPILL_BLAS_THREADS=3 in the environment
+print(get())
+"""
+
+
+@pytest.mark.skipif(not os.path.exists(OPENBLAS), reason="no OpenBLAS to preload on this machine")
+def test_the_streamer_sets_openblas_threads_on_the_cpu(make_tiny):
+    env = {**os.environ, "SPILL_BLAS_THREADS": "3"}
+    env.pop("SPILL_NO_OPENBLAS", None)
+    env = preload_env(env)
+    out = subprocess.run([sys.executable, "-c", SCRIPT, str(make_tiny("llama"))], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split()[-1] == "3"
+
+
+def test_no_openblas_loaded_is_false_not_an_error():
+    out = subprocess.run([sys.executable, "-c", "from spill.platform import set_blas_threads as s; print(s(2))"],
+                         env={k: v for k, v in os.environ.items() if k != "LD_PRELOAD"},
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
