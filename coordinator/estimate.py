@@ -62,14 +62,14 @@ def sim_rows(folder: Path, requests: list, which, defaults: dict) -> tuple[list[
 
 
 def estimate_rows(folder: Path, rows: list[SimRow], *, errors: int = 0, memory: str | None = None,
-                  resident: bool = False) -> tuple[Estimate, dict]:
-    """Resident: the first pass reads every layer, later ones nothing (priced as compute alone)."""
+                  resident: bool = False, loaded: bool = False) -> tuple[Estimate, dict]:
+    """Resident: the first pass reads every layer (none once `loaded`), later ones nothing (compute alone)."""
     plan = load_plan(folder)
     cal = open_calibration(folder)
     policy, waiting, max_batch = schedule.policy_for(plan, memory, cal.model, resident)
     streamed = 0 if resident else plan.streamed_bytes
     est = simulate(rows, policy, waiting, cal.model, streamed, max_batch=max_batch, errors=errors,
-                   read_once=plan.streamed_bytes - streamed)
+                   read_once=0 if loaded else plan.streamed_bytes - streamed)
     est.mode = "resident" if resident else "streamed"
     return est, {"key": cal.key, "passes": cal.seen, **cal.model.to_dict()}
 
@@ -123,8 +123,8 @@ class JobEstimate:
         if now - self.at >= self.every:
             left = [SimRow(r.row, r.prompt, max(r.out - generated.get(r.row, 0), 1), r.tier)
                     for r in self.rows if r.row in pending]
-            self.eta_s, self.at = estimate_rows(self.folder, left, memory=self.memory,
-                                                resident=self.advice.resident)[0].total_seconds, now
+            self.eta_s, self.at = estimate_rows(self.folder, left, memory=self.memory, resident=self.advice.resident,
+                                                loaded=True)[0].total_seconds, now
         return max(self.eta_s - (now - self.at), 0.0)
 
     @property

@@ -98,3 +98,17 @@ def test_it_says_which_mode_it_priced_and_a_resident_run_prices_no_read_after_th
     read = load_plan(make_tiny("llama")).streamed_bytes / 1e6      # seconds to read the layers once
     assert s["total_seconds"] >= s["passes"] * read                # every pass reads them
     assert read <= r["total_seconds"] < s["total_seconds"] / 2     # only the first pass does
+
+
+def test_a_resident_jobs_live_eta_prices_no_read_the_weights_being_in_memory(make_tiny, tmp_path, monkeypatch):
+    from spill.admission.advisor import Advice
+    from spill.admission.simulate import SimRow
+    from spill.coordinator.estimate import JobEstimate
+    monkeypatch.setenv("SPILL_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(calibration, "read_probe", lambda files: 1e6)
+    folder = make_tiny("llama")
+    rows = [SimRow(i, 20, 6) for i in range(4)]
+    job = JobEstimate(folder, rows, 0, every=0.0, advice=Advice(True, ""))
+    read = load_plan(folder).streamed_bytes / 1e6
+    assert job.first.total_seconds >= read                          # the first pass reads every layer
+    assert job.eta({0, 1, 2, 3}, {}) < job.first.total_seconds - 0.5 * read   # mid-job they are in memory
