@@ -292,16 +292,18 @@ class Calibrator:
         self.streamed = 0                      # bytes a pass streams
         self.context = ContextTracker(chunk)
 
-    def reset(self, model: str) -> None:
+    def reset(self, model: str, resident: bool = False) -> None:
+        """A new epoch; `resident`: passes read nothing, so no read time bounds a pass's prefill."""
         self.context.clear()
         if model and model != self.model:
             self.model, self.cal = model, None
             try:
                 self.cal = open_calibration(model)
-                self.streamed = self.cal.streamed_bytes
                 self.log.info("calibration", key=self.cal.key, passes=self.cal.seen, **self.cal.model.to_dict())
             except Exception as err:   # the streamer reports a model that cannot load; here it only costs the estimate
                 self.log.warning("calibration_failed", model=model, error=str(err))
+        if model:
+            self.streamed = 0 if resident or self.cal is None else self.cal.streamed_bytes
 
     def admitted(self, rows: list[int], lengths: list[int]) -> None:
         self.context.admitted(rows, lengths)

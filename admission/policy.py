@@ -8,6 +8,9 @@ The budget is a target for live allocation at the knee of the memory curve, not 
                  + the other processes' resident memory
     KV budget  = budget - fixed
 
+Resident (the advisor's choice, advisor.py), "resident tensors" are every layer's weights and no
+layer is in flight.
+
 KV is reserved up front: when a batch starts, admission sizes the streamer's decode pool, `slots`
 rows of `width` tokens (the longest full length, prompt + max_tokens, of the rows waiting first,
 rounded up to 256), as many slots as the KV budget buys (at most SPILL_MAX_ROWS, default 256):
@@ -182,8 +185,9 @@ _FLOAT = {"F16": 2, "BF16": 2, "F32": 4, "F64": 8}
 
 
 def sheet_for(plan, working_set: int, itemsize: int, *, prefill_tokens: int, prefill_chunk: int = 512,
-              others: int = 0, **lines) -> Sheet:
-    """The price sheet of `plan` (a streamer ModelPlan) computed in `itemsize`-byte floats."""
+              others: int = 0, resident: bool = False, **lines) -> Sheet:
+    """The price sheet of `plan` (a streamer ModelPlan) computed in `itemsize`-byte floats. `resident`:
+    every layer stays in memory after its first read (a fixed part), so no layer is in flight."""
     def compute(t) -> int:
         return t.nbytes // _FLOAT[t.dtype] * itemsize if t.dtype in _FLOAT else t.nbytes
     c = plan.config
@@ -194,9 +198,10 @@ def sheet_for(plan, working_set: int, itemsize: int, *, prefill_tokens: int, pre
     kv_per_token = len(plan.layers) * 2 * kv_heads * head_dim * itemsize
     layer = max((sum(compute(t) for t in ts) for ts in plan.layers), default=0)
     largest = max((compute(t) for ts in plan.layers for t in ts), default=0)
-    fixed = {"resident": sum(compute(t) for t in plan.resident),
-             "reader": 2 * max((sum(t.nbytes for t in ts) for ts in plan.layers), default=0),
-             "layers": 2 * layer,                       # the layer computing and the next, converted
+    kept = plan.resident + ([t for ts in plan.layers for t in ts] if resident else [])
+    fixed = {"resident": sum(compute(t) for t in kept),
+             "reader": 2 * max((sum(t.nbytes for t in ts) for ts in plan.layers), default=0),   # resident: pass 1
+             "layers": 0 if resident else 2 * layer,    # the layer computing and the next, converted
              "cache": cache_allowance(layer, largest),  # MLX's buffer cache, whose limit this sets
              "activations": prefill_tokens * ((4 * hidden + 3 * inter) * itemsize + heads * prefill_chunk * 4),
              "prefill_kv": 2 * prefill_tokens * kv_per_token,   # prompts' KV until they join the pool

@@ -30,7 +30,7 @@ def run_admission_process(endpoints, args, log) -> None:
         for msg in batch:
             if isinstance(msg, m.Reset):
                 epoch, job, in_flight = msg.epoch, msg.job, False
-                calibrator.reset(msg.model)
+                calibrator.reset(msg.model, msg.resident)
                 if msg.model:
                     policy, others, limit = _price(msg, args, box, log)
                 elif policy is not None:
@@ -87,9 +87,9 @@ def _price(msg: m.Reset, args: dict, box, log):
         return None, 0, 0   # the streamer fails the job with the loader's sentence
     others = _others_rss() + msg.runtime   # the other processes now, and the streamer's own runtime
     policy, ws = budget_policy(plan, args.get("memory"), args.get("budget_fraction"), others,
-                               args.get("prefill_chunk", 512))
+                               args.get("prefill_chunk", 512), resident=msg.resident)
     sheet = policy.sheet
-    log.info("budget", working_set=ws.bytes, source=ws.source, budget=sheet.budget, kv_budget=sheet.kv_budget,
+    log.info("budget", mode="resident" if msg.resident else "streamed", working_set=ws.bytes, source=ws.source, budget=sheet.budget, kv_budget=sheet.kv_budget,
              kv_per_token=sheet.kv_per_token, **sheet.fixed)
     if sheet.kv_budget < sheet.cost(1, 1):
         box.send("coordinator", m.Error(msg.epoch, [m.MODEL_ROW], ["memory_budget_exceeded"], [

@@ -8,7 +8,7 @@ the admission actor and by the estimate alike, so the estimate simulates the sch
 - Prefill allowance: a pass carries every running row's decode step plus prompt chunks up to what
   keeps its compute under its weight-read time (the calibrated pass model), and at least one chunk
   (so a compute-bound pass still fills its batch), less the chunks of prompts still prefilling;
-  without a calibration, the fixed SPILL_PREFILL_TOKENS.
+  without a calibration, or resident (no read to hide under), the fixed SPILL_PREFILL_TOKENS.
 """
 
 from collections import deque
@@ -21,13 +21,14 @@ from .policy import BudgetPolicy, Waiting, sheet_for
 
 
 def budget_policy(plan, memory_arg=None, fraction: float | None = None, others: int = 0,
-                  prefill_chunk: int = 512) -> tuple[BudgetPolicy, memory.WorkingSet]:
-    """The budget policy for `plan` on this machine (`memory_arg`: --memory, else detected)."""
+                  prefill_chunk: int = 512, resident: bool = False) -> tuple[BudgetPolicy, memory.WorkingSet]:
+    """The budget policy for `plan` on this machine (`memory_arg`: --memory, else detected);
+    `resident`: every layer's weights priced as kept in memory."""
     ws = memory.working_set(memory_arg)
     tokens = config.prefill_tokens()
     while True:   # on a small machine, price fewer prefill tokens a pass (down to a chunk) than KV gets
         sheet = sheet_for(plan, ws.bytes, compute_itemsize(plan), prefill_tokens=tokens,
-                          prefill_chunk=prefill_chunk, others=others, fraction=fraction or 0.78,
+                          prefill_chunk=prefill_chunk, others=others, resident=resident, fraction=fraction or 0.78,
                           guard=config.guard_line(), hard=config.hard_line())
         prefill = sheet.fixed["activations"] + sheet.fixed["prefill_kv"]
         if tokens <= prefill_chunk or sheet.kv_budget >= prefill:
@@ -44,9 +45,9 @@ def compute_itemsize(plan) -> int:
     return 4 if stored and stored[0] == "F32" else 2
 
 
-def policy_for(plan, memory_arg: str | None, model):
+def policy_for(plan, memory_arg: str | None, model, resident: bool = False):
     """(policy, SimRow -> its waiting record, SimRow -> the largest batch that fits rows like it)."""
-    policy, _ = budget_policy(plan, memory_arg)
+    policy, _ = budget_policy(plan, memory_arg, resident=resident)
     s = policy.sheet
 
     def waiting(r) -> Waiting:   # only the prompt's length matters to the policy: a view of no size
@@ -77,8 +78,8 @@ def interleave(queue: deque, length) -> None:
 def allowance(model, bytes_streamed: int, decode_rows: int, context: int, outstanding: int,
               chunk: int = 512) -> int:
     """Prompt tokens the next pass may start: under the read time (at least a chunk), less what is
-    still prefilling."""
-    if model is None:
+    still prefilling; with nothing read (resident), or no pass model, SPILL_PREFILL_TOKENS."""
+    if model is None or not bytes_streamed:
         return config.prefill_tokens() - outstanding
     return max(model.prefill_allowance(bytes_streamed, decode_rows, context), chunk) - outstanding
 

@@ -55,10 +55,11 @@ class Estimate:
     errors: int = 0           # rows that cannot run (bad lines, too long): counted, not priced
     at_max_tokens: bool = True
     stalled: bool = False     # the policy left rows waiting with nothing running
+    mode: str = "streamed"    # or "resident": every pass after the first reads nothing
 
     def to_dict(self) -> dict:
         return {"total_seconds": round(self.total_seconds, 3), "ideal_seconds": round(self.ideal_seconds, 3),
-                "passes": self.passes, "errors": self.errors, "priced_at_max_tokens": self.at_max_tokens,
+                "passes": self.passes, "mode": self.mode, "errors": self.errors, "priced_at_max_tokens": self.at_max_tokens,
                 "tiers": [t.to_dict() for t in self.tiers]}
 
 
@@ -69,8 +70,9 @@ def tier_of(prompt: int) -> str:
 
 def simulate(rows: list[SimRow], policy, waiting, model: PassModel, bytes_streamed: int, *,
              chunk: int = 512, max_batch=None, errors: int = 0, at_max_tokens: bool = True,
-             length=schedule.prompt_length) -> Estimate:
-    """`policy`: offer(list) / admit() -> list / finished(rows) and a `queue`, driven through the
+             length=schedule.prompt_length, read_once: int = 0) -> Estimate:
+    """`read_once`: bytes the first pass reads besides `bytes_streamed` (resident: every layer, once).
+    `policy`: offer(list) / admit() -> list / finished(rows) and a `queue`, driven through the
     schedule as the admission actor drives it; `waiting(SimRow)` makes the policy's row record and
     `length` reads its prompt length back; `max_batch(SimRow)` is the largest batch the memory
     budget fits for rows like it (for the ideal)."""
@@ -93,7 +95,7 @@ def simulate(rows: list[SimRow], policy, waiting, model: PassModel, bytes_stream
             prefilling[w.row] = by_id[w.row].prompt
         # 1. the pass: every decoding row's step, a chunk of every prefilling row
         shape = PassShape(len(decoding), sum(min(chunk, n) for n in prefilling.values()),
-                          sum(c for c, _ in decoding.values()), bytes_streamed)
+                          sum(c for c, _ in decoding.values()), bytes_streamed + (0 if est.passes else read_once))
         seconds = model.pass_s(shape)
         clock += seconds
         est.running.append(_share(tiers, by_id, list(prefilling) + list(decoding), seconds))

@@ -55,7 +55,7 @@ def through_group(folder: Path, rows: int, max_tokens: int) -> dict:
         try:
             info = client.request("submit", timeout_s=600, model=str(folder), input=str(inp),
                                   output=str(Path(tmp) / "out.jsonl"), max_tokens=max_tokens,
-                                  temperature=0.0, resume=None, new=True, client=os.getpid())
+                                  temperature=0.0, resume=None, new=True, client=os.getpid(), stream=True)   # as the core alone
             while (s := client.request("status", job=info["job"], client=os.getpid()))["status"] != "done":
                 if first is None and s.get("passes"):
                     first = (s["passes"], _cpu(psutil, s["processes"]))

@@ -105,6 +105,7 @@ def run_cmd(
     quiet: bool = typer.Option(False, "--quiet", help="Terminal: only the progress line. Piped: only the summary."),
     every: float = typer.Option(10.0, "--every", help="Piped output: seconds between progress lines."),
     listen: str = typer.Option(None, help="Control address of the group (default: the running group's)."),
+    stream: bool = typer.Option(False, "--stream", help="Stream the weights every pass even if the model fits resident (SPILL_STREAM=1)."),
 ) -> None:
     """Run a JSONL batch: on the running group (`spill up`), or on one started for this job.
     Exit code: 0 every row succeeded, 3 some rows failed, 130 interrupted, 1 the job failed, 2 a usage error."""
@@ -115,7 +116,7 @@ def run_cmd(
         _fail(SpillError(f"--every must be a number of seconds above 0, found {every:g}"))
     try:
         code = run_job(model=model, input=input, output=output, max_tokens=max_tokens, temperature=temperature,
-                       resume=resume, new=new, quiet=quiet, listen=listen, every=every)
+                       resume=resume, new=new, quiet=quiet, listen=listen, every=every, stream=stream)
     except SpillError as err:
         _fail(err)
     raise typer.Exit(code)
@@ -180,16 +181,18 @@ def estimate_cmd(
     input: Path = typer.Argument(..., help="JSONL of requests, as `spill run` takes it."),
     memory: str = typer.Option(None, help="Working set to plan for, e.g. 16GB (default: this machine's)."),
     max_tokens: int = typer.Option(256, help="Tokens per row when the row does not say."),
-    as_json: bool = typer.Option(False, "--json", help="One JSON object: total_seconds, ideal_seconds, tiers."),
+    as_json: bool = typer.Option(False, "--json", help="One JSON object: total_seconds, ideal_seconds, mode, tiers."),
+    stream: bool = typer.Option(False, "--stream", help="Price the run streamed even if the model fits resident."),
 ) -> None:
     """How long `spill run MODEL INPUT` will take here: the rows tokenized, the schedule simulated pass by pass."""
     import json
     from spill.coordinator.estimate import estimate_file, format_estimate
     try:
-        est, cal = estimate_file(model, input, max_tokens=max_tokens, memory=memory)
+        est, cal, advice = estimate_file(model, input, max_tokens=max_tokens, memory=memory, stream=stream)
     except SpillError as err:
         _fail(err)
-    typer.echo(json.dumps({**est.to_dict(), "calibration": cal}) if as_json else format_estimate(est, cal))
+    typer.echo(json.dumps({**est.to_dict(), "advice": advice.line, "calibration": cal}) if as_json
+               else format_estimate(est, cal, advice))
 
 
 @app.command("report")

@@ -140,7 +140,8 @@ class Group:
     def _broadcast_reset(self, model: str = "") -> None:
         for role in ACTORS:
             self.box.send(role, m.Reset(self.epoch, model, self.current.job.id if self.current else "",
-                                        runtime=self.ready_rss.get("streamer", 0)))
+                                        runtime=self.ready_rss.get("streamer", 0),
+                                        resident=bool(model) and self.current.resident))   # a model: a job runs
 
     def _restart_rows(self) -> None:
         """(Re)start the current job's unfinished rows on a fresh epoch."""
@@ -196,7 +197,7 @@ class Group:
         except BaseException:
             job.close()     # not queued: a later run of the same command may take it
             raise
-        run.estimate = job_estimate(model, requests, run.pending, run.defaults, args.get("memory"), self.log)
+        run.estimate = job_estimate(model, requests, run.pending, run.defaults, args, self.log, self.ready_rss)
         if run.estimate is not None:
             job.set_status("queued", estimate=run.estimate.to_meta())
         self.queue.append((run, model))
@@ -204,9 +205,8 @@ class Group:
         self.last.pop(job.id, None)   # resumed in this group: its old ending is history
         self.next_job()
         return {"job": job.id, "total": run.total, "done": run.total - len(run.pending),
-                "output": str(job.output_path), "queued": len(self.queue),
-                "estimate": run.estimate.to_meta()["line"] if run.estimate else None,
-                "warning": warning(model)}
+                "output": str(job.output_path), "queued": len(self.queue), "warning": warning(model),
+                **({"estimate": run.estimate.first_line, "advice": run.estimate.advice.line} if run.estimate else {})}
 
     def status(self, args: dict) -> dict:
         runs = self.runs()

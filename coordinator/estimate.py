@@ -6,14 +6,17 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from spill import config
 from spill.admission import schedule
+from spill.memory import process_memory
+from spill.admission.advisor import Advice, advise
 from spill.admission.calibration import open_calibration
 from spill.admission.simulate import Estimate, SimRow, simulate
 from spill.streamer.plan import load_plan
 from spill.tokenizer_worker.core import TokenizerCore
 
 from .batch_input import read_batch
-from .models import resolve
+from .models import resolve, variants
 
 
 def request_dict(r, defaults: dict) -> dict:
@@ -24,12 +27,23 @@ def request_dict(r, defaults: dict) -> dict:
             "temperature": temperature, "top_p": r.top_p, "top_k": r.top_k, "seed": r.seed, "stop": r.stop}
 
 
-def estimate_file(model: str, input: Path, *, max_tokens: int = 256, memory: str | None = None) -> tuple[Estimate, dict]:
-    """(the estimate, the calibration it used) for a batch file as `spill run` would run it."""
+def estimate_file(model: str, input: Path, *, max_tokens: int = 256, memory: str | None = None,
+                  stream: bool = False) -> tuple[Estimate, dict, Advice]:
+    """(the estimate, the calibration it used, the advice) for a batch file as `spill run` would run it."""
     folder = resolve(model)
     requests, bad = read_batch(Path(input))
     rows, errors = sim_rows(folder, requests, range(len(requests)), {"max_tokens": max_tokens})
-    return estimate_rows(folder, rows, errors=errors + len(bad), memory=memory)
+    advice = advise_rows(folder, rows, memory=memory, stream=stream, name=model)
+    return (*estimate_rows(folder, rows, errors=errors + len(bad), memory=memory, resident=advice.resident), advice)
+
+
+def advise_rows(folder: Path, rows: list[SimRow], *, memory: str | None = None, stream: bool = False,
+                name: str = "", others: int = 0) -> Advice:
+    """Resident or streamed for these rows (admission/advisor.py); `name`: the MODEL argument, whose
+    quantized variants in models.yaml are named when it does not fit; `others`: the group's RSS."""
+    cal = open_calibration(folder)
+    return advise(load_plan(folder), rows, memory, stream=stream or config.stream(), passes=cal.model,
+                  variants=variants(name), others=others)
 
 
 def sim_rows(folder: Path, requests: list, which, defaults: dict) -> tuple[list[SimRow], int]:
@@ -47,11 +61,16 @@ def sim_rows(folder: Path, requests: list, which, defaults: dict) -> tuple[list[
     return rows, errors
 
 
-def estimate_rows(folder: Path, rows: list[SimRow], *, errors: int = 0, memory: str | None = None) -> tuple[Estimate, dict]:
+def estimate_rows(folder: Path, rows: list[SimRow], *, errors: int = 0, memory: str | None = None,
+                  resident: bool = False, loaded: bool = False) -> tuple[Estimate, dict]:
+    """Resident: the first pass reads every layer (none once `loaded`), later ones nothing (compute alone)."""
     plan = load_plan(folder)
     cal = open_calibration(folder)
-    policy, waiting, max_batch = schedule.policy_for(plan, memory, cal.model)
-    est = simulate(rows, policy, waiting, cal.model, plan.streamed_bytes, max_batch=max_batch, errors=errors)
+    policy, waiting, max_batch = schedule.policy_for(plan, memory, cal.model, resident)
+    streamed = 0 if resident else plan.streamed_bytes
+    est = simulate(rows, policy, waiting, cal.model, streamed, max_batch=max_batch, errors=errors,
+                   read_once=0 if loaded else plan.streamed_bytes - streamed)
+    est.mode = "resident" if resident else "streamed"
     return est, {"key": cal.key, "passes": cal.seen, **cal.model.to_dict()}
 
 
@@ -65,12 +84,12 @@ def duration(seconds: float) -> str:
 def estimate_line(est: Estimate) -> str:
     """The one line `spill run` prints before its first pass."""
     ratio = est.total_seconds / est.ideal_seconds if est.ideal_seconds else float("nan")
-    return (f"estimate: {duration(est.total_seconds)} in {est.passes} passes "
+    return (f"estimate: {duration(est.total_seconds)} in {est.passes} {est.mode} passes "
             f"(ideal {duration(est.ideal_seconds)}, {ratio:.2f}x)")
 
 
-def format_estimate(est: Estimate, calibration: dict) -> str:
-    lines = [estimate_line(est),
+def format_estimate(est: Estimate, calibration: dict, advice: Advice | None = None) -> str:
+    lines = [estimate_line(est), *([advice.line] if advice else []),
              f"calibration: {calibration['bandwidth'] / 1e9:.2f} GB/s read, overlap {calibration['overlap']:.2f}, "
              f"refitted from {calibration['passes']} passes",
              f"{'tier':<16}{'rows':>7}{'prompt tok':>12}{'batch':>7}{'passes':>8}{'time':>10}{'ideal':>10}"]
@@ -90,9 +109,12 @@ class JobEstimate:
     """A running job's estimate: the pre-run figure, and a live ETA that re-simulates the rows left
     with the calibration as the admission actor last refitted it (at most every `every` seconds)."""
 
-    def __init__(self, folder: Path, rows: list[SimRow], errors: int, memory: str | None = None, every: float = 15.0):
+    def __init__(self, folder: Path, rows: list[SimRow], errors: int, memory: str | None = None, every: float = 15.0,
+                 advice: Advice | None = None):
         self.folder, self.rows, self.memory, self.every = folder, rows, memory, every
-        self.first, self.calibration = estimate_rows(folder, rows, errors=errors, memory=memory)
+        self.advice = advice or Advice(False, "")
+        self.first, self.calibration = estimate_rows(folder, rows, errors=errors, memory=memory,
+                                                     resident=self.advice.resident)
         self.eta_s, self.at = self.first.total_seconds, time.monotonic()
 
     def eta(self, pending: set[int], generated: dict[int, int]) -> float:
@@ -101,14 +123,19 @@ class JobEstimate:
         if now - self.at >= self.every:
             left = [SimRow(r.row, r.prompt, max(r.out - generated.get(r.row, 0), 1), r.tier)
                     for r in self.rows if r.row in pending]
-            self.eta_s, self.at = estimate_rows(self.folder, left, memory=self.memory)[0].total_seconds, now
+            self.eta_s, self.at = estimate_rows(self.folder, left, memory=self.memory, resident=self.advice.resident,
+                                                loaded=True)[0].total_seconds, now
         return max(self.eta_s - (now - self.at), 0.0)
+
+    @property
+    def first_line(self) -> str:
+        return estimate_line(self.first)
 
     def to_meta(self) -> dict:
         """What job.json keeps: the figures and a timeline of rows done (at most ~200 points)."""
         step = max(1, len(self.first.timeline) // 200)
         points = self.first.timeline[::step] + self.first.timeline[-1:]
-        return {**self.first.to_dict(), "line": estimate_line(self.first),
+        return {**self.first.to_dict(), "line": self.first_line, "advice": self.advice.line,
                 "timeline": [[round(t, 3), n] for t, n in points]}
 
 
@@ -134,11 +161,18 @@ def summary_lines(s: dict) -> list[str]:
     return lines
 
 
-def job_estimate(folder: Path, requests: list, pending: set[int], defaults: dict, memory, log) -> "JobEstimate | None":
-    """The estimate of a submitted job's pending rows; a failure costs the estimate, never the job."""
+def job_estimate(folder: Path, requests: list, pending: set[int], defaults: dict, args: dict, log,
+                 actors_rss: dict | None = None) -> "JobEstimate | None":
+    """The advice and estimate of a submitted job's pending rows (`args`: the submit's memory, stream and
+    model; `actors_rss`: each actor's RSS at READY, priced with this coordinator's as admission prices the
+    group); a failure costs the estimate (and the job streams), never the job."""
     try:
         rows, errors = sim_rows(folder, requests, sorted(pending), defaults)
-        return JobEstimate(folder, rows, errors, memory)
+        memory = args.get("memory")
+        others = process_memory().rss + sum((actors_rss or {}).values())
+        advice = advise_rows(folder, rows, memory=memory, stream=bool(args.get("stream")), name=args.get("model", ""),
+                             others=others)
+        return JobEstimate(folder, rows, errors, memory, advice=advice)
     except Exception as err:
         log.warning("no estimate", error=str(err))
         return None

@@ -102,6 +102,11 @@ class JobRun:
             self.tails.popitem(last=False)
 
     @property
+    def resident(self) -> bool:
+        """The advisor's choice, made once when the job was submitted: every layer kept after its first read."""
+        return bool(self.estimate and self.estimate.advice.resident)
+
+    @property
     def finished(self) -> bool:
         return not self.pending
 

@@ -36,14 +36,40 @@ class Tag:
     revision: str
     quantization: str
     note: str = ""
+    group_size: int = 64      # of a quantized tag (mlx-community's default)
+
+    @property
+    def bits(self) -> int:
+        """4 or 8 for an MLX-quantized tag ("4bit", "8bit"), else 0."""
+        return int(self.quantization[:-3]) if re.fullmatch(r"\d+bit", self.quantization) else 0
+
+    @property
+    def base(self) -> str:
+        """The model's tag without its variant: tags of one model differ only after the last '-' of
+        the part after ':' (llama3.3:70b-4bit -> llama3.3:70b)."""
+        family, _, size = self.name.rpartition(":")
+        return f"{family}:{size.rsplit('-', 1)[0]}" if family else self.name
 
 
 @cache
 def tags() -> dict[str, Tag]:
     """The curated tags shipped inside the package (coordinator/models.yaml)."""
+    return read_tags(resources.files("spill.coordinator").joinpath("models.yaml").read_text())
+
+
+def read_tags(text: str) -> dict[str, Tag]:
     import yaml
-    text = resources.files("spill.coordinator").joinpath("models.yaml").read_text()
     return {name: Tag(name, **entry) for name, entry in yaml.safe_load(text).items()}
+
+
+def variants(model: str) -> list[tuple[str, int, int]]:
+    """(tag, bits, group size) of the quantized tags of MODEL's model (MODEL: a tag, or a tag's repo id)."""
+    known = tags()
+    name = model if model in known else next((t.name for t in known.values() if t.repo == model.partition("@")[0]), "")
+    if not name:
+        return []
+    return [(t.name, t.bits, t.group_size) for t in known.values()
+            if t.name != name and t.bits and t.base == known[name].base]
 
 
 def hub_cache() -> Path:

@@ -13,6 +13,7 @@ import time
 
 import typer
 
+from spill import config
 from spill.errors import SpillError
 
 from . import rundir
@@ -62,10 +63,12 @@ def _connect(listen: str | None):
     raise GroupDead(rundir.held_by_sentence())
 
 
-def run_job(*, model, input, output, max_tokens, temperature, resume, new, quiet, listen, every=10.0) -> int:
+def run_job(*, model, input, output, max_tokens, temperature, resume, new, quiet, listen, every=10.0,
+            stream=False) -> int:
     openblas_note()
     args, finished = check_run(model=model, input=input, output=output, max_tokens=max_tokens,
                                temperature=temperature, resume=resume, new=new)
+    args["stream"] = stream or config.stream()   # the group's own SPILL_STREAM counts too
     if finished is not None:
         c = finished.counts()
         typer.echo(f"job {finished.id} already ran this command: done, {c['succeeded']} succeeded, {c['failed']} "
@@ -95,6 +98,8 @@ def run_job(*, model, input, output, max_tokens, temperature, resume, new, quiet
         typer.echo(f"job {job}: {info['total']} rows, {info['done']} already done; output {info['output']}")
         if info.get("warning"):
             typer.echo(f"warning: {info['warning']}")
+        if info.get("advice"):
+            typer.echo(info["advice"])
         if info.get("estimate"):
             typer.echo(info["estimate"])
 

@@ -133,3 +133,9 @@ def log_level() -> str:
         raise SpillError(f"SPILL_LOG_LEVEL={os.environ['SPILL_LOG_LEVEL']!r} is not a log level; "
                          f"set it to {', '.join(LOG_LEVELS[:-1])} or {LOG_LEVELS[-1]}, or unset it")
     return level
+
+
+def stream() -> bool:
+    """Stream every job's weights from disk even where the model and the job's KV fit resident
+    (SPILL_STREAM=1; `spill run --stream`). Default 0: the advisor keeps a model that fits resident."""
+    return os.environ.get("SPILL_STREAM", "0") not in ("", "0")

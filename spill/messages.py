@@ -69,6 +69,7 @@ class Reset:
     model: str = ""          # model folder; "" keeps the current one
     job: str = ""
     runtime: int = 0         # the streamer's RSS at its READY (interpreter, libraries): admission prices it
+    resident: bool = False   # keep every layer in memory after its first read (the advisor's choice)
 
 
 @dataclass

@@ -16,6 +16,7 @@ import mlx.core as mx
 import numpy as np
 
 from spill.errors import SpillError
+from spill.tokenizer_worker.core import NO_REMOTE_CODE, refuse_remote_code
 
 from .core import Row, Streamer
 
@@ -184,8 +185,9 @@ def run_check(folder: str | Path, n: int = 20, max_tokens: int = 16, prefill_chu
     streamer = Streamer(folder, prefill_chunk=prefill_chunk, keep_logits=True, dtype=compute_dtype(dtype))
     try:
         try:
-            model, tokenizer = load(str(folder))
+            model, tokenizer = load(str(folder), tokenizer_config=NO_REMOTE_CODE, trust_remote_code=False)
         except Exception as err:  # mlx-lm's own load failed after our plan accepted the folder
+            refuse_remote_code(err, folder)
             raise SpillError(f"mlx-lm could not load {folder} as a resident reference: {err}") from err
         if streamer.dtype is not None:
             model.set_dtype(streamer.dtype)

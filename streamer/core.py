@@ -8,7 +8,9 @@ A pass streams every layer once and runs every group through it while it is resi
     prefill 2  b2    ...
 
 Rows join at any pass (`add`), leave on EOS, max_tokens or `finish` (a stop string seen by the
-caller), and never disturb the others.
+caller), and never disturb the others. Resident (the advisor's choice when the model fits), each
+layer's weights are kept after their first read and the reader closed once all are: later passes
+take them from memory, through the same loop.
 """
 
 import time
@@ -77,7 +79,7 @@ def default_dtype() -> mx.Dtype | None:
 class Streamer:
     def __init__(self, folder, *, dtype: mx.Dtype | None = "auto", prefill_chunk: int = 512,
                  read_ahead: bool = True, drop_cache: bool = True, keep_logits: bool = False,
-                 seed: int = 0):
+                 seed: int = 0, resident: bool = False):
         if prefill_chunk < 1:
             raise SpillError(f"prefill_chunk must be at least 1, got {prefill_chunk}")
         self.plan = load_plan(folder)
@@ -88,8 +90,11 @@ class Streamer:
         self.seed = seed
         if mx.default_device() == mx.cpu:   # OpenBLAS's threads share the cores with the reader's
             set_blas_threads(config.blas_threads())
-        self.reader = WeightReader(self.plan, dtype=self.dtype, read_ahead=read_ahead, drop_cache=drop_cache)
+        self._reader_args = dict(dtype=self.dtype, read_ahead=read_ahead, drop_cache=drop_cache)
+        self.reader = WeightReader(self.plan, **self._reader_args)
         self.adapter.load_resident(self.reader.read_resident())
+        self.kept: dict[int, dict] | None = {} if resident else None   # resident: layer -> its weights
+        self._waited = 0.0        # reader wait of readers closed since (resident)
         self.decode: Pool | None = None
         self.reservation: tuple[int, int] | None = None   # (slots, width) admission priced
         self.pool_moves = 0       # pools outgrown and copied (never, under admission's reservation)
@@ -137,6 +142,27 @@ class Streamer:
         """The decode pool's shape, reserved by admission: `slots` rows of up to `width` tokens."""
         self.reservation = (slots, width)
 
+    @property
+    def resident(self) -> bool:
+        return self.kept is not None
+
+    def set_resident(self, resident: bool) -> None:
+        """Keep the layers from the next pass on, or drop them and stream again."""
+        if resident == self.resident:
+            return
+        self.kept = {} if resident else None
+        if self.reader is None:
+            self.reader = WeightReader(self.plan, **self._reader_args)
+        mx.clear_cache()
+
+    def _close_reader(self) -> None:
+        self._waited = self._wait_s()
+        self.reader.close()
+        self.reader = None
+
+    def _wait_s(self) -> float:
+        return self._waited + (self.reader.stats()["wait_s"] if self.reader is not None else 0.0)
+
     def set_cache_limit(self, limit: int) -> None:
         """MLX's buffer cache limit, decided by the budget."""
         mx.set_cache_limit(limit)
@@ -152,14 +178,14 @@ class Streamer:
     # -- one pass ----------------------------------------------------------------------------
     def step(self) -> PassReport:
         t0 = time.perf_counter()
-        wait0 = self.reader.stats()["wait_s"]
+        wait0 = self._wait_s()
         # 1. retire rows that finished, start prefill groups for rows that arrived
         self._retire()
         self.prefills += [Group.prefill(rows, self.adapter) for rows in bucket(self.pending)]
         self.pending = []
         groups = ([self.decode] if self.decode else []) + self.prefills
         if not groups:
-            return self._report(t0, wait0, 0.0, [], 0)
+            return self._report(t0, wait0, 0.0, [], 0, 0)
         # 2. inputs: decode rows feed their last token, prefill groups their next chunk
         hs, masks, prefill_tokens = [], [], 0
         for g in groups:
@@ -171,10 +197,17 @@ class Streamer:
             hs.append(h)
             masks.append(self.adapter.masks(h, g.caches))
         # 3. stream the layers: every group through each layer while it is resident
-        compute_s = 0.0
-        self.reader.start_pass()
+        compute_s, streamed = 0.0, 0
+        missing = [i for i in range(len(self.adapter.layers)) if self.kept is None or i not in self.kept]
+        if missing:
+            self.reader.start_pass(missing)
         for i, layer in enumerate(self.adapter.layers):
-            weights = self.reader.take(i)
+            weights = self.kept.get(i) if self.kept is not None else None
+            if weights is None:
+                weights = self.reader.take(i)
+                streamed += self.plan.layer_bytes(i)
+                if self.kept is not None:
+                    self.kept[i] = weights
             c0 = time.perf_counter()
             self.adapter.load_layer(i, weights)
             hs = [layer(h, m[i], cache=g.caches[i]) for g, h, m in zip(groups, hs, masks)]
@@ -194,12 +227,14 @@ class Streamer:
             self.prefills.remove(g)
             self._join(g)
         self._retire()   # rows that ended this pass leave now, so `idle` is true once all have
+        if self.kept is not None and len(self.kept) == len(self.adapter.layers) and self.reader is not None:
+            self._close_reader()   # every layer is resident: its buffers and files are not needed again
         if joined:
             # the prefill caches are the only KV buffers ever freed; left in MLX's cache they
             # would crowd out the weight buffers it recycles layer after layer
             mx.clear_cache()
         self.passes += 1
-        return self._report(t0, wait0, compute_s, emitted, prefill_tokens)
+        return self._report(t0, wait0, compute_s, emitted, prefill_tokens, streamed)
 
     def _sample(self, emitting) -> list[Emitted]:
         if not emitting:
@@ -254,8 +289,7 @@ class Streamer:
             state = self.rows.pop(rid)
             (self.preempted if state.finish == "preempted" else self.left).append(rid)
 
-    def _report(self, t0, wait0, compute_s, emitted, prefill_tokens) -> PassReport:
-        streamed = self.plan.streamed_bytes if compute_s else 0
+    def _report(self, t0, wait0, compute_s, emitted, prefill_tokens, streamed) -> PassReport:
         left, self.left = self.left, []
         preempted, self.preempted = self.preempted, []
         now, before = memory.process_memory(), self._faults
@@ -264,12 +298,14 @@ class Streamer:
             index=self.passes, emitted=emitted,
             decode_rows=len(self.decode.live) if self.decode else 0,
             prefill_tokens=prefill_tokens, seconds=time.perf_counter() - t0,
-            wait_s=self.reader.stats()["wait_s"] - wait0, compute_s=compute_s,
+            wait_s=self._wait_s() - wait0, compute_s=compute_s,
             bytes_streamed=streamed, active_memory=mx.get_active_memory(),
             peak_memory=mx.get_peak_memory(), left=left, preempted=preempted,
-            cache_memory=mx.get_cache_memory(), reader_memory=self.reader.buffer_bytes, rss=now.rss,
+            cache_memory=mx.get_cache_memory(), reader_memory=self.reader.buffer_bytes if self.reader else 0,
+            rss=now.rss,
             cgroup_usage=memory.cgroup_usage(), minor_faults=now.minor_faults - before.minor_faults,
             major_faults=now.major_faults - before.major_faults)
 
     def close(self) -> None:
-        self.reader.close()
+        if self.reader is not None:
+            self.reader.close()

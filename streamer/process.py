@@ -30,9 +30,13 @@ class StreamerActor:
         if msg.model and msg.model != self.model:
             if self.engine is not None:
                 self.engine.close()
-            self.engine, self.model = Streamer(msg.model, prefill_chunk=self.prefill_chunk), msg.model
+            self.engine, self.model = None, ""
+            self.engine = Streamer(msg.model, prefill_chunk=self.prefill_chunk, resident=msg.resident)
+            self.model = msg.model
         elif self.engine is not None:
             self.engine.clear()
+            if msg.model:
+                self.engine.set_resident(msg.resident)   # the job's advice: keep the layers, or stream
 
     def admit(self, msg: m.Admit) -> None:
         if self.engine is None:

@@ -10,6 +10,8 @@ def spill_home(tmp_path_factory):
     """Keep caches and jobs of the tests out of the user's ~/.streamweights."""
     home = tmp_path_factory.mktemp("spill_home")
     os.environ["SPILL_HOME"] = str(home)
+    # the tests' tiny models fit resident; they exercise streaming unless a test opts out (SPILL_STREAM=0)
+    os.environ["SPILL_STREAM"] = "1"
     return home
 
 

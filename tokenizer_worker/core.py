@@ -7,7 +7,29 @@ them in a sandboxed Jinja environment); detokenization and stop strings are `Row
 from dataclasses import dataclass
 from pathlib import Path
 
+from spill.errors import SpillError
+
 from .text import RowText
+
+# transformers asks on a terminal, and raises elsewhere, when a tokenizer names code of its repo (auto_map)
+NO_REMOTE_CODE = {"trust_remote_code": False}
+
+
+def refuse_remote_code(err: Exception, folder) -> None:
+    """One sentence for a tokenizer that needs its repo's own code, which spill never runs."""
+    if isinstance(err, ValueError) and "trust_remote_code" in str(err):
+        raise SpillError(f"model {folder}: its tokenizer needs code from the model's repository (auto_map), and "
+                         "spill never runs a repository's code; use a model whose tokenizer loads without it") from None
+
+
+def load_tokenizer(folder: Path, eos_token_ids=None):
+    """mlx-lm's tokenizer loader with trust_remote_code off."""
+    from mlx_lm.utils import load_tokenizer as load
+    try:
+        return load(folder, tokenizer_config_extra=NO_REMOTE_CODE, eos_token_ids=eos_token_ids)
+    except ValueError as err:
+        refuse_remote_code(err, folder)
+        raise
 
 
 @dataclass
@@ -19,7 +41,7 @@ class Live:
 
 class TokenizerCore:
     def __init__(self, model_folder: str | Path):
-        from mlx_lm.utils import load_config, load_tokenizer
+        from mlx_lm.utils import load_config
         folder = Path(model_folder)
         # EOS as mlx-lm takes it: generation_config.json, else config.json, plus the tokenizer's own
         config = load_config(folder)

@@ -103,3 +103,15 @@ def test_the_compute_probe_times_a_real_layer_of_the_model(make_tiny, monkeypatc
     m = cal.compute_probe(load_plan(make_tiny("qwen2")), mx.float32)
     assert 0 < m.fixed_s < 10 and 0 < m.per_prefill_token_s < 10     # from the layer's own timings
     assert m.per_context_token_s == 2.0 * 2 * 128 * 4                   # attention: priced by the matmul
+
+
+def test_a_resident_job_has_no_read_to_hide_prefill_under(make_tiny, monkeypatch, tmp_path):
+    monkeypatch.setenv("SPILL_HOME", str(tmp_path))
+    monkeypatch.setenv("SPILL_PREFILL_TOKENS", "3000")
+    monkeypatch.setattr(cal, "read_probe", lambda files: 1e3)   # a disk so slow that streaming allows a lot
+    folder = str(make_tiny("llama", seed=3))
+    hook = Calibrator(structlog.get_logger())
+    hook.reset(folder)
+    assert hook.allowance() > 3000
+    hook.reset(folder, resident=True)
+    assert hook.allowance() == 3000

@@ -126,3 +126,12 @@ def test_the_sheet_prices_kv_from_the_config_and_the_compute_dtype(make_tiny):
     assert s.fixed["resident"] == sum(t.nbytes // 2 * 4 for t in plan.resident)   # bf16 stored, f32 computed
     assert s.fixed["reader"] == 2 * max(plan.layer_bytes(i) for i in range(len(plan.layers)))
     assert s.kv_budget == int(0.78 * 2**30) - sum(s.fixed.values())
+
+
+def test_resident_prices_every_layer_as_a_fixed_part_and_none_in_flight(make_tiny):
+    plan = load_plan(make_tiny("llama"))
+    streamed = sheet_for(plan, 2**30, 4, prefill_tokens=64)
+    resident = sheet_for(plan, 2**30, 4, prefill_tokens=64, resident=True)
+    assert resident.fixed["resident"] == plan.total_bytes // 2 * 4 and resident.fixed["layers"] == 0
+    assert streamed.fixed["layers"] > 0 and resident.kv_per_token == streamed.kv_per_token
+    assert resident.kv_budget == streamed.kv_budget - (plan.streamed_bytes * 2 - streamed.fixed["layers"])

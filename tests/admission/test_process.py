@@ -7,12 +7,15 @@ import sys
 import time
 from types import SimpleNamespace
 
+import structlog
+
 from spill import memory
 from spill import messages as m
 from spill.admission import process
 from spill.admission.calibration import Calibration, Calibrator
 from spill.admission.passmodel import PassModel
 from spill.admission.policy import BudgetPolicy
+from spill.streamer.plan import load_plan
 
 from .test_policy import MB, rows, run_pass, sheet
 
@@ -33,6 +36,16 @@ def test_the_other_processes_are_priced_though_their_arguments_name_the_streamer
     finally:
         sibling.kill()
         streamer.kill()
+
+
+def test_a_resident_reset_prices_every_layer_as_fixed_and_leaves_less_kv(make_tiny):
+    folder = str(make_tiny("llama"))
+    args, log = {"memory": "2GB"}, structlog.get_logger()
+    streamed, _, _ = process._price(m.Reset(1, folder, "job"), args, None, log)
+    resident, _, _ = process._price(m.Reset(1, folder, "job", resident=True), args, None, log)
+    assert resident.sheet.fixed["resident"] == 2 * load_plan(folder).total_bytes   # bf16, computed in float32
+    assert resident.sheet.fixed["layers"] == 0 < streamed.sheet.fixed["layers"]
+    assert resident.sheet.kv_budget < streamed.sheet.kv_budget
 
 
 def test_the_streamers_runtime_from_its_ready_is_priced_with_the_others(make_tiny, monkeypatch):

@@ -69,6 +69,11 @@ def test_the_allowance_comes_from_the_pass_model_and_running_rows_keep_moving():
     assert [w.row for w in schedule.admit(p, 100)] == [1]
 
 
+def test_a_resident_pass_reads_nothing_so_its_allowance_is_the_fixed_prefill_tokens(monkeypatch):
+    monkeypatch.setenv("SPILL_PREFILL_TOKENS", "3000")
+    assert schedule.allowance(MODEL, 0, 10, 1000, 300) == 3000 - 300
+
+
 def test_a_pass_never_starts_more_prompt_tokens_than_the_budget_priced():
     """The calibrated allowance can exceed what the budget priced activations for (a fast disk, a slow
     compute probe): admission caps it, so a pass's prefill stays inside the sheet."""

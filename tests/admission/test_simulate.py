@@ -120,3 +120,14 @@ def test_rows_the_policy_refuses_are_counted_as_errors_not_priced():
     rows = [SimRow(0, 100, 3), SimRow(1, 900, 3)]
     est = simulate(rows, Refusing(Sheet(2**40, kv_per_token=1)), waiting, TRUE, BYTES, errors=2)
     assert est.errors == 3 and est.timeline[-1][1] == 1 and not est.stalled
+
+
+def test_resident_the_first_pass_reads_the_weights_and_later_ones_nothing():
+    rows = [SimRow(i, 40, 12) for i in range(8)]
+    streamed = simulate(rows, FifoPolicy(), waiting, TRUE, BYTES)
+    resident = simulate(rows, FifoPolicy(), waiting, TRUE, 0, read_once=BYTES)
+    first = streamed.timeline[0][0]
+    assert resident.passes == streamed.passes and resident.timeline[0][0] == pytest.approx(first)
+    later = [b - a for (a, _), (b, _) in zip(resident.timeline, resident.timeline[1:])]
+    assert all(s < BYTES / TRUE.bandwidth for s in later)     # compute alone, under the read time
+    assert resident.total_seconds < streamed.total_seconds

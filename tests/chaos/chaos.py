@@ -28,7 +28,7 @@ from pathlib import Path
 
 TIERS = [("short", "Name a colour.", 4), ("medium", "Summarise this: " + "the river runs to the sea. " * 20, 8),
          ("long", "Translate this: " + "a quiet morning over the hills and the town. " * 60, 12)]
-FAST = {"SPILL_MAX_ROWS": "4", "SPILL_TEST_PASS_DELAY": "0.05"}
+FAST = {"SPILL_MAX_ROWS": "4", "SPILL_TEST_PASS_DELAY": "0.05", "SPILL_STREAM": "1"}   # streamed, as in the tests
 
 
 def write_job(path: Path, per_tier: int = 4) -> list[dict]:

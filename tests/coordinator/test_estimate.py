@@ -7,6 +7,7 @@ from typer.testing import CliRunner
 
 from spill.admission import calibration
 from spill.coordinator.cli import app
+from spill.streamer.plan import load_plan
 
 runner = CliRunner()
 
@@ -29,11 +30,12 @@ def test_text_output_has_the_total_the_ideal_and_a_line_per_tier(make_tiny, tmp_
     result = runner.invoke(app, ["estimate", str(make_tiny("llama")), str(_input(tmp_path, bad=False))])
     assert result.exit_code == 0, result.output
     out = result.output.splitlines()
-    assert out[0].startswith("estimate: ") and " passes (ideal " in out[0] and out[0].endswith("x)")
-    assert out[1].startswith("calibration: 2.00 GB/s read, overlap ")
-    assert out[2].split() == ["tier", "rows", "prompt", "tok", "batch", "passes", "time", "ideal"]
-    assert [line.split()[0] for line in out[3:5]] == ["short", "medium"]
-    assert out[3].split()[2] == "6" and out[4].split()[2] == "3"
+    assert out[0].startswith("estimate: ") and " streamed passes (ideal " in out[0] and out[0].endswith("x)")
+    assert out[1].startswith("streamed (--stream or SPILL_STREAM), though resident would fit: ")   # the tests' default
+    assert out[2].startswith("calibration: 2.00 GB/s read, overlap ")
+    assert out[3].split() == ["tier", "rows", "prompt", "tok", "batch", "passes", "time", "ideal"]
+    assert [line.split()[0] for line in out[4:6]] == ["short", "medium"]
+    assert out[4].split()[2] == "6" and out[5].split()[2] == "3"
     assert out[-1] == "output lengths are unknown before the run: every row is priced at its max_tokens"
     assert not any("cannot run" in line for line in out)
 
@@ -79,3 +81,34 @@ def test_the_live_eta_resimulates_the_rows_left_with_the_refitted_calibration(ma
             cal.observe(Observation(rows_, prefill, 500, cal.streamed_bytes, seconds=c + 0.001, wait_s=0.0, compute_s=c))
     cal.save()
     assert job.eta(set(range(20)), {}) > 5 * everything
+
+
+def test_it_says_which_mode_it_priced_and_a_resident_run_prices_no_read_after_the_first_pass(make_tiny, tmp_path,
+                                                                                              monkeypatch):
+    monkeypatch.setenv("SPILL_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("SPILL_STREAM", "0")
+    monkeypatch.setattr(calibration, "read_probe", lambda files: 1e6)   # a slow disk: reading dominates
+    args = ["estimate", str(make_tiny("llama")), str(_input(tmp_path, bad=False))]
+    resident = runner.invoke(app, args).output.splitlines()
+    assert " resident passes (ideal " in resident[0] and resident[1].startswith("resident: the weights (")
+    streamed = runner.invoke(app, args + ["--stream"]).output.splitlines()
+    assert " streamed passes (ideal " in streamed[0] and streamed[1].startswith("streamed (--stream or SPILL_STREAM)")
+    r, s = (json.loads(runner.invoke(app, args + extra + ["--json"]).output) for extra in ([], ["--stream"]))
+    assert (r["mode"], s["mode"]) == ("resident", "streamed")
+    read = load_plan(make_tiny("llama")).streamed_bytes / 1e6      # seconds to read the layers once
+    assert s["total_seconds"] >= s["passes"] * read                # every pass reads them
+    assert read <= r["total_seconds"] < s["total_seconds"] / 2     # only the first pass does
+
+
+def test_a_resident_jobs_live_eta_prices_no_read_the_weights_being_in_memory(make_tiny, tmp_path, monkeypatch):
+    from spill.admission.advisor import Advice
+    from spill.admission.simulate import SimRow
+    from spill.coordinator.estimate import JobEstimate
+    monkeypatch.setenv("SPILL_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(calibration, "read_probe", lambda files: 1e6)
+    folder = make_tiny("llama")
+    rows = [SimRow(i, 20, 6) for i in range(4)]
+    job = JobEstimate(folder, rows, 0, every=0.0, advice=Advice(True, ""))
+    read = load_plan(folder).streamed_bytes / 1e6
+    assert job.first.total_seconds >= read                          # the first pass reads every layer
+    assert job.eta({0, 1, 2, 3}, {}) < job.first.total_seconds - 0.5 * read   # mid-job they are in memory

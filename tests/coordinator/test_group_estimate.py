@@ -13,10 +13,11 @@ def test_run_prints_the_estimate_first_and_the_summary_last(make_tiny, tmp_path)
     write_input(tmp_path / "in.jsonl", 12, max_tokens=6)
     result = spill("run", folder, tmp_path / "in.jsonl", "-o", tmp_path / "out.jsonl", check=True)
     lines = result.stdout.splitlines()
-    assert lines[0].startswith("job ") and lines[1].startswith("estimate: ") and " passes (ideal " in lines[1]
+    assert lines[0].startswith("job ") and lines[2].startswith("estimate: ") and " passes (ideal " in lines[2]
+    assert lines[1].startswith("streamed (--stream or SPILL_STREAM), though resident would fit: ")   # the tests' default
     job = Job.open(lines[0].split()[1].rstrip(":"))
     est, summary = job.meta["estimate"], job.meta["summary"]
-    assert est["line"] == lines[1] and est["total_seconds"] > 0 and est["timeline"][-1][1] == 12
+    assert est["line"] == lines[2] and est["advice"] == lines[1] and est["mode"] == "streamed" and est["total_seconds"] > 0 and est["timeline"][-1][1] == 12
     assert summary["finish_reasons"] == {"length": 12} or sum(summary["finish_reasons"].values()) == 12
     assert summary["output_tokens"]["max"] <= 6 and summary["passes"] > 0 and summary["actual_seconds"] > 0
     assert lines[-1].startswith(f"{summary['passes']} passes, ")

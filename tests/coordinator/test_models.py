@@ -3,6 +3,7 @@
 import json
 import shutil
 import socket
+from pathlib import Path
 
 import pytest
 
@@ -169,3 +170,42 @@ def test_output_room_is_checked_where_the_output_goes(tmp_path, monkeypatch):
     assert str(err.value) == (f"the job's output may need {need / 1e9:.1f} GB in {tmp_path / 'job' / 'out.jsonl'} "
                               f"but 0.0 GB is free there; free {(need - 10**6) / 1e9:.1f} GB there")
     models.check_room(tmp_path, 10**5, "x", "y")   # room enough: nothing said
+
+
+VARIANTS = Path(__file__).parent.parent / "data" / "models" / "variants.yaml"
+
+
+@pytest.fixture
+def variant_tags(monkeypatch):
+    monkeypatch.setattr(models, "tags", lambda: models.read_tags(VARIANTS.read_text()))
+
+
+def test_a_models_quantized_variants_are_found_by_tag_or_repo_id(variant_tags):
+    assert models.variants("tiny:1b") == [("tiny:1b-8bit", 8, 64), ("tiny:1b-4bit", 4, 32)]
+    assert models.variants("org/Tiny-1B@main") == models.variants("tiny:1b")
+    assert models.variants("other:1b-4bit") == [] and models.variants("./my-model") == []
+
+
+def test_the_shipped_tags_name_their_variants():
+    assert models.variants("llama3.3:70b") == [("llama3.3:70b-8bit", 8, 64), ("llama3.3:70b-4bit", 4, 64)]
+    assert models.variants("qwen2.5:72b") == [("qwen2.5:72b-4bit", 4, 64)] and models.variants("mistral:7b") == []
+
+
+def test_the_advisor_names_the_variant_of_models_yaml_that_would_fit(variant_tags, make_tiny, tmp_path, monkeypatch):
+    from spill.admission import calibration
+    from spill.admission.advisor import quantized
+    from spill.admission.schedule import budget_policy
+    from spill.admission.simulate import SimRow
+    from spill.coordinator.estimate import advise_rows
+    from spill.streamer.plan import load_plan
+    monkeypatch.setenv("SPILL_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("SPILL_STREAM", "0")
+    monkeypatch.setenv("SPILL_PREFILL_TOKENS", "512")   # one chunk: the budget prices no fewer on a small machine
+    monkeypatch.setattr(calibration, "read_probe", lambda files: 2e9)
+    folder = make_tiny("llama")
+    s = budget_policy(quantized(load_plan(folder), 4, 32), "1GB", resident=True)[0].sheet
+    memory = str(int((sum(s.fixed.values()) + 2.5 * s.cost(1, 256)) / s.fraction))   # 4-bit: 2 rows of 256 fit
+    rows = [SimRow(0, 20, 10), SimRow(1, 20, 10)]
+    advice = advise_rows(folder, rows, memory=memory, name="tiny:1b")
+    assert not advice.resident and advice.line.endswith("; tiny:1b-4bit would fit resident: spill run tiny:1b-4bit")
+    assert "would fit" not in advise_rows(folder, rows, memory=memory, name=str(folder)).line

@@ -80,3 +80,12 @@ def test_check_on_the_gpu_in_the_stored_dtype_passes(make_tiny, family):
     report = run_check(make_tiny(family), n=6, max_tokens=6, prefill_chunk=16)   # the GPU is the default
     assert (report.dtype, report.device) == ("bfloat16", "gpu")
     assert report.passed, [(r.id, r.max_logit_diff, r.first_disagreement) for r in report.failures()]
+
+
+def test_check_refuses_a_tokenizer_that_asks_for_its_repos_code_without_running_it(make_tiny, tmp_path, monkeypatch):
+    from tests.tokenizer_worker.test_core import remote_code_model
+    folder = remote_code_model(make_tiny("llama"), tmp_path)
+    monkeypatch.setattr("builtins.input", lambda *a: "y")   # what a user at a terminal might answer
+    with pytest.raises(SpillError, match=r"its tokenizer needs code from the model's repository \(auto_map\)"):
+        run_check(folder, n=2, max_tokens=2)
+    assert not (folder / "RAN").exists()

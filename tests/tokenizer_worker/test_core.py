@@ -3,8 +3,10 @@
 import json
 import shutil
 
+import pytest
 from mlx_lm.tokenizer_utils import load as load_tokenizer
 
+from spill.errors import SpillError
 from spill.tokenizer_worker.core import TokenizerCore
 
 
@@ -85,3 +87,27 @@ def test_a_preempted_row_starts_its_text_again(make_tiny):
         core.add(3, t, "")
     text, reason, prompt, completion = core.finish(3, "length")
     assert (text, completion, prompt) == (core.tokenizer.decode(first[:1]), 1, len(ids))
+
+
+def remote_code_model(folder, tmp_path):
+    """A copy of `folder` whose tokenizer names a class in a .py of the repo, which leaves a mark if run."""
+    out = tmp_path / "remote"
+    shutil.copytree(folder, out)
+    conf = json.loads((out / "tokenizer_config.json").read_text())
+    conf.update(auto_map={"AutoTokenizer": ["remote_tok.RemoteTokenizer", None]}, tokenizer_class="RemoteTokenizer")
+    (out / "tokenizer_config.json").write_text(json.dumps(conf))
+    (out / "remote_tok.py").write_text("import pathlib\npathlib.Path(__file__).with_name('RAN').write_text('x')\n"
+                                       "from transformers import PreTrainedTokenizerFast as RemoteTokenizer\n")
+    return out
+
+
+def test_a_tokenizer_asking_for_its_repos_code_is_refused_in_one_sentence_without_running_it(
+        make_tiny, tmp_path, monkeypatch):
+    folder = remote_code_model(make_tiny("llama"), tmp_path)
+    asked = []   # transformers asks on a terminal when trust_remote_code is left unset; a user may say y
+    monkeypatch.setattr("builtins.input", lambda *a: asked.append(a) or "y")
+    with pytest.raises(SpillError) as err:
+        TokenizerCore(folder)
+    assert str(err.value) == (f"model {folder}: its tokenizer needs code from the model's repository (auto_map), "
+                              "and spill never runs a repository's code; use a model whose tokenizer loads without it")
+    assert not (folder / "RAN").exists() and asked == []

@@ -1,0 +1,106 @@
+"""The advisor: whether a job runs resident (every layer kept in memory after its first read, so
+later passes read nothing) or streamed, decided once per job before its first pass from the
+budget's own prices (`schedule.budget_policy`); and, where the model does not fit, a quantized
+variant that would. Pure: no sockets.
+
+    resident   the weights, priced as a fixed part, leave KV for the job's batch (its rows, at
+               most SPILL_MAX_ROWS, each at the job's longest prompt + max_tokens), or for a
+               smaller batch that the pass model still rates faster than streaming
+    streamed   otherwise, or when SPILL_STREAM / --stream asks for it
+"""
+
+from dataclasses import dataclass
+
+from spill.streamer.plan import ITEMSIZE, ModelPlan, TensorSpec
+
+from .passmodel import PassModel, PassShape
+from .policy import fmt
+from .schedule import budget_policy
+
+
+@dataclass
+class Advice:
+    resident: bool
+    line: str                 # what `spill run` and `spill estimate` print
+    weights: int = 0          # bytes the weights hold when resident
+    kv: int = 0               # the job's KV at its whole batch
+    budget: int = 0
+    slots: int = 0            # rows the resident budget runs at once
+
+    @property
+    def mode(self) -> str:
+        return "resident" if self.resident else "streamed"
+
+
+def advise(plan: ModelPlan, rows: list, memory_arg=None, *, stream: bool = False,
+           passes: PassModel | None = None, variants: list[tuple[str, int, int]] = (), others: int = 0) -> Advice:
+    """`rows`: the job's SimRows (prompt, out); `passes`: the calibrated pass model, to weigh a resident
+    batch smaller than the job's; `variants`: (tag, bits, group size) of quantized variants to name;
+    `others`: the group's processes' resident memory, as admission prices it."""
+    policy, ws = budget_policy(plan, memory_arg, others=others, resident=True)
+    s = policy.sheet
+    width = -(-max((r.prompt + r.out for r in rows), default=1) // 256) * 256
+    want = max(1, min(len(rows), policy.max_rows))
+    slots = _slots(policy, want, width)
+    weights, kv = s.fixed["resident"], s.cost(want, width)
+    budget = f"the {fmt(s.budget)} memory budget"
+    streamed_slots = _slots(budget_policy(plan, memory_arg, others=others)[0], want, width)
+    faster = 0 < slots < want and _faster(passes, plan, slots, streamed_slots, rows)
+    fits = slots >= want or faster
+    what = (f"the weights ({fmt(weights)}) and the job's KV ({fmt(kv)} for {want} rows at once) fit {budget}"
+            if slots >= want else
+            f"the weights ({fmt(weights)}) leave KV for {slots} of the job's {want} rows at once in {budget}, "
+            f"faster by the pass model than streaming {streamed_slots} at once")
+    if fits and stream:
+        line = f"streamed (--stream or SPILL_STREAM), though resident would fit: {what}"
+    elif fits:
+        line = f"resident: {what}; only the first pass reads the disk (--stream streams every pass)"
+    else:
+        line = (f"streamed: resident, the weights ({fmt(weights)}), the job's KV ({fmt(kv)} for {want} rows at once) "
+                f"and the buffers and activations ({fmt(sum(s.fixed.values()) - weights)}) would need more than "
+                f"{budget} ({s.fraction:.0%} of the {fmt(ws.bytes)} working set)")
+        if tag := _variant(plan, rows, memory_arg, passes, variants, others):
+            line += f"; {tag} would fit resident: spill run {tag}"
+    return Advice(fits and not stream, line, weights, kv, s.budget, slots)
+
+
+def _slots(policy, want: int, width: int) -> int:
+    s = policy.sheet
+    return min(want, max(s.kv_budget, 0) // s.cost(1, width))
+
+
+def _faster(passes: PassModel | None, plan: ModelPlan, resident: int, streamed: int, rows: list) -> bool:
+    """Rows per second of a decode pass at each batch, by the pass model (resident reads nothing)."""
+    if passes is None or not rows:
+        return False
+    context = sum(r.prompt + r.out / 2 for r in rows) / len(rows)
+
+    def rate(batch: int, nbytes: int) -> float:
+        return batch / max(passes.pass_s(PassShape(batch, 0, int(batch * context), nbytes)), 1e-12) if batch else 0.0
+    return rate(resident, 0) > rate(streamed, plan.streamed_bytes)
+
+
+def _variant(plan, rows, memory_arg, passes, variants, others) -> str:
+    """The first variant (most bits first) that would run resident, priced from this model's shapes."""
+    if plan.config.get("quantization"):
+        return ""
+    for tag, bits, group in sorted(variants, key=lambda v: -v[1]):
+        if advise(quantized(plan, bits, group), rows, memory_arg, passes=passes, others=others).resident:
+            return tag
+    return ""
+
+
+def quantized(plan: ModelPlan, bits: int, group_size: int = 64) -> ModelPlan:
+    """The plan of this model MLX-quantized (mlx-community layout): each 2-D float weight whose rows
+    split into groups becomes packed uint32 plus scales and biases in its own dtype, per group."""
+    def one(t: TensorSpec) -> list[TensorSpec]:
+        if len(t.shape) != 2 or not t.name.endswith(".weight") or t.shape[1] % group_size or t.dtype not in (
+                "BF16", "F16", "F32"):
+            return [t]
+        rows, cols = t.shape
+        base, per = t.name[:-len("weight")], ITEMSIZE[t.dtype] * rows * cols // group_size
+        return [TensorSpec(t.name, t.path, 0, rows * cols * bits // 8, "U32", (rows, cols * bits // 32)),
+                TensorSpec(base + "scales", t.path, 0, per, t.dtype, (rows, cols // group_size)),
+                TensorSpec(base + "biases", t.path, 0, per, t.dtype, (rows, cols // group_size))]
+    return ModelPlan(plan.folder, {**plan.config, "quantization": {"bits": bits, "group_size": group_size}},
+                     [[q for t in ts for q in one(t)] for ts in plan.layers], [q for t in plan.resident for q in one(t)])

@@ -1,0 +1,86 @@
+"""The advisor on a tiny model's real prices, with the working set (--memory) chosen around them."""
+
+import pytest
+
+from spill.admission.advisor import advise, quantized
+from spill.admission.passmodel import PassModel
+from spill.admission.policy import fmt
+from spill.admission.schedule import budget_policy
+from spill.admission.simulate import SimRow
+from spill.streamer.plan import load_plan
+
+ROWS = [SimRow(i, 20, 10) for i in range(4)]          # each row's full length rounds up to 256 tokens
+
+
+def memory_for(plan, slots: float, resident=True) -> str:
+    """A working set (bytes, as --memory takes it) whose budget leaves KV for `slots` rows of 256 tokens."""
+    s = budget_policy(plan, "1GB", resident=resident)[0].sheet
+    return str(int((sum(s.fixed.values()) + slots * s.cost(1, 256)) / s.fraction) + 1)
+
+
+@pytest.fixture
+def plan(make_tiny, monkeypatch):
+    monkeypatch.setenv("SPILL_PREFILL_TOKENS", "512")   # one chunk: the budget prices no fewer on a small machine
+    return load_plan(make_tiny("llama"))
+
+
+def test_a_model_that_fits_with_the_jobs_kv_runs_resident_and_says_so(plan):
+    memory = memory_for(plan, 4.5)
+    a = advise(plan, ROWS, memory)
+    s = budget_policy(plan, memory, resident=True)[0].sheet
+    assert a.resident and a.slots == 4 and a.weights == plan.total_bytes * 2   # bf16 computed in float32 here
+    assert a.line == (f"resident: the weights ({fmt(a.weights)}) and the job's KV ({fmt(s.cost(4, 256))} for 4 rows "
+                      f"at once) fit the {fmt(s.budget)} memory budget; only the first pass reads the disk "
+                      "(--stream streams every pass)")
+
+
+def test_stream_forces_streaming_and_still_says_resident_would_fit(plan):
+    a = advise(plan, ROWS, memory_for(plan, 4.5), stream=True)
+    assert not a.resident
+    assert a.line.startswith("streamed (--stream or SPILL_STREAM), though resident would fit: the weights (")
+
+
+def test_a_smaller_resident_batch_runs_resident_only_where_the_pass_model_rates_it_faster(plan):
+    memory = memory_for(plan, 2.5)             # resident: 2 of the 4 rows at once; streamed: all 4
+    slow_disk = PassModel(bandwidth=1e6, fixed_s=0.01, per_row_s=0.001)
+    fast_disk = PassModel(bandwidth=1e12, fixed_s=0.01, per_row_s=0.001)
+    a = advise(plan, ROWS, memory, passes=slow_disk)
+    assert a.resident and a.slots == 2
+    assert "leave KV for 2 of the job's 4 rows at once in the " in a.line
+    assert "faster by the pass model than streaming 4 at once" in a.line
+    b = advise(plan, ROWS, memory, passes=fast_disk)
+    assert not b.resident and b.line.startswith("streamed: resident, the weights (")
+    assert not advise(plan, ROWS, memory).resident      # no pass model: only the whole batch counts
+
+
+def test_a_model_too_big_resident_streams_and_names_the_quantized_variant_that_fits(plan):
+    four, eight = quantized(plan, 4, 64), quantized(plan, 8, 64)
+    memory = memory_for(four, 4.5)
+    budget = budget_policy(eight, memory, resident=True)[0].sheet
+    assert sum(budget.fixed.values()) + budget.cost(4, 256) > budget.budget   # 8-bit does not fit here
+    variants = [("t:tiny-8bit", 8, 64), ("t:tiny-4bit", 4, 64)]
+    a = advise(plan, ROWS, memory, variants=variants)
+    s = budget_policy(plan, memory, resident=True)[0].sheet
+    assert not a.resident
+    assert a.line == (f"streamed: resident, the weights ({fmt(a.weights)}), the job's KV ({fmt(s.cost(4, 256))} for 4 "
+                      f"rows at once) and the buffers and activations ({fmt(sum(s.fixed.values()) - a.weights)}) would "
+                      f"need more than the {fmt(s.budget)} memory budget (78% of the {fmt(int(memory))} working set); "
+                      "t:tiny-4bit would fit resident: spill run t:tiny-4bit")
+    assert advise(plan, ROWS, memory_for(eight, 4.5), variants=variants).line.endswith("spill run t:tiny-8bit")
+    assert "would fit" not in advise(plan, ROWS, memory_for(four, 3.5), variants=variants).line   # none fits
+
+
+def test_the_quantized_plan_is_the_factorys_quantized_model_tensor_for_tensor(make_tiny):
+    want = load_plan(make_tiny("llama", bits=4, group_size=64))
+    got = quantized(load_plan(make_tiny("llama")), 4, 64)
+
+    def tensors(p):
+        return {t.name: (t.dtype, t.shape, t.nbytes) for ts in [*p.layers, p.resident] for t in ts}
+    assert tensors(got) == tensors(want)
+
+
+def test_the_groups_other_processes_count_against_the_resident_budget(plan):
+    memory = memory_for(plan, 4.5)
+    slot = budget_policy(plan, memory, resident=True)[0].sheet.cost(1, 256)
+    assert advise(plan, ROWS, memory).resident
+    assert not advise(plan, ROWS, memory, others=slot).resident   # one slot less: the batch no longer fits
