@@ -26,6 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from pass_time import drop_cache, model_args, model_folder, read_all  # noqa: E402
 from peers_report import write_doc, table  # noqa: E402
 
+from spill.memory import parse_size  # noqa: E402
+
 HERE = Path(__file__).resolve().parent
 PEERS = ("spill", "llama.cpp", "accelerate", "mlx-lm")
 
@@ -38,9 +40,11 @@ def parse() -> argparse.Namespace:
     p.add_argument("--new", type=int, default=32, help="tokens generated per row")
     p.add_argument("--batches", default="1,16,64", help="the peers' batches")
     p.add_argument("--spill-rows", type=int, default=256, help="rows given to spill run (its budget picks the batch)")
+    p.add_argument("--spill-cap", default="", help="also run spill at this cap (e.g. one its budget admits rows at)")
     p.add_argument("--peers", default=",".join(PEERS))
     p.add_argument("--mlx-batches", default="1", help="mlx-lm's batches (it is expected to die at load)")
-    p.add_argument("--timeout", type=float, default=600.0, help="seconds one run may take")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds one peer's run may take")
+    p.add_argument("--spill-timeout", type=float, default=900.0, help="seconds spill's run may take (prefill included)")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 2)
     p.add_argument("--work", default="/tmp/spill-peers", help="scratch: inputs, spill's data home, offload")
     p.add_argument("--json", default="", help="JSON lines file (default: WORK/results.jsonl)")
@@ -137,13 +141,12 @@ class Cgroup:
                 time.sleep(0.1)
 
 
-def capped(a, name: str, cmd: list, env: dict, files) -> dict:
-    """Run `cmd` in a fresh cgroup of --cap bytes; status ok / oom-killed / timeout / failed with the facts."""
-    from spill.memory import parse_size
+def capped(a, name: str, cmd: list, env: dict, files, cap: str = "", timeout: float = 0) -> dict:
+    """Run `cmd` in a fresh cgroup of `cap` (--cap) bytes; status ok / oom-killed / timeout / failed, with the facts."""
     drop_cache(files)
-    cg = Cgroup(parse_size(a.cap), name)
+    cg = Cgroup(parse_size(cap or a.cap), name)
     try:
-        rc, out, err, wall = cg.run(cmd, a.timeout, env)
+        rc, out, err, wall = cg.run(cmd, timeout or a.timeout, env)
         kills, peak = cg.oom_kills(), cg.peak()
     finally:
         cg.remove()
@@ -174,7 +177,7 @@ def run_peer(a, peer: str, batch: int, spec: dict, files) -> dict:
     return {"peer": peer, "batch": batch, **r}
 
 
-def run_spill(a, folder: Path, texts: list[str], files) -> dict:
+def run_spill(a, folder: Path, texts: list[str], files, cap: str = "") -> dict:
     work = Path(a.work) / "spill"
     home = work / "home"
     home.mkdir(parents=True, exist_ok=True)
@@ -184,7 +187,7 @@ def run_spill(a, folder: Path, texts: list[str], files) -> dict:
     env = {**os.environ, "SPILL_HOME": str(home), "SPILL_METRICS_PORT": "0"}
     cmd = [sys.executable, "-m", "spill.coordinator.cli", "run", folder, inp, "-o", work / "out.jsonl", "--new",
            "--quiet"]
-    r = capped(a, "spill", cmd, env, files)
+    r = capped(a, "spill", cmd, env, files, cap, a.spill_timeout)
     r["stdout_tail"] = r.pop("stdout").strip().splitlines()[-4:]
     r.pop("stages")
     if r["status"] == "failed" and r["rc"] == 3:
@@ -206,7 +209,7 @@ def run_spill(a, folder: Path, texts: list[str], files) -> dict:
         r["completion_tokens"] = sum(x["response"]["body"]["usage"]["completion_tokens"] for x in done)
         if rows and rows[0].get("error"):
             r["first_error"] = rows[0]["error"].get("message", str(rows[0]["error"]))[:300]
-    return {"peer": "spill", **r}
+    return {"peer": "spill", "rows": len(texts), **({"cap": parse_size(cap)} if cap else {}), **r}
 
 
 def versions() -> dict:
@@ -230,7 +233,6 @@ def machine() -> str:
 def main() -> None:
     a = parse()
     from peers_gguf import convert
-    from spill.memory import parse_size
     Path(a.work).mkdir(parents=True, exist_ok=True)
     out = Path(a.json or Path(a.work) / "results.jsonl")
     folder = model_folder(a)
@@ -247,25 +249,28 @@ def main() -> None:
     files = shards + ([gguf] if gguf.exists() else [])
     head = {"run": "peers", "time": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine(),
             "cap": parse_size(a.cap), "model": folder.name, "model_bytes": size, "prompt": a.prompt, "new": a.new,
-            "versions": versions(), "cold_gbps_before": read_all(shards)}
+            "cold_gbps_before": read_all(shards)}
     results = [head]
     out.write_text(json.dumps(head) + "\n")
     print(f"model {size / 1e9:.2f} GB, cap {a.cap}, cold read {head['cold_gbps_before']:.2f} GB/s", flush=True)
     spec = {"model": str(folder), "gguf": str(gguf), "prompts": ids, "new": a.new, "threads": a.threads,
             "offload": str(Path(a.work) / "offload")}
-    plan = [("spill", a.spill_rows)] if "spill" in wanted else []
-    for peer in ("llama.cpp", "accelerate", "mlx-lm"):
+    plan = [("spill", a.spill_rows, "")] if "spill" in wanted else []
+    for peer in ("mlx-lm", "accelerate", "llama.cpp"):
         if peer in wanted:
-            plan += [(peer, b) for b in map(int, (a.mlx_batches if peer == "mlx-lm" else a.batches).split(","))]
-    for peer, b in plan:
-        print(f"{peer} at batch {b} ...", flush=True)
-        r = run_spill(a, folder, texts[:b], files) if peer == "spill" else run_peer(a, peer, b, spec, files)
+            plan += [(peer, b, "") for b in map(int, (a.mlx_batches if peer == "mlx-lm" else a.batches).split(","))]
+    if a.spill_cap and "spill" in wanted:
+        at = next((i for i, step in enumerate(plan) if step[0] == "llama.cpp"), len(plan))
+        plan.insert(at, ("spill", a.spill_rows, a.spill_cap))
+    for peer, b, cap in plan:
+        print(f"{peer} at batch {b}{f' under {cap}' if cap else ''} ...", flush=True)
+        r = run_spill(a, folder, texts[:b], files, cap) if peer == "spill" else run_peer(a, peer, b, spec, files)
         results.append(r)
         with open(out, "a") as f:
             f.write(json.dumps(r) + "\n")
         print(f"  {r['status']}: " + (f"{r['s_per_step']:.2f} s/step, {r['decode_tps']:.1f} tok/s at batch {r['batch']}"
                                       if "decode_tps" in r else f"after {r['wall_s']} s ({r.get('last_stage')})"), flush=True)
-    tail = {"run": "peers-end", "cold_gbps_after": read_all(shards)}
+    tail = {"run": "peers-end", "cold_gbps_after": read_all(shards), "versions": versions()}
     results.append(tail)
     with open(out, "a") as f:
         f.write(json.dumps(tail) + "\n")

@@ -25,7 +25,7 @@ def table(results: list[dict]) -> list[str]:
     gbps = (head["cold_gbps_before"] + tail.get("cold_gbps_after", head["cold_gbps_before"])) / 2
     roof = head["model_bytes"] / (gbps * 1e9)   # one read of the model from disk, cold
     ref = next((r.get("tokens") for r in runs if r["peer"] == "accelerate" and r.get("tokens")), None)
-    v = head["versions"]
+    v = tail.get("versions") or head.get("versions") or {}
     out = [f"Run {head['time']} on {head['machine']}; memory cap {head['cap'] / 2**30:.2f} GiB (child cgroup, page "
            f"cache charged); model {head['model']}, {head['model_bytes'] / 1e9:.2f} GB; prompt {head['prompt']} "
            f"tokens, {head['new']} new, greedy; cold read {head['cold_gbps_before']:.2f} GB/s before, "
@@ -46,10 +46,15 @@ def table(results: list[dict]) -> list[str]:
         tps, pre = r.get("decode_tps"), r.get("prefill_s")
         peak, rss = r.get("cgroup_peak"), r.get("maxrss")
         agree = "reference" if r["peer"] == "accelerate" else agreement(r.get("tokens"), ref)
-        out.append(f"| {r['peer']} | {r['batch']} | {outcome} | {fmt(step)} | {fmt(tps, 1)} | "
+        name = r["peer"] + (f" (cap {r['cap'] / 2**30:.2f} GiB)" if r.get("cap") else "")
+        out.append(f"| {name} | {r['batch']} | {outcome} | {fmt(step)} | {fmt(tps, 1)} | "
                    f"{fmt(step and step / io)} | {fmt(pre, 1)} | {peak // MIB if peak else '-'} | "
                    f"{rss // MIB if rss else '-'} | {agree} |")
-    out += ["", verdict(runs)]
+    out += ["", verdict([r for r in runs if not r.get("cap")])]
+    for r in runs:
+        if r.get("cap") and r.get("decode_tps"):
+            out.append(f"At its own cap of {r['cap'] / 2**30:.2f} GiB ({'above' if r['cap'] >= head['model_bytes'] else 'below'} "
+                       f"the model's size) spill decoded {r['decode_tps']:.1f} tok/s at batch {r['batch']}.")
     return out
 
 
