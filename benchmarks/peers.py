@@ -177,6 +177,17 @@ def run_peer(a, peer: str, batch: int, spec: dict, files) -> dict:
     return {"peer": peer, "batch": batch, **r}
 
 
+def budget_log(path: Path) -> dict:
+    """What admission priced (its `budget` line) and the largest decode pool it sized (its `pass` lines)."""
+    lines = [json.loads(x) for x in path.read_text().splitlines() if x.startswith("{")] if path.exists() else []
+    budget = [x for x in lines if x.get("event") == "budget"]
+    pools = [x["pool"] for x in lines if x.get("event") == "pass" and x.get("pool")]
+    out = {"budget": {k: v for k, v in budget[-1].items() if k not in ("actor", "pid", "level", "timestamp")}} if budget else {}
+    if pools:
+        out["pool_slots"], out["pool_width"] = max(pools)
+    return out
+
+
 def run_spill(a, folder: Path, texts: list[str], files, cap: str = "") -> dict:
     work = Path(a.work) / "spill"
     home = work / "home"
@@ -209,6 +220,7 @@ def run_spill(a, folder: Path, texts: list[str], files, cap: str = "") -> dict:
         r["completion_tokens"] = sum(x["response"]["body"]["usage"]["completion_tokens"] for x in done)
         if rows and rows[0].get("error"):
             r["first_error"] = rows[0]["error"].get("message", str(rows[0]["error"]))[:300]
+    r.update(budget_log(home / "run" / "logs" / "admission.log"))
     return {"peer": "spill", "rows": len(texts), **({"cap": parse_size(cap)} if cap else {}), **r}
 
 

@@ -33,7 +33,7 @@ def llama_cpp(spec: dict) -> dict:
     if not model:
         raise SystemExit("llama.cpp could not load the GGUF")
     cp = L.llama_context_default_params()
-    per_seq = -(-(n + new + 1) // 256) * 256
+    per_seq = -(-(n + new + 1) // 128) * 128   # KV cells per row: anonymous memory under the cap
     cp.n_ctx, cp.n_seq_max = per_seq * b, b
     cp.n_batch, cp.n_ubatch = b * n, min(512, b * n)   # prefill in ubatches of 512: a small compute buffer
     cp.n_threads = cp.n_threads_batch = spec["threads"]
