@@ -167,8 +167,11 @@ def run_peer(a, peer: str, batch: int, spec: dict, files) -> dict:
     if r["status"] == "ok":
         r.update(json.loads(out[-1]))
     else:   # what it got done before it died
-        steps = [s["seconds"] for s in r["stages"] if s["stage"] == "step"]
-        r.update({"steps": steps} if steps else {})
+        steps = [s for s in r["stages"] if s["stage"] == "step"]
+        pre = next((s for s in r["stages"] if s["stage"] == "prefilled"), None)
+        if pre:
+            r.update(prefill_s=pre["seconds"], tokens=[pre["token"]] + [s["token"] for s in steps])
+        r["steps"] = [s["seconds"] for s in steps]
     steps = r.get("steps") or []
     if steps:
         r["s_per_step"] = statistics.median(steps)
@@ -189,7 +192,7 @@ def budget_log(path: Path) -> dict:
 
 
 def run_spill(a, folder: Path, texts: list[str], files, cap: str = "") -> dict:
-    work = Path(a.work) / "spill"
+    work = Path(a.work) / f"spill-{cap or a.cap}"   # a data home and output per run
     home = work / "home"
     home.mkdir(parents=True, exist_ok=True)
     inp = work / "in.jsonl"

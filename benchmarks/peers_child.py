@@ -65,14 +65,14 @@ def llama_cpp(spec: dict) -> dict:
     t0 = time.perf_counter()
     nxt = decode(prompts, 0)
     prefill = time.perf_counter() - t0
-    stage("prefilled", seconds=prefill)
     steps, first = [], [nxt[0]]
+    stage("prefilled", seconds=prefill, token=first[0])
     for i in range(new - 1):
         t0 = time.perf_counter()
         nxt = decode([[t] for t in nxt], n + i)
         steps.append(time.perf_counter() - t0)
         first.append(nxt[0])
-        stage("step", i=i, seconds=steps[-1])
+        stage("step", i=i, seconds=steps[-1], token=first[-1])
     version = getattr(L, "__version__", "?")
     L.llama_batch_free(batch)
     return {"prefill_s": prefill, "steps": steps, "tokens": first, "version": f"llama-cpp-python {version}"}
@@ -97,16 +97,16 @@ def accelerate(spec: dict) -> dict:
         t0 = time.perf_counter()
         out = model(input_ids=ids, use_cache=True)
         prefill = time.perf_counter() - t0
-        stage("prefilled", seconds=prefill)
         past, nxt = out.past_key_values, out.logits[:, -1, :].argmax(-1)
         steps, first = [], [int(nxt[0])]
+        stage("prefilled", seconds=prefill, token=first[0])
         for i in range(spec["new"] - 1):
             t0 = time.perf_counter()
             out = model(input_ids=nxt[:, None], past_key_values=past, use_cache=True)
             past, nxt = out.past_key_values, out.logits[:, -1, :].argmax(-1)
             steps.append(time.perf_counter() - t0)
             first.append(int(nxt[0]))
-            stage("step", i=i, seconds=steps[-1])
+            stage("step", i=i, seconds=steps[-1], token=first[-1])
     return {"prefill_s": prefill, "steps": steps, "tokens": first, "devices": [str(d) for d in placed],
             "version": f"transformers {transformers.__version__}, accelerate {acc.__version__}, torch {torch.__version__}"}
 
@@ -125,15 +125,15 @@ def mlx_lm(spec: dict) -> dict:
     nxt = mx.argmax(model(mx.array(spec["prompts"]), cache=cache)[:, -1, :], axis=-1)
     mx.eval(nxt)
     prefill = time.perf_counter() - t0
-    stage("prefilled", seconds=prefill)
     steps, first = [], [int(nxt[0])]
+    stage("prefilled", seconds=prefill, token=first[0])
     for i in range(spec["new"] - 1):
         t0 = time.perf_counter()
         nxt = mx.argmax(model(nxt[:, None], cache=cache)[:, -1, :], axis=-1)
         mx.eval(nxt)
         steps.append(time.perf_counter() - t0)
         first.append(int(nxt[0]))
-        stage("step", i=i, seconds=steps[-1])
+        stage("step", i=i, seconds=steps[-1], token=first[-1])
     return {"prefill_s": prefill, "steps": steps, "tokens": first,
             "version": f"mlx-lm {mlx_lm.__version__}, mlx {mx.__version__}"}
 
