@@ -49,6 +49,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--work", default="/tmp/spill-peers", help="scratch: inputs, spill's data home, offload")
     p.add_argument("--json", default="", help="JSON lines file (default: WORK/results.jsonl)")
     p.add_argument("--doc", default=str(HERE.parent / "docs" / "benchmarks.md"), help="'' to skip writing it")
+    p.add_argument("--table", default="", help="only print (and write) the table of this results file")
     return p.parse_args()
 
 
@@ -247,6 +248,10 @@ def machine() -> str:
 
 def main() -> None:
     a = parse()
+    if a.table:
+        lines = table([json.loads(x) for x in Path(a.table).read_text().splitlines()])
+        print("\n".join(lines))
+        return write_doc(Path(a.doc), lines) if a.doc else None
     from peers_gguf import convert
     Path(a.work).mkdir(parents=True, exist_ok=True)
     out = Path(a.json or Path(a.work) / "results.jsonl")

@@ -40,9 +40,11 @@ def table(results: list[dict]) -> list[str]:
         io = r["bytes_per_pass"] / (gbps * 1e9) if r.get("bytes_per_pass") else roof
         outcome = r["status"] if r["status"] != "ok" else "ok"
         if r["status"] == "timeout":
-            outcome += f" (>{r['wall_s']:.0f} s, {len(r.get('steps') or [])} steps done)"
+            done = f"{r['passes']} passes" if r["peer"] == "spill" else f"{len(r.get('steps') or [])} steps"
+            outcome += f" (>{r['wall_s']:.0f} s, {done} done)"
         elif r["status"] in ("oom-killed", "failed"):
-            outcome += f" at {r.get('last_stage') or 'load'}" if r["peer"] != "spill" else ""
+            when = {"loaded": "in prefill", "prefilled": "after prefill", "step": "decoding"}.get(r.get("last_stage"), "at load")
+            outcome += f" {when}" if r["peer"] != "spill" else ""
         tps, pre = r.get("decode_tps"), r.get("prefill_s")
         peak, rss = r.get("cgroup_peak"), r.get("maxrss")
         agree = "reference" if r["peer"] == "accelerate" else agreement(r.get("tokens"), ref)
@@ -59,10 +61,10 @@ def table(results: list[dict]) -> list[str]:
 
 
 def verdict(runs: list[dict]) -> str:
-    peers = [r for r in runs if r["peer"] != "spill" and r.get("decode_tps") and r["status"] == "ok"]
+    peers = [r for r in runs if r["peer"] != "spill" and r.get("decode_tps")]   # steps timed, finished or not
     spill = next((r for r in runs if r["peer"] == "spill"), None)
     best = max(peers, key=lambda r: r["decode_tps"], default=None)
-    line = (f"Best peer: {best['peer']} at batch {best['batch']}, {best['decode_tps']:.1f} tok/s. " if best
+    line = (f"Best peer: {best['peer']} at batch {best['batch']}, {best['decode_tps']:.1f} tok/s ({best['status']}). " if best
             else "No peer finished at this cap. ")
     if spill is None:
         return line + "spill was not run."
