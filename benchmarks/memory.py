@@ -19,18 +19,14 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from pass_time import drop_cache, model_folder, resident_decode  # noqa: E402
+from pass_time import drop_cache, model_args, model_folder, resident_decode  # noqa: E402
 
 MIB = 2**20
 
 
 def parse() -> argparse.Namespace:
-    home = os.environ.get("SPILL_HOME")
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--models", default=str(Path(home) / "bench") if home else "/tmp/spill-bench")
-    p.add_argument("--family", default="llama")
-    p.add_argument("--size", default="1b")
-    p.add_argument("--seed", type=int, default=0)
+    model_args(p, "1b")
     p.add_argument("--limit", default="4.5GB", help="the child cgroup's memory limit")
     p.add_argument("--batches", default="8,32,128")
     p.add_argument("--passes", type=int, default=4)

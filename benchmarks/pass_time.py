@@ -28,13 +28,18 @@ BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
 GB = 1e9
 
 
-def parse() -> argparse.Namespace:
+def model_args(p: argparse.ArgumentParser, size: str) -> None:
+    """--models, --family, --size, --seed: the factory model a benchmark builds or reuses (`model_folder`)."""
     home = os.environ.get("SPILL_HOME")
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", default=str(Path(home) / "bench") if home else "/tmp/spill-bench")
     p.add_argument("--family", default="llama")
-    p.add_argument("--size", default="3b")
+    p.add_argument("--size", default=size)
     p.add_argument("--seed", type=int, default=0)
+
+
+def parse() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    model_args(p, "3b")
     p.add_argument("--batches", default="1,8,32,128")
     p.add_argument("--passes", type=int, default=4, help="decode passes (and resident steps) per batch, >= 3")
     p.add_argument("--reps", type=int, default=3, help="cold bandwidth repetitions")

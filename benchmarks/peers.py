@@ -1,0 +1,305 @@
+"""spill against its peers on one model, one memory cap, the same token ids, greedy (issue 12).
+
+    python benchmarks/peers.py [--size 1b] [--cap 1GiB] [--batches 1,16,64] [--spill-rows 256]
+
+In one run on one machine: builds (or reuses) a factory llama under --models and its GGUF; measures
+the cold read bandwidth; then each run is a child process in a fresh child memory cgroup (v1 or v2,
+under this process's own) with --cap bytes, page cache charged, the model's files dropped from the
+cache first: spill through `spill run` (--spill-rows rows; its budget picks the batch), llama.cpp
+(mmap, no repacking), transformers + accelerate (disk offload) and mlx-lm (resident) at each batch.
+A run that is OOM-killed or passes --timeout is a result too. The cold read is measured again at the
+end. Writes one JSON line per run to --json and the table into docs/benchmarks.md (peers markers).
+"""
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from pass_time import drop_cache, model_args, model_folder, read_all  # noqa: E402
+from peers_report import write_doc, table  # noqa: E402
+
+from spill.memory import parse_size  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+PEERS = ("spill", "llama.cpp", "accelerate", "mlx-lm")
+
+
+def parse() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    model_args(p, "1b")
+    p.add_argument("--cap", default="1GiB", help="the child cgroup's memory limit (below the model's size)")
+    p.add_argument("--prompt", type=int, default=64, help="prompt tokens per row")
+    p.add_argument("--new", type=int, default=32, help="tokens generated per row")
+    p.add_argument("--batches", default="1,16,64", help="the peers' batches")
+    p.add_argument("--spill-rows", type=int, default=256, help="rows given to spill run (its budget picks the batch)")
+    p.add_argument("--spill-cap", default="", help="also run spill at this cap (e.g. one its budget admits rows at)")
+    p.add_argument("--peers", default=",".join(PEERS))
+    p.add_argument("--mlx-batches", default="1", help="mlx-lm's batches (it is expected to die at load)")
+    p.add_argument("--timeout", type=float, default=600.0, help="seconds one peer's run may take")
+    p.add_argument("--spill-timeout", type=float, default=900.0, help="seconds spill's run may take (prefill included)")
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 2)
+    p.add_argument("--work", default="/tmp/spill-peers", help="scratch: inputs, spill's data home, offload")
+    p.add_argument("--json", default="", help="JSON lines file (default: WORK/results.jsonl)")
+    p.add_argument("--doc", default=str(HERE.parent / "docs" / "benchmarks.md"), help="'' to skip writing it")
+    p.add_argument("--table", default="", help="only print (and write) the table of this results file")
+    return p.parse_args()
+
+
+# -- the prompts: text that spill's tokenizer turns into exactly --prompt ids ------------------------------------
+WORDS = ("return value index table stream layer weight batch token memory read write cache pass row "
+         "model prompt file disk budget queue worker result error time block shard buffer").split()
+
+
+def prompts(folder: Path, rows: int, length: int) -> tuple[list[str], list[list[int]]]:
+    import random
+    from spill.tokenizer_worker.core import TokenizerCore
+    tok = TokenizerCore(folder).tokenizer
+    rng, texts, ids = random.Random(0), [], []
+    while len(texts) < rows:
+        words = " ".join(rng.choice(WORDS) for _ in range(length))
+        cut = tok.encode(f"row {len(texts)}: {words}")[:length]
+        text = tok.decode(cut, skip_special_tokens=True)
+        if len(cut) == length and tok.encode(text) == cut:   # the text round-trips to the same ids
+            texts.append(text)
+            ids.append(cut)
+    return texts, ids
+
+
+# -- a child memory cgroup with the cap ------------------------------------------------------------------------------
+def own_cgroup() -> tuple[Path, int]:
+    lines = Path("/proc/self/cgroup").read_text().splitlines()
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if "memory" in controllers.split(","):
+            return Path("/sys/fs/cgroup/memory") / path.lstrip("/"), 1
+    v2 = next((line.split(":", 2)[2] for line in lines if line.startswith("0::")), None)
+    if v2 is None:
+        raise SystemExit("this process has no memory cgroup (see /proc/self/cgroup)")
+    return Path("/sys/fs/cgroup") / v2.lstrip("/"), 2
+
+
+class Cgroup:
+    def __init__(self, limit: int, name: str):
+        parent, self.version = own_cgroup()
+        self.path = parent / f"spill-peers-{os.getpid()}-{name}"
+        self.path.mkdir()
+        limit_file = "memory.limit_in_bytes" if self.version == 1 else "memory.max"
+        (self.path / limit_file).write_text(str(limit))
+        if (self.path / "memory.swappiness").exists():
+            (self.path / "memory.swappiness").write_text("0")
+
+    def run(self, cmd: list, timeout: float, env: dict) -> tuple[int | None, str, str, float]:
+        """(exit code or None on timeout, stdout, stderr, seconds) of `cmd` started inside the cgroup."""
+        enter = 'echo $$ > "$0/cgroup.procs" && exec "$@"'
+        t0 = time.monotonic()
+        with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+            proc = subprocess.Popen(["sh", "-c", enter, str(self.path), *map(str, cmd)], stdout=out, stderr=err,
+                                    env=env, text=True)
+            try:
+                rc = proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                rc = None
+                self.kill_all()
+                proc.wait()
+            out.seek(0), err.seek(0)
+            return rc, out.read(), err.read(), time.monotonic() - t0
+
+    def read(self, name: str) -> str:
+        return (self.path / name).read_text()
+
+    def oom_kills(self) -> int:
+        text = self.read("memory.oom_control" if self.version == 1 else "memory.events")
+        return next((int(x.split()[1]) for x in text.splitlines() if x.startswith("oom_kill ")), 0)
+
+    def peak(self) -> int | None:
+        try:
+            return int(self.read("memory.max_usage_in_bytes" if self.version == 1 else "memory.peak"))
+        except (OSError, ValueError):
+            return None
+
+    def kill_all(self) -> None:
+        for pid in map(int, self.read("cgroup.procs").split()):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def remove(self) -> None:
+        for _ in range(100):
+            self.kill_all()
+            try:
+                self.path.rmdir()
+                return
+            except OSError:
+                time.sleep(0.1)
+
+
+def capped(a, name: str, cmd: list, env: dict, files, cap: str = "", timeout: float = 0) -> dict:
+    """Run `cmd` in a fresh cgroup of `cap` (--cap) bytes; status ok / oom-killed / timeout / failed, with the facts."""
+    drop_cache(files)
+    cg = Cgroup(parse_size(cap or a.cap), name)
+    try:
+        rc, out, err, wall = cg.run(cmd, timeout or a.timeout, env)
+        kills, peak = cg.oom_kills(), cg.peak()
+    finally:
+        cg.remove()
+    status = "ok" if rc == 0 else "timeout" if rc is None else "oom-killed" if kills else "failed"
+    stages = [json.loads(x) for x in err.splitlines() if x.startswith('{"stage"')]
+    return {"status": status, "rc": rc, "oom_kills": kills, "cgroup_peak": peak, "wall_s": round(wall, 1),
+            "stdout": out, "stderr_tail": [x for x in err.splitlines() if not x.startswith('{"stage"')][-6:],
+            "last_stage": stages[-1]["stage"] if stages else None, "stages": stages}
+
+
+# -- the peers ---------------------------------------------------------------------------------------------------------
+def run_peer(a, peer: str, batch: int, spec: dict, files) -> dict:
+    spec = {**spec, "prompts": spec["prompts"][:batch]}
+    path = Path(a.work) / f"spec-{peer}-{batch}.json"
+    path.write_text(json.dumps(spec))
+    r = capped(a, f"{peer}-{batch}", [sys.executable, HERE / "peers_child.py", peer, path], dict(os.environ), files)
+    out = r.pop("stdout").strip().splitlines()
+    if r["status"] == "ok":
+        r.update(json.loads(out[-1]))
+    else:   # what it got done before it died
+        steps = [s for s in r["stages"] if s["stage"] == "step"]
+        pre = next((s for s in r["stages"] if s["stage"] == "prefilled"), None)
+        if pre:
+            r.update(prefill_s=pre["seconds"], tokens=[pre["token"]] + [s["token"] for s in steps])
+        r["steps"] = [s["seconds"] for s in steps]
+    steps = r.get("steps") or []
+    if steps:
+        r["s_per_step"] = statistics.median(steps)
+        r["decode_tps"] = batch * len(steps) / sum(steps)
+    r.pop("stages")
+    return {"peer": peer, "batch": batch, **r}
+
+
+def budget_log(path: Path) -> dict:
+    """What admission priced (its `budget` line) and the largest decode pool it sized (its `pass` lines)."""
+    lines = [json.loads(x) for x in path.read_text().splitlines() if x.startswith("{")] if path.exists() else []
+    budget = [x for x in lines if x.get("event") == "budget"]
+    pools = [x["pool"] for x in lines if x.get("event") == "pass" and x.get("pool")]
+    out = {"budget": {k: v for k, v in budget[-1].items() if k not in ("actor", "pid", "level", "timestamp")}} if budget else {}
+    if pools:
+        out["pool_slots"], out["pool_width"] = max(pools)
+    return out
+
+
+def run_spill(a, folder: Path, texts: list[str], files, cap: str = "") -> dict:
+    work = Path(a.work) / f"spill-{cap or a.cap}"   # a data home and output per run
+    home = work / "home"
+    home.mkdir(parents=True, exist_ok=True)
+    inp = work / "in.jsonl"
+    inp.write_text("".join(json.dumps({"custom_id": f"r{i}", "prompt": t, "max_tokens": a.new}) + "\n"
+                           for i, t in enumerate(texts)))
+    env = {**os.environ, "SPILL_HOME": str(home), "SPILL_METRICS_PORT": "0"}
+    cmd = [sys.executable, "-m", "spill.coordinator.cli", "run", folder, inp, "-o", work / "out.jsonl", "--new",
+           "--quiet"]
+    r = capped(a, "spill", cmd, env, files, cap, a.spill_timeout)
+    r["stdout_tail"] = r.pop("stdout").strip().splitlines()[-4:]
+    r.pop("stages")
+    if r["status"] == "failed" and r["rc"] == 3:
+        r["status"] = "ok, some rows failed"
+    jobs = sorted((home / "jobs").glob("*/passes.jsonl"), key=lambda p: p.stat().st_mtime)
+    passes = [json.loads(x) for x in jobs[-1].read_text().splitlines()] if jobs else []
+    decode = [p for p in passes if p["prefill_tokens"] == 0 and p["decode_rows"] > 0]
+    r["batch"] = max((p["decode_rows"] for p in passes), default=0)
+    r["passes"] = len(passes)
+    if decode:
+        full = [p for p in decode if p["decode_rows"] == r["batch"]] or decode
+        r["s_per_step"] = statistics.median(p["seconds"] for p in full)
+        r["decode_tps"] = sum(p["emitted"] for p in decode) / sum(p["seconds"] for p in decode)
+        r["bytes_per_pass"] = full[0]["bytes_streamed"]
+    if (work / "out.jsonl").exists():
+        rows = [json.loads(x) for x in (work / "out.jsonl").read_text().splitlines() if x.strip()]
+        done = [x for x in rows if x.get("error") is None]
+        r["rows_ok"], r["rows_error"] = len(done), len(rows) - len(done)
+        r["completion_tokens"] = sum(x["response"]["body"]["usage"]["completion_tokens"] for x in done)
+        if rows and rows[0].get("error"):
+            r["first_error"] = rows[0]["error"].get("message", str(rows[0]["error"]))[:300]
+    r.update(budget_log(home / "run" / "logs" / "admission.log"))
+    return {"peer": "spill", "rows": len(texts), **({"cap": parse_size(cap)} if cap else {}), **r}
+
+
+def versions() -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+    out = {}
+    for name in ("streamweights", "mlx", "mlx-lm", "llama-cpp-python", "transformers", "accelerate", "torch", "gguf"):
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def machine() -> str:
+    cpu = next((x.split(":", 1)[1].strip() for x in Path("/proc/cpuinfo").read_text().splitlines()
+                if x.startswith("model name")), "?")
+    mem = int(Path("/proc/meminfo").read_text().split()[1]) * 1024
+    return f"{os.cpu_count()} x {cpu}, {mem / 2**30:.0f} GiB RAM"
+
+
+def main() -> None:
+    a = parse()
+    if a.table:
+        lines = table([json.loads(x) for x in Path(a.table).read_text().splitlines()])
+        print("\n".join(lines))
+        return write_doc(Path(a.doc), lines) if a.doc else None
+    from peers_gguf import convert
+    Path(a.work).mkdir(parents=True, exist_ok=True)
+    out = Path(a.json or Path(a.work) / "results.jsonl")
+    folder = model_folder(a)
+    shards = sorted(folder.glob("*.safetensors"))
+    gguf = Path(a.models) / f"{folder.name}.gguf"
+    wanted = a.peers.split(",")
+    if "llama.cpp" in wanted and not gguf.exists():
+        print(f"converting {folder} to {gguf} ...", flush=True)
+        convert(folder, gguf)
+    size = sum(f.stat().st_size for f in shards)
+    if parse_size(a.cap) >= size:
+        print(f"note: the cap {a.cap} is not below the model's {size / 2**30:.2f} GiB", flush=True)
+    texts, ids = prompts(folder, max(a.spill_rows, *map(int, a.batches.split(","))), a.prompt)
+    files = shards + ([gguf] if gguf.exists() else [])
+    head = {"run": "peers", "time": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine(),
+            "cap": parse_size(a.cap), "model": folder.name, "model_bytes": size, "prompt": a.prompt, "new": a.new,
+            "cold_gbps_before": read_all(shards)}
+    results = [head]
+    out.write_text(json.dumps(head) + "\n")
+    print(f"model {size / 1e9:.2f} GB, cap {a.cap}, cold read {head['cold_gbps_before']:.2f} GB/s", flush=True)
+    spec = {"model": str(folder), "gguf": str(gguf), "prompts": ids, "new": a.new, "threads": a.threads,
+            "offload": str(Path(a.work) / "offload")}
+    plan = [("spill", a.spill_rows, "")] if "spill" in wanted else []
+    for peer in ("mlx-lm", "accelerate", "llama.cpp"):
+        if peer in wanted:
+            plan += [(peer, b, "") for b in map(int, (a.mlx_batches if peer == "mlx-lm" else a.batches).split(","))]
+    if a.spill_cap and "spill" in wanted:
+        at = next((i for i, step in enumerate(plan) if step[0] == "llama.cpp"), len(plan))
+        plan.insert(at, ("spill", a.spill_rows, a.spill_cap))
+    for peer, b, cap in plan:
+        print(f"{peer} at batch {b}{f' under {cap}' if cap else ''} ...", flush=True)
+        r = run_spill(a, folder, texts[:b], files, cap) if peer == "spill" else run_peer(a, peer, b, spec, files)
+        results.append(r)
+        with open(out, "a") as f:
+            f.write(json.dumps(r) + "\n")
+        print(f"  {r['status']}: " + (f"{r['s_per_step']:.2f} s/step, {r['decode_tps']:.1f} tok/s at batch {r['batch']}"
+                                      if "decode_tps" in r else f"after {r['wall_s']} s ({r.get('last_stage')})"), flush=True)
+    tail = {"run": "peers-end", "cold_gbps_after": read_all(shards), "versions": versions()}
+    results.append(tail)
+    with open(out, "a") as f:
+        f.write(json.dumps(tail) + "\n")
+    lines = table(results)
+    print("\n".join(lines))
+    print(f"results: {out}")
+    if a.doc:
+        write_doc(Path(a.doc), lines)
+
+
+if __name__ == "__main__":
+    main()

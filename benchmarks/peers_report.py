@@ -1,0 +1,88 @@
+"""The peers table from `peers.py`'s results, and writing it into docs/benchmarks.md between its markers."""
+
+from pathlib import Path
+
+BEGIN, END = "<!-- peers:begin -->", "<!-- peers:end -->"
+MIB = 2**20
+
+
+def agreement(tokens: list[int] | None, ref: list[int] | None) -> str:
+    """How many of row 0's greedy tokens equal the reference's, and where they first differ."""
+    if not tokens or not ref:
+        return "-"
+    n = min(len(tokens), len(ref))
+    same = next((i for i in range(n) if tokens[i] != ref[i]), n)
+    return f"{same}/{n}" if same == n else f"first {same}/{n}"
+
+
+def fmt(x: float | None, digits: int = 2) -> str:
+    return f"{x:.{digits}f}" if x else "-"
+
+
+def table(results: list[dict]) -> list[str]:
+    head, tail = results[0], results[-1]
+    runs = [r for r in results if "peer" in r]
+    gbps = (head["cold_gbps_before"] + tail.get("cold_gbps_after", head["cold_gbps_before"])) / 2
+    roof = head["model_bytes"] / (gbps * 1e9)   # one read of the model from disk, cold
+    ref = next((r.get("tokens") for r in runs if r["peer"] == "accelerate" and r.get("tokens")), None)
+    v = tail.get("versions") or head.get("versions") or {}
+    out = [f"Run {head['time']} on {head['machine']}; memory cap {head['cap'] / 2**30:.2f} GiB (child cgroup, page "
+           f"cache charged); model {head['model']}, {head['model_bytes'] / 1e9:.2f} GB; prompt {head['prompt']} "
+           f"tokens, {head['new']} new, greedy; cold read {head['cold_gbps_before']:.2f} GB/s before, "
+           f"{tail.get('cold_gbps_after', float('nan')):.2f} after (one model read: {roof:.2f} s).",
+           "Versions: " + ", ".join(f"{k} {x}" for k, x in v.items() if x) + "; not installed: "
+           + (", ".join(k for k, x in v.items() if not x) or "none") + ".", "",
+           "| peer | batch | outcome | s/step | decode tok/s | x roofline | prefill s | cgroup peak MiB | RSS peak MiB "
+           "| row 0 tokens = accelerate's |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in runs:
+        step = r.get("s_per_step")
+        io = r["bytes_per_pass"] / (gbps * 1e9) if r.get("bytes_per_pass") else roof
+        outcome = r["status"] if r["status"] != "ok" else "ok"
+        if r["status"] == "timeout":
+            done = f"{r['passes']} passes" if r["peer"] == "spill" else f"{len(r.get('steps') or [])} steps"
+            outcome += f" (>{r['wall_s']:.0f} s, {done} done)"
+        elif r["status"] in ("oom-killed", "failed"):
+            when = {"loaded": "in prefill", "prefilled": "after prefill", "step": "decoding"}.get(r.get("last_stage"), "at load")
+            outcome += f" {when}" if r["peer"] != "spill" else ""
+        tps, pre = r.get("decode_tps"), r.get("prefill_s")
+        peak, rss = r.get("cgroup_peak"), r.get("maxrss")
+        agree = "reference" if r["peer"] == "accelerate" else agreement(r.get("tokens"), ref)
+        name = r["peer"] + (f" (cap {r['cap'] / 2**30:.2f} GiB)" if r.get("cap") else "")
+        out.append(f"| {name} | {r['batch']} | {outcome} | {fmt(step)} | {fmt(tps, 1)} | "
+                   f"{fmt(step and step / io)} | {fmt(pre, 1)} | {peak // MIB if peak else '-'} | "
+                   f"{rss // MIB if rss else '-'} | {agree} |")
+    out += ["", verdict([r for r in runs if not r.get("cap")])]
+    for r in runs:
+        if r.get("cap") and r.get("decode_tps"):
+            out.append(f"At its own cap of {r['cap'] / 2**30:.2f} GiB ({'above' if r['cap'] >= head['model_bytes'] else 'below'} "
+                       f"the model's size) spill decoded {r['decode_tps']:.1f} tok/s at batch {r['batch']}.")
+    return out
+
+
+def verdict(runs: list[dict]) -> str:
+    peers = [r for r in runs if r["peer"] != "spill" and r.get("decode_tps")]   # steps timed, finished or not
+    spill = next((r for r in runs if r["peer"] == "spill"), None)
+    best = max(peers, key=lambda r: r["decode_tps"], default=None)
+    line = (f"Best peer: {best['peer']} at batch {best['batch']}, {best['decode_tps']:.1f} tok/s ({best['status']}). " if best
+            else "No peer finished at this cap. ")
+    if spill is None:
+        return line + "spill was not run."
+    if not spill.get("decode_tps"):
+        why = spill.get("first_error") or " ".join(spill.get("stdout_tail") or []) or spill["status"]
+        return line + f"spill did not decode at this cap ({spill['status']}): {why}"
+    ratio = f"{spill['decode_tps'] / best['decode_tps']:.2f}x the best peer" if best else "no peer to compare"
+    return line + f"spill: {spill['decode_tps']:.1f} tok/s at batch {spill['batch']}, {ratio} (goal: >= 2x)."
+
+
+def write_doc(doc: Path, lines: list[str]) -> None:
+    """Replace what is between the peers markers (the section is appended once where they are missing)."""
+    text = doc.read_text() if doc.exists() else "# Benchmarks\n"
+    body = "\n".join(lines)
+    if BEGIN in text and END in text:
+        pre, rest = text.split(BEGIN, 1)
+        text = pre + BEGIN + "\n" + body + "\n" + END + rest.split(END, 1)[1]
+    else:
+        text = text.rstrip("\n") + ("\n\n## spill against its peers under a memory cap (issue 12)\n\n"
+                                    f"{BEGIN}\n{body}\n{END}\n")
+    doc.write_text(text)
