@@ -30,17 +30,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import three_tier  # noqa: E402
 from memory import child_cgroup  # noqa: E402
-from pass_time import drop_cache, model_folder  # noqa: E402
+from pass_time import drop_cache, model_args, model_folder  # noqa: E402
 
 QUANTILES = (0.25, 0.5, 0.75)
 
 
 def parse() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--models", default="/tmp/spill-bench")
-    p.add_argument("--family", default="llama")
-    p.add_argument("--size", default="tall")
-    p.add_argument("--seed", type=int, default=0)
+    model_args(p, "tall")
     p.add_argument("--rows", type=int, default=200)
     p.add_argument("--max-tokens", type=int, default=three_tier.MAX_TOKENS)
     p.add_argument("--limit", default="300MB", help="the child cgroup's memory limit (the working set)")
