@@ -225,6 +225,7 @@ def open_calibration(folder: str | Path, dtype=None) -> Calibration:
     cal = Calibration.load(k)
     if cal is None:
         prior = compute_probe(plan, dtype or mx.bfloat16)
+        mx.clear_cache()   # the probe's freed buffers: not kept for the life of the process that probed
         prior.bandwidth = read_probe(weight_files(folder))
         cal = Calibration(k, prior, name=Path(folder).name)
         cal.save()

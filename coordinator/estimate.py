@@ -83,6 +83,8 @@ def duration(seconds: float) -> str:
 
 def estimate_line(est: Estimate) -> str:
     """The one line `spill run` prints before its first pass."""
+    if est.stalled and not est.passes:
+        return "estimate: none, no row fits the memory budget with nothing else running (the job says why)"
     ratio = est.total_seconds / est.ideal_seconds if est.ideal_seconds else float("nan")
     return (f"estimate: {duration(est.total_seconds)} in {est.passes} {est.mode} passes "
             f"(ideal {duration(est.ideal_seconds)}, {ratio:.2f}x)")

@@ -115,3 +115,14 @@ def test_a_resident_job_has_no_read_to_hide_prefill_under(make_tiny, monkeypatch
     assert hook.allowance() > 3000
     hook.reset(folder, resident=True)
     assert hook.allowance() == 3000
+
+
+def test_the_first_use_probe_leaves_nothing_in_mlx_buffer_cache(make_tiny, monkeypatch, tmp_path):
+    """The probe runs in the coordinator (the estimate) and in admission: its freed buffers must not
+    stay cached for the group's life (373 MiB for a 1b model, which got the coordinator OOM-killed in
+    a 1 GiB cgroup before the first pass)."""
+    import mlx.core as mx
+    monkeypatch.setenv("SPILL_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(cal, "read_probe", lambda files: 1e9)
+    open_calibration(make_tiny("llama"))
+    assert mx.get_cache_memory() == 0

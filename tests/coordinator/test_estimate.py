@@ -112,3 +112,11 @@ def test_a_resident_jobs_live_eta_prices_no_read_the_weights_being_in_memory(mak
     read = load_plan(folder).streamed_bytes / 1e6
     assert job.first.total_seconds >= read                          # the first pass reads every layer
     assert job.eta({0, 1, 2, 3}, {}) < job.first.total_seconds - 0.5 * read   # mid-job they are in memory
+
+
+def test_an_estimate_where_no_row_fits_says_so_instead_of_zero_seconds():
+    from spill.admission.simulate import Estimate
+    from spill.coordinator.estimate import estimate_line
+    stuck = Estimate(total_seconds=0.0, ideal_seconds=41.0, passes=0, tiers=[], stalled=True)
+    assert estimate_line(stuck) == ("estimate: none, no row fits the memory budget with nothing else running "
+                                    "(the job says why)")
