@@ -11,6 +11,10 @@ app = typer.Typer(no_args_is_help=True, add_completion=False,
                   help="spill: batch inference for models larger than memory.")
 
 
+MEMORY_HELP = "Plan for this much memory (e.g. 48GB, 1.5GiB) instead of the detected working set."
+FRACTION_HELP = "Share of the working set that live allocation aims at (default 0.78)."
+
+
 def _fail(err: Exception) -> None:
     typer.echo(f"spill: {err}", err=True)
     raise typer.Exit(2)
@@ -68,14 +72,18 @@ def run_cmd(
     new: bool = typer.Option(False, "--new", help="Start a new job even if an unfinished one has this input."),
     quiet: bool = typer.Option(False, help="Only the progress line."),
     listen: str = typer.Option(None, help="Control address of the group, e.g. tcp://127.0.0.1:5557."),
+    memory: str = typer.Option(None, help=MEMORY_HELP),
+    budget_fraction: float = typer.Option(None, help=FRACTION_HELP),
 ) -> None:
     """Run a JSONL batch: on the running group (`spill up`), or on one started for this job."""
     from spill.coordinator.run import run_job
+    from spill.memory import memory_args
     if resume is None and (model is None or input is None):
         _fail(SpillError("give MODEL and INPUT.jsonl, or --resume JOB_ID"))
     try:
         code = run_job(model=model, input=input, output=output, max_tokens=max_tokens,
-                       temperature=temperature, resume=resume, new=new, quiet=quiet, listen=listen)
+                       temperature=temperature, resume=resume, new=new, quiet=quiet, listen=listen,
+                       memory=memory_args(memory, budget_fraction), explicit=budget_fraction is not None)
     except SpillError as err:
         _fail(err)
     raise typer.Exit(code)
@@ -87,13 +95,17 @@ def up_cmd(
     foreground: bool = typer.Option(False, help="Stay attached; Ctrl-C stops the group."),
     listen: str = typer.Option(None, help="Control address for clients, e.g. tcp://127.0.0.1:5557."),
     allow_remote: bool = typer.Option(False, "--allow-remote", help="Let --listen take an address other hosts reach (a token is required)."),
+    memory: str = typer.Option(None, help=MEMORY_HELP),
+    budget_fraction: float = typer.Option(None, help=FRACTION_HELP),
 ) -> None:
     """Start the actor group and return (it keeps running until `spill down`)."""
     from spill.coordinator.run import group_up
+    from spill.memory import memory_args
     if allow_remote:
         os.environ["SPILL_ALLOW_REMOTE"] = "1"   # read by the group through spill.config
     try:
-        typer.echo(group_up(model=model, foreground=foreground, listen=listen))
+        typer.echo(group_up(model=model, foreground=foreground, listen=listen,
+                            memory=memory_args(memory, budget_fraction)))
     except SpillError as err:
         _fail(err)
 

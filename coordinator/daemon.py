@@ -20,6 +20,7 @@ from spill import config
 from spill import messages as m
 from spill.actor import Fault, run_actor
 from spill.errors import SpillError
+from spill.memory import check_same, describe
 from spill.wire import Mailbox
 
 from .batch_input import read_batch
@@ -46,6 +47,7 @@ class Group:
         self.waiting: set[str] = set(ACTORS)     # actors not READY yet
         self.waiting_since = time.monotonic()
         self.running = True
+        self.memory = describe(sup.args)         # working set, its source, the budget
 
     # -- actors -----------------------------------------------------------------------------
     def on_actor(self, msg) -> None:
@@ -157,6 +159,7 @@ class Group:
             self.fail(str(err) if isinstance(err, SpillError) else f"the job could not start ({_one_line(err)})")
 
     def submit(self, args: dict) -> dict:
+        check_same(self.sup.args, args)
         job = Job.open(args["resume"]) if args.get("resume") else None
         if job is not None:   # the job knows its input, model and output
             args = {**args, "input": args.get("input") or job.meta["input"],
@@ -214,7 +217,8 @@ class Group:
 
     def handle(self, req: m.Request) -> m.Reply:
         """Every request gets a reply: its data, or one sentence of what went wrong."""
-        ops = {"ping": lambda a: {"pid": os.getpid()}, "submit": self.submit, "status": self.status,
+        ops = {"ping": lambda a: {"pid": os.getpid()}, "submit": self.submit,
+               "status": lambda a: {**self.status(a), "memory": self.memory},
                "interrupt": self.interrupt, "down": self.down}
         if req.op not in ops:
             return m.Reply(False, error=f"unknown request {req.op!r}; this group answers {', '.join(ops)} "

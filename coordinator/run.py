@@ -6,6 +6,7 @@ from pathlib import Path
 import typer
 
 from spill.errors import SpillError
+from spill.memory import describe_line, memory_args
 
 from .client import Client, GroupDead, endpoints, start_group
 from .live import follow, progress_line
@@ -18,16 +19,20 @@ def _listen(listen: str | None) -> str | None:
     return listen
 
 
-def run_job(*, model, input, output, max_tokens, temperature, resume, new, quiet, listen) -> int:
+def run_job(*, model, input, output, max_tokens, temperature, resume, new, quiet, listen,
+            memory: dict | None = None, explicit: bool = False) -> int:
+    """`memory`: the checked --memory/--budget-fraction; `explicit`: --budget-fraction was given."""
     eps = endpoints(_listen(listen))
     client, group = Client(eps), None
+    memory = memory or memory_args()
     if not client.ping():
-        group = start_group(eps, embedded=True)
+        group = start_group(eps, embedded=True, actor_args=memory)
     job = None
     try:
         args = {"model": model, "input": str(Path(input).resolve()) if input else None,
                 "output": str(Path(output).resolve()) if output else None,
-                "max_tokens": max_tokens, "temperature": temperature, "resume": resume, "new": new}
+                "max_tokens": max_tokens, "temperature": temperature, "resume": resume, "new": new,
+                "memory": memory["memory"], "budget_fraction": memory["budget_fraction"] if explicit else None}
         info = client.request("submit", timeout_s=600, **args)
         job = info["job"]
         typer.echo(f"job {job}: {info['total']} rows, {info['done']} already done; output {info['output']}")
@@ -63,7 +68,7 @@ def run_job(*, model, input, output, max_tokens, temperature, resume, new, quiet
         client.close()
 
 
-def group_up(*, model, foreground, listen) -> str:
+def group_up(*, model, foreground, listen, memory: dict | None = None) -> str:
     eps = endpoints(_listen(listen))
     if Client(eps).ping():
         return "spill group already running"
@@ -74,10 +79,10 @@ def group_up(*, model, foreground, listen) -> str:
         import json
         import subprocess
         import sys
-        args = {"endpoints": eps.as_dict(), "actor_args": {}, "parent_fd": None}
+        args = {"endpoints": eps.as_dict(), "actor_args": memory or memory_args(), "parent_fd": None}
         subprocess.run([sys.executable, "-m", "spill.coordinator.daemon", json.dumps(args)])
         return "spill group stopped"
-    proc = start_group(eps, embedded=False)
+    proc = start_group(eps, embedded=False, actor_args=memory or memory_args())
     return f"spill group up (coordinator pid {proc.pid}); submit with `spill run MODEL INPUT.jsonl`"
 
 
@@ -99,9 +104,10 @@ def group_status(job, listen) -> str:
         return "no spill group is running" + _recent_jobs()
     s = client.request("status", job=job)
     procs = "  ".join(f"{role} pid {pid}" for role, pid in s.get("processes", {}).items())
+    mem = f"\n{describe_line(s['memory'])}" if s.get("memory") else ""
     if not s.get("job"):
-        return f"group: {procs}\nno job running" + _recent_jobs()
-    return f"group: {procs}\njob {s['job']} {s.get('status')}: {progress_line(s)}" + _recent_jobs()
+        return f"group: {procs}\nno job running{mem}" + _recent_jobs()
+    return f"group: {procs}\njob {s['job']} {s.get('status')}: {progress_line(s)}{mem}" + _recent_jobs()
 
 
 def _recent_jobs(n: int = 10) -> str:

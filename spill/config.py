@@ -66,3 +66,6 @@ def liveness_timeout() -> float:
 def allow_remote() -> bool:
     """Let the control socket listen on an address other hosts can reach (SPILL_ALLOW_REMOTE=1; `spill up --allow-remote`)."""
     return os.environ.get("SPILL_ALLOW_REMOTE", "") == "1"
+
+
+BUDGET_FRACTION = 0.78   # --budget-fraction: the share of the working set live allocation aims at
