@@ -84,6 +84,8 @@ class Group:
             job.on_pass(msg)
         elif isinstance(msg, m.Progress) and msg.epoch == self.epoch:
             job.on_progress(msg)
+        for submit in job.refill(self.epoch) if isinstance(msg, (m.Done, m.Error)) else ():
+            self.box.send("tokenizer", submit)   # rows finished: feed the window
         if job.finished:
             job.job.set_status("done")
             job.job.close()

@@ -84,6 +84,12 @@ def _own_cgroup(root: Path) -> _Cgroup | None:
     return None
 
 
+def own_cgroup(root: Path | str = "/") -> tuple[Path, int] | None:
+    """Our memory cgroup's folder and its version (1 or 2), or None where there is none."""
+    cg = _own_cgroup(Path(root))
+    return (cg.path, cg.version) if cg else None
+
+
 def _mounts(mountinfo: list[str], version: int):
     """(root inside the hierarchy, mount point) of each cgroup mount of that version."""
     for line in mountinfo:
