@@ -249,6 +249,7 @@ def run_coordinator_process(endpoints, args, log) -> None:
     pidfile.write_text(str(os.getpid()))
     sup = Supervisor(endpoints, args.get("actor_args", {}), log)
     group = Group(box, sup, log)
+    log.info("memory", **group.memory)
     fault = Fault("coordinator")
     sup.start_all()
     poller = zmq.Poller()

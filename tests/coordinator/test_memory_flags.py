@@ -1,6 +1,7 @@
 """--memory and --budget-fraction through the front door: checked, passed to every actor, shown by status."""
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -34,6 +35,9 @@ def test_up_passes_memory_to_every_actor_and_status_shows_it(make_tiny, tmp_path
         spill("up", "--memory", "3GiB", "--budget-fraction", "0.5", check=True)
         status = spill("status", check=True).stdout.splitlines()
         assert status[2] == "memory: working set 3.0 GiB (--memory), budget 50% = 1.5 GiB"
+        log = (Path(os.environ["SPILL_HOME"]) / "run" / "logs" / "coordinator.log").read_text().splitlines()
+        event = [json.loads(line) for line in log if '"event": "memory"' in line][-1]
+        assert (event["working_set"], event["source"], event["budget"]) == (3 * 2**30, "--memory", 3 * 2**29)
         pids = {part.split()[0]: int(part.split()[-1]) for part in status[0][len("group: "):].split("  ")}
         assert set(pids) == {"tokenizer", "admission", "streamer"}
         for pid in pids.values():
