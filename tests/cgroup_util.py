@@ -98,11 +98,13 @@ def child_cgroup(limit: int):
 
 
 def drop_cache(paths) -> None:
-    """Evict these files (or every file under these folders) from the page cache."""
+    """Evict these files (or every file under these folders) from the page cache; dirty pages are
+    written first, since the kernel keeps those (a file just written would stay cached)."""
     for p in map(Path, paths):
         for f in ([p] if p.is_file() else [q for q in p.rglob("*") if q.is_file()]):
             fd = os.open(f, os.O_RDONLY)
             try:
+                os.fsync(fd)
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
             finally:
                 os.close(fd)
