@@ -232,6 +232,8 @@ def process_memory(pid: int | None = None, root: Path | str = "/") -> ProcessMem
     """Resident bytes and page faults so far of a process (this one by default)."""
     pid = os.getpid() if pid is None else pid
     proc = Path(root) / "proc" / str(pid)
+    if (Path(root) / "proc").is_dir() and not proc.exists():
+        raise ProcessLookupError(f"no process with pid {pid}")   # Linux: it has exited
     if proc.exists():
         stat = (proc / "stat").read_text()
         after = stat[stat.rindex(")") + 2:].split()   # fields from the 3rd on; comm may hold spaces

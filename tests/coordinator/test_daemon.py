@@ -24,6 +24,7 @@ class Box:
 class Sup:
     def __init__(self):
         self.killed, self.beats, self.stuck, self.restarted = [], [], [], []
+        self.args = {}   # the actors' args (memory, budget_fraction), as the Supervisor holds them
 
     def dead(self):
         return [(r, -9) for r in self.killed if r not in self.restarted]

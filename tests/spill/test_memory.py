@@ -108,6 +108,12 @@ def test_process_memory_from_fake_proc(tmp_path):
     assert memory.process_memory(4242, root=tmp_path) == memory.ProcessMemory(2048 * 1024, 1500, 7)
 
 
+def test_a_process_that_exited_is_a_lookup_error(tmp_path):
+    (tmp_path / "proc").mkdir()
+    with pytest.raises(ProcessLookupError):
+        memory.process_memory(999999, root=tmp_path)
+
+
 def test_process_memory_of_this_process():
     mine = memory.process_memory()
     assert mine.rss > 1_000_000 and mine.minor_faults > 0
