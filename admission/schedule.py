@@ -25,7 +25,7 @@ def budget_policy(plan, memory_arg=None, fraction: float | None = None, others: 
     """The budget policy for `plan` on this machine (`memory_arg`: --memory, else detected)."""
     ws = memory.working_set(memory_arg)
     sheet = sheet_for(plan, ws.bytes, compute_itemsize(plan), prefill_tokens=config.prefill_tokens(),
-                      prefill_chunk=prefill_chunk, others=others, fraction=fraction or 0.78,
+                      prefill_chunk=prefill_chunk, others=others, fraction=fraction or config.BUDGET_FRACTION,
                       guard=config.guard_line(), hard=config.hard_line())
     return BudgetPolicy(sheet, config.max_rows(), config.prefill_tokens()), ws
 

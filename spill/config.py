@@ -114,3 +114,13 @@ def log_max_bytes() -> int:
 def log_backups() -> int:
     """Rotated log files kept per actor besides the live one (SPILL_LOG_BACKUPS, default 3)."""
     return int(os.environ.get("SPILL_LOG_BACKUPS", "3"))
+
+
+BUDGET_FRACTION = 0.78   # --budget-fraction: the share of the working set live allocation aims at
+
+
+def submit_window() -> int:
+    """Rows of a job submitted to the group and not yet finished, at most (SPILL_SUBMIT_WINDOW, default
+    1024): the coordinator feeds more as rows finish, so the group's memory does not grow with the job.
+    Keep it well above the largest batch admission can run."""
+    return int(os.environ.get("SPILL_SUBMIT_WINDOW", "1024"))
