@@ -12,14 +12,15 @@ from spill.factory import make_model
 from ..cgroup_util import child_cgroup, drop_cache
 from .group_util import read_output
 
-LIMIT = 3 * 2**30
-ROWS = 64
+LIMIT = 2**30
+ROWS = 8
 
 
 @pytest.fixture(scope="module")
-def model_1b(tmp_path_factory):
-    """Llama-3.2-1B layer shapes stored in float32 (the CPU's compute dtype), ~4.2 GB: larger than the cgroup."""
-    return make_model(tmp_path_factory.mktemp("m1b") / "model", family="llama", size="1b", dtype="float32")
+def model_deep(tmp_path_factory):
+    """The factory's `deep` llama (112 thin layers, ~1.36 GB in bf16): larger than the cgroup, while
+    the few layers in flight and the KV of a few rows fit in it."""
+    return make_model(tmp_path_factory.mktemp("deep") / "model", family="llama", size="deep")
 
 
 def _last_event(home, event: str) -> dict:
@@ -27,16 +28,16 @@ def _last_event(home, event: str) -> dict:
     return [json.loads(line) for line in lines if f'"event": "{event}"' in line][-1]
 
 
-def test_a_job_in_a_cgroup_smaller_than_the_model_finishes_without_an_oom_kill(model_1b, tmp_path, spill_home):
-    assert sum(f.stat().st_size for f in model_1b.iterdir()) > LIMIT
+def test_a_job_in_a_cgroup_smaller_than_the_model_finishes_without_an_oom_kill(model_deep, tmp_path, spill_home):
+    assert sum(f.stat().st_size for f in model_deep.iterdir()) > LIMIT
     inp = tmp_path / "in.jsonl"
     inp.write_text("".join(json.dumps({"custom_id": f"r{i}", "prompt": f"Count to {i} slowly", "max_tokens": 2}) + "\n"
                            for i in range(ROWS)))
-    drop_cache([model_1b])   # its pages are charged to the cgroup that reads them
+    drop_cache([model_deep])   # its pages are charged to the cgroup that reads them
     env = {**os.environ, "SPILL_PREFILL_TOKENS": "512"}   # a smaller prefill chunk leaves room for KV
     with child_cgroup(LIMIT) as cg:
-        result = cg.run([sys.executable, "-m", "spill.coordinator.cli", "run", model_1b, inp,
-                         "-o", tmp_path / "out.jsonl", "--quiet"], capture_output=True, text=True, timeout=1200, env=env)
+        result = cg.run([sys.executable, "-m", "spill.coordinator.cli", "run", model_deep, inp,
+                         "-o", tmp_path / "out.jsonl", "--quiet"], capture_output=True, text=True, timeout=600, env=env)
         kills = cg.oom_kills()
     assert kills == 0, result.stdout + result.stderr
     assert result.returncode == 0, result.stdout + result.stderr
