@@ -35,15 +35,15 @@ def estimate_file(model: str, input: Path, *, max_tokens: int = 256, memory: str
 def sim_rows(folder: Path, requests: list, which, defaults: dict) -> tuple[list[SimRow], int]:
     """The rows `which` tokenized for real: (their SimRows, how many cannot run)."""
     core = TokenizerCore(folder)
-    rows, errors = [], 0
-    for i in which:
-        request = request_dict(requests[i], defaults)
-        ids, _why = core.tokenize(i, request)
-        if ids is None:
-            errors += 1
-        else:
-            rows.append(SimRow(i, len(ids), request["max_tokens"]))
-    core.clear()
+    rows, errors, which = [], 0, list(which)
+    for k in range(0, len(which), 1024):
+        chunk = which[k:k + 1024]
+        asked = [request_dict(requests[i], defaults) for i in chunk]
+        for i, request, (ids, _why) in zip(chunk, asked, core.tokenize_many(chunk, asked, keep=False)):
+            if ids is None:
+                errors += 1
+            else:
+                rows.append(SimRow(i, len(ids), request["max_tokens"]))
     return rows, errors
 
 

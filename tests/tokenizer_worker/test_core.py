@@ -3,6 +3,7 @@
 import json
 import shutil
 
+import pytest
 from mlx_lm.tokenizer_utils import load as load_tokenizer
 
 from spill.tokenizer_worker.core import TokenizerCore
@@ -85,3 +86,15 @@ def test_a_preempted_row_starts_its_text_again(make_tiny):
         core.add(3, t, "")
     text, reason, prompt, completion = core.finish(3, "length")
     assert (text, completion, prompt) == (core.tokenizer.decode(first[:1]), 1, len(ids))
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "mistral", "phi3", "gemma2"])
+def test_many_rows_at_once_get_the_ids_and_refusals_of_one_at_a_time(make_tiny, family):
+    core = TokenizerCore(make_tiny(family))
+    prompts = ["Say 1", "  two  spaces ", "naïve café ✓", "", "x" * 50, "line\nbreak\ttab", "Say 1"]
+    requests = [{"kind": "completion", "prompt": p, "max_tokens": 4} for p in prompts]
+    requests.insert(3, {"kind": "chat", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4})
+    one = [core.tokenize(row, r) for row, r in enumerate(requests)]
+    core.clear()
+    assert core.tokenize_many(list(range(len(requests))), requests) == one
+    assert sorted(core.live) == [row for row, (ids, _) in enumerate(one) if ids is not None]
