@@ -62,3 +62,15 @@ def test_status_of_a_group_without_flags_names_the_detected_source():
         assert "(cgroup)" in line or "(physical)" in line
     finally:
         spill("down")
+
+
+def test_an_embedded_run_plans_for_its_memory_flag(make_tiny, tmp_path):
+    folder = make_tiny("llama")
+    write_input(tmp_path / "in.jsonl", 3, max_tokens=2)
+    spill("run", folder, tmp_path / "in.jsonl", "-o", tmp_path / "out.jsonl", "--quiet",
+          "--memory", "2GiB", "--budget-fraction", "0.6", check=True)
+    assert len(read_output(tmp_path / "out.jsonl")) == 3
+    logs = Path(os.environ["SPILL_HOME"]) / "run" / "logs"
+    budget = [json.loads(line) for line in (logs / "admission.log").read_text().splitlines()
+              if '"event": "budget"' in line][-1]
+    assert (budget["working_set"], budget["source"], budget["budget"]) == (2 * 2**30, "--memory", int(0.6 * 2**31))
