@@ -37,7 +37,7 @@ def _fail(err: Exception) -> None:
 def make_model_cmd(
     out: Path = typer.Argument(..., help="Folder to write (must not exist or be empty)."),
     family: str = typer.Option("llama", help="Model family: llama, qwen2, mistral, qwen3, phi3, gemma2, gemma3_text."),
-    size: str = typer.Option("tiny", help="Size preset (tiny, small, 1b, 3b) ."),
+    size: str = typer.Option("tiny", help="Size preset (tiny, small, 1b, 3b, deep)."),
     seed: int = typer.Option(0, help="Random seed; the same seed gives the same bytes."),
     dtype: str = typer.Option("bfloat16", help="Storage dtype: bfloat16, float16 or float32."),
     shard_size: str = typer.Option("", help="Shard the weights into files of at most this size (e.g. 500MB); empty: one file."),
