@@ -1,5 +1,8 @@
 """Memory independent of job size: 50,000 rows through `spill run` with the coordinator,
-tokenizer and admission each under 300 MB resident, sampled by pid during the run."""
+tokenizer and admission each under 300 MB resident, sampled by pid during the run.
+
+Minutes long on two cores (most of it the model's own prefill of 50,000 prompts), so CI skips it:
+run it with `python -m pytest -m slow tests/coordinator/test_scale.py -s`."""
 
 import json
 import os
@@ -7,6 +10,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+import pytest
 
 from spill.memory import process_memory
 
@@ -47,6 +52,7 @@ def _descends(pid: int, root: int, stat: str) -> bool:
     return False
 
 
+@pytest.mark.slow
 def test_50000_rows_finish_with_bounded_memory(make_tiny, tmp_path):
     folder = make_tiny("llama")
     inp = tmp_path / "in.jsonl"
