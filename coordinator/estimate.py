@@ -88,20 +88,25 @@ def format_estimate(est: Estimate, calibration: dict) -> str:
 
 class JobEstimate:
     """A running job's estimate: the pre-run figure, and a live ETA that re-simulates the rows left
-    with the calibration as the admission actor last refitted it (at most every `every` seconds)."""
+    with the calibration as the admission actor last refitted it (at most every `every` seconds, and
+    no more than `share` of the coordinator's time: a job of 50,000 rows takes a second to simulate)."""
 
-    def __init__(self, folder: Path, rows: list[SimRow], errors: int, memory: str | None = None, every: float = 15.0):
-        self.folder, self.rows, self.memory, self.every = folder, rows, memory, every
+    def __init__(self, folder: Path, rows: list[SimRow], errors: int, memory: str | None = None,
+                 every: float = 15.0, share: float = 0.05):
+        self.folder, self.rows, self.memory, self.every, self.share = folder, rows, memory, every, share
+        started = time.monotonic()
         self.first, self.calibration = estimate_rows(folder, rows, errors=errors, memory=memory)
         self.eta_s, self.at = self.first.total_seconds, time.monotonic()
+        self.cost = self.at - started    # seconds the last simulation took
 
     def eta(self, pending: set[int], generated: dict[int, int]) -> float:
         """Seconds left: the rows still pending, less the tokens the running ones have generated."""
         now = time.monotonic()
-        if now - self.at >= self.every:
+        if now - self.at >= max(self.every, self.cost / self.share):
             left = [SimRow(r.row, r.prompt, max(r.out - generated.get(r.row, 0), 1), r.tier)
                     for r in self.rows if r.row in pending]
             self.eta_s, self.at = estimate_rows(self.folder, left, memory=self.memory)[0].total_seconds, now
+            self.cost = time.monotonic() - now
         return max(self.eta_s - (now - self.at), 0.0)
 
     def to_meta(self) -> dict:

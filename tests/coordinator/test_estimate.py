@@ -67,7 +67,7 @@ def test_the_live_eta_resimulates_the_rows_left_with_the_refitted_calibration(ma
     monkeypatch.setattr(calibration, "read_probe", lambda files: 2e9)
     folder = make_tiny("llama")
     rows = [SimRow(i, 40 if i % 2 else 400, 16) for i in range(20)]
-    job = JobEstimate(folder, rows, errors=0, every=0.0)
+    job = JobEstimate(folder, rows, errors=0, every=0.0, share=float("inf"))   # no bound on its cost
     everything = job.eta(set(range(20)), {})
     assert everything == pytest.approx(job.first.total_seconds, rel=0.05)
     assert job.eta(set(range(10, 20)), {}) < everything
@@ -79,3 +79,22 @@ def test_the_live_eta_resimulates_the_rows_left_with_the_refitted_calibration(ma
             cal.observe(Observation(rows_, prefill, 500, cal.streamed_bytes, seconds=c + 0.001, wait_s=0.0, compute_s=c))
     cal.save()
     assert job.eta(set(range(20)), {}) > 5 * everything
+
+
+def test_the_live_eta_spends_at_most_a_twentieth_of_the_time_re_simulating(monkeypatch):
+    from types import SimpleNamespace
+
+    from spill.coordinator import estimate
+    clock, runs = [0.0], []
+
+    def two_seconds(folder, rows, **_):   # a big job: each simulation takes 2 s of the clock
+        runs.append(len(rows))
+        clock[0] += 2.0
+        return SimpleNamespace(total_seconds=1000.0), {}
+    monkeypatch.setattr(estimate.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(estimate, "estimate_rows", two_seconds)
+    job = estimate.JobEstimate(None, [], errors=0)
+    while clock[0] < 400:   # polled every second, as `spill run` does
+        clock[0] += 1.0
+        job.eta(set(), {})
+    assert 2.0 * len(runs) <= 0.05 * 400 + 2.0, runs
