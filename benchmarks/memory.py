@@ -135,6 +135,7 @@ def main() -> None:
         print(f"batch {b}: " + (r["failed"] if r.get("failed") else f"working set {r['working_set'] // MIB} MiB "
               f"({r['source']}), budget {r['budget'] and r['budget'] // MIB} MiB") +
               f", cgroup peak {r['cgroup_peak'] // MIB} MiB", flush=True)
+        print(json.dumps(r), flush=True)   # each batch's figures as they come: a stopped run keeps them
     resident = {}
     if a.resident:
         prompts = [[(7 * j + k) % 1000 + 3 for k in range(a.prompt_tokens)] for j in range(max(map(int, a.batches.split(","))))]
