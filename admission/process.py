@@ -18,6 +18,8 @@ from .calibration import Calibrator
 from .policy import Waiting, fmt, live_allocation
 from .schedule import budget_policy
 
+STREAMER_MODULE = b"spill.streamer.process"
+
 
 def run_admission_process(endpoints, args, log) -> None:
     box = Mailbox(endpoints, "admission", sends_to=("streamer", "coordinator"))
@@ -100,10 +102,10 @@ def _price(msg: m.Reset, args: dict, box, log):
     return policy, others, sheet.fixed["cache"]
 
 
-def _others_rss() -> int:
+def _others_rss(parent: int | None = None) -> int:
     """Resident memory of the group's processes other than the streamer: the coordinator (our
     parent) and its children (on Linux, from /proc), measured when a model is priced."""
-    parent = os.getppid()
+    parent = os.getppid() if parent is None else parent
     pids = {parent, os.getpid()}
     try:
         pids |= {int(p) for p in Path(f"/proc/{parent}/task/{parent}/children").read_text().split()}
@@ -111,12 +113,9 @@ def _others_rss() -> int:
         pass
     total = 0
     for pid in pids:
-        try:
-            if b"spill.streamer.process" in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0"):
-                continue   # the streamer itself (every actor's arguments name its socket: match the module)
-        except OSError:
-            pass
-        try:
+        try:   # every actor's arguments name the streamer's endpoint: match its module, not a substring
+            if STREAMER_MODULE in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0"):
+                continue
             total += memory.process_memory(pid).rss
         except (OSError, SpillError, StopIteration):
             pass   # a process that has just gone

@@ -55,9 +55,11 @@ def run_child(a, folder: Path, batch: int, limit: int) -> dict:
         enter = 'echo $$ > "$0/cgroup.procs" && exec "$@"'
         out = subprocess.run(["sh", "-c", enter, str(cg), a.python, __file__, "--child", spec],
                              capture_output=True, text=True)
-        if out.returncode:
+        if out.returncode:   # recorded, and the next batch runs: the code before may not fit
             oom = "oom_kill 1" in (cg / "memory.oom_control").read_text()
-            raise SystemExit(f"batch {batch}: the child exited {out.returncode}{' (OOM-killed)' if oom else ''}\n{out.stderr[-2000:]}")
+            print(out.stderr[-2000:], file=sys.stderr)
+            return {"batch": batch, "failed": f"exited {out.returncode}{' (OOM-killed)' if oom else ''}", "passes": [],
+                    "cgroup_peak": int((cg / "memory.max_usage_in_bytes").read_text())}
         result = json.loads(out.stdout.splitlines()[-1])
         result["cgroup_peak"] = int((cg / "memory.max_usage_in_bytes").read_text())
         return result
@@ -70,6 +72,7 @@ def child(spec: dict) -> None:
     import mlx.core as mx
     from spill import memory
     from spill.streamer.core import Row, Streamer
+    baseline = memory.process_memory().rss   # the interpreter and libraries, priced as the group prices its other processes
     s = Streamer(spec["folder"])
     ws = memory.working_set()
     b, prompt, passes = spec["batch"], spec["prompt"], spec["passes"]
@@ -77,7 +80,7 @@ def child(spec: dict) -> None:
     sheet = None
     if hasattr(s, "reserve"):   # the code with the budget: admission's prices, the pool, the cache limit
         from spill.admission.policy import sheet_for
-        sheet = sheet_for(s.plan, ws.bytes, 4, prefill_tokens=b * prompt)
+        sheet = sheet_for(s.plan, ws.bytes, 4, prefill_tokens=b * prompt, others=baseline)
         s.reserve(b, width)
         s.set_cache_limit(sheet.fixed["cache"])
     for j in range(b):
@@ -93,7 +96,7 @@ def child(spec: dict) -> None:
                      "rss": after.rss, "cgroup": memory.cgroup_usage() or 0, "mlx_peak": mx.get_peak_memory(),
                      "minor": after.minor_faults - before.minor_faults, "major": after.major_faults - before.major_faults})
     print(json.dumps({"batch": b, "working_set": ws.bytes, "source": ws.source, "passes": rows,
-                      "budget": sheet.budget if sheet else None, "fixed": sheet and sum(sheet.fixed.values()),
+                      "baseline": baseline, "budget": sheet.budget if sheet else None, "fixed": sheet and sum(sheet.fixed.values()),
                       "kv": sheet and sheet.cost(b, width), "layers": len(s.plan.layers),
                       "streamed": s.plan.streamed_bytes}))
 
@@ -102,6 +105,8 @@ def table(results: list[dict], resident: dict[int, float]) -> list[str]:
     out = ["| batch | budget MiB | pass | kind | seconds | live MiB | live / budget | cgroup MiB | minor faults | major faults |",
            "|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
+        if r.get("failed"):
+            out.append(f"| {r['batch']} | - | - | - | {r['failed']} | - | - | {r['cgroup_peak'] // MIB} (peak) | - | - |")
         for p in r["passes"]:
             ratio = f"{p['live'] / r['budget']:.3f}" if r["budget"] else "-"
             out.append(f"| {r['batch']} | {r['budget'] and r['budget'] // MIB or '-'} | {p['pass']} | "
@@ -123,8 +128,10 @@ def main() -> None:
     for b in map(int, a.batches.split(",")):
         results.append(run_child(a, folder, b, limit))
         r = results[-1]
-        print(f"batch {b}: working set {r['working_set'] // MIB} MiB ({r['source']}), budget "
-              f"{r['budget'] and r['budget'] // MIB} MiB, cgroup peak {r['cgroup_peak'] // MIB} MiB", flush=True)
+        print(f"batch {b}: " + (r["failed"] if r.get("failed") else f"working set {r['working_set'] // MIB} MiB "
+              f"({r['source']}), budget {r['budget'] and r['budget'] // MIB} MiB") +
+              f", cgroup peak {r['cgroup_peak'] // MIB} MiB", flush=True)
+        print(json.dumps(r), flush=True)   # each batch's figures as they come: a stopped run keeps them
     resident = {}
     if a.resident:
         prompts = [[(7 * j + k) % 1000 + 3 for k in range(a.prompt_tokens)] for j in range(max(map(int, a.batches.split(","))))]

@@ -11,6 +11,10 @@ app = typer.Typer(no_args_is_help=True, add_completion=False, rich_markup_mode=N
                   help="spill: batch inference for models larger than memory.")
 
 
+MEMORY_HELP = "Plan for this much memory (e.g. 48GB, 1.5GiB) instead of the detected working set."
+FRACTION_HELP = "Share of the working set that live allocation aims at (default 0.78)."
+
+
 def _version(value: bool) -> None:
     if value:
         from importlib.metadata import version
@@ -33,7 +37,7 @@ def _fail(err: Exception) -> None:
 def make_model_cmd(
     out: Path = typer.Argument(..., help="Folder to write (must not exist or be empty)."),
     family: str = typer.Option("llama", help="Model family: llama, qwen2, mistral, qwen3, phi3, gemma2, gemma3_text."),
-    size: str = typer.Option("tiny", help="Size preset (tiny, small, 1b, 3b) ."),
+    size: str = typer.Option("tiny", help="Size preset (tiny, small, 1b, 3b, deep)."),
     seed: int = typer.Option(0, help="Random seed; the same seed gives the same bytes."),
     dtype: str = typer.Option("bfloat16", help="Storage dtype: bfloat16, float16 or float32."),
     shard_size: str = typer.Option("", help="Shard the weights into files of at most this size (e.g. 500MB); empty: one file."),
@@ -106,17 +110,21 @@ def run_cmd(
     every: float = typer.Option(10.0, "--every", help="Piped output: seconds between progress lines."),
     listen: str = typer.Option(None, help="Control address of the group (default: the running group's)."),
     stream: bool = typer.Option(False, "--stream", help="Stream the weights every pass even if the model fits resident (SPILL_STREAM=1)."),
+    memory: str = typer.Option(None, help=MEMORY_HELP),
+    budget_fraction: float = typer.Option(None, help=FRACTION_HELP),
 ) -> None:
     """Run a JSONL batch: on the running group (`spill up`), or on one started for this job.
     Exit code: 0 every row succeeded, 3 some rows failed, 130 interrupted, 1 the job failed, 2 a usage error."""
     from spill.coordinator.run import run_job
+    from spill.memory import memory_args
     if resume is None and (model is None or input is None):
         _fail(SpillError("give MODEL and INPUT.jsonl, or --resume JOB_ID"))
     if not every > 0:
         _fail(SpillError(f"--every must be a number of seconds above 0, found {every:g}"))
     try:
         code = run_job(model=model, input=input, output=output, max_tokens=max_tokens, temperature=temperature,
-                       resume=resume, new=new, quiet=quiet, listen=listen, every=every, stream=stream)
+                       resume=resume, new=new, quiet=quiet, listen=listen, every=every, stream=stream,
+                       memory=memory_args(memory, budget_fraction), explicit=budget_fraction is not None)
     except SpillError as err:
         _fail(err)
     raise typer.Exit(code)
@@ -130,15 +138,19 @@ def up_cmd(
     allow_remote: bool = typer.Option(False, "--allow-remote", help="Let --listen take an address other hosts reach (a token is required)."),
     metrics_port: int = typer.Option(None, help="Port of the Prometheus endpoint (default 9464; 0 serves none)."),
     metrics_host: str = typer.Option(None, help="Address of the endpoint (default 127.0.0.1, this machine only)."),
+    memory: str = typer.Option(None, help=MEMORY_HELP),
+    budget_fraction: float = typer.Option(None, help=FRACTION_HELP),
 ) -> None:
     """Start the actor group and return (it keeps running until `spill down`)."""
     from spill.coordinator.run import group_up
     from spill.coordinator.telemetry import metrics_env
+    from spill.memory import memory_args
     if allow_remote:
         os.environ["SPILL_ALLOW_REMOTE"] = "1"   # read by the group through spill.config
     try:
         metrics_env(metrics_host, metrics_port)
-        typer.echo(group_up(model=model, foreground=foreground, listen=listen))
+        typer.echo(group_up(model=model, foreground=foreground, listen=listen,
+                            memory=memory_args(memory, budget_fraction)))
     except SpillError as err:
         _fail(err)
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import zmq
 
 from spill import config
+from spill import messages as m
 from spill.errors import SpillError
 
 LOOPBACK_NAMES = ("localhost",)
@@ -79,3 +80,18 @@ def authorized(token: str, sent: str) -> bool:
 def refusal(address: str) -> str:
     return (f"the spill group at {address} refused this request: wrong or missing control token; "
             f"set SPILL_TOKEN to the contents of {token_file()} on the group's machine")
+
+
+def answer(group, frame: bytes, token: str, address: str, log) -> m.Reply:
+    """The reply to one control frame: a bad frame or a wrong token gets an error, never silence."""
+    try:
+        req = m.decode(frame)
+        if not isinstance(req, m.Request):
+            raise m.BadMessage(f"expected a request, found {type(req).__name__}")
+    except m.BadMessage as err:
+        log.warning("bad control frame", why=str(err), size=len(frame))
+        return m.Reply(False, error=f"not a spill request ({err})")
+    if not authorized(token, req.token):
+        log.warning("control request refused: wrong token", op=req.op)
+        return m.Reply(False, error=refusal(address))
+    return group.handle(req)

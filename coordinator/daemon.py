@@ -22,11 +22,12 @@ from spill import config
 from spill import messages as m
 from spill.actor import Fault, run_actor
 from spill.errors import SpillError
+from spill.memory import check_same, describe
 from spill.wire import Mailbox
 
 from .batch_input import read_batch
 from .batch_output import bad_row_line
-from .control import authorized, open_control, refusal
+from .control import answer, open_control
 from .estimate import job_estimate
 from .jobrun import JobRun
 from .jobstore import Job
@@ -57,6 +58,7 @@ class Group:
         self.clients: dict[str, tuple[str, float]] = {}   # job -> (its client, when it last asked); until it saw the end
         self.owner = ""                           # embedded group: the `spill run` that started it
         self.owner_gone = threading.Event()       # set when that client's pipe closes: stop when idle
+        self.memory = describe(sup.args)         # working set, its source, the budget
 
     # -- actors -----------------------------------------------------------------------------
     def on_actor(self, msg) -> None:
@@ -94,6 +96,8 @@ class Group:
             job.on_pass(msg)
         elif isinstance(msg, m.Progress) and msg.epoch == self.epoch:
             job.on_progress(msg)
+        for submit in job.refill(self.epoch) if isinstance(msg, (m.Done, m.Error)) else ():
+            self.box.send("tokenizer", submit)   # rows finished: feed the window
         if job.finished:
             job.job.set_status("done", summary=job.summary())
             job.job.close()
@@ -171,6 +175,7 @@ class Group:
             self.fail(str(err) if isinstance(err, SpillError) else f"the job could not start ({_one_line(err)})")
 
     def submit(self, args: dict) -> dict:
+        check_same(self.sup.args, args)
         job = Job.open(args["resume"]) if args.get("resume") else None
         if job is not None:   # the job knows its input, model and output
             args = {**args, "input": args.get("input") or job.meta["input"],
@@ -197,7 +202,8 @@ class Group:
         except BaseException:
             job.close()     # not queued: a later run of the same command may take it
             raise
-        run.estimate = job_estimate(model, requests, run.pending, run.defaults, args, self.log, self.ready_rss)
+        run.estimate = job_estimate(model, requests, run.pending, run.defaults,
+                                    {**args, "memory": self.sup.args.get("memory")}, self.log, self.ready_rss)
         if run.estimate is not None:
             job.set_status("queued", estimate=run.estimate.to_meta())
         self.queue.append((run, model))
@@ -294,7 +300,8 @@ class Group:
 
     def handle(self, req: m.Request) -> m.Reply:
         """Every request gets a reply: its data, or one sentence of what went wrong."""
-        ops = {"ping": lambda a: {"pid": os.getpid()}, "submit": self.submit, "status": self.status,
+        ops = {"ping": lambda a: {"pid": os.getpid()}, "submit": self.submit,
+               "status": lambda a: {**self.status(a), "memory": self.memory},
                "interrupt": self.interrupt, "cancel": self.cancel, "down": self.down}
         if req.op not in ops:
             return m.Reply(False, error=f"unknown request {req.op!r}; this group answers {', '.join(ops)} "
@@ -343,6 +350,7 @@ def run_coordinator_process(endpoints, args, log) -> None:
         group.owner = str(args.get("owner", ""))
         _watch_owner(args["owner_fd"], group.owner_gone)
     telemetry = Telemetry(group, log)   # the metrics endpoint, fed from what the actors report
+    log.info("memory", **group.memory)
     fault = Fault("coordinator")
     sup.start_all()
     poller = zmq.Poller()
@@ -377,21 +385,6 @@ def run_coordinator_process(endpoints, args, log) -> None:
         remove_sockets(endpoints)
         clear_record()
         os.close(run_lock)
-
-
-def answer(group: Group, frame: bytes, token: str, address: str, log) -> m.Reply:
-    """The reply to one control frame: a bad frame or a wrong token gets an error, never silence."""
-    try:
-        req = m.decode(frame)
-        if not isinstance(req, m.Request):
-            raise m.BadMessage(f"expected a request, found {type(req).__name__}")
-    except m.BadMessage as err:
-        log.warning("bad control frame", why=str(err), size=len(frame))
-        return m.Reply(False, error=f"not a spill request ({err})")
-    if not authorized(token, req.token):
-        log.warning("control request refused: wrong token", op=req.op)
-        return m.Reply(False, error=refusal(address))
-    return group.handle(req)
 
 
 def _one_line(err: Exception) -> str:

@@ -49,15 +49,15 @@ def advise_rows(folder: Path, rows: list[SimRow], *, memory: str | None = None, 
 def sim_rows(folder: Path, requests: list, which, defaults: dict) -> tuple[list[SimRow], int]:
     """The rows `which` tokenized for real: (their SimRows, how many cannot run)."""
     core = TokenizerCore(folder)
-    rows, errors = [], 0
-    for i in which:
-        request = request_dict(requests[i], defaults)
-        ids, _why = core.tokenize(i, request)
-        if ids is None:
-            errors += 1
-        else:
-            rows.append(SimRow(i, len(ids), request["max_tokens"]))
-    core.clear()
+    rows, errors, which = [], 0, list(which)
+    for k in range(0, len(which), 1024):
+        chunk = which[k:k + 1024]
+        asked = [request_dict(requests[i], defaults) for i in chunk]
+        for i, request, (ids, _why) in zip(chunk, asked, core.tokenize_many(chunk, asked, keep=False)):
+            if ids is None:
+                errors += 1
+            else:
+                rows.append(SimRow(i, len(ids), request["max_tokens"]))
     return rows, errors
 
 
@@ -109,24 +109,28 @@ def format_estimate(est: Estimate, calibration: dict, advice: Advice | None = No
 
 class JobEstimate:
     """A running job's estimate: the pre-run figure, and a live ETA that re-simulates the rows left
-    with the calibration as the admission actor last refitted it (at most every `every` seconds)."""
+    with the calibration as the admission actor last refitted it (at most every `every` seconds, and
+    no more than `share` of the coordinator's time: a job of 50,000 rows takes a second to simulate)."""
 
     def __init__(self, folder: Path, rows: list[SimRow], errors: int, memory: str | None = None, every: float = 15.0,
-                 advice: Advice | None = None):
-        self.folder, self.rows, self.memory, self.every = folder, rows, memory, every
+                 advice: Advice | None = None, share: float = 0.05):
+        self.folder, self.rows, self.memory, self.every, self.share = folder, rows, memory, every, share
         self.advice = advice or Advice(False, "")
+        started = time.monotonic()
         self.first, self.calibration = estimate_rows(folder, rows, errors=errors, memory=memory,
                                                      resident=self.advice.resident)
         self.eta_s, self.at = self.first.total_seconds, time.monotonic()
+        self.cost = self.at - started    # seconds the last simulation took
 
     def eta(self, pending: set[int], generated: dict[int, int]) -> float:
         """Seconds left: the rows still pending, less the tokens the running ones have generated."""
         now = time.monotonic()
-        if now - self.at >= self.every:
+        if now - self.at >= max(self.every, self.cost / self.share):
             left = [SimRow(r.row, r.prompt, max(r.out - generated.get(r.row, 0), 1), r.tier)
                     for r in self.rows if r.row in pending]
             self.eta_s, self.at = estimate_rows(self.folder, left, memory=self.memory, resident=self.advice.resident,
                                                 loaded=True)[0].total_seconds, now
+            self.cost = time.monotonic() - now
         return max(self.eta_s - (now - self.at), 0.0)
 
     @property

@@ -5,6 +5,7 @@ import hashlib
 import time
 from collections import OrderedDict
 
+from spill import config
 from spill import messages as m
 
 from . import history
@@ -24,6 +25,9 @@ class JobRun:
         self.seeds = row_seeds(job.id, requests)
         done = job.done_ids()
         self.pending = {i for i, r in enumerate(requests) if r.custom_id not in done}
+        self.window = config.submit_window()
+        self.in_flight: set[int] = set()  # rows submitted in this epoch and not finished yet
+        self.cursor = 0                   # rows below it have been submitted in this epoch (or are done)
         self.left_at_start = len(self.pending)
         self.total = int(job.meta.get("total", len(requests)))
         self.started = time.monotonic()
@@ -40,9 +44,26 @@ class JobRun:
 
     # -- what goes to the group ---------------------------------------------------------------
     def submits(self, epoch: int) -> list[m.Submit]:
-        rows = sorted(self.pending)
-        return [m.Submit(epoch, chunk, [self._request(i) for i in chunk])
-                for chunk in (rows[k:k + SUBMIT_BATCH] for k in range(0, len(rows), SUBMIT_BATCH))]
+        """The first window of unfinished rows, on a fresh epoch (the group holds none of them)."""
+        self.in_flight.clear()
+        self.cursor = 0
+        return self.refill(epoch)
+
+    def refill(self, epoch: int) -> list[m.Submit]:
+        """More rows, in order, up to `window` in flight; only once a batch's worth (SUBMIT_BATCH) has room."""
+        out = []
+        if self.window - len(self.in_flight) < min(SUBMIT_BATCH, self.window):
+            return out
+        while self.cursor < len(self.requests) and len(self.in_flight) < self.window:
+            rows, room = [], min(SUBMIT_BATCH, self.window - len(self.in_flight))
+            while self.cursor < len(self.requests) and len(rows) < room:
+                if self.cursor in self.pending:
+                    rows.append(self.cursor)
+                self.cursor += 1
+            if rows:
+                self.in_flight.update(rows)
+                out.append(m.Submit(epoch, rows, [self._request(i) for i in rows]))
+        return out
 
     def _request(self, i: int) -> dict:
         r = self.requests[i]
@@ -78,6 +99,7 @@ class JobRun:
         if lines:
             self.job.append(lines)    # fsynced before the rows count as done
             self.pending.difference_update(rows)
+            self.in_flight.difference_update(rows)
             for row in rows:
                 self.tails.pop(row, None)
 

@@ -15,6 +15,7 @@ import typer
 
 from spill import config
 from spill.errors import SpillError
+from spill.memory import describe_line, memory_args
 
 from . import rundir
 from .preflight import check_run   # light: a refused command never imports ZeroMQ, numpy or MLX
@@ -42,14 +43,14 @@ def openblas_note() -> None:
                    "install it with `sudo apt-get install libopenblas0-pthread`", err=True)
 
 
-def _connect(listen: str | None):
+def _connect(listen: str | None, memory: dict):
     """A client of the running group, and the group process when this command had to start one."""
     from .client import Client, GroupDead, endpoints, start_group
     eps = endpoints(_listen(listen))
     client = Client(eps)
     if client.ping():
         return client, None
-    group = start_group(eps, embedded=True)
+    group = start_group(eps, embedded=True, actor_args=memory)
     if group is not None:
         return client, group
     deadline = time.monotonic() + 60    # another group took the run directory meanwhile: join it
@@ -64,7 +65,8 @@ def _connect(listen: str | None):
 
 
 def run_job(*, model, input, output, max_tokens, temperature, resume, new, quiet, listen, every=10.0,
-            stream=False) -> int:
+            stream=False, memory: dict | None = None, explicit: bool = False) -> int:
+    """`memory`: the checked --memory/--budget-fraction; `explicit`: --budget-fraction was given."""
     openblas_note()
     args, finished = check_run(model=model, input=input, output=output, max_tokens=max_tokens,
                                temperature=temperature, resume=resume, new=new)
@@ -74,6 +76,8 @@ def run_job(*, model, input, output, max_tokens, temperature, resume, new, quiet
         typer.echo(f"job {finished.id} already ran this command: done, {c['succeeded']} succeeded, {c['failed']} "
                    f"failed; output {finished.output_path}. Add --new to run it again.")
         return 0
+    memory = memory or memory_args()
+    args = {**args, "memory": memory["memory"], "budget_fraction": memory["budget_fraction"] if explicit else None}
     from .client import GroupDead, leave_group
     from .live import follow
     client, group, job = None, None, None
@@ -92,7 +96,7 @@ def run_job(*, model, input, output, max_tokens, temperature, resume, new, quiet
         second_press()
     previous = signal.signal(signal.SIGINT, on_sigint)
     try:
-        client, group = _connect(listen)
+        client, group = _connect(listen, memory)
         info = client.request("submit", timeout_s=600, **args, client=os.getpid())
         job = info["job"]
         typer.echo(f"job {job}: {info['total']} rows, {info['done']} already done; output {info['output']}")
@@ -162,7 +166,7 @@ def _first_error(path) -> str:
     return "?"
 
 
-def group_up(*, model, foreground, listen) -> str:
+def group_up(*, model, foreground, listen, memory: dict | None = None) -> str:
     from .client import Client, endpoints, start_group
     eps = endpoints(_listen(listen))
     rec = rundir.record()
@@ -175,12 +179,12 @@ def group_up(*, model, foreground, listen) -> str:
         import subprocess
         import sys
         rundir.rotate_logs()
-        args = {"endpoints": eps.as_dict(), "actor_args": {}, "parent_fd": None}
+        args = {"endpoints": eps.as_dict(), "actor_args": memory or memory_args(), "parent_fd": None}
         code = subprocess.run([sys.executable, "-m", "spill.coordinator.daemon", json.dumps(args)]).returncode
         if code == rundir.LOCKED_EXIT:
             raise SpillError(rundir.held_by_sentence())
         return "spill group stopped"
-    proc = start_group(eps, embedded=False)
+    proc = start_group(eps, embedded=False, actor_args=memory or memory_args())
     if proc is None:
         raise SpillError(rundir.held_by_sentence())
     return (f"spill group up (coordinator pid {proc.pid}, control {eps.control}); `spill run`, `status`, "
@@ -231,9 +235,10 @@ def group_status(job, listen) -> str:
         return "no spill group is running" + _recent_jobs()
     s = client.request("status", job=job)
     procs = "  ".join(f"{role} pid {pid}" for role, pid in s.get("processes", {}).items())
+    mem = f"\n{describe_line(s['memory'])}" if s.get("memory") else ""
     if not s.get("job"):
-        return f"group: {procs}\nno job running" + _recent_jobs()
-    return f"group: {procs}\njob {s['job']} {s.get('status')}: {progress_line(s)}" + _recent_jobs()
+        return f"group: {procs}\nno job running{mem}" + _recent_jobs()
+    return f"group: {procs}\njob {s['job']} {s.get('status')}: {progress_line(s)}{mem}" + _recent_jobs()
 
 
 def _recent_jobs(n: int = 10) -> str:

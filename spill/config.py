@@ -139,3 +139,13 @@ def stream() -> bool:
     """Stream every job's weights from disk even where the model and the job's KV fit resident
     (SPILL_STREAM=1; `spill run --stream`). Default 0: the advisor keeps a model that fits resident."""
     return os.environ.get("SPILL_STREAM", "0") not in ("", "0")
+
+
+BUDGET_FRACTION = 0.78   # --budget-fraction: the share of the working set live allocation aims at
+
+
+def submit_window() -> int:
+    """Rows of a job submitted to the group and not yet finished, at most (SPILL_SUBMIT_WINDOW, default
+    1024): the coordinator feeds more as rows finish, so the group's memory does not grow with the job.
+    Keep it well above the largest batch admission can run."""
+    return int(os.environ.get("SPILL_SUBMIT_WINDOW", "1024"))

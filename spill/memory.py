@@ -13,6 +13,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from .config import BUDGET_FRACTION
 from .errors import SpillError
 
 NO_LIMIT = 1 << 60     # a cgroup limit at or above this means none (v1 writes 2**63 - 4096)
@@ -81,6 +82,12 @@ def _own_cgroup(root: Path) -> _Cgroup | None:
             mount = root / mount_point.lstrip("/")
             return _Cgroup(mount / inside, mount, version)
     return None
+
+
+def own_cgroup(root: Path | str = "/") -> tuple[Path, int] | None:
+    """Our memory cgroup's folder and its version (1 or 2), or None where there is none."""
+    cg = _own_cgroup(Path(root))
+    return (cg.path, cg.version) if cg else None
 
 
 def _mounts(mountinfo: list[str], version: int):
@@ -185,11 +192,48 @@ def working_set(override: int | str | None = None, root: Path | str = "/", metal
     return WorkingSet(physical, "physical")
 
 
+# -- the group's settings --------------------------------------------------------------------------
+def memory_args(memory: str | None = None, budget_fraction: float | None = None) -> dict:
+    """--memory and --budget-fraction checked, as the actors get them: memory (bytes or None), budget_fraction."""
+    fraction = BUDGET_FRACTION if budget_fraction is None else budget_fraction
+    if not 0 < fraction <= 1:
+        raise SpillError(f"--budget-fraction must be above 0 and at most 1 (the default is {BUDGET_FRACTION}); got {fraction}")
+    try:
+        size = None if memory is None else parse_size(memory)
+    except SpillError:
+        raise SpillError(f"--memory {memory!r} is not a size; write it like 48GB, 1.5GiB or 900M") from None
+    return {"memory": size, "budget_fraction": fraction}
+
+
+def describe(args: dict) -> dict:
+    """What a group plans for: working_set, source, budget_fraction, budget (bytes)."""
+    ws = working_set(args.get("memory"))
+    fraction = args.get("budget_fraction") or BUDGET_FRACTION
+    return {"working_set": ws.bytes, "source": ws.source, "budget_fraction": fraction, "budget": int(ws.bytes * fraction)}
+
+
+def check_same(group: dict, asked: dict) -> None:
+    """A job that names --memory or --budget-fraction must name what the running group was started with."""
+    for key, flag in (("memory", "--memory"), ("budget_fraction", "--budget-fraction")):
+        if asked.get(key) is not None and asked[key] != group.get(key):
+            now = group.get(key)
+            now = "none" if now is None else format_size(now) if key == "memory" else now
+            raise SpillError(f"the running group was started with {flag} {now}; run without {flag}, "
+                             f"or `spill down` and run again to start a group with the new value")
+
+
+def describe_line(d: dict) -> str:
+    return (f"memory: working set {format_size(d['working_set'])} ({d['source']}), "
+            f"budget {d['budget_fraction']:.0%} = {format_size(d['budget'])}")
+
+
 # -- one process ------------------------------------------------------------------------------------
 def process_memory(pid: int | None = None, root: Path | str = "/") -> ProcessMemory:
     """Resident bytes and page faults so far of a process (this one by default)."""
     pid = os.getpid() if pid is None else pid
     proc = Path(root) / "proc" / str(pid)
+    if (Path(root) / "proc").is_dir() and not proc.exists():
+        raise ProcessLookupError(f"no process with pid {pid}")   # Linux: it has exited
     if proc.exists():
         stat = (proc / "stat").read_text()
         after = stat[stat.rindex(")") + 2:].split()   # fields from the 3rd on; comm may hold spaces

@@ -4,10 +4,11 @@ Rows travel as struct-of-arrays: `rows` (int row numbers within the job), packed
 arrays, and per-row lists of parameters. No pickle anywhere on the wire.
 """
 
+import functools
 import math
 import types
 import typing
-from dataclasses import MISSING, asdict, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields, is_dataclass
 from enum import IntEnum
 
 import msgpack
@@ -239,7 +240,30 @@ class BadMessage(ValueError):
 
 
 def encode(msg) -> bytes:
-    return bytes([_KINDS[type(msg)]]) + msgpack.packb(asdict(msg), use_bin_type=True)
+    """The frame of a message: its fields as they are (no deep copy), a dataclass inside them as a map."""
+    values = {f.name: getattr(msg, f.name) for f in _fields(type(msg))}
+    return bytes([_KINDS[type(msg)]]) + msgpack.packb(values, use_bin_type=True, default=_plain)
+
+
+def _plain(value):
+    if is_dataclass(value) and not isinstance(value, type):
+        return asdict(value)
+    raise TypeError(f"cannot encode {type(value).__name__}")
+
+
+@functools.cache
+def _fields(cls) -> tuple:
+    return fields(cls)
+
+
+@functools.cache
+def _hints(cls) -> dict:
+    return typing.get_type_hints(cls)
+
+
+@functools.cache
+def _parts(hint) -> tuple:
+    return typing.get_origin(hint), typing.get_args(hint)
 
 
 def decode(data: bytes):
@@ -254,9 +278,9 @@ def decode(data: bytes):
         raise BadMessage(f"{cls.__name__}: not msgpack ({type(err).__name__})") from None
     if not isinstance(raw, dict):
         raise BadMessage(f"{cls.__name__}: expected a map of fields, found {type(raw).__name__}")
-    hints = typing.get_type_hints(cls)
+    hints = _hints(cls)
     values = {}
-    for f in fields(cls):
+    for f in _fields(cls):
         if f.name in raw:
             values[f.name] = _checked(raw[f.name], hints[f.name], _RANGES.get(f.name, INT64), f"{cls.__name__}.{f.name}")
         elif f.default is MISSING and f.default_factory is MISSING:
@@ -268,8 +292,12 @@ def decode(data: bytes):
 
 def _checked(value, hint, bounds: tuple[int, int], where: str):
     """value when it is of type hint (ints within bounds, floats finite), else BadMessage."""
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if _test(hint, bounds)(value):
+        return value   # the common case, checked fast; the walk below names what is wrong
+    origin, args = _parts(hint)
     if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
         for option in args:
             try:
                 return _checked(value, option, bounds, where)
@@ -297,6 +325,29 @@ def _checked(value, hint, bounds: tuple[int, int], where: str):
     if not ok:
         raise BadMessage(f"{where}: expected {getattr(hint, '__name__', hint)}, found {_clip(value)}")
     return value
+
+
+@functools.cache
+def _test(hint, bounds: tuple[int, int]):
+    """A predicate saying whether a decoded value (msgpack's own types) is of type hint."""
+    origin, args = _parts(hint)
+    if origin in (typing.Union, types.UnionType):
+        first, rest = _test(args[0], bounds), _test(typing.Union[args[1:]], bounds)
+        return lambda v: first(v) or rest(v)
+    if hint is int:
+        lo, hi = bounds
+        return lambda v: type(v) is int and lo <= v <= hi
+    if hint is float:
+        return lambda v: type(v) in (int, float) and math.isfinite(v)
+    if hint in (type(None), str, bytes, bool):
+        return lambda v: type(v) is hint
+    if hint is list or origin is list:
+        item = _test(args[0], bounds) if args else (lambda v: True)
+        return lambda v: type(v) is list and all(map(item, v))
+    if hint is dict or origin is dict:
+        item = _test(args[1], bounds) if args else (lambda v: True)
+        return lambda v: type(v) is dict and all(type(k) is str for k in v) and all(map(item, v.values()))
+    return lambda v: False
 
 
 def _check_shape(msg) -> None:

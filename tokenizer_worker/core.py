@@ -56,10 +56,23 @@ class TokenizerCore:
             return list(ids["input_ids"] if isinstance(ids, dict) else ids)
         return self.tokenizer.encode(request["prompt"])
 
-    def tokenize(self, row: int, request: dict) -> tuple[list[int] | None, str]:
-        """(prompt ids, "") for a row that can run, or (None, why not)."""
+    def tokenize_many(self, rows: list[int], requests: list[dict], keep: bool = True) -> list[tuple[list[int] | None, str]]:
+        """tokenize() of each row; plain prompts are encoded in one batch call, which gives the same
+        ids at a fraction of the per-row cost (checked on the first; per row where they differ)."""
+        plain = [k for k, r in enumerate(requests) if r["kind"] != "chat"]
+        known: dict[int, list[int]] = {}
+        if len(plain) > 1:
+            batch = self.tokenizer._tokenizer([requests[k]["prompt"] for k in plain])["input_ids"]
+            if list(batch[0]) == self.encode(requests[plain[0]]):
+                known = {k: list(ids) for k, ids in zip(plain, batch)}
+        return [self.tokenize(row, r, known.get(k), keep) for k, (row, r) in enumerate(zip(rows, requests))]
+
+    def tokenize(self, row: int, request: dict, ids: list[int] | None = None,
+                 keep: bool = True) -> tuple[list[int] | None, str]:
+        """(prompt ids, "") for a row that can run, or (None, why not); `ids` when already encoded.
+        keep: the row runs, so its text is followed (an estimate only wants the lengths)."""
         try:
-            ids = self.encode(request)
+            ids = self.encode(request) if ids is None else ids
         except Exception as err:  # a template that rejects these messages
             return None, f"the chat template could not render these messages ({str(err).splitlines()[0]})"
         if not ids:
@@ -69,7 +82,8 @@ class TokenizerCore:
             return None, (f"the prompt is {len(ids)} tokens and max_tokens {request['max_tokens']}, "
                           f"{need} in all, but the model's context is {self.context} tokens; "
                           "shorten the prompt or lower max_tokens")
-        self.live[row] = Live(RowText(self.tokenizer, request.get("stop") or []), len(ids))
+        if keep:
+            self.live[row] = Live(RowText(self.tokenizer, request.get("stop") or []), len(ids))
         return ids, ""
 
     def add(self, row: int, token: int, finish: str) -> tuple[bool, str | None]:

@@ -41,8 +41,7 @@ def run_tokenizer_process(endpoints, args, log) -> None:
 
 def _submit(box, core: TokenizerCore, msg: m.Submit, job: str) -> None:
     ok, seqs, bad, why = [], [], [], []
-    for row, request in zip(msg.rows, msg.requests):
-        ids, reason = core.tokenize(row, request)
+    for row, request, (ids, reason) in zip(msg.rows, msg.requests, core.tokenize_many(msg.rows, msg.requests)):
         if ids is None:
             bad.append(row)
             why.append(reason)

@@ -159,7 +159,7 @@ FAMILIES: dict[str, Family] = {
     # Llama-3.2 style: llama3 rope scaling, head_dim in the config, tied at 1B/3B
     "llama": Family(
         name="llama", model_type="llama", architecture="LlamaForCausalLM",
-        layer=LLAMA_LAYER, tokens=LLAMA3_TOKENS, tied_sizes=frozenset({"1b", "3b"}),
+        layer=LLAMA_LAYER, tokens=LLAMA3_TOKENS, tied_sizes=frozenset({"1b", "3b", "deep"}),
         head_dim_key=True,
         config={
             "attention_bias": False, "attention_dropout": 0.0, "hidden_act": "silu",

@@ -48,4 +48,8 @@ SIZES: dict[str, Shape] = {
     # Llama-3.2-3B layer shapes, 2.92B parameters, ~5.8 GB in bf16 (tied)
     "3b": Shape(hidden=3072, layers=28, intermediate=8192, heads=24, kv_heads=8,
                 head_dim=128, vocab=32768),
+    # many thin layers and one KV head, ~1.3 GB in bf16 (tied): a model larger than a small cgroup
+    # whose fixed parts (a few layers in flight) and KV per token stay small
+    "deep": Shape(hidden=768, layers=112, intermediate=2048, heads=12, kv_heads=1,
+                  head_dim=64, vocab=8192),
 }

@@ -25,6 +25,7 @@ class Box:
 class Sup:
     def __init__(self):
         self.killed, self.beats, self.stuck, self.restarted = [], [], [], []
+        self.args = {}   # the actors' args (memory, budget_fraction), as the Supervisor holds them
 
     def dead(self):
         return [(r, -9) for r in self.killed if r not in self.restarted]
@@ -148,7 +149,7 @@ def test_a_hung_actor_is_killed_and_restarted(tmp_path):
 
 
 def test_the_control_socket_answers_garbage_and_refuses_a_wrong_token(tmp_path):
-    from spill.coordinator.daemon import answer
+    from spill.coordinator.control import answer
     g, log = group(), structlog.get_logger()
     assert answer(g, b"\x99garbage", "", "ipc://x", log).error.startswith("not a spill request (unknown message kind")
     assert answer(g, m.encode(m.Ready("x", 1)), "", "ipc://x", log).error == \

@@ -69,7 +69,7 @@ def test_the_live_eta_resimulates_the_rows_left_with_the_refitted_calibration(ma
     monkeypatch.setattr(calibration, "read_probe", lambda files: 2e9)
     folder = make_tiny("llama")
     rows = [SimRow(i, 40 if i % 2 else 400, 16) for i in range(20)]
-    job = JobEstimate(folder, rows, errors=0, every=0.0)
+    job = JobEstimate(folder, rows, errors=0, every=0.0, share=float("inf"))   # no bound on its cost
     everything = job.eta(set(range(20)), {})
     assert everything == pytest.approx(job.first.total_seconds, rel=0.05)
     assert job.eta(set(range(10, 20)), {}) < everything
@@ -108,7 +108,7 @@ def test_a_resident_jobs_live_eta_prices_no_read_the_weights_being_in_memory(mak
     monkeypatch.setattr(calibration, "read_probe", lambda files: 1e6)
     folder = make_tiny("llama")
     rows = [SimRow(i, 20, 6) for i in range(4)]
-    job = JobEstimate(folder, rows, 0, every=0.0, advice=Advice(True, ""))
+    job = JobEstimate(folder, rows, 0, every=0.0, advice=Advice(True, ""), share=float("inf"))   # re-simulate now
     read = load_plan(folder).streamed_bytes / 1e6
     assert job.first.total_seconds >= read                          # the first pass reads every layer
     assert job.eta({0, 1, 2, 3}, {}) < job.first.total_seconds - 0.5 * read   # mid-job they are in memory
@@ -120,3 +120,22 @@ def test_an_estimate_where_no_row_fits_says_so_instead_of_zero_seconds():
     stuck = Estimate(total_seconds=0.0, ideal_seconds=41.0, passes=0, tiers=[], stalled=True)
     assert estimate_line(stuck) == ("estimate: none, no row fits the memory budget with nothing else running "
                                     "(the job says why)")
+
+
+def test_the_live_eta_spends_at_most_a_twentieth_of_the_time_re_simulating(monkeypatch):
+    from types import SimpleNamespace
+
+    from spill.coordinator import estimate
+    clock, runs = [0.0], []
+
+    def two_seconds(folder, rows, **_):   # a big job: each simulation takes 2 s of the clock
+        runs.append(len(rows))
+        clock[0] += 2.0
+        return SimpleNamespace(total_seconds=1000.0), {}
+    monkeypatch.setattr(estimate.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(estimate, "estimate_rows", two_seconds)
+    job = estimate.JobEstimate(None, [], errors=0)
+    while clock[0] < 400:   # polled every second, as `spill run` does
+        clock[0] += 1.0
+        job.eta(set(), {})
+    assert 2.0 * len(runs) <= 0.05 * 400 + 2.0, runs

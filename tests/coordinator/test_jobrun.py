@@ -56,3 +56,49 @@ def test_unseeded_rows_get_distinct_seeds_stable_across_resume(tmp_path):
     assert again == seeds
     other = Job.create(inp, "demo", {}, tmp_path / "out2.jsonl")
     assert [r["seed"] for s in JobRun(other, requests, "demo", {}).submits(1) for r in s.requests][:-1] != seeds[:-1]
+
+
+def _many(tmp_path, n, monkeypatch, window):
+    monkeypatch.setenv("SPILL_SUBMIT_WINDOW", str(window))
+    inp = tmp_path / "many.jsonl"
+    inp.write_text("".join(f'{{"custom_id": "r{i}", "prompt": "p{i}"}}\n' for i in range(n)))
+    requests, _ = read_batch(inp)
+    job = Job.create(inp, "demo", {}, tmp_path / "many.out.jsonl")
+    return JobRun(job, requests, "demo", {"max_tokens": 1})
+
+
+def _done(run, epoch, rows):
+    run.on_done(m.Done(epoch, rows, ["x"] * len(rows), ["length"] * len(rows), [1] * len(rows), [1] * len(rows)))
+
+
+def test_rows_go_to_the_group_in_a_window_refilled_as_rows_finish(tmp_path, monkeypatch):
+    run = _many(tmp_path, 300, monkeypatch, window=100)
+    first = run.submits(epoch=1)
+    assert [s.rows for s in first] == [list(range(64)), list(range(64, 100))]
+    _done(run, 1, list(range(10)))
+    assert run.refill(1) == []                    # room for 10: wait for a full batch
+    _done(run, 1, list(range(10, 70)))
+    assert [s.rows for s in run.refill(1)] == [list(range(100, 164)), list(range(164, 170))]
+    assert len(run.in_flight) == 100
+
+
+def test_a_restart_resubmits_the_unfinished_rows_from_the_start(tmp_path, monkeypatch):
+    run = _many(tmp_path, 300, monkeypatch, window=100)
+    run.submits(epoch=1)
+    _done(run, 1, [0, 5, 99])
+    again = run.submits(epoch=2)                  # an actor restarted: the group holds nothing
+    rows = [r for s in again for r in s.rows]
+    assert rows == [r for r in range(103) if r not in (0, 5, 99)] and {s.epoch for s in again} == {2}
+
+
+def test_every_row_is_fed_and_finished_with_a_small_window(tmp_path, monkeypatch):
+    run = _many(tmp_path, 50, monkeypatch, window=4)
+    submits, written = run.submits(epoch=1), []
+    while submits:
+        assert len(run.in_flight) <= 4
+        rows = [r for s in submits for r in s.rows]
+        _done(run, 1, rows[:3])                   # some finish, the rest wait
+        run.on_error(m.Error(1, rows[3:], ["x"] * len(rows[3:]), ["y"] * len(rows[3:])))
+        written += rows
+        submits = run.refill(1)
+    assert run.finished and sorted(written) == list(range(50))

@@ -108,6 +108,12 @@ def test_process_memory_from_fake_proc(tmp_path):
     assert memory.process_memory(4242, root=tmp_path) == memory.ProcessMemory(2048 * 1024, 1500, 7)
 
 
+def test_a_process_that_exited_is_a_lookup_error(tmp_path):
+    (tmp_path / "proc").mkdir()
+    with pytest.raises(ProcessLookupError):
+        memory.process_memory(999999, root=tmp_path)
+
+
 def test_process_memory_of_this_process():
     mine = memory.process_memory()
     assert mine.rss > 1_000_000 and mine.minor_faults > 0
@@ -125,3 +131,29 @@ def test_parse_size_refuses_with_one_sentence(text):
     with pytest.raises(SpillError) as err:
         memory.parse_size(text)
     assert "\n" not in str(err.value) and "48GB" in str(err.value)
+
+
+def test_memory_args_as_the_actors_get_them():
+    assert memory.memory_args() == {"memory": None, "budget_fraction": 0.78}
+    assert memory.memory_args("2GiB", 1.0) == {"memory": 2 * GIB, "budget_fraction": 1.0}
+
+
+@pytest.mark.parametrize("size,fraction,says", [
+    ("lots", None, "--memory 'lots' is not a size; write it like 48GB, 1.5GiB or 900M"),
+    (None, 0.0, "--budget-fraction must be above 0 and at most 1 (the default is 0.78); got 0.0"),
+    (None, 1.5, "--budget-fraction must be above 0 and at most 1 (the default is 0.78); got 1.5"),
+    (None, float("nan"), "--budget-fraction must be above 0 and at most 1 (the default is 0.78); got nan")])
+def test_memory_args_refuse_with_one_sentence(size, fraction, says):
+    with pytest.raises(SpillError) as err:
+        memory.memory_args(size, fraction)
+    assert str(err.value) == says
+
+
+def test_a_job_naming_other_memory_than_its_group_is_refused():
+    group = memory.memory_args("4GiB", 0.5)
+    memory.check_same(group, {"memory": None, "budget_fraction": None})
+    memory.check_same(group, {"memory": 4 * GIB, "budget_fraction": 0.5})
+    with pytest.raises(SpillError, match=r"started with --memory 4.0 GiB; run without --memory, or `spill down`"):
+        memory.check_same(group, {"memory": 2 * GIB})
+    with pytest.raises(SpillError, match=r"started with --budget-fraction 0.5; run without --budget-fraction"):
+        memory.check_same(group, {"budget_fraction": 0.7})

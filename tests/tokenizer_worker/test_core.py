@@ -111,3 +111,15 @@ def test_a_tokenizer_asking_for_its_repos_code_is_refused_in_one_sentence_withou
     assert str(err.value) == (f"model {folder}: its tokenizer needs code from the model's repository (auto_map), "
                               "and spill never runs a repository's code; use a model whose tokenizer loads without it")
     assert not (folder / "RAN").exists() and asked == []
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "mistral", "phi3", "gemma2"])
+def test_many_rows_at_once_get_the_ids_and_refusals_of_one_at_a_time(make_tiny, family):
+    core = TokenizerCore(make_tiny(family))
+    prompts = ["Say 1", "  two  spaces ", "naïve café ✓", "", "x" * 50, "line\nbreak\ttab", "Say 1"]
+    requests = [{"kind": "completion", "prompt": p, "max_tokens": 4} for p in prompts]
+    requests.insert(3, {"kind": "chat", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4})
+    one = [core.tokenize(row, r) for row, r in enumerate(requests)]
+    core.clear()
+    assert core.tokenize_many(list(range(len(requests))), requests) == one
+    assert sorted(core.live) == [row for row, (ids, _) in enumerate(one) if ids is not None]

@@ -1,0 +1,76 @@
+"""--memory and --budget-fraction through the front door: checked, passed to every actor, shown by status."""
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from spill.coordinator.cli import app
+
+from .group_util import read_output, spill, write_input
+
+runner = CliRunner()
+
+
+@pytest.mark.parametrize("command", ["run", "up"])
+@pytest.mark.parametrize("flag,value,says", [
+    ("--memory", "lots", "spill: --memory 'lots' is not a size; write it like 48GB, 1.5GiB or 900M"),
+    ("--budget-fraction", "1.2", "spill: --budget-fraction must be above 0 and at most 1 (the default is 0.78); got 1.2")])
+def test_bad_flags_get_one_line(tmp_path, command, flag, value, says):
+    args = ["run", "demo", str(tmp_path / "in.jsonl")] if command == "run" else ["up"]
+    result = runner.invoke(app, [*args, flag, value])
+    assert result.exit_code == 2 and result.output.strip() == says, result.output
+
+
+def _actor_args(pid: int) -> dict:
+    return json.loads(Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[3])
+
+
+def test_up_passes_memory_to_every_actor_and_status_shows_it(make_tiny, tmp_path):
+    folder = make_tiny("llama")
+    write_input(tmp_path / "in.jsonl", 3, max_tokens=2)
+    try:
+        spill("up", "--memory", "3GiB", "--budget-fraction", "0.5", check=True)
+        status = spill("status", check=True).stdout.splitlines()
+        assert status[2] == "memory: working set 3.0 GiB (--memory), budget 50% = 1.5 GiB"
+        log = (Path(os.environ["SPILL_HOME"]) / "run" / "logs" / "coordinator.log").read_text().splitlines()
+        event = [json.loads(line) for line in log if '"event": "memory"' in line][-1]
+        assert (event["working_set"], event["source"], event["budget"]) == (3 * 2**30, "--memory", 3 * 2**29)
+        pids = {part.split()[0]: int(part.split()[-1]) for part in status[0][len("group: "):].split("  ")}
+        assert set(pids) == {"coordinator", "tokenizer", "admission", "streamer"}
+        for role, pid in pids.items():
+            args = _actor_args(pid)
+            args = args["actor_args"] if role == "coordinator" else args
+            assert (args["memory"], args["budget_fraction"]) == (3 * 2**30, 0.5)
+        refused = spill("run", folder, tmp_path / "in.jsonl", "--memory", "2GiB")
+        assert refused.returncode == 2 and refused.stderr.strip() == (
+            "spill: the running group was started with --memory 3.0 GiB; run without --memory, "
+            "or `spill down` and run again to start a group with the new value")
+        spill("run", folder, tmp_path / "in.jsonl", "-o", tmp_path / "out.jsonl", "--quiet", check=True)
+    finally:
+        spill("down")
+    assert len(read_output(tmp_path / "out.jsonl")) == 3
+
+
+def test_status_of_a_group_without_flags_names_the_detected_source():
+    try:
+        spill("up", check=True)
+        line = spill("status", check=True).stdout.splitlines()[2]
+        assert line.startswith("memory: working set ") and "budget 78% = " in line
+        assert "(cgroup)" in line or "(physical)" in line
+    finally:
+        spill("down")
+
+
+def test_an_embedded_run_plans_for_its_memory_flag(make_tiny, tmp_path):
+    folder = make_tiny("llama")
+    write_input(tmp_path / "in.jsonl", 3, max_tokens=2)
+    spill("run", folder, tmp_path / "in.jsonl", "-o", tmp_path / "out.jsonl", "--quiet",
+          "--memory", "2GiB", "--budget-fraction", "0.6", check=True)
+    assert len(read_output(tmp_path / "out.jsonl")) == 3
+    logs = Path(os.environ["SPILL_HOME"]) / "run" / "logs"
+    budget = [json.loads(line) for line in (logs / "admission.log").read_text().splitlines()
+              if '"event": "budget"' in line][-1]
+    assert (budget["working_set"], budget["source"], budget["budget"]) == (2 * 2**30, "--memory", int(0.6 * 2**31))
