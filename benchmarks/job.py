@@ -29,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import three_tier  # noqa: E402
-from memory import child_cgroup  # noqa: E402
+from spill.child_cgroup import ChildCgroup  # noqa: E402
 from pass_time import drop_cache, model_args, model_folder  # noqa: E402
 
 QUANTILES = (0.25, 0.5, 0.75)
@@ -50,31 +50,20 @@ def parse() -> argparse.Namespace:
 
 def spill_in_cgroup(args: list, limit: int, env: dict, log: Path) -> str:
     """Run `spill ARGS` inside a new child cgroup; return the job id it printed."""
-    cg = child_cgroup(limit)
+    cg = ChildCgroup(f"spill-job-{os.getpid()}-{time.monotonic_ns()}", limit)
     try:
-        enter = 'echo $$ > "$0/cgroup.procs" && exec "$@"'
         with open(log, "w") as f:
-            proc = subprocess.run(["sh", "-c", enter, str(cg), sys.executable, "-m", "spill.coordinator.cli",
-                                   *map(str, args)], stdout=f, stderr=subprocess.STDOUT, env=env)
-        oom = re.search(r"oom_kill [1-9]", (cg / "memory.oom_control").read_text())
-        peak = int((cg / "memory.max_usage_in_bytes").read_text())
+            proc = subprocess.run(cg.command([sys.executable, "-m", "spill.coordinator.cli", *args]),
+                                  stdout=f, stderr=subprocess.STDOUT, env=env)
+        oom, peak = cg.oom_kills() > 0, cg.peak()
     finally:
-        _remove(cg)
+        cg.remove()   # the group's last processes may still be exiting
     text = log.read_text()
     if proc.returncode or oom:
         raise SystemExit(f"spill {' '.join(map(str, args[:1]))} exited {proc.returncode}"
                          f"{' (OOM-killed)' if oom else ''}; its output:\n{text[-3000:]}")
     print(f"  cgroup peak {peak / 2**20:.0f} MiB", flush=True)
     return re.search(r"job (\S+): \d+ rows", text).group(1)
-
-
-def _remove(cg: Path) -> None:
-    for _ in range(50):   # the group's last processes may still be exiting
-        try:
-            cg.rmdir()
-            return
-        except OSError:
-            time.sleep(0.1)
 
 
 def job_files(home: Path, job: str) -> tuple[dict, list[dict]]:

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from spill.child_cgroup import ChildCgroup  # noqa: E402
 from pass_time import drop_cache, model_args, model_folder, resident_decode  # noqa: E402
 
 MIB = 2**20
@@ -38,33 +39,22 @@ def parse() -> argparse.Namespace:
 
 
 # -- the parent: a child cgroup per run ----------------------------------------------------------------
-def child_cgroup(limit: int) -> Path:
-    own = next(line.split(":", 2)[2] for line in Path("/proc/self/cgroup").read_text().splitlines()
-               if "memory" in line.split(":")[1].split(","))
-    path = Path("/sys/fs/cgroup/memory") / own.lstrip("/") / f"spill-bench-{os.getpid()}"
-    path.mkdir()
-    (path / "memory.limit_in_bytes").write_text(str(limit))
-    return path
-
-
 def run_child(a, folder: Path, batch: int, limit: int) -> dict:
-    cg = child_cgroup(limit)
+    cg = ChildCgroup(f"spill-bench-{os.getpid()}-{batch}", limit)
     try:
         drop_cache(sorted(folder.glob("*.safetensors")))   # page cache is charged to whoever reads first
         spec = json.dumps({"folder": str(folder), "batch": batch, "passes": a.passes, "prompt": a.prompt_tokens})
-        enter = 'echo $$ > "$0/cgroup.procs" && exec "$@"'
-        out = subprocess.run(["sh", "-c", enter, str(cg), a.python, __file__, "--child", spec],
-                             capture_output=True, text=True)
+        out = subprocess.run(cg.command([a.python, __file__, "--child", spec]), capture_output=True, text=True)
         if out.returncode:   # recorded, and the next batch runs: the code before may not fit
-            oom = "oom_kill 1" in (cg / "memory.oom_control").read_text()
+            oom = cg.oom_kills() > 0
             print(out.stderr[-2000:], file=sys.stderr)
             return {"batch": batch, "failed": f"exited {out.returncode}{' (OOM-killed)' if oom else ''}", "passes": [],
-                    "cgroup_peak": int((cg / "memory.max_usage_in_bytes").read_text())}
+                    "cgroup_peak": cg.peak()}
         result = json.loads(out.stdout.splitlines()[-1])
-        result["cgroup_peak"] = int((cg / "memory.max_usage_in_bytes").read_text())
+        result["cgroup_peak"] = cg.peak()
         return result
     finally:
-        cg.rmdir()
+        cg.remove()
 
 
 # -- the child: one batch under the budget ---------------------------------------------------------------

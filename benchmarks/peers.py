@@ -14,7 +14,6 @@ end. Writes one JSON line per run to --json and the table into docs/benchmarks.m
 import argparse
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -26,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from pass_time import drop_cache, model_args, model_folder, read_all  # noqa: E402
 from peers_report import write_doc, table  # noqa: E402
 
+from spill.child_cgroup import ChildCgroup  # noqa: E402
 from spill.memory import parse_size  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -74,80 +74,30 @@ def prompts(folder: Path, rows: int, length: int) -> tuple[list[str], list[list[
 
 
 # -- a child memory cgroup with the cap ------------------------------------------------------------------------------
-def own_cgroup() -> tuple[Path, int]:
-    lines = Path("/proc/self/cgroup").read_text().splitlines()
-    for line in lines:
-        _, controllers, path = line.split(":", 2)
-        if "memory" in controllers.split(","):
-            return Path("/sys/fs/cgroup/memory") / path.lstrip("/"), 1
-    v2 = next((line.split(":", 2)[2] for line in lines if line.startswith("0::")), None)
-    if v2 is None:
-        raise SystemExit("this process has no memory cgroup (see /proc/self/cgroup)")
-    return Path("/sys/fs/cgroup") / v2.lstrip("/"), 2
-
-
-class Cgroup:
-    def __init__(self, limit: int, name: str):
-        parent, self.version = own_cgroup()
-        self.path = parent / f"spill-peers-{os.getpid()}-{name}"
-        self.path.mkdir()
-        limit_file = "memory.limit_in_bytes" if self.version == 1 else "memory.max"
-        (self.path / limit_file).write_text(str(limit))
-        if (self.path / "memory.swappiness").exists():
-            (self.path / "memory.swappiness").write_text("0")
-
-    def run(self, cmd: list, timeout: float, env: dict) -> tuple[int | None, str, str, float]:
-        """(exit code or None on timeout, stdout, stderr, seconds) of `cmd` started inside the cgroup."""
-        enter = 'echo $$ > "$0/cgroup.procs" && exec "$@"'
-        t0 = time.monotonic()
-        with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-            proc = subprocess.Popen(["sh", "-c", enter, str(self.path), *map(str, cmd)], stdout=out, stderr=err,
-                                    env=env, text=True)
-            try:
-                rc = proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                rc = None
-                self.kill_all()
-                proc.wait()
-            out.seek(0), err.seek(0)
-            return rc, out.read(), err.read(), time.monotonic() - t0
-
-    def read(self, name: str) -> str:
-        return (self.path / name).read_text()
-
-    def oom_kills(self) -> int:
-        text = self.read("memory.oom_control" if self.version == 1 else "memory.events")
-        return next((int(x.split()[1]) for x in text.splitlines() if x.startswith("oom_kill ")), 0)
-
-    def peak(self) -> int | None:
+def run_in(cg: ChildCgroup, cmd: list, timeout: float, env: dict) -> tuple[int | None, str, str, float]:
+    """(exit code or None on timeout, stdout, stderr, seconds) of `cmd` started inside the cgroup."""
+    t0 = time.monotonic()
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(cg.command(cmd), stdout=out, stderr=err, env=env, text=True)
         try:
-            return int(self.read("memory.max_usage_in_bytes" if self.version == 1 else "memory.peak"))
-        except (OSError, ValueError):
-            return None
-
-    def kill_all(self) -> None:
-        for pid in map(int, self.read("cgroup.procs").split()):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-
-    def remove(self) -> None:
-        for _ in range(100):
-            self.kill_all()
-            try:
-                self.path.rmdir()
-                return
-            except OSError:
-                time.sleep(0.1)
+            rc = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            rc = None
+            cg.kill_all()
+            proc.wait()
+        out.seek(0), err.seek(0)
+        return rc, out.read(), err.read(), time.monotonic() - t0
 
 
 def capped(a, name: str, cmd: list, env: dict, files, cap: str = "", timeout: float = 0) -> dict:
     """Run `cmd` in a fresh cgroup of `cap` (--cap) bytes; status ok / oom-killed / timeout / failed, with the facts."""
     drop_cache(files)
-    cg = Cgroup(parse_size(cap or a.cap), name)
     try:
-        rc, out, err, wall = cg.run(cmd, timeout or a.timeout, env)
+        cg = ChildCgroup(f"spill-peers-{os.getpid()}-{name}", parse_size(cap or a.cap))
+    except OSError as err:
+        raise SystemExit(f"cannot make a child memory cgroup here ({err}); run as root on Linux")
+    try:
+        rc, out, err, wall = run_in(cg, cmd, timeout or a.timeout, env)
         kills, peak = cg.oom_kills(), cg.peak()
     finally:
         cg.remove()

@@ -1,0 +1,72 @@
+"""A smaller machine for tests and benchmarks: a child memory cgroup under this process's own, with
+a byte limit (v1 or v2; root or a delegated cgroup needed). Page cache is charged to the cgroup of the
+process that first reads a page, so drop a file from the cache before a command inside reads it."""
+
+import os
+import signal
+import time
+
+from .memory import own_cgroup
+
+
+class ChildCgroup:
+    def __init__(self, name: str, limit: int):
+        """Make `<own cgroup>/<name>` limited to `limit` bytes, swap off where the kernel lets us.
+        Raises OSError where it cannot be made (no memory cgroup: FileNotFoundError)."""
+        own = own_cgroup()
+        if own is None:
+            raise FileNotFoundError("this process has no memory cgroup (see /proc/self/cgroup)")
+        parent, self.version = own
+        self.path = parent / name
+        self.path.mkdir()
+        try:
+            (self.path / ("memory.limit_in_bytes" if self.version == 1 else "memory.max")).write_text(str(limit))
+            for knob in ("memory.swappiness", "memory.swap.max"):
+                if (self.path / knob).exists():
+                    (self.path / knob).write_text("0")
+        except OSError:
+            self.path.rmdir()
+            raise
+
+    def command(self, cmd: list) -> list[str]:
+        """`cmd` as a command that enters the cgroup first (its children stay inside too)."""
+        return ["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', str(self.path), *map(str, cmd)]
+
+    def _read(self, name: str) -> str:
+        return (self.path / name).read_text()
+
+    def oom_kills(self) -> int:
+        """Processes the kernel OOM-killed in this cgroup so far."""
+        text = self._read("memory.oom_control" if self.version == 1 else "memory.events")
+        return next((int(line.split()[1]) for line in text.splitlines() if line.startswith("oom_kill ")), 0)
+
+    def peak(self) -> int | None:
+        """The most memory charged to it at once (page cache included), where the kernel says."""
+        try:
+            return int(self._read("memory.max_usage_in_bytes" if self.version == 1 else "memory.peak"))
+        except (OSError, ValueError):
+            return None
+
+    def pids(self) -> list[int]:
+        return [int(p) for p in self._read("cgroup.procs").split()]
+
+    def kill_all(self) -> None:
+        for pid in self.pids():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def remove(self, within_s: float = 10.0) -> None:
+        """Stop what is left inside, then remove the folder."""
+        deadline = time.monotonic() + within_s
+        while True:
+            self.kill_all()
+            try:
+                self.path.rmdir()
+                return
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.1)
+
