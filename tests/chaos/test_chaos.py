@@ -29,7 +29,7 @@ def test_a_fault_mid_job_loses_nothing(job, tmp_path, scenario):
     assert r["rows"] == len(expected)
     if scenario == "stop":
         assert r["hung_restarts"] == (1 if r["victim"] == "streamer (SIGSTOP)" else 0), r
-    if scenario == "disk":
+    if scenario == "disk" and r["grew"] > r["slack"]:   # the rows after the fill needed a new page
         assert r["resumes"] >= 1 and r["said"][0].startswith("spill: no space left to write "), r
     if scenario == "readonly":
         assert r["resumes"] >= 1 and "(Read-only file system)" in r["said"][0], r
