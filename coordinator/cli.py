@@ -5,7 +5,7 @@ from pathlib import Path
 
 import typer
 
-from spill.errors import SpillError
+from spill.errors import GroupDead, SpillError
 
 app = typer.Typer(no_args_is_help=True, add_completion=False, rich_markup_mode=None,
                   help="spill: batch inference for models larger than memory.")
@@ -125,6 +125,9 @@ def run_cmd(
         code = run_job(model=model, input=input, output=output, max_tokens=max_tokens, temperature=temperature,
                        resume=resume, new=new, quiet=quiet, listen=listen, every=every, stream=stream,
                        memory=memory_args(memory, budget_fraction), explicit=budget_fraction is not None)
+    except GroupDead as err:   # not a usage error: the group stopped under the job
+        typer.echo(f"spill: {err}", err=True)
+        raise typer.Exit(1) from None
     except SpillError as err:
         _fail(err)
     raise typer.Exit(code)

@@ -10,16 +10,12 @@ import zmq
 
 from spill import config
 from spill import messages as m
-from spill.errors import SpillError
+from spill.errors import GroupDead, SpillError
 from spill.platform import preload_env
 from spill.wire import Endpoints
 
 from . import rundir
 from .control import check_address, client_token
-
-
-class GroupDead(SpillError):
-    """The group stopped answering: unrecoverable for this command (distinct from a row error)."""
 
 
 def endpoints(listen: str | None = None) -> Endpoints:
@@ -33,13 +29,18 @@ class Client:
         self.eps, self.timeout_ms = eps, int(timeout_s * 1000)
         self.ctx = zmq.Context.instance()
         self.sock = None
+        self.alive = None    # set once the group's process is known: False the moment it has gone
 
     def request(self, op: str, timeout_s: float | None = None, **args) -> dict:
         sock = self._socket()
         sock.send(m.encode(m.Request(op, args, client_token(self.eps.control))))
-        if not sock.poll(int(timeout_s * 1000) if timeout_s is not None else self.timeout_ms):
-            self.close()   # a REQ socket that timed out cannot be reused
-            raise GroupDead(f"the spill group did not answer `{op}`; see $SPILL_HOME/run/logs/, then `spill up` again")
+        deadline = time.monotonic() + (timeout_s if timeout_s is not None else self.timeout_ms / 1000)
+        while not sock.poll(max(1, int(min(1.0, deadline - time.monotonic()) * 1000))):
+            gone = self.alive is not None and not self.alive()
+            if gone or time.monotonic() >= deadline:
+                self.close()   # a REQ socket that timed out cannot be reused
+                raise GroupDead(f"the spill group {'stopped' if gone else 'did not answer'} during `{op}`; "
+                                "see $SPILL_HOME/run/logs/, then run the command again")
         reply = m.decode(sock.recv())
         if not reply.ok:
             raise SpillError(reply.error)

@@ -59,6 +59,7 @@ class Group:
         self.owner = ""                           # embedded group: the `spill run` that started it
         self.owner_gone = threading.Event()       # set when that client's pipe closes: stop when idle
         self.memory = describe(sup.args)         # working set, its source, the budget
+        self.fault = Fault("coordinator")         # tests: SPILL_CRASH_COORDINATOR="done:n" or "submit:n"
 
     # -- actors -----------------------------------------------------------------------------
     def on_actor(self, msg) -> None:
@@ -206,6 +207,7 @@ class Group:
                                     {**args, "memory": self.sup.args.get("memory")}, self.log, self.ready_rss)
         if run.estimate is not None:
             job.set_status("queued", estimate=run.estimate.to_meta())
+        self.fault.tick("submit")   # a test's crash while the client still waits for the reply
         self.queue.append((run, model))
         self.clients[job.id] = (str(args.get("client", "")), time.monotonic())
         self.last.pop(job.id, None)   # resumed in this group: its old ending is history
@@ -351,7 +353,6 @@ def run_coordinator_process(endpoints, args, log) -> None:
         _watch_owner(args["owner_fd"], group.owner_gone)
     telemetry = Telemetry(group, log)   # the metrics endpoint, fed from what the actors report
     log.info("memory", **group.memory)
-    fault = Fault("coordinator")
     sup.start_all()
     poller = zmq.Poller()
     poller.register(box.inbox, zmq.POLLIN)
@@ -365,7 +366,7 @@ def run_coordinator_process(endpoints, args, log) -> None:
                 telemetry.on_actor(msg)
                 group.on_actor(msg)
                 for _row in getattr(msg, "rows", []) if isinstance(msg, m.Done) else []:
-                    fault.tick("done")   # counts rows written
+                    group.fault.tick("done")   # counts rows written
             group.check_actors()
             group.check_clients()
             group.next_job()

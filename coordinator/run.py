@@ -49,9 +49,10 @@ def _connect(listen: str | None, memory: dict):
     eps = endpoints(_listen(listen))
     client = Client(eps)
     if client.ping():
-        return client, None
+        return _watched(client), None
     group = start_group(eps, embedded=True, actor_args=memory)
     if group is not None:
+        client.alive = lambda: group.poll() is None
         return client, group
     deadline = time.monotonic() + 60    # another group took the run directory meanwhile: join it
     while time.monotonic() < deadline:
@@ -59,9 +60,16 @@ def _connect(listen: str | None, memory: dict):
         if client.ping():
             rec = rundir.record() or {}
             typer.echo(f"joined the running spill group (coordinator pid {rec.get('pid', '?')})")
-            return client, None
+            return _watched(client), None
         time.sleep(0.1)
     raise GroupDead(rundir.held_by_sentence())
+
+
+def _watched(client):
+    """A client of a group in this data home learns at once when its coordinator exits (the run lock is freed)."""
+    if rundir.record() is not None:
+        client.alive = lambda: rundir.record() is not None
+    return client
 
 
 def run_job(*, model, input, output, max_tokens, temperature, resume, new, quiet, listen, every=10.0,

@@ -3,3 +3,7 @@
 
 class SpillError(Exception):
     """A problem with the user's input or setup; the message names the fix."""
+
+
+class GroupDead(SpillError):
+    """The group stopped answering: unrecoverable for this command (distinct from a row error)."""

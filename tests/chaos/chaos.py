@@ -108,18 +108,17 @@ def group_pids(home: Path) -> dict[str, int]:
 
 
 def finish(proc: subprocess.Popen, out: Path, env=None, fix=lambda: None) -> dict:
-    """Wait for the run; while it stopped with an error, apply `fix` and resume. What the user saw, in figures."""
+    """Wait for the run; while it stopped with an error, apply `fix` and resume (or, when it stopped before
+    it named the job, run the same command again). What the user saw, in figures."""
     stdout, stderr = proc.communicate(timeout=300)
     said = [line for line in stderr.splitlines() if line.startswith("spill: ")]
     tracebacks = stderr.count("Traceback")
     resumes = 0
     while proc.returncode != 0 and resumes < 3:
         job = stdout.split()[1].rstrip(":") if stdout.startswith("job ") else None
-        if job is None:
-            break
         fix()
         resumes += 1
-        again = spill("run", "--resume", job, "--quiet", env=env)
+        again = spill("run", "--resume", job, "--quiet", env=env) if job else spill(*proc.args[3:], env=env)
         stdout, proc.returncode = again.stdout, again.returncode
         said += [line for line in again.stderr.splitlines() if line.startswith("spill: ")]
         tracebacks += again.stderr.count("Traceback")

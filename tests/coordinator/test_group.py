@@ -66,6 +66,17 @@ def test_a_killed_coordinator_leaves_a_job_resume_finishes(job40, tmp_path, at):
     assert texts(read_output(tmp_path / "out.jsonl")) == expected
 
 
+def test_a_coordinator_killed_before_it_answers_submit_is_seen_at_once(job40, tmp_path):
+    folder, inp, expected = job40
+    started = time.monotonic()
+    first = spill("run", folder, inp, "-o", tmp_path / "out.jsonl", timeout=120,
+                  env={"SPILL_CRASH_COORDINATOR": "submit:1"})
+    assert first.returncode == 1 and "the spill group stopped during `submit`" in first.stderr, first.stderr
+    assert time.monotonic() - started < 60    # it waited 600 s for the reply before
+    spill("run", folder, inp, "-o", tmp_path / "out.jsonl", check=True)   # the same command continues the job
+    assert texts(read_output(tmp_path / "out.jsonl")) == expected
+
+
 def test_sigint_stops_at_a_pass_boundary_and_resume_finishes(job40, tmp_path):
     folder, inp, expected = job40
     out = tmp_path / "out.jsonl"
