@@ -35,6 +35,7 @@ def model_args(p: argparse.ArgumentParser, size: str) -> None:
     p.add_argument("--family", default="llama")
     p.add_argument("--size", default=size)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dtype", default="bfloat16", help="the stored dtype of the weights")
 
 
 def parse() -> argparse.Namespace:
@@ -56,10 +57,11 @@ def parse() -> argparse.Namespace:
 def model_folder(a) -> Path:
     """Reuse a folder of the same family/size/seed (the factory renames it into place when complete)."""
     from spill.factory import make_model
-    out = Path(a.models) / f"{a.family}-{a.size}-bfloat16-seed{a.seed}"
+    dtype = getattr(a, "dtype", "bfloat16")
+    out = Path(a.models) / f"{a.family}-{a.size}-{dtype}-seed{a.seed}"
     if not (out / "config.json").is_file():
         print(f"building {out} ...", flush=True)
-        make_model(out, family=a.family, size=a.size, seed=a.seed, dtype="bfloat16", shard_size="2GB")
+        make_model(out, family=a.family, size=a.size, seed=a.seed, dtype=dtype, shard_size="2GB")
     return out
 
 

@@ -42,6 +42,10 @@ SIZES: dict[str, Shape] = {
     # cores compute in minutes (the job benchmark, benchmarks/job.py)
     "tall": Shape(hidden=768, layers=48, intermediate=2048, heads=12, kv_heads=4,
                   head_dim=64, vocab=8192),
+    # wide feed-forward layers and one KV head, ~530M parameters, 2.1 GB in float32: the job benchmark's
+    # model, twice a 1 GiB cgroup, where rows of 900 tokens still batch (18 KB of KV a token)
+    "lean": Shape(hidden=1024, layers=36, intermediate=4096, heads=16, kv_heads=1,
+                  head_dim=64, vocab=8192),
     # Llama-3.2-1B layer shapes, 1.04B parameters, ~2.1 GB in bf16 (tied)
     "1b": Shape(hidden=2048, layers=16, intermediate=8192, heads=32, kv_heads=8,
                 head_dim=64, vocab=32768),
