@@ -96,6 +96,20 @@ def test_the_hook_refits_and_stores_after_each_pass_and_survives_a_bad_model(mak
     hook.passed(stats)                 # nothing to refit, nothing raised
 
 
+def test_resident_passes_refit_the_compute_terms_too(make_tiny, monkeypatch, tmp_path):
+    monkeypatch.setenv("SPILL_HOME", str(tmp_path))
+    monkeypatch.setattr(cal, "read_probe", lambda files: 2e9)
+    hook = Calibrator(structlog.get_logger())
+    hook.reset(str(make_tiny("llama", seed=3)), resident=True)
+    hook.admitted([0, 1], [8, 8])
+    for i in range(3):   # a resident pass reads nothing: still a measure of compute and overhead
+        hook.passed(m.Pass(0, i, seconds=0.5, wait_s=0.0, compute_s=0.45, decode_rows=2, prefill_tokens=0, emitted=2,
+                           finished=[], active_memory=0, peak_memory=0, bytes_streamed=0))
+    stored = Calibration.load(hook.cal.key)
+    assert stored.seen == 3 and stored.model.overhead_s == pytest.approx(0.05)
+    assert stored.model.bandwidth == 2e9    # no read-bound pass: the probe's bandwidth stays
+
+
 def test_the_compute_probe_times_a_real_layer_of_the_model(make_tiny, monkeypatch):
     from spill.streamer.plan import load_plan
     import mlx.core as mx
