@@ -3,10 +3,12 @@
 25/50/75% of the job, the long tier's pass time over the short tier's at equal batch, the total over
 the ideal, rows per hour and finishing time per tier, and the job's `spill report` plot.
 
-    python benchmarks/job.py [--size tall] [--rows 200] [--max-tokens 128] [--limit 300MB] [--fresh]
+    python benchmarks/job.py --dtype float32 [--size lean] [--rows 200] [--max-tokens 128] [--limit 1GiB]
+                             [--fresh] [--warmup 24]
 
-1. builds a factory model (default `tall`: 48 thin layers, ~0.6 GB in bf16) and the three-tier input
-   (`three_tier.py`, token counts from the model's tokenizer);
+1. builds a factory model (`lean` in float32: 2.1 GB, twice the default 1 GiB cgroup) and the
+   three-tier input (`three_tier.py`, token counts from the model's tokenizer); with --warmup, runs a
+   short job of every tier first (the calibration refits from its passes, as after a user's first job);
 2. runs `spill run MODEL INPUT` inside a child cgroup of --limit bytes (no --memory: spill finds the
    limit), in its own data home (--fresh: a new one, so the estimate starts from the first-use probes);
 3. runs two small jobs at one batch (--pair-batch rows of the longest and of the shortest tier, 16 new
@@ -37,14 +39,17 @@ QUANTILES = (0.25, 0.5, 0.75)
 
 def parse() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    model_args(p, "tall")
+    model_args(p, "lean")
     p.add_argument("--rows", type=int, default=200)
     p.add_argument("--max-tokens", type=int, default=three_tier.MAX_TOKENS)
-    p.add_argument("--limit", default="300MB", help="the child cgroup's memory limit (the working set)")
+    p.add_argument("--limit", default="1GiB", help="the child cgroup's memory limit (the working set)")
+    p.add_argument("--warmup", type=int, default=0, help="rows of a short job on the same model first, so the "
+                   "job's estimate starts from a refitted calibration as a user's second job does (0: none)")
     p.add_argument("--home", default="/tmp/spill-bench-home", help="the runs' SPILL_HOME")
     p.add_argument("--fresh", action="store_true", help="start from an empty data home (first-use calibration)")
     p.add_argument("--pair-batch", type=int, default=8)
     p.add_argument("--out", type=Path, default=Path("/tmp/spill-job-bench"))
+    p.set_defaults(dtype="float32")   # stored as computed on a CPU: bytes, not conversions, fill the pass
     return p.parse_args()
 
 
@@ -138,6 +143,18 @@ def main() -> None:
     inp = a.out / "three-tier.jsonl"
     inp.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
+    warm = None
+    if a.warmup:
+        few = rows[:: max(len(rows) // a.warmup, 1)][:a.warmup]
+        path = a.out / "warmup.jsonl"
+        path.write_text("".join(json.dumps(dict(r, body={**r["body"], "max_tokens": 16})) + "\n" for r in few))
+        drop_cache(sorted(folder.glob("*.safetensors")))
+        print(f"0. a warm-up job: {len(few)} rows of every tier, max_tokens 16", flush=True)
+        wj = spill_in_cgroup(["run", folder, path, "-o", a.out / "warmup.out.jsonl", "--quiet", "--new"], limit, env,
+                             a.out / "warmup.log")
+        wm = job_files(home, wj)[0]
+        warm = {"job": wj, "rows": len(few), "estimate_s": (wm.get("estimate") or {}).get("total_seconds"),
+                "actual_s": (wm.get("summary") or {}).get("actual_seconds")}
     drop_cache(sorted(folder.glob("*.safetensors")))
     print(f"1. the job: {len(rows)} rows, max_tokens {a.max_tokens}", flush=True)
     t0 = time.time()
@@ -170,7 +187,7 @@ def main() -> None:
         "tier_pass_s": pair, "long_over_short": round(pair[long] / pair[short], 3) if all(pair.values()) else None,
         "ideal_s": round(ideal_s, 1), "actual_over_ideal": round(actual / ideal_s, 3) if actual and ideal_s else None,
         "tiers": tiers(rows, passes), "peak_live": max(p["active_memory"] + p.get("cache_memory", 0) for p in passes),
-        "estimate_ideal_s": (meta.get("estimate") or {}).get("ideal_seconds"),
+        "estimate_ideal_s": (meta.get("estimate") or {}).get("ideal_seconds"), "warmup": warm,
     }
     png = subprocess.run([sys.executable, "-m", "spill.coordinator.cli", "report", job, "-o", str(a.out / "job.png")],
                          capture_output=True, text=True, env=env)
