@@ -84,13 +84,13 @@ def allowance(model, bytes_streamed: int, decode_rows: int, context: int, outsta
     return max(model.prefill_allowance(bytes_streamed, decode_rows, context), chunk) - outstanding
 
 
-def admit(policy, tokens: int) -> list:
+def admit(policy, tokens: int, prefilling: bool = False) -> list:
     """The policy's admissions for the next pass with `tokens` prompt tokens allowed; none while
-    prompts already prefilling use the allowance up and rows are running (they still move)."""
+    prompts already prefilling (`prefilling`) use the allowance up and rows are running (they still move)."""
     if tokens <= 0 and policy.running:
         return []
     policy.prefill_tokens = max(min(tokens, policy.priced_prefill), 1)
-    return policy.admit()
+    return policy.admit(alone=not prefilling)
 
 
 def prompt_length(w) -> int:

@@ -7,12 +7,13 @@ A prefill group holds prompts left-padded to one length, e.g. prompts [1 3 5], [
     2 6 8 9
 
 It feeds `chunk` columns per pass; after its last column it samples a first token for each row,
-and its rows move into the decode pool (below).
+and each row moves into the decode pool of its width (below).
 
-The decode group is a `Pool`: every layer's K and V preallocated once as [slots, heads, width,
-head_dim], the shape admission reserved and priced. A row owns one slot; its tokens sit at columns
-0..len-1 and each pass writes the next one at column len (a scatter in place), so a row joining
-copies only its own prompt's KV into its slot, and a row leaving just frees its slot:
+A decode group is a `Pool`, one per width admission reserved: every layer's K and V preallocated
+once as [slots, heads, width, head_dim], the shape admission priced. A row owns one slot; its
+tokens sit at columns 0..len-1 and each pass writes the next one at column len (a scatter in
+place), so a row joining copies only its own prompt's KV into its slot, and a row leaving just
+frees its slot:
 
     slot  len   columns (width 8)          mask of this pass (query at column len)
     0     5     a a a a a . . .            1 1 1 1 1 1 0 0
@@ -141,13 +142,12 @@ class Pool:
         rows = [r for r in rows if r.finish is None]
         return free >= len(rows) and all(len(r.row.prompt) + r.row.max_tokens <= self.width for r in rows)
 
-    def join(self, group: Group) -> None:
-        """A prefill group's rows into free slots: only their own KV is copied."""
+    def join(self, group: Group, picks: list[int]) -> None:
+        """Rows `picks` of a prefill group into free slots: only their own KV is copied."""
         pads = [c.left_padding.tolist() for c in group.caches[:1]][0]
         end = group.caches[0]._idx
-        for j, r in enumerate(group.rows):
-            if r.finish is not None:
-                continue
+        for j in picks:
+            r = group.rows[j]
             slot = self.rows.index(None)
             for mine, theirs in zip(self.caches, group.caches):
                 mine.place(slot, theirs.keys[j:j + 1, :, pads[j]:end, :], theirs.values[j:j + 1, :, pads[j]:end, :])
