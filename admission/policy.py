@@ -208,8 +208,8 @@ class BudgetPolicy:
             for c, p in self.pools.items():
                 p.cap = min(p.cap, targets.get(c, 0))
             for c in full:
-                p = self.pools[c]
-                p.slots = p.cap = max(p.slots, min(targets[c], free // s.cost(1, p.width)))
+                p, room = self.pools[c], self.max_rows - sum(p.slots for p in self.pools.values())
+                p.slots = p.cap = max(p.slots, min(targets[c], free // s.cost(1, p.width), p.slots + room))
         for c, p in self.pools.items():
             if held[c] <= p.cap < p.slots:
                 p.slots = p.cap      # the streamer shrinks it once (its rows copied)

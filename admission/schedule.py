@@ -17,7 +17,7 @@ import numpy as np
 
 from spill import config, memory
 
-from .policy import BudgetPolicy, Waiting, sheet_for
+from .policy import BudgetPolicy, Waiting, sheet_for, width_class
 
 
 def budget_policy(plan, memory_arg=None, fraction: float | None = None, others: int = 0,
@@ -53,9 +53,8 @@ def policy_for(plan, memory_arg: str | None, model, resident: bool = False):
     def waiting(r) -> Waiting:   # only the prompt's length matters to the policy: a view of no size
         return Waiting(r.row, np.broadcast_to(np.int32(0), (r.prompt,)), r.out, [])
 
-    def max_batch(r) -> int:
-        width = -(-(r.prompt + r.out) // 256) * 256
-        return max(1, min(policy.max_rows, s.kv_budget // s.cost(1, width)))
+    def max_batch(r) -> int:   # the whole budget in slots of the row's width class
+        return max(1, min(policy.max_rows, s.kv_budget // s.cost(1, width_class(r.prompt + r.out))))
     return policy, waiting, max_batch
 
 
