@@ -191,10 +191,8 @@ class BudgetPolicy:
         return slots, width
 
     def _resize(self) -> None:
-        """Drop drained pools; share the budget again when a class waits with no pool or a full pool
-        could grow into free KV: pools above their share stop refilling and shrink to it once their
-        rows allow, a pool grows when its old and new slots both fit what is free (the streamer
-        copies its rows once), new pools take what is free."""
+        """Drop drained pools; when a class waits with no pool, or a full one could grow into free KV,
+        share the budget again (the module docstring says how pools shrink, grow and are made)."""
         s, held = self.sheet, self._held()
         self.pools = {c: p for c, p in self.pools.items() if held[c]}
         window = list(islice(self.queue, self.window))
@@ -207,8 +205,9 @@ class BudgetPolicy:
             targets, widths = self._shares(window + list(self.running.values()))
             for c, p in self.pools.items():
                 p.cap = min(p.cap, targets.get(c, 0))
-            for c in full:
-                p, room = self.pools[c], self.max_rows - sum(p.slots for p in self.pools.values())
+            for c in full:   # old and new slots both fit what is free: the streamer copies its rows once
+                room = self.max_rows - sum(q.slots for q in self.pools.values())
+                p = self.pools[c]
                 p.slots = p.cap = max(p.slots, min(targets[c], free // s.cost(1, p.width), p.slots + room))
         for c, p in self.pools.items():
             if held[c] <= p.cap < p.slots:
