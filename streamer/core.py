@@ -3,8 +3,8 @@
 A pass streams every layer once and runs every group through it while it is resident:
 
     group      rows  tokens this pass    cache
-    decode     B     1 each (T=1)        a Pool per width admission reserved: KV preallocated per slot
-    decode     B'    1 each (T=1)        (groups.py), e.g. 48 slots of 256 tokens and 6 of 1280
+    decode     B     1 each (T=1)        a Pool per width admission reserved (e.g. 48 slots of 256
+                                         tokens, 6 of 1280): one group, KV preallocated per slot
     prefill 1  b1    a chunk of prompts  its own BatchKVCache per layer, joins the pool when done
     prefill 2  b2    ...
 
@@ -25,7 +25,7 @@ from spill.errors import SpillError
 from spill.platform import set_blas_threads
 
 from .families import adapter_for
-from .groups import Group, Pool, RowState, bucket
+from .groups import Decode, Group, Pool, RowState, bucket
 from .plan import load_plan
 from .reader import WeightReader
 from .sampling import RowSampler, SamplingParams, sample
@@ -186,7 +186,8 @@ class Streamer:
         self._retire()
         self.prefills += [Group.prefill(rows, self.adapter) for rows in bucket(self.pending)]
         self.pending = []
-        groups = [*self.pools.values(), *self.prefills]
+        pools = list(self.pools.values())
+        groups = ([Decode(pools, len(self.adapter.layers))] if pools else []) + self.prefills
         if not groups:
             return self._report(t0, wait0, 0.0, [], 0, 0)
         # 2. inputs: decode rows feed their last token, prefill groups their next chunk

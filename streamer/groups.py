@@ -198,6 +198,69 @@ class Pool:
         return self if any(r is not None for r in self.rows) else None
 
 
+class JointCache:
+    """One layer's KV of every decode pool as one batch (pool 0's rows, then pool 1's...): each pool
+    writes its own slots; attention reads them padded to the longest span, the padding masked."""
+
+    def __init__(self, pools: list[Pool], layer: int):
+        self.pools, self.parts = pools, [p.caches[layer] for p in pools]
+
+    @property
+    def offset(self) -> mx.array:
+        return mx.concatenate([c.offset for c in self.parts])
+
+    @property
+    def keys(self) -> list:
+        return [c.keys for c in self.parts]
+
+    @property
+    def values(self) -> list:
+        return [c.values for c in self.parts]
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array):
+        span, ks, vs, start = max(p.span for p in self.pools), [], [], 0
+        for p, c in zip(self.pools, self.parts):
+            k, v = c.update_and_fetch(keys[start:start + p.used], values[start:start + p.used])
+            pad = [(0, 0), (0, 0), (0, span - k.shape[2]), (0, 0)]
+            ks.append(mx.pad(k, pad) if span > k.shape[2] else k)
+            vs.append(mx.pad(v, pad) if span > v.shape[2] else v)
+            start += p.used
+        return (ks[0], vs[0]) if len(ks) == 1 else (mx.concatenate(ks), mx.concatenate(vs))
+
+    def make_mask(self, n: int, window_size: int | None = None, **_) -> mx.array:
+        span = max(p.span for p in self.pools)
+        masks = [p.mask(window_size) for p in self.pools]
+        masks = [mx.pad(m, [(0, 0), (0, 0), (0, 0), (0, span - m.shape[3])]) if m.shape[3] < span else m for m in masks]
+        return masks[0] if len(masks) == 1 else mx.concatenate(masks)
+
+
+class Decode:
+    """Every decode pool as one group [sum of used slots, 1]: the layer's matmuls read each weight once
+    for all of them (a group per pool would read it once per pool); attention goes through JointCache."""
+
+    prefilling = False
+
+    def __init__(self, pools: list[Pool], layers: int):
+        self.pools = pools
+        self.caches = [JointCache(pools, i) for i in range(layers)]
+
+    def next_tokens(self, chunk: int) -> mx.array:
+        tokens = [p.next_tokens(chunk) for p in self.pools]
+        return tokens[0] if len(tokens) == 1 else mx.concatenate(tokens)
+
+    def advance(self) -> bool:
+        for p in self.pools:
+            p.advance()
+        return True
+
+    def sampled(self) -> tuple[list[int], list[RowState]]:
+        idx, rows, start = [], [], 0
+        for p in self.pools:
+            i, r = p.sampled()
+            idx, rows, start = idx + [start + j for j in i], rows + r, start + p.used
+        return idx, rows
+
+
 def bucket(rows: list[RowState], max_rows: int = 64, slack: float = 1.25) -> list[list[RowState]]:
     """Split new rows into prefill groups of similar prompt length, so padding stays small."""
     out: list[list[RowState]] = []
