@@ -16,7 +16,10 @@ max_tokens) rounded up to a multiple of 256 (to 25% steps past 2048, `width_clas
 with rows has its own pool in the streamer, `slots` rows of that width, all of them run through
 every layer in the same pass:
 
-    pool = slots x (width x KV bytes per token + per-row overhead);  sum of pools <= KV budget
+    pool = slots x (width x KV bytes per token + per-row overhead
+                    + widest pool's width x KV bytes per token / layers);  sum of pools <= KV budget
+
+(the last term: attention reads one layer's KV of every pool padded to the widest, a copy.)
 
 Slots are shared out by water-filling the KV budget (at most SPILL_MAX_ROWS slots in all, a slot
 per row): each next slot goes to the class with the fewest slots per token its rows will generate
@@ -60,6 +63,7 @@ class Sheet:
     working_set: int
     kv_per_token: int                        # bytes of K and V for one token in every layer
     row_overhead: int = 0                    # per running row besides its KV (logits, hidden state)
+    layers: int = 0                          # attention's copy of one layer's KV is priced per slot (0: not)
     fixed: dict[str, int] = field(default_factory=dict)
     fraction: float = 0.78
     guard: float = 0.80
@@ -80,6 +84,11 @@ class Sheet:
     def cost(self, rows: int, longest: int) -> int:
         """Bytes reserved for `rows` running rows whose longest full length is `longest` tokens."""
         return rows * (longest * self.kv_per_token + self.row_overhead)
+
+    def slot(self, width: int, widest: int) -> int:
+        """A slot of `width` tokens with its row of one layer's KV as attention reads it, padded to the
+        widest pool's width (a copy while the layer computes, streamer/groups.py JointCache)."""
+        return self.cost(1, width) + (widest * self.kv_per_token // self.layers if self.layers else 0)
 
 
 def fmt(n: int) -> str:
@@ -126,7 +135,7 @@ class BudgetPolicy:
         """Queue rows; returns those that can never fit, each with its sentence."""
         refused = []
         for w in rows:
-            if self.sheet.cost(1, w.full_length) > self.sheet.kv_budget:
+            if self.sheet.slot(w.full_length, w.full_length) > self.sheet.kv_budget:
                 refused.append((w, self.too_big(w)))
             else:
                 self.queue.append(w)
@@ -135,7 +144,7 @@ class BudgetPolicy:
     def too_big(self, w: Waiting) -> str:
         s = self.sheet
         return (f"the prompt is {len(w.prompt)} tokens and max_tokens {w.max_tokens}: its KV cache needs "
-                f"{fmt(s.cost(1, w.full_length))} but the KV budget is {fmt(max(s.kv_budget, 0))} "
+                f"{fmt(s.slot(w.full_length, w.full_length))} but the KV budget is {fmt(max(s.kv_budget, 0))} "
                 f"({s.fraction:.0%} of the {fmt(s.working_set)} working set, less {fmt(sum(s.fixed.values()))} "
                 "for weights, buffers and other processes); lower max_tokens, shorten the prompt, "
                 "or raise --memory or --budget-fraction")
@@ -162,8 +171,10 @@ class BudgetPolicy:
         elif live < s.line(s.guard - s.hysteresis):
             self.holding = False
 
-    def reserved(self) -> int:
-        return sum(self.sheet.cost(p.slots, p.width) for p in self.pools.values())
+    def reserved(self, widest: int = 0) -> int:
+        """Bytes of every pool, each slot priced with attention's copy padded to `widest` or the widest pool."""
+        widest = max([widest, *(p.width for p in self.pools.values())])
+        return sum(p.slots * self.sheet.slot(p.width, widest) for p in self.pools.values())
 
     def shapes(self) -> list[list[int]]:
         """[slots, width] of every decode pool, as the streamer reserves them."""
@@ -181,13 +192,14 @@ class BudgetPolicy:
             c = width_class(w.full_length)
             need[c], count[c] = need[c] + max(w.max_tokens, 1), count[c] + 1
         width = {c: self.pools[c].width if c in self.pools else c for c in need}
+        widest = max(width.values(), default=0)
         slots, left = dict.fromkeys(need, 0), s.kv_budget
         while sum(slots.values()) < self.max_rows:
-            open_ = [c for c in need if slots[c] < count[c] and s.cost(1, width[c]) <= left]
+            open_ = [c for c in need if slots[c] < count[c] and s.slot(width[c], widest) <= left]
             if not open_:
                 break
             c = min(open_, key=lambda c: slots[c] / need[c])
-            slots[c], left = slots[c] + 1, left - s.cost(1, width[c])
+            slots[c], left = slots[c] + 1, left - s.slot(width[c], widest)
         return slots, width
 
     def _resize(self) -> None:
@@ -199,8 +211,9 @@ class BudgetPolicy:
         waiting = list(dict.fromkeys(width_class(w.full_length) for w in window))
         new = [c for c in waiting if c not in self.pools]
         free = s.kv_budget - self.reserved()
+        widest = max((p.width for p in self.pools.values()), default=0)
         full = [c for c in waiting if c in self.pools and held[c] >= self.pools[c].slots == self.pools[c].cap
-                and not self.pools[c].preempted and s.cost(self.pools[c].slots + 1, self.pools[c].width) <= free]
+                and not self.pools[c].preempted and (self.pools[c].slots + 1) * s.slot(self.pools[c].width, widest) <= free]
         if new or full:
             targets, widths = self._shares(window + list(self.running.values()))
             for c, p in self.pools.items():
@@ -208,14 +221,15 @@ class BudgetPolicy:
             for c in full:   # old and new slots both fit what is free: the streamer copies its rows once
                 room = self.max_rows - sum(q.slots for q in self.pools.values())
                 p = self.pools[c]
-                p.slots = p.cap = max(p.slots, min(targets[c], free // s.cost(1, p.width), p.slots + room))
+                p.slots = p.cap = max(p.slots, min(targets[c], free // s.slot(p.width, widest), p.slots + room))
         for c, p in self.pools.items():
             if held[c] <= p.cap < p.slots:
                 p.slots = p.cap      # the streamer shrinks it once (its rows copied)
         shrinking = any(p.slots > p.cap for p in self.pools.values())
-        for c in new:
-            free, room = s.kv_budget - self.reserved(), self.max_rows - sum(p.slots for p in self.pools.values())
-            n = min(targets[c], free // s.cost(1, widths[c]), room)
+        for c in new:   # a wider pool pads the others' copy too: priced at the new widest
+            widest = max([widths[c], *(p.width for p in self.pools.values())])
+            free, room = s.kv_budget - self.reserved(widest), self.max_rows - sum(p.slots for p in self.pools.values())
+            n = min(targets[c], free // s.slot(widths[c], widest), room)
             if n >= 1 and (n == targets[c] or not shrinking):
                 self.pools[c] = Reserved(n, widths[c], n)
             elif not self.pools:     # a row that fits only unrounded runs alone
@@ -257,8 +271,9 @@ class BudgetPolicy:
             return []
         rows, left, touched = list(self.running.values()), self._held(), set()
         out, excess = [], self.live - s.line(s.guard)
+        widest = max(p.width for p in self.pools.values())
         def freed() -> int:
-            return sum(s.cost(self.pools[c].slots - left[c], self.pools[c].width) for c in touched)
+            return sum((self.pools[c].slots - left[c]) * s.slot(self.pools[c].width, widest) for c in touched)
         while len(rows) > 1 and (not out or freed() < excess):
             c = width_class(rows[-1].full_length)
             out.append(rows.pop().row)
@@ -303,7 +318,7 @@ def sheet_for(plan, working_set: int, itemsize: int, *, prefill_tokens: int, pre
              "activations": prefill_tokens * ((4 * hidden + 3 * inter) * itemsize + heads * prefill_chunk * 4),
              "prefill_kv": 2 * prefill_tokens * kv_per_token,   # prompts' KV until they join the pool
              "others": others}
-    return Sheet(working_set, kv_per_token=kv_per_token,
+    return Sheet(working_set, kv_per_token=kv_per_token, layers=len(plan.layers),
                  row_overhead=(int(c.get("vocab_size", 0)) + 4 * hidden) * 4, fixed=fixed, **lines)
 
 

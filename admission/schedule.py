@@ -54,7 +54,8 @@ def policy_for(plan, memory_arg: str | None, model, resident: bool = False):
         return Waiting(r.row, np.broadcast_to(np.int32(0), (r.prompt,)), r.out, [])
 
     def max_batch(r) -> int:   # the whole budget in slots of the row's width class
-        return max(1, min(policy.max_rows, s.kv_budget // s.cost(1, width_class(r.prompt + r.out))))
+        width = width_class(r.prompt + r.out)
+        return max(1, min(policy.max_rows, s.kv_budget // s.slot(width, width)))
     return policy, waiting, max_batch
 
 

@@ -76,3 +76,14 @@ def test_the_pools_never_exceed_the_kv_budget_and_every_row_runs_in_its_class():
         p.finished(finished)
         done += len(finished)
     assert done == 300
+
+
+def test_attentions_copy_of_one_layer_padded_to_the_widest_pool_is_priced_per_slot():
+    s = sheet(slots_mb=40)
+    s.layers = 4                                             # a row of one layer at 1280 tokens: 1.25 MiB
+    p = BudgetPolicy(s, prefill_tokens=100_000)
+    p.offer(mixed())
+    p.admit()
+    kv = sum(n * w // 256 * MB for n, w in p.shapes())
+    copy = sum(n for n, _ in p.shapes()) * 5 * MB // 4
+    assert len(p.shapes()) == 2 and p.reserved() == kv + copy <= s.kv_budget < kv + copy + s.slot(256, 1280)
