@@ -11,23 +11,35 @@ The budget is a target for live allocation at the knee of the memory curve, not 
 Resident (the advisor's choice, advisor.py), "resident tensors" are every layer's weights and no
 layer is in flight.
 
-KV is reserved up front: when a batch starts, admission sizes the streamer's decode pool, `slots`
-rows of `width` tokens (the longest full length, prompt + max_tokens, of the rows waiting first,
-rounded up to 256), as many slots as the KV budget buys (at most SPILL_MAX_ROWS, default 256):
+KV is reserved up front, in decode pools by width class: a row's class is its full length (prompt +
+max_tokens) rounded up to a multiple of 256 (to 25% steps past 2048, `width_class`), and each class
+with rows has its own pool in the streamer, `slots` rows of that width, all of them run through
+every layer in the same pass:
 
-    pool = slots x (width x KV bytes per token + per-row overhead)
+    pool = slots x (width x KV bytes per token + per-row overhead
+                    + widest pool's width x KV bytes per token / layers);  sum of pools <= KV budget
 
-e.g. KV budget 100 MiB, rows of 100+28 and 60+40 tokens, 128 KiB per token: width 256, 32 MiB a
-slot, 3 slots (96 MiB). Rows join in order while a slot is free and they fit its width; the pool
-keeps its shape until it drains, so a longer row waits for the drain and the pool is sized again.
+(the last term: attention reads one layer's KV of every pool padded to the widest, a copy.)
+
+Slots are shared out by water-filling the KV budget (at most SPILL_MAX_ROWS slots in all, a slot
+per row): each next slot goes to the class with the fewest slots per token its rows will generate
+(their max_tokens), so every class drains at the same rate and no tier is left as a wall. E.g. KV
+budget 12 MiB, 1 MiB per 256 tokens, rows 40+10, 40+10, 40+10, 600+10, 600+10: pools (3, 256) and
+(2, 768), 9 MiB, a slot for each row. When a class with rows waiting has no pool (first made, or
+drained) the shares are recomputed: a new pool takes what is free, and pools above their new share
+stop refilling until they shrink to it (once, in the streamer). A full pool with rows waiting
+grows when its old and new slots both fit the KV that is free (the streamer copies its rows
+once), never after a preemption shrank it. Rows join their class's pool in queue order while it
+has a free slot: a class's rows wait in order, never behind another class's.
 Backpressure is a guard on what the streamer reports: above the guard line (80% of the working
 set) nothing is admitted until live allocation falls below guard - hysteresis; above the hard line
-(90%) the newest rows are preempted (never the oldest, so the batch always moves), the pool shrinks
-to the rows left, and they wait at the head of the queue.
+(90%) the newest rows are preempted (never the oldest, so the batch always moves), their pools
+shrink to the rows left, and they wait at the head of the queue.
 """
 
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
+from itertools import islice
 
 import numpy as np
 
@@ -38,6 +50,7 @@ class Waiting:
     prompt: np.ndarray        # int32 prompt ids
     max_tokens: int
     sampling: list
+    width: int = 0            # the pool it runs in, once admitted (the width of its class's pool)
 
     @property
     def full_length(self) -> int:
@@ -50,6 +63,7 @@ class Sheet:
     working_set: int
     kv_per_token: int                        # bytes of K and V for one token in every layer
     row_overhead: int = 0                    # per running row besides its KV (logits, hidden state)
+    layers: int = 0                          # attention's copy of one layer's KV is priced per slot (0: not)
     fixed: dict[str, int] = field(default_factory=dict)
     fraction: float = 0.78
     guard: float = 0.80
@@ -71,16 +85,38 @@ class Sheet:
         """Bytes reserved for `rows` running rows whose longest full length is `longest` tokens."""
         return rows * (longest * self.kv_per_token + self.row_overhead)
 
+    def slot(self, width: int, widest: int) -> int:
+        """A slot of `width` tokens with its row of one layer's KV as attention reads it, padded to the
+        widest pool's width (a copy while the layer computes, streamer/groups.py JointCache)."""
+        return self.cost(1, width) + (widest * self.kv_per_token // self.layers if self.layers else 0)
+
 
 def fmt(n: int) -> str:
     return f"{n / 2**30:.2f} GiB" if abs(n) >= 2**30 else f"{n / 2**20:.1f} MiB"
 
 
+def width_class(full_length: int) -> int:
+    """A row's width class, the width of its pool: its full length rounded up to a multiple of 256
+    up to 2048, above that to an eighth of the power of two at or above it (2560, 3072, ..., 4096,
+    5120, ...): a slot wastes less than 256 tokens or 25%, and a doubling of lengths spans 4 pools."""
+    step = max(256, (1 << (max(full_length, 1) - 1).bit_length()) // 8)
+    return -(-max(full_length, 1) // step) * step
+
+
+@dataclass
+class Reserved:
+    """One class's decode pool in the streamer; `cap`: the slots it may fill (its share, <= slots)."""
+    slots: int
+    width: int
+    cap: int
+    preempted: bool = False   # shrunk above the hard line: it never grows again until it drains
+
+
 class BudgetPolicy:
     def __init__(self, sheet: Sheet, max_rows: int = 256, prefill_tokens: int = 4096):
         self.sheet = sheet
-        self.max_rows = max_rows                 # slots at most
-        self.pool: tuple[int, int] | None = None  # (slots, width) of the streamer's decode pool
+        self.max_rows = max_rows                 # slots of all pools together, at most
+        self.pools: dict[int, Reserved] = {}     # width class -> its decode pool in the streamer
         self.prefill_tokens = prefill_tokens     # prompt tokens the next pass may start
         self.priced_prefill = prefill_tokens     # what the sheet priced activations for: never more
         self.queue: deque[Waiting] = deque()
@@ -89,12 +125,17 @@ class BudgetPolicy:
         self.holding = False
         self.preempting: set[int] = set()        # sent to the streamer, not yet reported dropped
 
+    @property
+    def window(self) -> int:
+        """Rows at the head of the queue that admission looks at (the schedule interleaves them)."""
+        return self.max_rows
+
     # -- rows in and out ---------------------------------------------------------------------
     def offer(self, rows: list[Waiting]) -> list[tuple[Waiting, str]]:
         """Queue rows; returns those that can never fit, each with its sentence."""
         refused = []
         for w in rows:
-            if self.sheet.cost(1, w.full_length) > self.sheet.kv_budget:
+            if self.sheet.slot(w.full_length, w.full_length) > self.sheet.kv_budget:
                 refused.append((w, self.too_big(w)))
             else:
                 self.queue.append(w)
@@ -103,7 +144,7 @@ class BudgetPolicy:
     def too_big(self, w: Waiting) -> str:
         s = self.sheet
         return (f"the prompt is {len(w.prompt)} tokens and max_tokens {w.max_tokens}: its KV cache needs "
-                f"{fmt(s.cost(1, w.full_length))} but the KV budget is {fmt(max(s.kv_budget, 0))} "
+                f"{fmt(s.slot(w.full_length, w.full_length))} but the KV budget is {fmt(max(s.kv_budget, 0))} "
                 f"({s.fraction:.0%} of the {fmt(s.working_set)} working set, less {fmt(sum(s.fixed.values()))} "
                 "for weights, buffers and other processes); lower max_tokens, shorten the prompt, "
                 "or raise --memory or --budget-fraction")
@@ -130,46 +171,117 @@ class BudgetPolicy:
         elif live < s.line(s.guard - s.hysteresis):
             self.holding = False
 
-    def reserved(self) -> int:
-        return self.sheet.cost(*self.pool) if self.pool else 0
+    def reserved(self, widest: int = 0) -> int:
+        """Bytes of every pool, each slot priced with attention's copy padded to `widest` or the widest pool."""
+        widest = max([widest, *(p.width for p in self.pools.values())])
+        return sum(p.slots * self.sheet.slot(p.width, widest) for p in self.pools.values())
 
-    def _size_pool(self) -> tuple[int, int]:
-        """(slots, width) for a new batch, from the rows waiting first and the KV budget."""
-        s = self.sheet
-        width = -(-max(w.full_length for _, w in zip(range(self.max_rows), self.queue)) // 256) * 256
-        slots = min(s.kv_budget // s.cost(1, width), self.max_rows)
-        return (slots, width) if slots else (1, self.queue[0].full_length)   # offer() made sure it fits
+    def shapes(self) -> list[list[int]]:
+        """[slots, width] of every decode pool, as the streamer reserves them."""
+        return [[p.slots, p.width] for p in self.pools.values()]
 
-    def admit(self) -> list[Waiting]:
-        """Rows to start now: in order, while the running set's KV fits and the pass's prompt tokens allow."""
+    def _held(self) -> Counter:
+        """Running rows per width class."""
+        return Counter(width_class(w.full_length) for w in self.running.values())
+
+    def _shares(self, rows: list[Waiting]) -> tuple[dict[int, int], dict[int, int]]:
+        """(slots, width) per class of `rows`: water-filling the KV budget, each next slot to the class
+        with the fewest slots per token its rows will generate, at most a slot per row."""
+        s, need, count = self.sheet, Counter(), Counter()
+        for w in rows:
+            c = width_class(w.full_length)
+            need[c], count[c] = need[c] + max(w.max_tokens, 1), count[c] + 1
+        width = {c: self.pools[c].width if c in self.pools else c for c in need}
+        widest = max(width.values(), default=0)
+        slots, left = dict.fromkeys(need, 0), s.kv_budget
+        while sum(slots.values()) < self.max_rows:
+            open_ = [c for c in need if slots[c] < count[c] and s.slot(width[c], widest) <= left]
+            if not open_:
+                break
+            c = min(open_, key=lambda c: slots[c] / need[c])
+            slots[c], left = slots[c] + 1, left - s.slot(width[c], widest)
+        return slots, width
+
+    def _resize(self) -> None:
+        """Drop drained pools; when a class waits with no pool, or a full one could grow into free KV,
+        share the budget again (the module docstring says how pools shrink, grow and are made)."""
+        s, held = self.sheet, self._held()
+        self.pools = {c: p for c, p in self.pools.items() if held[c]}
+        window = list(islice(self.queue, self.window))
+        waiting = list(dict.fromkeys(width_class(w.full_length) for w in window))
+        new = [c for c in waiting if c not in self.pools]
+        free = s.kv_budget - self.reserved()
+        widest = max((p.width for p in self.pools.values()), default=0)
+        full = [c for c in waiting if c in self.pools and held[c] >= self.pools[c].slots == self.pools[c].cap
+                and not self.pools[c].preempted and (self.pools[c].slots + 1) * s.slot(self.pools[c].width, widest) <= free]
+        if new or full:
+            targets, widths = self._shares(window + list(self.running.values()))
+            for c, p in self.pools.items():
+                p.cap = min(p.cap, targets.get(c, 0))
+            for c in full:   # old and new slots both fit what is free: the streamer copies its rows once
+                room = self.max_rows - sum(q.slots for q in self.pools.values())
+                p = self.pools[c]
+                p.slots = p.cap = max(p.slots, min(targets[c], free // s.slot(p.width, widest), p.slots + room))
+        for c, p in self.pools.items():
+            if held[c] <= p.cap < p.slots:
+                p.slots = p.cap      # the streamer shrinks it once (its rows copied)
+        shrinking = any(p.slots > p.cap for p in self.pools.values())
+        for c in new:   # a wider pool pads the others' copy too: priced at the new widest
+            widest = max([widths[c], *(p.width for p in self.pools.values())])
+            free, room = s.kv_budget - self.reserved(widest), self.max_rows - sum(p.slots for p in self.pools.values())
+            n = min(targets[c], free // s.slot(widths[c], widest), room)
+            if n >= 1 and (n == targets[c] or not shrinking):
+                self.pools[c] = Reserved(n, widths[c], n)
+            elif not self.pools:     # a row that fits only unrounded runs alone
+                first = next(w for w in window if width_class(w.full_length) == c)
+                self.pools[c] = Reserved(1, first.full_length, 1)
+
+    def admit(self, alone: bool = True) -> list[Waiting]:
+        """Rows to start now, in queue order: each into its class's pool while it has a free slot and
+        the row fits its width, while the pass's prompt tokens allow. `alone`: no earlier prompt is
+        still prefilling, so one prompt longer than the allowance may start (its first chunk fits)."""
         if self.holding and self.running:
             return []
-        if not self.running:
-            self.pool = self._size_pool() if self.queue else None
-        out, tokens = [], 0
-        while self.queue and len(self.running) < self.pool[0] and self.queue[0].full_length <= self.pool[1]:
-            head = self.queue[0]
-            if out and tokens + len(head.prompt) > self.prefill_tokens:
+        self._resize()
+        held, out, picked, tokens, blocked = self._held(), [], [], 0, set()
+        for i, w in enumerate(islice(self.queue, self.window)):
+            c = width_class(w.full_length)
+            p = self.pools.get(c)
+            if c in blocked or p is None or held[c] >= p.cap or w.full_length > p.width:
+                blocked.add(c)   # the class's later rows keep their order behind this one
+                continue
+            if (out or not alone) and tokens + len(w.prompt) > self.prefill_tokens:
                 break
-            out.append(self.queue.popleft())
-            self.running[head.row] = head
-            tokens += len(head.prompt)
+            w.width, held[c], tokens = p.width, held[c] + 1, tokens + len(w.prompt)
+            out.append(w)
+            picked.append(i)
             if self.holding:
                 break   # above the guard with nothing running: one row, so the job still moves
+        for i in reversed(picked):
+            del self.queue[i]
+        self.running.update((w.row, w) for w in out)
         return out
 
     def to_preempt(self) -> list[int]:
         """Above the hard line: the newest rows whose slots bring live allocation back under the guard
-        line (at least one; never the oldest); none while earlier ones are on their way. The pool
-        shrinks to the slots left (`self.pool`, sent with the PREEMPT)."""
+        line (at least one; never the oldest); none while earlier ones are on their way. Their pools
+        shrink to the rows left (`shapes()`, sent with the PREEMPT)."""
         s = self.sheet
         if self.preempting or self.live < s.line(s.hard) or len(self.running) < 2:
             return []
-        rows, (slots, width) = list(self.running), self.pool
+        rows, left, touched = list(self.running.values()), self._held(), set()
         out, excess = [], self.live - s.line(s.guard)
-        while len(rows) > 1 and (not out or s.cost(slots - len(rows), width) < excess):
-            out.append(rows.pop())
-        self.pool = (len(rows), width)
+        widest = max(p.width for p in self.pools.values())
+        def freed() -> int:
+            return sum((self.pools[c].slots - left[c]) * s.slot(self.pools[c].width, widest) for c in touched)
+        while len(rows) > 1 and (not out or freed() < excess):
+            c = width_class(rows[-1].full_length)
+            out.append(rows.pop().row)
+            left[c] -= 1
+            touched.add(c)
+        for c in touched:
+            self.pools[c].slots = self.pools[c].cap = left[c]
+            self.pools[c].preempted = True
         self.preempting.update(out)
         return out
 
@@ -177,7 +289,7 @@ class BudgetPolicy:
         self.queue.clear()
         self.running.clear()
         self.preempting.clear()
-        self.live, self.holding, self.pool = 0, False, None
+        self.live, self.holding, self.pools = 0, False, {}
 
 
 # -- prices from the model's config and the plan's tensors ---------------------------------------------
@@ -206,7 +318,7 @@ def sheet_for(plan, working_set: int, itemsize: int, *, prefill_tokens: int, pre
              "activations": prefill_tokens * ((4 * hidden + 3 * inter) * itemsize + heads * prefill_chunk * 4),
              "prefill_kv": 2 * prefill_tokens * kv_per_token,   # prompts' KV until they join the pool
              "others": others}
-    return Sheet(working_set, kv_per_token=kv_per_token,
+    return Sheet(working_set, kv_per_token=kv_per_token, layers=len(plan.layers),
                  row_overhead=(int(c.get("vocab_size", 0)) + 4 * hidden) * 4, fixed=fixed, **lines)
 
 

@@ -58,17 +58,17 @@ def run_admission_process(endpoints, args, log) -> None:
             continue
         preempt = policy.to_preempt()
         if preempt:
-            box.send("streamer", m.Preempt(epoch, preempt, policy.pool[0]))
-        admitted = [] if in_flight else schedule.admit(policy, calibrator.allowance())
+            box.send("streamer", m.Preempt(epoch, preempt, policy.shapes()))
+        admitted = [] if in_flight else schedule.admit(policy, calibrator.allowance(), bool(calibrator.context.prefilling))
         if admitted:
-            box.send("streamer", _admit(epoch, admitted, eos, limit, policy.pool))
+            box.send("streamer", _admit(epoch, admitted, eos, limit, policy.shapes()))
             calibrator.admitted([w.row for w in admitted], [len(w.prompt) for w in admitted])
             in_flight = True
         if reported is not None:
             told = report(epoch, reported.index, policy, others, requeued, calibrator, job)
             box.send("coordinator", told)
             log.info("pass", index=reported.index, budget=policy.sheet.budget, kv_budget=policy.sheet.kv_budget,
-                     live=policy.live, reserved=policy.reserved(), pool=policy.pool, running=len(policy.running),
+                     live=policy.live, reserved=policy.reserved(), pools=policy.shapes(), running=len(policy.running),
                      admitted=len(admitted), held=told.held_rows,
                      waiting=len(policy.queue), preempted=len(preempt), holding=policy.holding)
     box.close()
@@ -130,11 +130,11 @@ def _waiting(msg: m.Tokenized) -> list[Waiting]:
             for row, n, e, mt, sp in zip(msg.rows, msg.lengths, ends, msg.max_tokens, msg.sampling)]
 
 
-def _admit(epoch: int, rows: list[Waiting], eos: list[int], cache_limit: int, pool: tuple[int, int]) -> m.Admit:
+def _admit(epoch: int, rows: list[Waiting], eos: list[int], cache_limit: int, pools: list[list[int]]) -> m.Admit:
     tokens = np.concatenate([w.prompt for w in rows]).astype(np.int32).tobytes()
     return m.Admit(epoch=epoch, rows=[w.row for w in rows], tokens=tokens, lengths=[len(w.prompt) for w in rows],
                    max_tokens=[w.max_tokens for w in rows], sampling=[w.sampling for w in rows], eos=eos,
-                   cache_limit=cache_limit, slots=pool[0], width=pool[1])
+                   cache_limit=cache_limit, widths=[w.width for w in rows], pools=pools)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ import numpy as np
 
 from spill import config, memory
 
-from .policy import BudgetPolicy, Waiting, sheet_for
+from .policy import BudgetPolicy, Waiting, sheet_for, width_class
 
 
 def budget_policy(plan, memory_arg=None, fraction: float | None = None, others: int = 0,
@@ -53,9 +53,9 @@ def policy_for(plan, memory_arg: str | None, model, resident: bool = False):
     def waiting(r) -> Waiting:   # only the prompt's length matters to the policy: a view of no size
         return Waiting(r.row, np.broadcast_to(np.int32(0), (r.prompt,)), r.out, [])
 
-    def max_batch(r) -> int:
-        width = -(-(r.prompt + r.out) // 256) * 256
-        return max(1, min(policy.max_rows, s.kv_budget // s.cost(1, width)))
+    def max_batch(r) -> int:   # the whole budget in slots of the row's width class
+        width = width_class(r.prompt + r.out)
+        return max(1, min(policy.max_rows, s.kv_budget // s.slot(width, width)))
     return policy, waiting, max_batch
 
 
@@ -84,13 +84,13 @@ def allowance(model, bytes_streamed: int, decode_rows: int, context: int, outsta
     return max(model.prefill_allowance(bytes_streamed, decode_rows, context), chunk) - outstanding
 
 
-def admit(policy, tokens: int) -> list:
+def admit(policy, tokens: int, prefilling: bool = False) -> list:
     """The policy's admissions for the next pass with `tokens` prompt tokens allowed; none while
-    prompts already prefilling use the allowance up and rows are running (they still move)."""
+    prompts already prefilling (`prefilling`) use the allowance up and rows are running (they still move)."""
     if tokens <= 0 and policy.running:
         return []
     policy.prefill_tokens = max(min(tokens, policy.priced_prefill), 1)
-    return policy.admit()
+    return policy.admit(alone=not prefilling)
 
 
 def prompt_length(w) -> int:

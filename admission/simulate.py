@@ -126,7 +126,7 @@ def simulate(rows: list[SimRow], policy, waiting, model: PassModel, bytes_stream
         policy.finished(finished)
         outstanding = sum(min(chunk, n) for n in prefilling.values())
         allowed = schedule.allowance(model, bytes_streamed, len(decoding), sum(c for c, _ in decoding.values()), 0, chunk)
-        admitted = schedule.admit(policy, allowed - outstanding)
+        admitted = schedule.admit(policy, allowed - outstanding, bool(prefilling))
         if not (admitted or prefilling or decoding) and done + len(refused) < len(rows):
             est.stalled = True
     est.total_seconds = clock

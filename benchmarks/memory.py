@@ -71,10 +71,10 @@ def child(spec: dict) -> None:
     if hasattr(s, "reserve"):   # the code with the budget: admission's prices, the pool, the cache limit
         from spill.admission.policy import sheet_for
         sheet = sheet_for(s.plan, ws.bytes, 4, prefill_tokens=b * prompt, others=baseline)
-        s.reserve(b, width)
+        s.reserve([[b, width]])
         s.set_cache_limit(sheet.fixed["cache"])
     for j in range(b):
-        s.add(Row(j, [(7 * j + k) % 1000 + 3 for k in range(prompt)], max_tokens=passes + 2))
+        s.add(Row(j, [(7 * j + k) % 1000 + 3 for k in range(prompt)], max_tokens=passes + 2, **({"width": width} if sheet else {})))
     rows = []
     for k in range(passes + 1):
         before = memory.process_memory()

@@ -202,9 +202,9 @@ def budget(s, b) -> int:
         return t.nbytes // 2 * size if t.dtype in ("BF16", "F16") else t.nbytes
     layer = max(sum(cast(t) for t in layer) for layer in plan.layers)
     resident = sum(cast(t) for t in plan.resident)
-    kv = sum(c.keys.nbytes + c.values.nbytes for c in s.decode.caches)
+    kv = sum(c.keys.nbytes + c.values.nbytes for p in s.pools.values() for c in p.caches)
     c = plan.config
-    kv_len = s.decode.caches[0].keys.shape[2]
+    kv_len = max(p.caches[0].keys.shape[2] for p in s.pools.values())
     width = 4 * c["hidden_size"] + 3 * c["intermediate_size"] + c["num_attention_heads"] * kv_len
     act = b * size * (width + c["vocab_size"])
     # each convert thread stages one tensor in its stored dtype before the cast: the largest ones

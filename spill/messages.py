@@ -94,8 +94,8 @@ class Tokenized:
 @dataclass
 class Admit(Tokenized):
     cache_limit: int = 0     # bytes of MLX's buffer cache, set from the budget (0: leave it)
-    slots: int = 0           # the decode pool admission reserved: rows, and tokens each (0: none)
-    width: int = 0
+    widths: list[int] = field(default_factory=list)        # the decode pool each row joins, by its width
+    pools: list[list[int]] = field(default_factory=list)   # every decode pool admission reserved: [slots, width]
 
 
 @dataclass
@@ -142,7 +142,7 @@ class Pass:
 class Preempt:
     epoch: int
     rows: list[int]
-    slots: int = 0           # the decode pool shrinks to this many rows
+    pools: list[list[int]] = field(default_factory=list)   # [slots, width] of every decode pool after it
 
 
 @dataclass
@@ -224,9 +224,9 @@ BYTES = (0, (1 << 63) - 1)
 _RANGES = {"epoch": COUNT, "index": COUNT, "pass_index": COUNT, "pid": COUNT, "rows": ROW, "finished": ROW,
            "lengths": COUNT, "max_tokens": COUNT, "prompt_tokens": COUNT, "completion_tokens": COUNT,
            "tokens": COUNT, "eos": COUNT, "seed": SEED, "top_k": (-1, COUNT[1]), "held_rows": COUNT,
-           "preempted_rows": COUNT, **dict.fromkeys(("working_set", "budget", "guard", "hard", "others"), BYTES)}
+           "preempted_rows": COUNT, "widths": COUNT, "pools": COUNT, **dict.fromkeys(("working_set", "budget", "guard", "hard", "others"), BYTES)}
 _PARALLEL = {Submit: ("rows", "requests"), Tokenized: ("rows", "lengths", "max_tokens", "sampling"),
-             Admit: ("rows", "lengths", "max_tokens", "sampling"), Tokens: ("rows", "finish"),
+             Admit: ("rows", "lengths", "max_tokens", "sampling", "widths"), Tokens: ("rows", "finish"),
              Done: ("rows", "texts", "finish", "prompt_tokens", "completion_tokens"),
              Error: ("rows", "codes", "messages"), Progress: ("rows", "tokens", "tails")}
 _REQUEST = {"kind": str, "messages": list[dict[str, str | None]] | None, "prompt": str | None,
@@ -358,6 +358,8 @@ def _check_shape(msg) -> None:
         raise BadMessage(f"{name}: {', '.join(lists)} differ in length")
     if isinstance(msg, Tokenized) and len(msg.tokens) != 4 * sum(msg.lengths):
         raise BadMessage(f"{name}: {len(msg.tokens)} token bytes for lengths summing to {sum(msg.lengths)}")
+    if isinstance(msg, (Admit, Preempt)) and any(len(p) != 2 for p in msg.pools):
+        raise BadMessage(f"{name}.pools: expected [slots, width] pairs, found {_clip(msg.pools)}")
     if isinstance(msg, Tokens) and len(msg.tokens) != 4 * len(msg.rows):
         raise BadMessage(f"{name}: {len(msg.tokens)} token bytes for {len(msg.rows)} rows")
     for s in getattr(msg, "sampling", []) if isinstance(msg, Tokenized) else []:

@@ -3,7 +3,8 @@
 A pass streams every layer once and runs every group through it while it is resident:
 
     group      rows  tokens this pass    cache
-    decode     B     1 each (T=1)        a Pool: KV preallocated per slot (groups.py)
+    decode     B     1 each (T=1)        a Pool per width admission reserved (e.g. 48 slots of 256
+                                         tokens, 6 of 1280): one group, KV preallocated per slot
     prefill 1  b1    a chunk of prompts  its own BatchKVCache per layer, joins the pool when done
     prefill 2  b2    ...
 
@@ -24,7 +25,7 @@ from spill.errors import SpillError
 from spill.platform import set_blas_threads
 
 from .families import adapter_for
-from .groups import Group, Pool, RowState, bucket
+from .groups import Decode, Group, Pool, RowState, bucket
 from .plan import load_plan
 from .reader import WeightReader
 from .sampling import RowSampler, SamplingParams, sample
@@ -38,6 +39,7 @@ class Row:
     sampling: SamplingParams = field(default_factory=SamplingParams)
     eos_ids: frozenset[int] = frozenset()
     teacher: tuple[int, ...] | None = None   # fed instead of the sampled tokens (`spill check`)
+    width: int = 0           # the reserved decode pool it joins (0: an unreserved one, grown as rows come)
 
 
 @dataclass
@@ -95,8 +97,8 @@ class Streamer:
         self.adapter.load_resident(self.reader.read_resident())
         self.kept: dict[int, dict] | None = {} if resident else None   # resident: layer -> its weights
         self._waited = 0.0        # reader wait of readers closed since (resident)
-        self.decode: Pool | None = None
-        self.reservation: tuple[int, int] | None = None   # (slots, width) admission priced
+        self.pools: dict[int, Pool] = {}             # a row's width -> the decode pool it joins
+        self.reservation: dict[int, int] = {}        # width -> slots, as admission priced them
         self.pool_moves = 0       # pools outgrown and copied (never, under admission's reservation)
         self.prefills: list[Group] = []
         self.pending: list[RowState] = []
@@ -125,11 +127,11 @@ class Streamer:
         if state is not None and state.finish is None:
             state.finish = reason
 
-    def preempt(self, row_ids, slots: int = 0) -> None:
-        """Drop running rows before the next pass (memory above the hard line), and shrink the pool to
-        `slots` rows; they are reported as preempted and run again from their prompts when admitted."""
-        if slots and self.reservation:
-            self.reservation = (slots, self.reservation[1])
+    def preempt(self, row_ids, pools=()) -> None:
+        """Drop running rows before the next pass (memory above the hard line), and shrink the pools to
+        `pools` ([slots, width]); they are reported as preempted and run again from their prompts when admitted."""
+        if pools:
+            self.reserve(pools)
         for rid in row_ids:
             state = self.rows.get(rid)
             if state is not None and state.finish is None:
@@ -138,9 +140,10 @@ class Streamer:
             self.prefills.remove(g)   # its other rows start their prefill again
             self.pending += [r for r in g.rows if r.finish is None]
 
-    def reserve(self, slots: int, width: int) -> None:
-        """The decode pool's shape, reserved by admission: `slots` rows of up to `width` tokens."""
-        self.reservation = (slots, width)
+    def reserve(self, pools) -> None:
+        """The decode pools' shapes, reserved by admission: [slots, width] each, `slots` rows of up to
+        `width` tokens; a pool above its slots shrinks at the next pass."""
+        self.reservation = {width: slots for slots, width in pools}
 
     @property
     def resident(self) -> bool:
@@ -169,7 +172,7 @@ class Streamer:
 
     def clear(self) -> None:
         """Drop every row and its KV (a reset of the group); the weights plan stays."""
-        self.decode, self.prefills, self.pending, self.rows = None, [], [], {}
+        self.pools, self.reservation, self.prefills, self.pending, self.rows = {}, {}, [], [], {}
 
     @property
     def idle(self) -> bool:
@@ -183,7 +186,8 @@ class Streamer:
         self._retire()
         self.prefills += [Group.prefill(rows, self.adapter) for rows in bucket(self.pending)]
         self.pending = []
-        groups = ([self.decode] if self.decode else []) + self.prefills
+        pools = list(self.pools.values())
+        groups = ([Decode(pools, len(self.adapter.layers))] if pools else []) + self.prefills
         if not groups:
             return self._report(t0, wait0, 0.0, [], 0, 0)
         # 2. inputs: decode rows feed their last token, prefill groups their next chunk
@@ -220,7 +224,7 @@ class Streamer:
         emitting = [(g, h) for g, h in zip(groups, hs) if g.advance()]
         emitted = self._sample(emitting)
         compute_s += time.perf_counter() - c0
-        # 5. prefill groups that finished their prompts join the decode group
+        # 5. prefill groups that finished their prompts join their decode pools
         rows_before = len(self.rows)
         joined = [g for g in self.prefills if not g.prefilling]
         for g in joined:
@@ -254,36 +258,50 @@ class Streamer:
         return out
 
     def _join(self, g: Group) -> None:
-        """A finished prefill group's rows take slots in the decode pool, made at the reserved shape
+        """A finished prefill group's rows take slots in their pools, made at the reserved shape
         (rows that ended on their first token never take one)."""
-        if all(r.finish is not None for r in g.rows):
-            return
-        if self.decode is None:
-            self.decode = Pool(*self._shape(g.rows), len(self.adapter.layers))
-        elif not self.decode.fits(g.rows):   # rows past the reservation: a bigger pool, copied once
-            old = self.decode
-            self.decode = Pool(*self._shape(old.live + g.rows), len(self.adapter.layers))
-            self.decode.move(old)
-            self.pool_moves += 1
-        self.decode.join(g)
+        picks: dict[int, list[int]] = {}
+        for j, r in enumerate(g.rows):
+            if r.finish is None:
+                picks.setdefault(r.row.width, []).append(j)
+        for width, js in picks.items():
+            rows, pool = [g.rows[j] for j in js], self.pools.get(width)
+            if pool is None:
+                pool = self.pools[width] = Pool(*self._shape(width, rows), len(self.adapter.layers))
+            elif not pool.fits(rows):   # rows past the reservation: a bigger pool, copied once
+                old, pool = pool, Pool(*self._shape(width, pool.live + rows), len(self.adapter.layers))
+                pool.move(old)
+                self.pools[width] = pool
+                self.pool_moves += 1
+            pool.join(g, js)
 
-    def _shape(self, rows: list[RowState]) -> tuple[int, int]:
+    def _shape(self, width: int, rows: list[RowState]) -> tuple[int, int]:
         longest = max(len(r.row.prompt) + r.row.max_tokens for r in rows)
-        if self.reservation and self.reservation[0] >= len(rows) and self.reservation[1] >= longest:
-            return self.reservation
+        slots = self.reservation.get(width, 0)
+        if width and slots >= len(rows) and width >= longest:
+            return slots, width
         return max(8, 2 * len(rows)), -(-longest // 256) * 256
 
     def _retire(self) -> None:
-        """Drop finished rows from the decode group and from the bookkeeping."""
-        if self.decode is not None:
-            self.decode = self.decode.without_finished()
-        if self.decode is not None and self.reservation and self.decode.slots > self.reservation[0]:
-            old, self.decode = self.decode, Pool(*self.reservation, len(self.adapter.layers))
-            self.decode.move(old)   # a preemption shrinks the pool: its rows are copied once
-            del old
+        """Drop finished rows from the decode pools and from the bookkeeping; shrink a pool above its
+        reserved slots (a preemption or a new share: its rows are copied once)."""
+        shrunk = False
+        for width, pool in list(self.pools.items()):
+            pool = pool.without_finished()
+            slots = self.reservation.get(width, 0) if width else 0
+            if pool is not None and len(pool.live) <= slots < pool.slots:
+                old, pool = pool, Pool(slots, pool.width, len(self.adapter.layers))
+                pool.move(old)
+                del old
+                shrunk = True
+            if pool is None:
+                del self.pools[width]
+            else:
+                self.pools[width] = pool
+        if shrunk:
             mx.clear_cache()
         self.pending = [r for r in self.pending if r.finish is None]
-        live = {id(r) for g in [self.decode, *self.prefills] if g for r in g.rows if r is not None}
+        live = {id(r) for g in [*self.pools.values(), *self.prefills] for r in g.rows if r is not None}
         live |= {id(r) for r in self.pending}
         for rid in [rid for rid, r in self.rows.items() if r.finish is not None and id(r) not in live]:
             state = self.rows.pop(rid)
@@ -296,7 +314,7 @@ class Streamer:
         self._faults = now
         return PassReport(
             index=self.passes, emitted=emitted,
-            decode_rows=len(self.decode.live) if self.decode else 0,
+            decode_rows=sum(len(p.live) for p in self.pools.values()),
             prefill_tokens=prefill_tokens, seconds=time.perf_counter() - t0,
             wait_s=self._wait_s() - wait0, compute_s=compute_s,
             bytes_streamed=streamed, active_memory=mx.get_active_memory(),

@@ -7,12 +7,13 @@ A prefill group holds prompts left-padded to one length, e.g. prompts [1 3 5], [
     2 6 8 9
 
 It feeds `chunk` columns per pass; after its last column it samples a first token for each row,
-and its rows move into the decode pool (below).
+and each row moves into the decode pool of its width (below).
 
-The decode group is a `Pool`: every layer's K and V preallocated once as [slots, heads, width,
-head_dim], the shape admission reserved and priced. A row owns one slot; its tokens sit at columns
-0..len-1 and each pass writes the next one at column len (a scatter in place), so a row joining
-copies only its own prompt's KV into its slot, and a row leaving just frees its slot:
+A decode group is a `Pool`, one per width admission reserved: every layer's K and V preallocated
+once as [slots, heads, width, head_dim], the shape admission priced. A row owns one slot; its
+tokens sit at columns 0..len-1 and each pass writes the next one at column len (a scatter in
+place), so a row joining copies only its own prompt's KV into its slot, and a row leaving just
+frees its slot:
 
     slot  len   columns (width 8)          mask of this pass (query at column len)
     0     5     a a a a a . . .            1 1 1 1 1 1 0 0
@@ -141,13 +142,12 @@ class Pool:
         rows = [r for r in rows if r.finish is None]
         return free >= len(rows) and all(len(r.row.prompt) + r.row.max_tokens <= self.width for r in rows)
 
-    def join(self, group: Group) -> None:
-        """A prefill group's rows into free slots: only their own KV is copied."""
+    def join(self, group: Group, picks: list[int]) -> None:
+        """Rows `picks` of a prefill group into free slots: only their own KV is copied."""
         pads = [c.left_padding.tolist() for c in group.caches[:1]][0]
         end = group.caches[0]._idx
-        for j, r in enumerate(group.rows):
-            if r.finish is not None:
-                continue
+        for j in picks:
+            r = group.rows[j]
             slot = self.rows.index(None)
             for mine, theirs in zip(self.caches, group.caches):
                 mine.place(slot, theirs.keys[j:j + 1, :, pads[j]:end, :], theirs.values[j:j + 1, :, pads[j]:end, :])
@@ -196,6 +196,69 @@ class Pool:
             if r is not None and r.finish is not None:
                 self.rows[j], self.lens[j] = None, 0
         return self if any(r is not None for r in self.rows) else None
+
+
+class JointCache:
+    """One layer's KV of every decode pool as one batch (pool 0's rows, then pool 1's...): each pool
+    writes its own slots; attention reads them padded to the longest span, the padding masked."""
+
+    def __init__(self, pools: list[Pool], layer: int):
+        self.pools, self.parts = pools, [p.caches[layer] for p in pools]
+
+    @property
+    def offset(self) -> mx.array:
+        return mx.concatenate([c.offset for c in self.parts])
+
+    @property
+    def keys(self) -> list:
+        return [c.keys for c in self.parts]
+
+    @property
+    def values(self) -> list:
+        return [c.values for c in self.parts]
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array):
+        span, ks, vs, start = max(p.span for p in self.pools), [], [], 0
+        for p, c in zip(self.pools, self.parts):
+            k, v = c.update_and_fetch(keys[start:start + p.used], values[start:start + p.used])
+            pad = [(0, 0), (0, 0), (0, span - k.shape[2]), (0, 0)]
+            ks.append(mx.pad(k, pad) if span > k.shape[2] else k)
+            vs.append(mx.pad(v, pad) if span > v.shape[2] else v)
+            start += p.used
+        return (ks[0], vs[0]) if len(ks) == 1 else (mx.concatenate(ks), mx.concatenate(vs))
+
+    def make_mask(self, n: int, window_size: int | None = None, **_) -> mx.array:
+        span = max(p.span for p in self.pools)
+        masks = [p.mask(window_size) for p in self.pools]
+        masks = [mx.pad(m, [(0, 0), (0, 0), (0, 0), (0, span - m.shape[3])]) if m.shape[3] < span else m for m in masks]
+        return masks[0] if len(masks) == 1 else mx.concatenate(masks)
+
+
+class Decode:
+    """Every decode pool as one group [sum of used slots, 1]: the layer's matmuls read each weight once
+    for all of them (a group per pool would read it once per pool); attention goes through JointCache."""
+
+    prefilling = False
+
+    def __init__(self, pools: list[Pool], layers: int):
+        self.pools = pools
+        self.caches = [JointCache(pools, i) for i in range(layers)]
+
+    def next_tokens(self, chunk: int) -> mx.array:
+        tokens = [p.next_tokens(chunk) for p in self.pools]
+        return tokens[0] if len(tokens) == 1 else mx.concatenate(tokens)
+
+    def advance(self) -> bool:
+        for p in self.pools:
+            p.advance()
+        return True
+
+    def sampled(self) -> tuple[list[int], list[RowState]]:
+        idx, rows, start = [], [], 0
+        for p in self.pools:
+            i, r = p.sampled()
+            idx, rows, start = idx + [start + j for j in i], rows + r, start + p.used
+        return idx, rows
 
 
 def bucket(rows: list[RowState], max_rows: int = 64, slack: float = 1.25) -> list[list[RowState]]:

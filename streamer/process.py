@@ -41,17 +41,18 @@ class StreamerActor:
     def admit(self, msg: m.Admit) -> None:
         if self.engine is None:
             return
-        if msg.slots:
-            self.engine.reserve(msg.slots, msg.width)
+        if msg.pools:
+            self.engine.reserve(msg.pools)
         if msg.cache_limit and msg.cache_limit != self.cache_limit:
             self.engine.set_cache_limit(msg.cache_limit)
             self.cache_limit = msg.cache_limit
         eos = frozenset(msg.eos)
-        for row, prompt, max_tokens, (temp, top_p, top_k, seed) in zip(
-                msg.rows, m.unpack_tokens(msg.tokens, msg.lengths), msg.max_tokens, msg.sampling):
+        widths = msg.widths or [0] * len(msg.rows)
+        for row, prompt, max_tokens, (temp, top_p, top_k, seed), width in zip(
+                msg.rows, m.unpack_tokens(msg.tokens, msg.lengths), msg.max_tokens, msg.sampling, widths):
             sampling = SamplingParams(temperature=temp, top_p=top_p, top_k=top_k, seed=seed)
             try:
-                self.engine.add(Row(row, prompt, max_tokens, sampling, eos))
+                self.engine.add(Row(row, prompt, max_tokens, sampling, eos, width=width))
             except SpillError as err:   # one bad row: its error line; admission frees it next pass
                 self.engine.left.append(row)
                 self.refused.append((row, str(err)))
@@ -62,7 +63,7 @@ class StreamerActor:
 
     def preempt(self, msg: m.Preempt) -> None:
         if self.engine is not None:
-            self.engine.preempt(msg.rows, msg.slots)
+            self.engine.preempt(msg.rows, msg.pools)
 
     @property
     def busy(self) -> bool:

@@ -32,21 +32,22 @@ def test_the_pool_is_sized_from_the_budget_and_never_exceeds_it():
     p = BudgetPolicy(sheet(slots_mb=5))
     p.offer(rows(*[10] * 7))
     assert [w.row for w in p.admit()] == [0, 1, 2, 3, 4]     # 5 slots of 256 tokens
-    assert p.pool == (5, 256) and p.reserved() == 5 * MB <= p.sheet.kv_budget
+    assert p.shapes() == [[5, 256]] and p.reserved() == 5 * MB <= p.sheet.kv_budget
     assert p.admit() == []
     p.finished([0])
     assert [w.row for w in p.admit()] == [5]                 # a freed slot takes the next row
     assert p.reserved() == 5 * MB
 
 
-def test_the_width_is_the_longest_waiting_row_and_longer_rows_wait_for_the_drain():
+def test_each_row_joins_the_pool_of_its_width_class_and_a_full_class_holds_only_its_own_rows():
     p = BudgetPolicy(sheet(slots_mb=8))
-    p.offer(rows(300, 10))                                   # 310 tokens: width 512, 2 MiB a slot, 4 slots
-    assert [w.row for w in p.admit()] == [0, 1] and p.pool == (4, 512)
-    p.offer(rows(600, 5, start=2))                           # 610 > 512: waits, and the row behind it too
-    assert p.admit() == []
-    p.finished([0, 1])
-    assert [w.row for w in p.admit()] == [2, 3] and p.pool == (2, 768)
+    p.offer(rows(600, 10))                                   # 610 tokens: width 768 (3 MiB a slot); 20: 256
+    assert [(w.row, w.width) for w in p.admit()] == [(0, 768), (1, 256)] and p.shapes() == [[1, 768], [1, 256]]
+    p.offer(rows(600, 10, start=2))
+    assert [w.row for w in p.admit()] == [3]                 # 4 MiB free: the 256 pool grows (1 + 2 fit), 768 not
+    assert p.shapes() == [[1, 768], [2, 256]]
+    p.finished([0])
+    assert [w.row for w in p.admit()] == [2] and p.reserved() <= p.sheet.kv_budget
 
 
 def test_a_row_too_big_for_the_budget_gets_one_sentence_and_the_rest_run():
@@ -60,7 +61,7 @@ def test_a_row_too_big_for_the_budget_gets_one_sentence_and_the_rest_run():
 def test_a_row_that_fits_only_unrounded_runs_alone():
     p = BudgetPolicy(sheet(slots_mb=2.5))
     p.offer(rows(600, 5))                                    # 610 tokens fit 2.5 MiB, 768 would not
-    assert [w.row for w in p.admit()] == [0] and p.pool == (1, 610)
+    assert [w.row for w in p.admit()] == [0] and p.shapes() == [[1, 610]]
 
 
 def test_the_guard_line_holds_admission_with_hysteresis():
@@ -85,11 +86,11 @@ def test_the_hard_line_preempts_the_newest_rows_shrinks_the_pool_and_they_later_
     p = BudgetPolicy(sheet(slots_mb=100), max_rows=8)
     p.offer(rows(*[40] * 8))
     assert run_pass(p, live=500 * MB) == ([], list(range(8)))
-    assert p.pool == (8, 256)
+    assert p.shapes() == [[8, 256]]
     preempt, admitted = run_pass(p, live=802 * MB)           # 2 MiB over the guard line: 2 slots
     assert (preempt, admitted) == ([], [])                    # (below the hard line: hold only)
     preempt, admitted = run_pass(p, live=902 * MB)           # 102 MiB over: all but the oldest
-    assert (preempt, admitted) == ([7, 6, 5, 4, 3, 2, 1], []) and p.pool == (1, 256)
+    assert (preempt, admitted) == ([7, 6, 5, 4, 3, 2, 1], []) and p.shapes() == [[1, 256]]
     assert run_pass(p, live=905 * MB) == ([], [])              # not yet dropped: no second preemption
     assert run_pass(p, live=700 * MB, preempted=[7, 6, 5, 4, 3, 2, 1]) == ([], [])   # the pool is full
     assert run_pass(p, live=600 * MB, finished=[0]) == ([], list(range(1, 8)))       # drained: sized again

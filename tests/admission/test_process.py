@@ -75,3 +75,12 @@ def test_the_report_carries_the_lines_the_hold_and_the_rows_preempted():
     p.observe(700 * MB)                                        # below guard less hysteresis: no hold
     assert process.report(2, 10, p, 0, 0, Calibrator(None), "job1").held_rows == 0
     assert process.report(2, 10, p, 0, 0, Calibrator(None), "job1").probe_bandwidth == 0.0   # no calibration: no figure
+
+
+def test_an_admit_names_each_rows_pool_and_every_pools_shape():
+    p = BudgetPolicy(sheet(slots_mb=20))
+    p.offer(rows(20, 600, 30, max_tokens=100))               # 120 and 130 tokens: width 256; 700: 768
+    admitted = p.admit()
+    msg = m.decode(m.encode(process._admit(1, admitted, [2], 0, p.shapes())))
+    assert (msg.rows, msg.widths) == ([0, 1, 2], [256, 768, 256])
+    assert sorted(msg.pools, key=lambda s: s[1]) == [[2, 256], [1, 768]]

@@ -82,7 +82,7 @@ def run_fake(rows, policy, model=TRUE):
         policy.finished(obs.finished)
         prefilling = sum(min(512, left) for left, _ in ctx.prefilling.values())
         admitted = schedule.admit(policy, schedule.allowance(model, BYTES, len(ctx.decoding),
-                                                             sum(ctx.decoding.values()), prefilling))
+                                                             sum(ctx.decoding.values()), prefilling), prefilling > 0)
     return engine.clock, seen
 
 

@@ -54,6 +54,24 @@ def test_json_output_counts_bad_rows_as_errors_and_prices_the_rest(make_tiny, tm
     assert "3 rows cannot run: counted as errors, not priced" in text
 
 
+def test_short_rows_run_at_a_larger_batch_than_the_long_rows_width_allows(make_tiny, tmp_path, monkeypatch):
+    from spill.admission import schedule
+    from spill.admission.simulate import SimRow
+    monkeypatch.setenv("SPILL_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(calibration, "read_probe", lambda files: 2e9)
+    lines = [json.dumps({"custom_id": f"s{i}", "prompt": "short question " * 3, "max_tokens": 128}) for i in range(18)]
+    lines += [json.dumps({"custom_id": f"l{i}", "prompt": "word " * 900, "max_tokens": 128}) for i in range(6)]
+    path = tmp_path / "tiers.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    result = runner.invoke(app, ["estimate", str(make_tiny("llama")), str(path), "--memory", "48MiB", "--stream", "--json"])
+    assert result.exit_code == 0, result.output
+    short, long_ = json.loads(result.output)["tiers"]
+    # one width for every row (the long rows') fitted this many rows at once in the budget
+    _, _, max_batch = schedule.policy_for(load_plan(make_tiny("llama")), "48MiB", None)
+    one_width = max_batch(SimRow(0, long_["prompt_tokens"] // long_["rows"], 128))
+    assert short["batch"] > one_width >= long_["batch"] > 1
+
+
 def test_a_missing_input_is_one_sentence(make_tiny, tmp_path):
     result = runner.invoke(app, ["estimate", str(make_tiny("llama")), str(tmp_path / "nope.jsonl")])
     assert result.exit_code == 2

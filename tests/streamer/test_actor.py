@@ -47,6 +47,19 @@ def test_preempted_rows_are_reported_to_admission_and_to_the_tokenizer(make_tiny
     assert stats.rss > 0 and stats.read_bandwidth > 0
 
 
+def test_an_admit_puts_each_row_in_the_pool_of_its_width_and_a_preempt_shrinks_that_pool(make_tiny):
+    actor = StreamerActor()
+    actor.reset(m.Reset(1, str(make_tiny("llama"))))
+    actor.admit(m.Admit(1, [10, 11, 12], *m.pack_tokens([[5, 6, 7], [9, 10], [3] * 9]), [6, 6, 6],
+                        [[0.0, 1.0, 0, None]] * 3, [], widths=[256, 256, 512], pools=[[2, 256], [1, 512]]))
+    actor.step()
+    assert {w: (p.slots, len(p.live)) for w, p in actor.engine.pools.items()} == {256: (2, 2), 512: (1, 1)}
+    actor.preempt(m.Preempt(1, [11], pools=[[1, 256], [1, 512]]))
+    _, stats = actor.step()
+    assert stats.preempted == [11] and stats.decode_rows == 2
+    assert {w: (p.slots, len(p.live)) for w, p in actor.engine.pools.items()} == {256: (1, 1), 512: (1, 1)}
+
+
 def test_a_row_the_engine_refuses_is_an_error_and_leaves(make_tiny):
     actor = StreamerActor()
     actor.reset(m.Reset(1, str(make_tiny("llama"))))

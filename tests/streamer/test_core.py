@@ -158,18 +158,18 @@ def test_a_pass_reports_memory_and_faults(make_tiny):
 def test_rows_join_and_leave_the_reserved_pool_without_copying_it(make_tiny):
     folder = make_tiny("llama")
     s = Streamer(folder, prefill_chunk=8)
-    s.reserve(4, 256)
+    s.reserve([[4, 256]])
     schedule = {0: [("a", PROMPTS[0]), ("b", PROMPTS[1])], 2: [("c", PROMPTS[2])], 3: [("d", PROMPTS[3])]}
     out, passes, shapes, keys = {}, 0, set(), set()
     while passes <= max(schedule) or not s.idle:
         for rid, prompt in schedule.get(passes, []):
-            s.add(Row(rid, prompt, 6 + 3 * len(out)))      # rows of different lengths leave at different passes
+            s.add(Row(rid, prompt, 6 + 3 * len(out), width=256))   # rows of different lengths leave at different passes
             out[rid] = []
         for e in s.step().emitted:
             if e.finish != "stop":
                 out[e.row_id].append(e.token)
-        if s.decode is not None:
-            shapes.add((s.decode.slots, s.decode.width, s.decode.caches[0].keys.shape))
+        if s.pools:
+            shapes.add(tuple((p.slots, p.width, p.caches[0].keys.shape) for p in s.pools.values()))
         passes += 1
     assert s.pool_moves == 0 and len(shapes) == 1
     for (rid, prompt), n in zip([r for p in sorted(schedule) for r in schedule[p]], [6, 9, 12, 15]):
@@ -177,20 +177,45 @@ def test_rows_join_and_leave_the_reserved_pool_without_copying_it(make_tiny):
         assert out[rid] == alone[rid][0]
 
 
+def test_rows_in_pools_of_two_widths_share_each_pass_and_match_rows_run_alone(make_tiny):
+    folder = make_tiny("llama")
+    s = Streamer(folder, prefill_chunk=8)
+    s.reserve([[2, 256], [2, 512]])
+    schedule = {0: [("a", PROMPTS[0], 256), ("b", PROMPTS[2], 512)], 1: [("c", PROMPTS[1], 256)],
+                3: [("d", PROMPTS[3], 512)], 5: [("e", PROMPTS[4], 256), ("f", PROMPTS[0][:3], 256)]}
+    out, passes, both, lens = {}, 0, 0, {}
+    while passes <= max(schedule) or not s.idle:
+        if passes == 5:
+            s.reserve([[4, 256], [2, 512]])                  # admission grew the 256 pool: its rows move once
+        for rid, prompt, width in schedule.get(passes, []):
+            lens[rid] = 5 + 2 * len(out)
+            s.add(Row(rid, prompt, lens[rid], width=width))
+            out[rid] = []
+        for e in s.step().emitted:
+            if e.finish != "stop":
+                out[e.row_id].append(e.token)
+        both += sorted(p.width for p in s.pools.values()) == [256, 512]
+        passes += 1
+    assert both >= 5 and s.pool_moves == 1
+    for rid, prompt, _ in [r for p in sorted(schedule) for r in schedule[p]]:
+        alone = _drive(Streamer(folder, prefill_chunk=8), {0: [(rid, prompt)]}, max_tokens=lens[rid])
+        assert out[rid] == alone[rid][0]
+
+
 def test_a_preemption_shrinks_the_pool_and_the_rows_left_go_on_unchanged(make_tiny):
     folder = make_tiny("qwen2")
     free = _drive(Streamer(folder), {0: [("a", PROMPTS[0]), ("b", PROMPTS[4])]})
     s = Streamer(folder)
-    s.reserve(8, 256)
-    s.add(Row("a", PROMPTS[0], 8))
-    s.add(Row("b", PROMPTS[4], 8))
+    s.reserve([[8, 256]])
+    s.add(Row("a", PROMPTS[0], 8, width=256))
+    s.add(Row("b", PROMPTS[4], 8, width=256))
     got = {"a": [], "b": []}
     for _ in range(2):
         for e in s.step().emitted:
             got[e.row_id].append(e.token)
-    s.preempt(["b"], slots=1)
+    s.preempt(["b"], [[1, 256]])
     report = s.step()
-    assert report.preempted == ["b"] and s.decode.slots == 1
+    assert report.preempted == ["b"] and s.pools[256].slots == 1
     got["a"] += [e.token for e in report.emitted]
     while not s.idle:
         for e in s.step().emitted:
@@ -213,7 +238,7 @@ def test_rows_that_end_on_their_first_token_never_take_a_slot(make_tiny):
     s.add(Row("a", PROMPTS[0], 1))
     s.add(Row("b", PROMPTS[1], 1))
     report = s.step()
-    assert sorted(report.left) == ["a", "b"] and s.decode is None and s.idle
+    assert sorted(report.left) == ["a", "b"] and not s.pools and s.idle
 
 
 def test_a_prefill_holds_kv_for_its_prompts_width_only(make_tiny):
