@@ -166,3 +166,11 @@ def test_the_cache_and_the_layers_in_flight_are_not_counted_twice(make_tiny):
         plan = load_plan(make_tiny("llama", dtype=dtype))
         s = sheet_for(plan, 2**30, 4, prefill_tokens=64)
         assert s.fixed["layers"] + s.fixed["cache"] < 4 * _layer(plan, 4)
+
+
+def test_the_streamers_runtime_in_its_rss_is_not_counted_again_with_the_others():
+    # others = the other processes + the streamer's runtime (its RSS at READY), which its RSS holds too
+    p = m.Pass(0, 1, 1.0, 0.0, 1.0, 4, 0, 4, [], active_memory=300, peak_memory=400, bytes_streamed=0,
+               cache_memory=50, reader_memory=100, rss=600, cgroup_usage=None)
+    assert live_allocation(p, others=80, runtime=50) == 600 + 80 - 50
+    assert live_allocation(p, others=80, runtime=200) == 450 + 80   # MLX and the reader, where more
