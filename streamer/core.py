@@ -21,7 +21,7 @@ import numpy as np
 
 from spill import config, memory
 from spill.errors import SpillError
-from spill.platform import set_blas_threads
+from spill.platform import release_heap, set_blas_threads
 
 from .families import adapter_for
 from .groups import Group, Pool, RowState, bucket
@@ -69,6 +69,12 @@ class PassReport:
     cgroup_usage: int | None = None                 # the limiting cgroup's usage, page cache included
     minor_faults: int = 0                           # this pass's page faults
     major_faults: int = 0
+
+
+def _free_cache() -> None:
+    """MLX's cache emptied and the freed pages handed back to the OS, not kept by the C heap."""
+    mx.clear_cache()
+    release_heap()
 
 
 def default_dtype() -> mx.Dtype | None:
@@ -153,7 +159,7 @@ class Streamer:
         self.kept = {} if resident else None
         if self.reader is None:
             self.reader = WeightReader(self.plan, **self._reader_args)
-        mx.clear_cache()
+        _free_cache()
 
     def _close_reader(self) -> None:
         self._waited = self._wait_s()
@@ -232,7 +238,7 @@ class Streamer:
         if joined:
             # the prefill caches are the only KV buffers ever freed; left in MLX's cache they
             # would crowd out the weight buffers it recycles layer after layer
-            mx.clear_cache()
+            _free_cache()
         self.passes += 1
         return self._report(t0, wait0, compute_s, emitted, prefill_tokens, streamed)
 
@@ -281,7 +287,7 @@ class Streamer:
             old, self.decode = self.decode, Pool(*self.reservation, len(self.adapter.layers))
             self.decode.move(old)   # a preemption shrinks the pool: its rows are copied once
             del old
-            mx.clear_cache()
+            _free_cache()
         self.pending = [r for r in self.pending if r.finish is None]
         live = {id(r) for g in [self.decode, *self.prefills] if g for r in g.rows if r is not None}
         live |= {id(r) for r in self.pending}
