@@ -205,13 +205,14 @@ def sheet_for(plan, working_set: int, itemsize: int, *, prefill_tokens: int, pre
                 for ts in plan.layers), default=0)
     largest = max((compute(t) for ts in plan.layers for t in ts), default=0)
     kept = plan.resident + ([t for ts in plan.layers for t in ts] if resident else [])
-    fixed = {"resident": sum(compute(t) for t in kept),
+    fixed = {"resident": sum(compute(t) for t in kept),     # embeddings, norms, head (resident: every layer)
              "reader": 2 * raw,                         # the reader's two read buffers, stored bytes (resident: pass 1)
              "layers": 0 if resident else 2 * layer,    # converted weights alive: the layer computing and the next
              "cache": cache_allowance(layer, cast, largest),   # MLX's buffer cache at its limit (it fills to it)
+             # hidden states, MLP intermediates and attention scores of the prefill tokens priced
              "activations": prefill_tokens * ((4 * hidden + 3 * inter) * itemsize + heads * prefill_chunk * 4),
              "prefill_kv": 2 * prefill_tokens * kv_per_token,   # prompts' KV until they join the pool
-             "others": others}
+             "others": others}                          # the other processes' RSS and the streamer's runtime
     return Sheet(working_set, kv_per_token=kv_per_token,
                  row_overhead=(int(c.get("vocab_size", 0)) + 4 * hidden) * 4, fixed=fixed, **lines)
 
