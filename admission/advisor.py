@@ -33,18 +33,19 @@ class Advice:
 
 
 def advise(plan: ModelPlan, rows: list, memory_arg=None, *, stream: bool = False,
-           passes: PassModel | None = None, variants: list[tuple[str, int, int]] = (), others: int = 0) -> Advice:
+           passes: PassModel | None = None, variants: list[tuple[str, int, int]] = (), others: int = 0,
+           fraction: float | None = None) -> Advice:
     """`rows`: the job's SimRows (prompt, out); `passes`: the calibrated pass model, to weigh a resident
     batch smaller than the job's; `variants`: (tag, bits, group size) of quantized variants to name;
-    `others`: the group's processes' resident memory, as admission prices it."""
-    policy, ws = budget_policy(plan, memory_arg, others=others, resident=True)
+    `others`: the group's processes' resident memory, as admission prices it; `fraction`: --budget-fraction."""
+    policy, ws = budget_policy(plan, memory_arg, fraction, others=others, resident=True)
     s = policy.sheet
     width = -(-max((r.prompt + r.out for r in rows), default=1) // 256) * 256
     want = max(1, min(len(rows), policy.max_rows))
     slots = _slots(policy, want, width)
     weights, kv = s.fixed["resident"], s.cost(want, width)
     budget = f"the {fmt(s.budget)} memory budget"
-    streamed_slots = _slots(budget_policy(plan, memory_arg, others=others)[0], want, width)
+    streamed_slots = _slots(budget_policy(plan, memory_arg, fraction, others=others)[0], want, width)
     faster = 0 < slots < want and _faster(passes, plan, slots, streamed_slots, rows)
     fits = slots >= want or faster
     what = (f"the weights ({fmt(weights)}) and the job's KV ({fmt(kv)} for {want} rows at once) fit {budget}"
@@ -59,7 +60,7 @@ def advise(plan: ModelPlan, rows: list, memory_arg=None, *, stream: bool = False
         line = (f"streamed: resident, the weights ({fmt(weights)}), the job's KV ({fmt(kv)} for {want} rows at once) "
                 f"and the buffers and activations ({fmt(sum(s.fixed.values()) - weights)}) would need more than "
                 f"{budget} ({s.fraction:.0%} of the {fmt(ws.bytes)} working set)")
-        if tag := _variant(plan, rows, memory_arg, passes, variants, others):
+        if tag := _variant(plan, rows, memory_arg, passes, variants, others, fraction):
             line += f"; {tag} would fit resident: spill run {tag}"
     return Advice(fits and not stream, line, weights, kv, s.budget, slots)
 
@@ -80,12 +81,12 @@ def _faster(passes: PassModel | None, plan: ModelPlan, resident: int, streamed: 
     return rate(resident, 0) > rate(streamed, plan.streamed_bytes)
 
 
-def _variant(plan, rows, memory_arg, passes, variants, others) -> str:
+def _variant(plan, rows, memory_arg, passes, variants, others, fraction=None) -> str:
     """The first variant (most bits first) that would run resident, priced from this model's shapes."""
     if plan.config.get("quantization"):
         return ""
     for tag, bits, group in sorted(variants, key=lambda v: -v[1]):
-        if advise(quantized(plan, bits, group), rows, memory_arg, passes=passes, others=others).resident:
+        if advise(quantized(plan, bits, group), rows, memory_arg, passes=passes, others=others, fraction=fraction).resident:
             return tag
     return ""
 

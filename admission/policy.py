@@ -3,7 +3,8 @@
 The budget is a target for live allocation at the knee of the memory curve, not at its peak:
 
     budget     = budget_fraction (0.78) x working set
-    fixed      = resident tensors + reader buffers + layers in flight + MLX's buffer cache
+    fixed      = resident tensors + reader buffers + 2 converted layers in flight + MLX's buffer cache
+                 (its limit: 1 freed layer, the stored copies a cast frees, the largest tensor)
                  + activations of the largest chunk + prompts' KV before they join the pool
                  + the other processes' resident memory
     KV budget  = budget - fixed
@@ -299,7 +300,9 @@ _FLOAT = {"F16": 2, "BF16": 2, "F32": 4, "F64": 8}
 def sheet_for(plan, working_set: int, itemsize: int, *, prefill_tokens: int, prefill_chunk: int = 512,
               others: int = 0, resident: bool = False, **lines) -> Sheet:
     """The price sheet of `plan` (a streamer ModelPlan) computed in `itemsize`-byte floats. `resident`:
-    every layer stays in memory after its first read (a fixed part), so no layer is in flight."""
+    every layer stays in memory after its first read (a fixed part), so no layer is in flight.
+    Each fixed price is what the streamer was measured to hold at its peak (docs/benchmarks.md, "Memory
+    under the budget"); the margin is the cache's largest tensor, which the peak did not always fill."""
     def compute(t) -> int:
         return t.nbytes // _FLOAT[t.dtype] * itemsize if t.dtype in _FLOAT else t.nbytes
     c = plan.config
@@ -309,27 +312,33 @@ def sheet_for(plan, working_set: int, itemsize: int, *, prefill_tokens: int, pre
     inter = int(c.get("intermediate_size") or 4 * hidden)
     kv_per_token = len(plan.layers) * 2 * kv_heads * head_dim * itemsize
     layer = max((sum(compute(t) for t in ts) for ts in plan.layers), default=0)
+    raw = max((sum(t.nbytes for t in ts) for ts in plan.layers), default=0)
+    cast = max((sum(t.nbytes for t in ts if t.dtype in _FLOAT and _FLOAT[t.dtype] != itemsize)
+                for ts in plan.layers), default=0)
     largest = max((compute(t) for ts in plan.layers for t in ts), default=0)
     kept = plan.resident + ([t for ts in plan.layers for t in ts] if resident else [])
-    fixed = {"resident": sum(compute(t) for t in kept),
-             "reader": 2 * max((sum(t.nbytes for t in ts) for ts in plan.layers), default=0),   # resident: pass 1
-             "layers": 0 if resident else 2 * layer,    # the layer computing and the next, converted
-             "cache": cache_allowance(layer, largest),  # MLX's buffer cache, whose limit this sets
+    fixed = {"resident": sum(compute(t) for t in kept),     # embeddings, norms, head (resident: every layer)
+             "reader": 2 * raw,                         # the reader's two read buffers, stored bytes (resident: pass 1)
+             "layers": 0 if resident else 2 * layer,    # converted weights alive: the layer computing and the next
+             "cache": cache_allowance(layer, cast, largest),   # MLX's buffer cache at its limit (it fills to it)
+             # hidden states, MLP intermediates and attention scores of the prefill tokens priced
              "activations": prefill_tokens * ((4 * hidden + 3 * inter) * itemsize + heads * prefill_chunk * 4),
              "prefill_kv": 2 * prefill_tokens * kv_per_token,   # prompts' KV until they join the pool
-             "others": others}
+             "others": others}                          # the other processes' RSS and the streamer's runtime
     return Sheet(working_set, kv_per_token=kv_per_token, layers=len(plan.layers),
                  row_overhead=(int(c.get("vocab_size", 0)) + 4 * hidden) * 4, fixed=fixed, **lines)
 
 
-def cache_allowance(layer: int, largest: int) -> int:
-    """MLX's buffer cache limit: two layers of freed weight buffers and the largest tensor, so weight
-    buffers are recycled layer after layer instead of returned to the OS and faulted in again."""
-    return 2 * layer + largest
+def cache_allowance(layer: int, cast: int, largest: int) -> int:
+    """MLX's buffer cache limit: the freed layer whose buffers the next conversion takes, the stored-dtype
+    copies a conversion casts from (`cast` bytes; none when stored as computed) and the largest tensor.
+    The two layers in flight are priced apart: their buffers are not in the cache while alive."""
+    return layer + cast + largest
 
 
-def live_allocation(p, others: int) -> int:
-    """What a pass report says the group holds: the streamer's MLX memory and buffers or its RSS,
-    whichever is more, plus the other processes; the cgroup's usage (page cache included) where higher."""
-    engine = max(p.active_memory + p.cache_memory + p.reader_memory, p.rss)
+def live_allocation(p, others: int, runtime: int = 0) -> int:
+    """What a pass report says the group holds: the streamer's MLX memory and buffers or its RSS less its
+    runtime (`runtime`, priced in `others`), whichever is more, plus the other processes; the cgroup's
+    usage (page cache included) where higher."""
+    engine = max(p.active_memory + p.cache_memory + p.reader_memory, p.rss - runtime)
     return max(engine + others, p.cgroup_usage or 0)

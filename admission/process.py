@@ -25,7 +25,7 @@ def run_admission_process(endpoints, args, log) -> None:
     box = Mailbox(endpoints, "admission", sends_to=("streamer", "coordinator"))
     fault = Fault("admission")
     calibrator = Calibrator(log, chunk=args.get("prefill_chunk", 512))
-    policy, others, limit = None, 0, 0
+    policy, others, limit, runtime = None, 0, 0, 0   # runtime: the streamer's RSS at READY, in others
     epoch, job, eos, in_flight = -1, "", [], False   # in_flight: an ADMIT the streamer has not reported on
     for batch in inbox(box, "admission", log):
         reported, requeued = None, 0
@@ -35,6 +35,7 @@ def run_admission_process(endpoints, args, log) -> None:
                 calibrator.reset(msg.model, msg.resident)
                 if msg.model:
                     policy, others, limit = _price(msg, args, box, log)
+                    runtime = msg.runtime
                 elif policy is not None:
                     policy.clear()
             elif policy is None:
@@ -50,7 +51,7 @@ def run_admission_process(endpoints, args, log) -> None:
             elif isinstance(msg, m.Pass):
                 policy.finished(msg.finished)
                 requeued += policy.preempted(msg.preempted)
-                policy.observe(live_allocation(msg, others))
+                policy.observe(live_allocation(msg, others, runtime))
                 calibrator.passed(msg)
                 in_flight, reported = False, msg
                 fault.tick("pass")

@@ -5,8 +5,9 @@
 For each batch, a child process inside a cgroup of --limit bytes (the working set spill detects)
 prices the model with admission's sheet, reserves the decode pool, sets MLX's cache limit from the
 budget, prefills the batch and runs decode passes; every pass it records live allocation (the
-largest of MLX active + cache + reader buffers and the RSS), the cgroup's usage, minor and major
-page faults and the pass time. --python runs the children with another interpreter (another
+largest of MLX active + cache + reader buffers and the RSS) after the pass and at its peak (the peak
+RSS, reset each pass), MLX's peak, the cgroup's usage, minor and major page faults and the pass time;
+and the batch the budget allows at the benchmark's width and at admission's (rounded up to 256). --python runs the children with another interpreter (another
 checkout: the code before), which may lack the pool and the cache limit; it then runs without them.
 """
 
@@ -29,7 +30,7 @@ def parse() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     model_args(p, "1b")
     p.add_argument("--limit", default="4.5GB", help="the child cgroup's memory limit")
-    p.add_argument("--batches", default="8,32,128")
+    p.add_argument("--batches", default="8,32,128", help="'max': the largest batch the budget allows")
     p.add_argument("--passes", type=int, default=4)
     p.add_argument("--prompt-tokens", type=int, default=16)
     p.add_argument("--python", default=sys.executable, help="interpreter of the children")
@@ -70,7 +71,12 @@ def child(spec: dict) -> None:
     sheet = None
     if hasattr(s, "reserve"):   # the code with the budget: admission's prices, the pool, the cache limit
         from spill.admission.policy import sheet_for
-        sheet = sheet_for(s.plan, ws.bytes, 4, prefill_tokens=b * prompt, others=baseline)
+
+        def price(n):
+            return sheet_for(s.plan, ws.bytes, 4, prefill_tokens=n * prompt, others=baseline)
+        if b == "max":   # the largest batch whose KV the budget buys, its prompts' prefill priced too
+            b = max(n for n in range(1, 257) if price(n).kv_budget >= price(n).cost(n, width))
+        sheet = price(b)
         s.reserve([[b, width]])
         s.set_cache_limit(sheet.fixed["cache"])
     for j in range(b):
@@ -78,29 +84,50 @@ def child(spec: dict) -> None:
     rows = []
     for k in range(passes + 1):
         before = memory.process_memory()
+        mx.reset_peak_memory()
+        reset_peak_rss()
         t0 = time.perf_counter()
         r = s.step()
         after = memory.process_memory()
+        live = max(mx.get_active_memory() + mx.get_cache_memory() + s.reader.buffer_bytes, after.rss)
         rows.append({"pass": k, "seconds": time.perf_counter() - t0, "prefill": r.prefill_tokens > 0,
-                     "live": max(mx.get_active_memory() + mx.get_cache_memory() + s.reader.buffer_bytes, after.rss),
+                     "live": live, "peak_live": max(live, peak_rss()), "active": mx.get_active_memory(),
+                     "cache": mx.get_cache_memory(), "reader": s.reader.buffer_bytes,
                      "rss": after.rss, "cgroup": memory.cgroup_usage() or 0, "mlx_peak": mx.get_peak_memory(),
                      "minor": after.minor_faults - before.minor_faults, "major": after.major_faults - before.major_faults})
-    print(json.dumps({"batch": b, "working_set": ws.bytes, "source": ws.source, "passes": rows,
+    allows = sheet and {w: min(256, sheet.kv_budget // sheet.cost(1, w)) for w in (width, -(-width // 256) * 256)}
+    print(json.dumps({"batch": b, "working_set": ws.bytes, "source": ws.source, "passes": rows, "allows": allows,
+                      "prices": sheet and sheet.fixed, "kv_budget": sheet and sheet.kv_budget,
                       "baseline": baseline, "budget": sheet.budget if sheet else None, "fixed": sheet and sum(sheet.fixed.values()),
                       "kv": sheet and sheet.cost(b, width), "layers": len(s.plan.layers),
                       "streamed": s.plan.streamed_bytes}))
 
 
+def peak_rss() -> int:
+    """This process's peak RSS since the last reset (VmHWM; Linux)."""
+    status = Path("/proc/self/status")
+    lines = status.read_text().splitlines() if status.exists() else []
+    return next((int(x.split()[1]) * 1024 for x in lines if x.startswith("VmHWM:")), 0)
+
+
+def reset_peak_rss() -> None:
+    try:
+        Path("/proc/self/clear_refs").write_text("5")   # VmHWM back to the current RSS
+    except OSError:
+        pass
+
+
 def table(results: list[dict], resident: dict[int, float]) -> list[str]:
-    out = ["| batch | budget MiB | pass | kind | seconds | live MiB | live / budget | cgroup MiB | minor faults | major faults |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
+    out = ["| batch | budget MiB | pass | kind | seconds | live MiB | peak live MiB | peak / budget | cgroup MiB | minor faults | major faults |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         if r.get("failed"):
-            out.append(f"| {r['batch']} | - | - | - | {r['failed']} | - | - | {r['cgroup_peak'] // MIB} (peak) | - | - |")
+            out.append(f"| {r['batch']} | - | - | - | {r['failed']} | - | - | - | {r['cgroup_peak'] // MIB} (peak) | - | - |")
         for p in r["passes"]:
-            ratio = f"{p['live'] / r['budget']:.3f}" if r["budget"] else "-"
+            peak = p.get("peak_live", p["live"])
+            ratio = f"{peak / r['budget']:.3f}" if r["budget"] else "-"
             out.append(f"| {r['batch']} | {r['budget'] and r['budget'] // MIB or '-'} | {p['pass']} | "
-                       f"{'prefill' if p['prefill'] else 'decode'} | {p['seconds']:.2f} | {p['live'] // MIB} | {ratio} | "
+                       f"{'prefill' if p['prefill'] else 'decode'} | {p['seconds']:.2f} | {p['live'] // MIB} | {peak // MIB} | {ratio} | "
                        f"{p['cgroup'] // MIB} | {p['minor']} | {p['major']} |")
     for b, t in resident.items():
         out.append(f"\nresident mlx-lm decode step at batch {b}: {t:.2f} s")
@@ -115,15 +142,15 @@ def main() -> None:
     folder = model_folder(a)
     limit = parse_size(a.limit)
     results = []
-    for b in map(int, a.batches.split(",")):
+    for b in [x if x == "max" else int(x) for x in a.batches.split(",")]:
         results.append(run_child(a, folder, b, limit))
         r = results[-1]
-        print(f"batch {b}: " + (r["failed"] if r.get("failed") else f"working set {r['working_set'] // MIB} MiB "
-              f"({r['source']}), budget {r['budget'] and r['budget'] // MIB} MiB") +
+        print(f"batch {r['batch']}: " + (r["failed"] if r.get("failed") else f"working set {r['working_set'] // MIB} MiB "
+              f"({r['source']}), budget {r['budget'] and r['budget'] // MIB} MiB, allows {r.get('allows')}") +
               f", cgroup peak {r['cgroup_peak'] // MIB} MiB", flush=True)
         print(json.dumps(r), flush=True)   # each batch's figures as they come: a stopped run keeps them
     resident = {}
-    if a.resident:
+    if a.resident and "max" not in a.batches:
         prompts = [[(7 * j + k) % 1000 + 3 for k in range(a.prompt_tokens)] for j in range(max(map(int, a.batches.split(","))))]
         resident = resident_decode(folder, prompts, [max(map(int, a.batches.split(",")))], a.passes)
     print("\n".join(table(results, resident)))

@@ -198,12 +198,16 @@ def estimate_cmd(
     max_tokens: int = typer.Option(256, help="Tokens per row when the row does not say."),
     as_json: bool = typer.Option(False, "--json", help="One JSON object: total_seconds, ideal_seconds, mode, tiers."),
     stream: bool = typer.Option(False, "--stream", help="Price the run streamed even if the model fits resident."),
+    budget_fraction: float = typer.Option(None, help=FRACTION_HELP),
 ) -> None:
     """How long `spill run MODEL INPUT` will take here: the rows tokenized, the schedule simulated pass by pass."""
     import json
     from spill.coordinator.estimate import estimate_file, format_estimate
+    from spill.memory import memory_args
     try:
-        est, cal, advice = estimate_file(model, input, max_tokens=max_tokens, memory=memory, stream=stream)
+        memory_args(memory, budget_fraction)   # checked as `spill run` checks them
+        est, cal, advice = estimate_file(model, input, max_tokens=max_tokens, memory=memory, stream=stream,
+                                         fraction=budget_fraction)
     except SpillError as err:
         _fail(err)
     typer.echo(json.dumps({**est.to_dict(), "advice": advice.line, "calibration": cal}) if as_json

@@ -28,22 +28,24 @@ def request_dict(r, defaults: dict) -> dict:
 
 
 def estimate_file(model: str, input: Path, *, max_tokens: int = 256, memory: str | None = None,
-                  stream: bool = False) -> tuple[Estimate, dict, Advice]:
-    """(the estimate, the calibration it used, the advice) for a batch file as `spill run` would run it."""
+                  stream: bool = False, fraction: float | None = None) -> tuple[Estimate, dict, Advice]:
+    """(the estimate, the calibration it used, the advice) for a batch file as `spill run` would run it
+    (`fraction`: --budget-fraction, None for the default)."""
     folder = resolve(model)
     requests, bad = read_batch(Path(input))
     rows, errors = sim_rows(folder, requests, range(len(requests)), {"max_tokens": max_tokens})
-    advice = advise_rows(folder, rows, memory=memory, stream=stream, name=model)
-    return (*estimate_rows(folder, rows, errors=errors + len(bad), memory=memory, resident=advice.resident), advice)
+    advice = advise_rows(folder, rows, memory=memory, stream=stream, name=model, fraction=fraction)
+    return (*estimate_rows(folder, rows, errors=errors + len(bad), memory=memory, resident=advice.resident,
+                           fraction=fraction), advice)
 
 
 def advise_rows(folder: Path, rows: list[SimRow], *, memory: str | None = None, stream: bool = False,
-                name: str = "", others: int = 0) -> Advice:
+                name: str = "", others: int = 0, fraction: float | None = None) -> Advice:
     """Resident or streamed for these rows (admission/advisor.py); `name`: the MODEL argument, whose
     quantized variants in models.yaml are named when it does not fit; `others`: the group's RSS."""
     cal = open_calibration(folder)
     return advise(load_plan(folder), rows, memory, stream=stream or config.stream(), passes=cal.model,
-                  variants=variants(name), others=others)
+                  variants=variants(name), others=others, fraction=fraction)
 
 
 def sim_rows(folder: Path, requests: list, which, defaults: dict) -> tuple[list[SimRow], int]:
@@ -62,11 +64,11 @@ def sim_rows(folder: Path, requests: list, which, defaults: dict) -> tuple[list[
 
 
 def estimate_rows(folder: Path, rows: list[SimRow], *, errors: int = 0, memory: str | None = None,
-                  resident: bool = False, loaded: bool = False) -> tuple[Estimate, dict]:
+                  resident: bool = False, loaded: bool = False, fraction: float | None = None) -> tuple[Estimate, dict]:
     """Resident: the first pass reads every layer (none once `loaded`), later ones nothing (compute alone)."""
     plan = load_plan(folder)
     cal = open_calibration(folder)
-    policy, waiting, max_batch = schedule.policy_for(plan, memory, cal.model, resident)
+    policy, waiting, max_batch = schedule.policy_for(plan, memory, cal.model, resident, fraction)
     streamed = 0 if resident else plan.streamed_bytes
     est = simulate(rows, policy, waiting, cal.model, streamed, max_batch=max_batch, errors=errors,
                    read_once=0 if loaded else plan.streamed_bytes - streamed)

@@ -9,6 +9,7 @@ import os
 import sys
 
 OPENBLAS = "/usr/lib/x86_64-linux-gnu/libopenblas.so.0"
+_TRIM = getattr(ctypes.CDLL(None), "malloc_trim", None) if sys.platform.startswith("linux") else None
 _CANDIDATES = [OPENBLAS, "/usr/lib/aarch64-linux-gnu/libopenblas.so.0"]
 
 
@@ -48,3 +49,10 @@ def set_blas_threads(n: int) -> bool:
     if n > 0:
         setter(int(n))
     return True
+
+
+def release_heap() -> None:
+    """Give the C heap's free pages back to the OS (glibc's malloc_trim): buffers MLX frees otherwise stay in
+    the process's RSS (measured: 35 MiB after a 512-token prefill of the factory's lean model)."""
+    if _TRIM is not None:
+        _TRIM(0)

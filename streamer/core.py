@@ -22,7 +22,7 @@ import numpy as np
 
 from spill import config, memory
 from spill.errors import SpillError
-from spill.platform import set_blas_threads
+from spill.platform import release_heap, set_blas_threads
 
 from .families import adapter_for
 from .groups import Decode, Group, Pool, RowState, bucket
@@ -71,6 +71,12 @@ class PassReport:
     cgroup_usage: int | None = None                 # the limiting cgroup's usage, page cache included
     minor_faults: int = 0                           # this pass's page faults
     major_faults: int = 0
+
+
+def _free_cache() -> None:
+    """MLX's cache emptied and the freed pages handed back to the OS, not kept by the C heap."""
+    mx.clear_cache()
+    release_heap()
 
 
 def default_dtype() -> mx.Dtype | None:
@@ -156,7 +162,7 @@ class Streamer:
         self.kept = {} if resident else None
         if self.reader is None:
             self.reader = WeightReader(self.plan, **self._reader_args)
-        mx.clear_cache()
+        _free_cache()
 
     def _close_reader(self) -> None:
         self._waited = self._wait_s()
@@ -236,7 +242,7 @@ class Streamer:
         if joined:
             # the prefill caches are the only KV buffers ever freed; left in MLX's cache they
             # would crowd out the weight buffers it recycles layer after layer
-            mx.clear_cache()
+            _free_cache()
         self.passes += 1
         return self._report(t0, wait0, compute_s, emitted, prefill_tokens, streamed)
 
@@ -299,7 +305,7 @@ class Streamer:
             else:
                 self.pools[width] = pool
         if shrunk:
-            mx.clear_cache()
+            _free_cache()
         self.pending = [r for r in self.pending if r.finish is None]
         live = {id(r) for g in [*self.pools.values(), *self.prefills] for r in g.rows if r is not None}
         live |= {id(r) for r in self.pending}

@@ -317,15 +317,17 @@ class WeightReader:
 
 
 def _raise_cache_limit(plan: ModelPlan, dtype) -> None:
-    """Let MLX keep ~2 layers of freed buffers for reuse (its Linux CPU default is 32 MiB, and a
-    fresh allocation there costs ~7x a reused one in page faults)."""
+    """Let MLX keep the buffers a pass recycles (its Linux CPU default is 32 MiB, and a fresh allocation
+    there costs ~7x a reused one in page faults): admission's limit (policy.cache_allowance), the freed
+    layer the next conversion takes, the stored copies a cast frees and the largest tensor."""
     def out_bytes(t: TensorSpec) -> int:
         if dtype is not None and t.dtype in _FLOATS:
             return t.nbytes // np.dtype(_NP[t.dtype]).itemsize * dtype.size
         return t.nbytes
-    per_layer = [sum(out_bytes(t) for t in layer) for layer in plan.layers]
-    largest = max((t.nbytes for layer in plan.layers for t in layer), default=0)
-    need = 2 * max(per_layer, default=0) + largest
+    layer = max((sum(out_bytes(t) for t in ts) for ts in plan.layers), default=0)
+    cast = max((sum(t.nbytes for t in ts if out_bytes(t) != t.nbytes) for ts in plan.layers), default=0)
+    largest = max((out_bytes(t) for ts in plan.layers for t in ts), default=0)
+    need = layer + cast + largest
     previous = mx.set_cache_limit(need)
     if previous > need:
         mx.set_cache_limit(previous)

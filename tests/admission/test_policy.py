@@ -136,3 +136,42 @@ def test_resident_prices_every_layer_as_a_fixed_part_and_none_in_flight(make_tin
     assert resident.fixed["resident"] == plan.total_bytes // 2 * 4 and resident.fixed["layers"] == 0
     assert streamed.fixed["layers"] > 0 and resident.kv_per_token == streamed.kv_per_token
     assert resident.kv_budget == streamed.kv_budget - (plan.streamed_bytes * 2 - streamed.fixed["layers"])
+
+
+def _layer(plan, itemsize):
+    return max(sum(t.nbytes // 2 * itemsize if t.dtype == "BF16" else t.nbytes for t in ts) for ts in plan.layers)
+
+
+def test_a_float32_stored_plan_prices_one_freed_layer_in_the_cache_and_no_cast_copies(make_tiny):
+    # measured: the streamer holds 2 converted layers and a cache of about 1 more (docs/benchmarks.md)
+    plan = load_plan(make_tiny("llama", dtype="float32"))
+    s = sheet_for(plan, 2**30, 4, prefill_tokens=64)
+    layer = max(plan.layer_bytes(i) for i in range(len(plan.layers)))
+    largest = max(t.nbytes for ts in plan.layers for t in ts)
+    assert s.fixed["reader"] == 2 * layer and s.fixed["layers"] == 2 * layer
+    assert s.fixed["cache"] == layer + largest
+
+
+def test_a_cast_prices_the_stored_copies_it_frees_into_the_cache(make_tiny):
+    plan = load_plan(make_tiny("llama"))   # bf16 stored, computed in float32
+    s = sheet_for(plan, 2**30, 4, prefill_tokens=64)
+    stored = max(plan.layer_bytes(i) for i in range(len(plan.layers)))
+    largest = max(t.nbytes for ts in plan.layers for t in ts) * 2
+    assert s.fixed["layers"] == 2 * _layer(plan, 4) == 4 * stored
+    assert s.fixed["cache"] == _layer(plan, 4) + stored + largest
+
+
+def test_the_cache_and_the_layers_in_flight_are_not_counted_twice(make_tiny):
+    # a freed layer's buffers are the next conversion's: 3 converted layers at most, not 2 + a cache of 2
+    for dtype in ("float32", "bfloat16"):
+        plan = load_plan(make_tiny("llama", dtype=dtype))
+        s = sheet_for(plan, 2**30, 4, prefill_tokens=64)
+        assert s.fixed["layers"] + s.fixed["cache"] < 4 * _layer(plan, 4)
+
+
+def test_the_streamers_runtime_in_its_rss_is_not_counted_again_with_the_others():
+    # others = the other processes + the streamer's runtime (its RSS at READY), which its RSS holds too
+    p = m.Pass(0, 1, 1.0, 0.0, 1.0, 4, 0, 4, [], active_memory=300, peak_memory=400, bytes_streamed=0,
+               cache_memory=50, reader_memory=100, rss=600, cgroup_usage=None)
+    assert live_allocation(p, others=80, runtime=50) == 600 + 80 - 50
+    assert live_allocation(p, others=80, runtime=200) == 450 + 80   # MLX and the reader, where more

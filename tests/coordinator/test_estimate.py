@@ -157,3 +157,14 @@ def test_the_live_eta_spends_at_most_a_twentieth_of_the_time_re_simulating(monke
         clock[0] += 1.0
         job.eta(set(), {})
     assert 2.0 * len(runs) <= 0.05 * 400 + 2.0, runs
+
+
+def test_budget_fraction_sets_the_budget_the_estimate_plans_for_as_run_does(make_tiny, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPILL_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(calibration, "read_probe", lambda files: 2e9)
+    args = ["estimate", str(make_tiny("llama")), str(_input(tmp_path, bad=False)), "--memory", "1GiB", "--json"]
+    default, half = (json.loads(runner.invoke(app, args + extra).output)["advice"]
+                     for extra in ([], ["--budget-fraction", "0.5"]))
+    assert "the 798.7 MiB memory budget" in default and "the 512.0 MiB memory budget" in half
+    bad = runner.invoke(app, args + ["--budget-fraction", "1.5"])
+    assert bad.exit_code == 2 and "--budget-fraction must be above 0 and at most 1" in bad.output

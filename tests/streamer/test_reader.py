@@ -269,3 +269,15 @@ def test_control_without_drop_cache_stays_cached(tmp_path):
             reader.take(i)
     cached, pages = cached_pages(path)
     assert cached >= pages - 2                       # all but the header the plan dropped
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_without_admission_the_reader_sets_the_cache_limit_admission_prices(make_tiny, dtype):
+    from spill.admission.policy import sheet_for
+    plan = load_plan(make_tiny("llama", dtype=dtype))
+    previous = mx.set_cache_limit(0)
+    try:
+        WeightReader(plan, dtype=mx.float32).close()
+        assert mx.set_cache_limit(previous) == sheet_for(plan, 2**30, 4, prefill_tokens=64).fixed["cache"]
+    finally:
+        mx.set_cache_limit(previous)
