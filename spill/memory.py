@@ -32,6 +32,7 @@ class ProcessMemory:
     rss: int
     minor_faults: int
     major_faults: int
+    file: int = 0          # of rss, pages mapped from files (shared libraries): one copy however many map them
 
 
 def parse_size(text: str) -> int:
@@ -237,9 +238,9 @@ def process_memory(pid: int | None = None, root: Path | str = "/") -> ProcessMem
     if proc.exists():
         stat = (proc / "stat").read_text()
         after = stat[stat.rindex(")") + 2:].split()   # fields from the 3rd on; comm may hold spaces
-        rss_kb = next(int(line.split()[1]) for line in (proc / "status").read_text().splitlines()
-                      if line.startswith("VmRSS:"))
-        return ProcessMemory(rss_kb * 1024, int(after[7]), int(after[9]))
+        kb = {line.split(":")[0]: int(line.split()[1]) for line in (proc / "status").read_text().splitlines()
+              if line.startswith(("VmRSS:", "RssFile:"))}
+        return ProcessMemory(kb["VmRSS"] * 1024, int(after[7]), int(after[9]), kb.get("RssFile", 0) * 1024)
     return _ps_memory(pid)
 
 
