@@ -30,3 +30,13 @@ def make_tiny(tmp_path_factory, spill_home):
         return made[key]
 
     return make
+
+
+@pytest.fixture(scope="session")
+def llama_calibration(make_tiny, spill_home):
+    """The tiny llama's calibration folder, probed once: a test's own data home copies it (group_util.seed_home)
+    instead of probing again in its group (tests/admission test the probes)."""
+    from spill.admission.calibration import open_calibration
+    open_calibration(make_tiny("llama"))
+    return spill_home / "calibration"
+

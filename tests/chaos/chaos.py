@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -180,6 +181,8 @@ def trial_kill(model, inp, expected, work: Path, rng: random.Random) -> dict:
 def trial_stop(model, inp, expected, work: Path, rng: random.Random) -> dict:
     out, home = work / "out.jsonl", work / "home"      # a data home of its own: its logs are this group's alone
     env = {"SPILL_LIVENESS_TIMEOUT": "5", "SPILL_HOME": str(home)}
+    if (Path(os.environ["SPILL_HOME"]) / "calibration").is_dir():   # the model's calibration: no probe in this group
+        shutil.copytree(Path(os.environ["SPILL_HOME"]) / "calibration", home / "calibration")
     proc = start(model, inp, out, env)
     pids = wait_group(home, proc)
     wait_for_rows(out, rng.randint(1, len(expected) - 2), proc)

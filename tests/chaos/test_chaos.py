@@ -13,7 +13,7 @@ ROOT = os.geteuid() == 0     # the filesystem scenarios mount a tmpfs
 
 
 @pytest.fixture(scope="module")
-def job(make_tiny, tmp_path_factory):
+def job(make_tiny, tmp_path_factory, llama_calibration):   # calibrated: the stop trial's own home copies it
     model = make_tiny("llama")
     inp = tmp_path_factory.mktemp("chaos") / "in.jsonl"
     return model, inp, resident_texts(model, chaos.write_job(inp))

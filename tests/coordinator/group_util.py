@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -33,6 +34,11 @@ def llama_job(make_tiny, tmp_path_factory, n: int, max_tokens: int = 8) -> tuple
     data = tmp_path_factory.mktemp(f"job{n}")
     rows = write_input(data / "in.jsonl", n, max_tokens=max_tokens)
     return folder, data / "in.jsonl", resident_texts(folder, rows)
+
+
+def seed_home(home: Path, calibration: Path) -> None:
+    """Give a test's own data home the session's calibrations (conftest's llama_calibration), so its group does not probe."""
+    shutil.copytree(calibration, Path(home) / "calibration", dirs_exist_ok=True)
 
 
 def spill(*args, timeout=300, check=False, **kw) -> subprocess.CompletedProcess:

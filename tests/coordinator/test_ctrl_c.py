@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from .group_util import llama_job, read_output, spill, texts
+from .group_util import llama_job, read_output, seed_home, spill, texts
 from .pty_util import PtySpill
 
 SLOW = {"SPILL_MAX_ROWS": "4", "SPILL_TEST_PASS_DELAY": "0.05"}
@@ -21,8 +21,9 @@ def job24(make_tiny, tmp_path_factory):
 
 
 @pytest.fixture
-def home(tmp_path, monkeypatch):
+def home(tmp_path, monkeypatch, llama_calibration):
     monkeypatch.setenv("SPILL_HOME", str(tmp_path / "home"))
+    seed_home(tmp_path / "home", llama_calibration)   # its groups need not probe the model again
     return tmp_path / "home"
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from spill.wire import Endpoints
 
-from .group_util import llama_job, log_events, read_output, spill, texts
+from .group_util import llama_job, log_events, read_output, seed_home, spill, texts
 
 
 @pytest.fixture(scope="module")
@@ -23,11 +23,12 @@ def _ready(role: str, home: Path) -> int:
     return sum(e.get("event") == "ready" for e in log_events(role, home))
 
 
-def test_a_slow_pass_is_not_taken_for_a_hang(job8, tmp_path):
+def test_a_slow_pass_is_not_taken_for_a_hang(job8, tmp_path, llama_calibration):
     folder, inp, _ = job8
     one = tmp_path / "one.jsonl"
     one.write_text(inp.read_text().splitlines()[0].replace('"max_tokens": 6', '"max_tokens": 2') + "\n")
     home = tmp_path / "home"     # a data home of its own: its logs are this group's alone
+    seed_home(home, llama_calibration)
     spill("run", folder, one, "-o", tmp_path / "out.jsonl", "--quiet", check=True,
           env={"SPILL_HOME": str(home), "SPILL_LIVENESS_TIMEOUT": "2", "SPILL_TEST_PASS_DELAY": "3"})   # each pass outlasts the deadline
     assert log_events("coordinator", home), "the group wrote no log"
@@ -59,9 +60,10 @@ print(m.decode(req.recv(), ).error if req.poll(10000) else "no reply")
 """
 
 
-def test_foreign_frames_on_every_socket_are_dropped_and_logged(job8, tmp_path):
+def test_foreign_frames_on_every_socket_are_dropped_and_logged(job8, tmp_path, llama_calibration):
     folder, inp, expected = job8
     home = tmp_path / "home"     # a data home of its own: its logs are this group's alone
+    seed_home(home, llama_calibration)
     env = {"SPILL_MAX_MESSAGE_MB": "1", "SPILL_HOME": str(home)}
     spill("up", check=True, env=env)
     try:

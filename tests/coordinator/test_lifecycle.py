@@ -12,15 +12,16 @@ import time
 
 import pytest
 
-from .group_util import read_output, spill, write_input
+from .group_util import read_output, seed_home, spill, write_input
 from .pty_util import PtySpill
 
 SLOW = {"SPILL_MAX_ROWS": "2", "SPILL_TEST_PASS_DELAY": "0.1", "SPILL_CLIENT_TIMEOUT": "3"}
 
 
 @pytest.fixture
-def home(tmp_path, monkeypatch):
+def home(tmp_path, monkeypatch, llama_calibration):
     monkeypatch.setenv("SPILL_HOME", str(tmp_path / "home"))
+    seed_home(tmp_path / "home", llama_calibration)   # its groups need not probe the model again
     return tmp_path / "home"
 
 
@@ -81,9 +82,10 @@ def test_queued_jobs_ctrl_c_cancel_down_and_a_killed_client(make_tiny, tmp_path,
         assert f"resume with: spill run --resume {job_b}" in b.output
         _wait_status(job_b, "interrupted")
         c = _background("run", folder, tmp_path / "c.jsonl", "-o", tmp_path / "c.out")
-        time.sleep(4)
+        job_c = _job_line(c.stdout.readline())
+        _wait_status(job_c, "queued")
         c.kill()                                     # its client killed while queued: it leaves the queue
-        job_c = _job_line(c.communicate()[0])
+        c.communicate()
         _wait_status(job_c, "interrupted", timeout=20)
         cancelled = spill("cancel", job_a, check=True).stdout
         assert cancelled.startswith(f"job {job_a} cancelled (running, ")
@@ -116,10 +118,14 @@ def test_a_job_whose_coordinator_died_is_interrupted_not_running(make_tiny, tmp_
     assert re.search(rf"{job}\s+interrupted ", spill("status").stdout)
 
 
-def test_one_group_per_data_home_found_wherever_it_listens(make_tiny, tmp_path, home):
-    write_input(tmp_path / "in.jsonl", 6)
+def test_one_group_per_data_home_found_wherever_it_listens_and_model_resolved_where_typed(make_tiny, tmp_path, home):
+    # the job is typed in b with relative paths; the group was started in a
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    os.symlink(make_tiny("llama"), tmp_path / "b" / "m")
+    write_input(tmp_path / "b" / "in.jsonl", 6)
     port = str(20000 + os.getpid() % 20000)
-    up = spill("up", "--listen", port, check=True).stdout
+    up = spill("up", "--listen", port, check=True, cwd=tmp_path / "a").stdout
     try:
         assert f"control tcp://127.0.0.1:{port}" in up
         pid = re.search(r"coordinator pid (\d+)", up).group(1)
@@ -127,9 +133,10 @@ def test_one_group_per_data_home_found_wherever_it_listens(make_tiny, tmp_path, 
         assert f"coordinator pid {pid}" in status
         for again in (spill("up"), spill("up", "--foreground", "--listen", str(int(port) + 1))):
             assert f"another spill group is running (coordinator pid {pid}" in again.stdout
-        run = spill("run", make_tiny("llama"), tmp_path / "in.jsonl", "-o", tmp_path / "out.jsonl", check=True)
-        assert "done: 6/6 rows" in run.stdout and len(read_output(tmp_path / "out.jsonl")) == 6
-        assert f"  ->  {tmp_path / 'out.jsonl'}" in spill("status", check=True).stdout
+        run = spill("run", "./m", "in.jsonl", "-o", "out.jsonl", cwd=tmp_path / "b")
+        assert run.returncode == 0, run.stdout + run.stderr
+        assert "done: 6/6 rows" in run.stdout and len(read_output(tmp_path / "b" / "out.jsonl")) == 6
+        assert f"  ->  {tmp_path / 'b' / 'out.jsonl'}" in spill("status", check=True).stdout
     finally:
         assert spill("down").stdout.startswith("spill group stopped")
     assert list((home / "run").glob("*.sock")) == []
@@ -145,17 +152,3 @@ def test_two_runs_started_together_share_one_group(make_tiny, tmp_path, home):
         out, err = proc.communicate(timeout=300)
         assert proc.returncode == 0, out + err
     assert all(len(read_output(tmp_path / f"{name}.out")) == 8 for name in "xy")
-
-
-def test_model_is_resolved_where_the_user_typed_the_command(make_tiny, tmp_path, home):
-    (tmp_path / "a").mkdir()
-    (tmp_path / "b").mkdir()
-    os.symlink(make_tiny("llama"), tmp_path / "b" / "m")
-    write_input(tmp_path / "b" / "in.jsonl", 4)
-    spill("up", check=True, cwd=tmp_path / "a")
-    try:
-        result = spill("run", "./m", "in.jsonl", "-o", "out.jsonl", cwd=tmp_path / "b")
-        assert result.returncode == 0, result.stdout + result.stderr
-    finally:
-        spill("down")
-    assert len(read_output(tmp_path / "b" / "out.jsonl")) == 4

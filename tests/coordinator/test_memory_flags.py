@@ -54,14 +54,7 @@ def test_up_passes_memory_to_every_actor_and_status_shows_it(make_tiny, tmp_path
     assert len(read_output(tmp_path / "out.jsonl")) == 3
 
 
-def test_status_of_a_group_without_flags_names_the_detected_source():
-    try:
-        spill("up", check=True)
-        line = spill("status", check=True).stdout.splitlines()[2]
-        assert line.startswith("memory: working set ") and "budget 78% = " in line
-        assert "(cgroup)" in line or "(physical)" in line
-    finally:
-        spill("down")
+# a group without flags names its detected source: test_group.py::test_up_run_status_down
 
 
 def test_an_embedded_run_plans_for_its_memory_flag(make_tiny, tmp_path):
