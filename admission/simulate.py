@@ -8,7 +8,8 @@ one token a pass after that; it leaves after its last token and its slot is refi
 Rows whose output length is unknown are priced at max_tokens (`Estimate.at_max_tokens`).
 """
 
-from dataclasses import dataclass, field
+from collections import deque
+from dataclasses import dataclass, field, replace
 
 from . import schedule
 from .passmodel import PassModel, PassShape
@@ -20,6 +21,7 @@ class SimRow:
     prompt: int               # prompt tokens
     out: int                  # tokens it will generate (max_tokens when unknown)
     tier: str = ""
+    context: int = 0          # a running row's tokens in its KV already (the live ETA): no prefill, at once
 
 
 @dataclass
@@ -81,8 +83,11 @@ def simulate(rows: list[SimRow], policy, waiting, model: PassModel, bytes_stream
     for r in rows:
         t = tiers.setdefault(r.tier or tier_of(r.prompt), Tier(r.tier or tier_of(r.prompt)))
         t.rows, t.prompt_tokens = t.rows + 1, t.prompt_tokens + r.prompt
-    refused = policy.offer([waiting(r) for r in rows]) or []
+    # a running row asks the policy for its slot (its full length) but starts no prompt tokens
+    refused = policy.offer([waiting(replace(r, prompt=0, out=r.context + r.out) if r.context else r)
+                            for r in rows]) or []
     schedule.interleave(policy.queue, length)
+    policy.queue = deque(sorted(policy.queue, key=lambda w: not by_id[w.row].context))   # running rows first
     errors += len(refused)
     est = Estimate(0.0, 0.0, 0, list(tiers.values()), errors=errors, at_max_tokens=at_max_tokens)
     prefilling: dict[int, int] = {}          # row -> prompt tokens still to prefill
@@ -92,7 +97,11 @@ def simulate(rows: list[SimRow], policy, waiting, model: PassModel, bytes_stream
     admitted = schedule.admit(policy, allowed)
     while admitted or prefilling or decoding:
         for w in admitted:
-            prefilling[w.row] = by_id[w.row].prompt
+            r = by_id[w.row]
+            if r.context:
+                decoding[w.row] = [r.context, r.out]
+            else:
+                prefilling[w.row] = r.prompt
         # 1. the pass: every decoding row's step, a chunk of every prefilling row
         shape = PassShape(len(decoding), sum(min(chunk, n) for n in prefilling.values()),
                           sum(c for c, _ in decoding.values()), bytes_streamed + (0 if est.passes else read_once))

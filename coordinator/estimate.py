@@ -128,8 +128,8 @@ class JobEstimate:
         """Seconds left: the rows still pending, less the tokens the running ones have generated."""
         now = time.monotonic()
         if now - self.at >= max(self.every, self.cost / self.share):
-            left = [SimRow(r.row, r.prompt, max(r.out - generated.get(r.row, 0), 1), r.tier)
-                    for r in self.rows if r.row in pending]
+            left = [SimRow(r.row, r.prompt, max(r.out - g, 1), r.tier, context=r.prompt + g if g else 0)
+                    for r in self.rows if r.row in pending for g in [generated.get(r.row, 0)]]
             self.eta_s, self.at = estimate_rows(self.folder, left, memory=self.memory, resident=self.advice.resident,
                                                 loaded=True)[0].total_seconds, now
             self.cost = time.monotonic() - now

@@ -131,3 +131,12 @@ def test_resident_the_first_pass_reads_the_weights_and_later_ones_nothing():
     later = [b - a for (a, _), (b, _) in zip(resident.timeline, resident.timeline[1:])]
     assert all(s < BYTES / TRUE.bandwidth for s in later)     # compute alone, under the read time
     assert resident.total_seconds < streamed.total_seconds
+
+
+def test_running_rows_already_prefilled_only_decode_what_they_have_left():
+    """The live ETA re-simulates the rows left: a running row's prompt is in its KV already, so it is
+    not prefilled again (it was, and the ETA at 75% of a job was 10x the time left)."""
+    rows = [SimRow(i, 900, 10, context=950) for i in range(4)] + [SimRow(9, 45, 3)]
+    est = simulate(rows, FifoPolicy(), waiting, TRUE, BYTES)
+    assert est.prefill[0] == 45 and sum(est.prefill) == 45    # only the waiting row's prompt
+    assert est.passes == 10                                     # the running rows' 10 steps, at once
