@@ -204,8 +204,9 @@ def test_the_advisor_names_the_variant_of_models_yaml_that_would_fit(variant_tag
     monkeypatch.setattr(calibration, "read_probe", lambda files: 2e9)
     folder = make_tiny("llama")
     s = budget_policy(quantized(load_plan(folder), 4, 32), "1GB", resident=True)[0].sheet
-    memory = str(int((sum(s.fixed.values()) + 2.5 * s.cost(1, 256)) / s.fraction))   # 4-bit: 2 rows of 256 fit
-    rows = [SimRow(0, 20, 10), SimRow(1, 20, 10)]
+    # 4-bit: its row of 256 fits; 8-bit: its weights take more than the 0.2 row left (no slot)
+    memory = str(int((sum(s.fixed.values()) + 1.2 * s.cost(1, 256)) / s.fraction))
+    rows = [SimRow(0, 20, 10)]
     advice = advise_rows(folder, rows, memory=memory, name="tiny:1b")
     assert not advice.resident and advice.line.endswith("; tiny:1b-4bit would fit resident: spill run tiny:1b-4bit")
     assert "would fit" not in advise_rows(folder, rows, memory=memory, name=str(folder)).line
