@@ -159,6 +159,20 @@ def test_the_live_eta_spends_at_most_a_twentieth_of_the_time_re_simulating(monke
     assert 2.0 * len(runs) <= 0.05 * 400 + 2.0, runs
 
 
+def test_an_eta_that_ran_out_with_rows_left_is_re_simulated_at_once(monkeypatch):
+    """The ETA counts down between re-simulations (every 15 s): one that reached 0 with rows still
+    pending showed "ETA 0h00m00s" for seconds; it is re-simulated as soon as its cost allows."""
+    from types import SimpleNamespace
+
+    from spill.coordinator import estimate
+    clock = [0.0]
+    monkeypatch.setattr(estimate.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(estimate, "estimate_rows", lambda folder, rows, **_: (SimpleNamespace(total_seconds=3.0), {}))
+    job = estimate.JobEstimate(None, [], errors=0)
+    clock[0] = 4.0                      # the first estimate was short: 3 s, and 4 s have passed
+    assert job.eta({1}, {}) == 3.0      # re-simulated now, not at 15 s
+
+
 def test_budget_fraction_sets_the_budget_the_estimate_plans_for_as_run_does(make_tiny, tmp_path, monkeypatch):
     monkeypatch.setenv("SPILL_HOME", str(tmp_path / "home"))
     monkeypatch.setattr(calibration, "read_probe", lambda files: 2e9)
