@@ -28,9 +28,9 @@ def _root(version: bool = typer.Option(False, "--version", callback=_version, is
     """spill: batch inference for models larger than memory."""
 
 
-def _fail(err: Exception) -> None:
+def _fail(err: Exception, code: int = 2) -> None:
     typer.echo(f"spill: {err}", err=True)
-    raise typer.Exit(2)
+    raise typer.Exit(code)
 
 
 @app.command("make-model")
@@ -126,8 +126,7 @@ def run_cmd(
                        resume=resume, new=new, quiet=quiet, listen=listen, every=every, stream=stream,
                        memory=memory_args(memory, budget_fraction), explicit=budget_fraction is not None)
     except GroupDead as err:   # not a usage error: the group stopped under the job
-        typer.echo(f"spill: {err}", err=True)
-        raise typer.Exit(1) from None
+        _fail(err, 1)
     except SpillError as err:
         _fail(err)
     raise typer.Exit(code)

@@ -202,12 +202,13 @@ class JointCache:
     """One layer's KV of every decode pool as one batch (pool 0's rows, then pool 1's...): each pool
     writes its own slots; attention reads them padded to the longest span, the padding masked."""
 
-    def __init__(self, pools: list[Pool], layer: int):
-        self.pools, self.parts = pools, [p.caches[layer] for p in pools]
+    def __init__(self, decode: "Decode", layer: int):
+        self.decode, self.pools = decode, decode.pools
+        self.parts = [p.caches[layer] for p in self.pools]
 
     @property
     def offset(self) -> mx.array:
-        return mx.concatenate([c.offset for c in self.parts])
+        return self.decode.offset   # every pool's lens, joined once a pass (not once a layer)
 
     @property
     def keys(self) -> list:
@@ -242,10 +243,13 @@ class Decode:
 
     def __init__(self, pools: list[Pool], layers: int):
         self.pools = pools
-        self.caches = [JointCache(pools, i) for i in range(layers)]
+        self.caches = [JointCache(self, i) for i in range(layers)]
+        self.offset: mx.array | None = None
 
     def next_tokens(self, chunk: int) -> mx.array:
         tokens = [p.next_tokens(chunk) for p in self.pools]
+        offsets = [p.offset for p in self.pools]
+        self.offset = offsets[0] if len(offsets) == 1 else mx.concatenate(offsets)
         return tokens[0] if len(tokens) == 1 else mx.concatenate(tokens)
 
     def advance(self) -> bool:
