@@ -8,8 +8,9 @@
 #   bash h200.sh gpu|cpu STAGE OUT    set up; benchmarks/pass_time.py on the GPU or on the CPU cores
 #                                     (cpu: then benchmarks/cpu_threads.py, BLAS:convert threads in
 #                                     SPILL_SWEEP; reader knobs in spill/config.py)
+#   bash h200.sh sweep STAGE OUT      set up; benchmarks/cpu_threads.py alone (SPILL_SWEEP as above)
 set -euo pipefail
-cmd=${1:?usage: h200.sh stage|setup|probe|test|gpu|cpu STAGE [OUT]}
+cmd=${1:?usage: h200.sh stage|setup|probe|test|gpu|cpu|sweep STAGE [OUT]}
 stage=$(cd "${2:?STAGE}" && pwd)
 out=${3:-/tmp/spill-out}
 keep=/root/spill-stage site=/tmp/spill-site work=/tmp/spill-work
@@ -56,4 +57,7 @@ case $cmd in
     python3 $src/benchmarks/pass_time.py --models "$models" --device cpu --doc "$out/pass-cpu.md" --reps 2
     python3 $src/benchmarks/cpu_threads.py --models "$models" --batches 8,128 \
       --settings "${SPILL_SWEEP:-0:8,8:8,12:4}" | tee "$out/cpu-threads.txt" ;;
+  sweep)
+    python3 $src/benchmarks/cpu_threads.py --models "$models" --batches "${SPILL_BATCHES:-8,128}" \
+      --settings "${SPILL_SWEEP:-0:8,8:8,12:4}" | tee "$out/cpu-threads${OPENBLAS_THREAD_TIMEOUT:+-timeout$OPENBLAS_THREAD_TIMEOUT}.txt" ;;
 esac
