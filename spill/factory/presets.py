@@ -46,6 +46,10 @@ SIZES: dict[str, Shape] = {
     # model, twice a 1 GiB cgroup, where rows of 900 tokens still batch (18 KB of KV a token)
     "lean": Shape(hidden=1024, layers=36, intermediate=4096, heads=16, kv_heads=1,
                   head_dim=64, vocab=8192),
+    # lean with 45 layers, 2.55 GiB in float32: twice a 1.25 GiB cgroup, the smallest in which the group's
+    # processes (~0.75 GiB before any KV cache) leave the three-tier job's long rows room to batch
+    "lean45": Shape(hidden=1024, layers=45, intermediate=4096, heads=16, kv_heads=1,
+                    head_dim=64, vocab=8192),
     # Llama-3.2-1B layer shapes, 1.04B parameters, ~2.1 GB in bf16 (tied)
     "1b": Shape(hidden=2048, layers=16, intermediate=8192, heads=32, kv_heads=8,
                 head_dim=64, vocab=32768),
