@@ -38,3 +38,11 @@ def test_no_openblas_loaded_is_false_not_an_error():
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"
+
+
+@pytest.mark.skipif(not os.path.exists(OPENBLAS), reason="no OpenBLAS to preload on this machine")
+def test_openblas_threads_sleep_after_a_gemm_unless_the_user_chose_otherwise():
+    base = {k: v for k, v in os.environ.items() if k not in ("SPILL_NO_OPENBLAS", "OPENBLAS_THREAD_TIMEOUT")}
+    assert preload_env(base)["OPENBLAS_THREAD_TIMEOUT"] == "4"
+    assert preload_env({**base, "OPENBLAS_THREAD_TIMEOUT": "20"})["OPENBLAS_THREAD_TIMEOUT"] == "20"
+    assert "OPENBLAS_THREAD_TIMEOUT" not in preload_env({**base, "SPILL_NO_OPENBLAS": "1"})
