@@ -27,8 +27,9 @@ per row): each next slot goes to the class with the fewest slots per token its r
 (their max_tokens), so every class drains at the same rate and no tier is left as a wall. E.g. KV
 budget 12 MiB, 1 MiB per 256 tokens, rows 40+10, 40+10, 40+10, 600+10, 600+10: pools (3, 256) and
 (2, 768), 9 MiB, a slot for each row. When a class with rows waiting has no pool (first made, or
-drained) the shares are recomputed: a new pool takes what is free, and pools above their new share
-stop refilling until they shrink to it (once, in the streamer). A full pool with rows waiting
+drained) the shares are recomputed: pools above their new share stop refilling and shrink at once to
+the rows they hold (the streamer copies them), a new pool takes what is free, and a pool shrinks to
+its share once its rows drain to it. A full pool with rows waiting
 grows when its old and new slots both fit the KV that is free (the streamer copies its rows
 once), never after a preemption shrank it. Rows join their class's pool in queue order while it
 has a free slot: a class's rows wait in order, never behind another class's.
@@ -223,15 +224,14 @@ class BudgetPolicy:
                 room = self.max_rows - sum(q.slots for q in self.pools.values())
                 p = self.pools[c]
                 p.slots = p.cap = max(p.slots, min(targets[c], free // s.slot(p.width, widest), p.slots + room))
-        for c, p in self.pools.items():
-            if held[c] <= p.cap < p.slots:
-                p.slots = p.cap      # the streamer shrinks it once (its rows copied)
-        shrinking = any(p.slots > p.cap for p in self.pools.values())
+        for c, p in self.pools.items():   # the streamer shrinks it (its rows copied): to its share once
+            if p.cap < p.slots and (held[c] <= p.cap or new):   # drained to it, or at once to its rows
+                p.slots = max(held[c], p.cap)                    # when another class waits for room
         for c in new:   # a wider pool pads the others' copy too: priced at the new widest
             widest = max([widths[c], *(p.width for p in self.pools.values())])
             free, room = s.kv_budget - self.reserved(widest), self.max_rows - sum(p.slots for p in self.pools.values())
             n = min(targets[c], free // s.slot(widths[c], widest), room)
-            if n >= 1 and (n == targets[c] or not shrinking):
+            if n >= 1:
                 self.pools[c] = Reserved(n, widths[c], n)
             elif not self.pools:     # a row that fits only unrounded runs alone
                 first = next(w for w in window if width_class(w.full_length) == c)

@@ -50,6 +50,17 @@ def test_each_row_joins_the_pool_of_its_width_class_and_a_full_class_holds_only_
     assert [w.row for w in p.admit()] == [2] and p.reserved() <= p.sheet.kv_budget
 
 
+def test_a_pool_that_took_the_budget_before_other_widths_came_shrinks_at_once_to_its_rows():
+    p = BudgetPolicy(sheet(slots_mb=32))
+    p.offer(rows(*[10] * 40))                                # the job's first rows: all short
+    p.prefill_tokens = 80                                    # the pass's prompt allowance: 8 of them
+    assert len(p.admit()) == 8 and p.shapes() == [[32, 256]]
+    p.offer(rows(*[600] * 20, max_tokens=100, start=40))     # then the long rows, far more to generate
+    _, admitted = run_pass(p, live=0)
+    assert 40 in admitted                                    # they start now, not when the 8 short rows end
+    assert p.shapes()[0] == [8, 256] and p.reserved() <= p.sheet.kv_budget
+
+
 def test_a_row_too_big_for_the_budget_gets_one_sentence_and_the_rest_run():
     p = BudgetPolicy(sheet(slots_mb=2))
     refused = p.offer(rows(5, 600, 5))                       # 610 tokens: 2.4 MiB alone
