@@ -45,9 +45,11 @@ def compute_itemsize(plan) -> int:
     return 4 if stored and stored[0] == "F32" else 2
 
 
-def policy_for(plan, memory_arg: str | None, model, resident: bool = False, fraction: float | None = None):
-    """(policy, SimRow -> its waiting record, SimRow -> the largest batch that fits rows like it)."""
-    policy, _ = budget_policy(plan, memory_arg, fraction, resident=resident)
+def policy_for(plan, memory_arg: str | None, model, resident: bool = False, fraction: float | None = None,
+               others: int = 0):
+    """(policy, SimRow -> its waiting record, SimRow -> the largest batch that fits rows like it);
+    `others`: the group's other processes' memory, priced as admission prices it."""
+    policy, _ = budget_policy(plan, memory_arg, fraction, others=others, resident=resident)
     s = policy.sheet
 
     def waiting(r) -> Waiting:   # only the prompt's length matters to the policy: a view of no size

@@ -64,11 +64,13 @@ def sim_rows(folder: Path, requests: list, which, defaults: dict) -> tuple[list[
 
 
 def estimate_rows(folder: Path, rows: list[SimRow], *, errors: int = 0, memory: str | None = None,
-                  resident: bool = False, loaded: bool = False, fraction: float | None = None) -> tuple[Estimate, dict]:
-    """Resident: the first pass reads every layer (none once `loaded`), later ones nothing (compute alone)."""
+                  resident: bool = False, loaded: bool = False, fraction: float | None = None,
+                  others: int = 0) -> tuple[Estimate, dict]:
+    """Resident: the first pass reads every layer (none once `loaded`), later ones nothing (compute alone).
+    `others`: the group's processes' memory, which the budget leaves out of the KV as admission does."""
     plan = load_plan(folder)
     cal = open_calibration(folder)
-    policy, waiting, max_batch = schedule.policy_for(plan, memory, cal.model, resident, fraction)
+    policy, waiting, max_batch = schedule.policy_for(plan, memory, cal.model, resident, fraction, others)
     streamed = 0 if resident else plan.streamed_bytes
     est = simulate(rows, policy, waiting, cal.model, streamed, max_batch=max_batch, errors=errors,
                    read_once=0 if loaded else plan.streamed_bytes - streamed)
@@ -115,12 +117,12 @@ class JobEstimate:
     no more than `share` of the coordinator's time: a job of 50,000 rows takes a second to simulate)."""
 
     def __init__(self, folder: Path, rows: list[SimRow], errors: int, memory: str | None = None, every: float = 15.0,
-                 advice: Advice | None = None, share: float = 0.05):
+                 advice: Advice | None = None, share: float = 0.05, others: int = 0):
         self.folder, self.rows, self.memory, self.every, self.share = folder, rows, memory, every, share
-        self.advice = advice or Advice(False, "")
+        self.advice, self.others = advice or Advice(False, ""), others
         started = time.monotonic()
         self.first, self.calibration = estimate_rows(folder, rows, errors=errors, memory=memory,
-                                                     resident=self.advice.resident)
+                                                     resident=self.advice.resident, others=others)
         self.eta_s, self.at = self.first.total_seconds, time.monotonic()
         self.cost = self.at - started    # seconds the last simulation took
 
@@ -132,7 +134,7 @@ class JobEstimate:
             left = [SimRow(r.row, r.prompt, max(r.out - g, 1), r.tier, context=r.prompt + g if g else 0)
                     for r in self.rows if r.row in pending for g in [generated.get(r.row, 0)]]
             self.eta_s, self.at = estimate_rows(self.folder, left, memory=self.memory, resident=self.advice.resident,
-                                                loaded=True)[0].total_seconds, now
+                                                loaded=True, others=self.others)[0].total_seconds, now
             self.cost = time.monotonic() - now
         return max(self.eta_s - (now - self.at), 0.0)
 
@@ -181,7 +183,7 @@ def job_estimate(folder: Path, requests: list, pending: set[int], defaults: dict
         others = process_memory().rss + sum((actors_rss or {}).values())
         advice = advise_rows(folder, rows, memory=memory, stream=bool(args.get("stream")), name=args.get("model", ""),
                              others=others)
-        return JobEstimate(folder, rows, errors, memory, advice=advice)
+        return JobEstimate(folder, rows, errors, memory, advice=advice, others=others)
     except Exception as err:
         log.warning("no estimate", error=str(err))
         return None

@@ -72,6 +72,23 @@ def test_short_rows_run_at_a_larger_batch_than_the_long_rows_width_allows(make_t
     assert short["batch"] > one_width >= long_["batch"] > 1
 
 
+def test_the_jobs_estimate_leaves_the_groups_other_processes_out_of_the_kv_as_admission_does(
+        make_tiny, tmp_path, monkeypatch):
+    from spill.admission import schedule
+    from spill.admission.advisor import Advice
+    from spill.admission.simulate import SimRow
+    from spill.coordinator.estimate import JobEstimate
+    monkeypatch.setenv("SPILL_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(calibration, "read_probe", lambda files: 2e9)
+    folder, rows = make_tiny("llama"), [SimRow(i, 200, 64) for i in range(64)]
+    alone = JobEstimate(folder, rows, 0, memory="48MiB", advice=Advice(False, ""))
+    beside = JobEstimate(folder, rows, 0, memory="48MiB", advice=Advice(False, ""), others=12 * 2**20)
+    policy, _, max_batch = schedule.policy_for(load_plan(folder), "48MiB", None, others=12 * 2**20)
+    assert beside.first.tiers[0].batch < alone.first.tiers[0].batch
+    assert beside.first.tiers[0].batch <= max_batch(rows[0]) < alone.first.tiers[0].batch
+    assert beside.first.total_seconds > alone.first.total_seconds
+
+
 def test_a_missing_input_is_one_sentence(make_tiny, tmp_path):
     result = runner.invoke(app, ["estimate", str(make_tiny("llama")), str(tmp_path / "nope.jsonl")])
     assert result.exit_code == 2
