@@ -34,7 +34,8 @@ grows when its old and new slots both fit the KV that is free (the streamer copi
 once), never after a preemption shrank it. Rows join their class's pool in queue order while it
 has a free slot: a class's rows wait in order, never behind another class's.
 Backpressure is a guard on what the streamer reports: above the guard line (80% of the working
-set) nothing is admitted until live allocation falls below guard - hysteresis; above the hard line
+set) nothing is admitted until live allocation is back within the budget (or below guard - hysteresis,
+if that is higher: a job whose pools fill the budget lives just under it); above the hard line
 (90%) the newest rows are preempted (never the oldest, so the batch always moves), their pools
 shrink to the rows left, and they wait at the head of the queue.
 """
@@ -165,12 +166,13 @@ class BudgetPolicy:
 
     # -- each pass --------------------------------------------------------------------------------
     def observe(self, live: int) -> None:
-        """Live allocation from a pass report: hold above the guard line, resume below it less hysteresis."""
+        """Live allocation from a pass report: hold above the guard line, resume below it less hysteresis
+        or within the budget, whichever is higher (pools that fill the budget as priced sit just under it)."""
         s = self.sheet
         self.live = live
         if live >= s.line(s.guard):
             self.holding = True
-        elif live < s.line(s.guard - s.hysteresis):
+        elif live <= s.line(max(s.guard - s.hysteresis, s.fraction)):
             self.holding = False
 
     def reserved(self, widest: int = 0) -> int:

@@ -81,8 +81,8 @@ def test_the_guard_line_holds_admission_with_hysteresis():
     run_pass(p, live=0)
     p.offer(rows(*[5] * 5, start=1))
     assert run_pass(p, live=810 * MB) == ([], [])              # above 80%: hold
-    assert run_pass(p, live=770 * MB) == ([], [])              # under 80% but above 75%: still holding
-    assert run_pass(p, live=740 * MB) == ([], [1, 2, 3, 4, 5])
+    assert run_pass(p, live=790 * MB) == ([], [])              # under 80% but above the 78% budget: still holding
+    assert run_pass(p, live=775 * MB) == ([], [1, 2, 3, 4, 5])  # within the budget, where full pools live
 
 
 def test_above_the_guard_with_nothing_running_one_row_still_runs():
