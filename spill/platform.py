@@ -57,15 +57,6 @@ def set_blas_threads(n: int) -> bool:
     return True
 
 
-def mmap_large_buffers(threshold: int = 1 << 20) -> bool:
-    """Have glibc's malloc serve blocks of `threshold` bytes or more with their own mappings, returned to
-    the OS when freed. Its default threshold rises to the largest block freed (up to 32 MiB), after
-    which MLX's layer-sized buffers came from the heap and its holes stayed in RSS (measured: the heap
-    grew to 425 MiB while MLX held ~500 MiB in all). False where it cannot be set."""
-    setter = getattr(ctypes.CDLL(None), "mallopt", None) if sys.platform.startswith("linux") else None
-    return bool(setter and setter(-3, int(threshold)))   # M_MMAP_THRESHOLD; a fixed value stops the rise
-
-
 def release_heap() -> None:
     """Give the C heap's free pages back to the OS (glibc's malloc_trim): buffers MLX frees otherwise stay in
     the process's RSS (measured: 35 MiB after a 512-token prefill of the factory's lean model)."""

@@ -47,29 +47,3 @@ def test_openblas_threads_sleep_after_a_gemm_unless_the_user_chose_otherwise():
     assert preload_env({**base, "OPENBLAS_THREAD_TIMEOUT": "20"})["OPENBLAS_THREAD_TIMEOUT"] == "20"
     assert "OPENBLAS_THREAD_TIMEOUT" not in preload_env({**base, "SPILL_NO_OPENBLAS": "1"})
 
-
-HEAP_SCRIPT = """
-import ctypes, sys
-import mlx.core as mx
-from spill.streamer.core import Streamer
-libc = ctypes.CDLL(None)
-libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
-libc.free.argtypes = [ctypes.c_void_p]
-if sys.argv[2] == "streamer":
-    mx.set_default_device(mx.cpu)
-    Streamer(sys.argv[1]).close()
-libc.free(libc.malloc(24 << 20))          # glibc's default raises its mmap threshold to this block
-block = libc.malloc(4 << 20)              # a layer-sized buffer after it
-heap = [line.split()[0] for line in open("/proc/self/maps") if line.rstrip().endswith("[heap]")]
-lo, hi = (int(x, 16) for x in heap[0].split("-")) if heap else (0, 0)
-print("heap" if lo <= block < hi else "mapped")
-"""
-
-
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
-@pytest.mark.parametrize("who", ["nobody", "streamer"])
-def test_the_streamer_keeps_layer_sized_buffers_out_of_the_heap(make_tiny, who):
-    out = subprocess.run([sys.executable, "-c", HEAP_SCRIPT, str(make_tiny("llama")), who],
-                         capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.split()[-1] == ("mapped" if who == "streamer" else "heap")   # the default: the hole stays
