@@ -2,6 +2,8 @@
 admission policy and this machine's calibrated pass model simulated pass by pass (admission/simulate.py).
 Rows that cannot run (bad lines, prompts that do not fit) are counted as errors, not priced."""
 
+import json
+import os
 import time
 from collections import Counter
 from pathlib import Path
@@ -27,16 +29,43 @@ def request_dict(r, defaults: dict) -> dict:
             "temperature": temperature, "top_p": r.top_p, "top_k": r.top_k, "seed": r.seed, "stop": r.stop}
 
 
+def _group_file() -> Path:
+    return config.home() / "calibration" / "group.json"
+
+
+def remember_others(others: int) -> None:
+    """Keep the group's processes' memory as a job measured it, for `spill estimate` run with no group."""
+    path = _group_file()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(json.dumps({"others": int(others)}))
+        os.replace(tmp, path)
+    except OSError:
+        pass   # a read-only home costs the next estimate this figure, never the job
+
+
+def remembered_others() -> int | None:
+    """The group's processes' memory as the last job on this machine measured it; None before any."""
+    try:
+        return int(json.loads(_group_file().read_text())["others"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def estimate_file(model: str, input: Path, *, max_tokens: int = 256, memory: str | None = None,
                   stream: bool = False, fraction: float | None = None) -> tuple[Estimate, dict, Advice]:
-    """(the estimate, the calibration it used, the advice) for a batch file as `spill run` would run it
-    (`fraction`: --budget-fraction, None for the default)."""
+    """(the estimate, the calibration it used with the group's memory it priced, the advice) for a batch
+    file as `spill run` would run it (`fraction`: --budget-fraction, None for the default)."""
     folder = resolve(model)
     requests, bad = read_batch(Path(input))
     rows, errors = sim_rows(folder, requests, range(len(requests)), {"max_tokens": max_tokens})
-    advice = advise_rows(folder, rows, memory=memory, stream=stream, name=model, fraction=fraction)
-    return (*estimate_rows(folder, rows, errors=errors + len(bad), memory=memory, resident=advice.resident,
-                           fraction=fraction), advice)
+    others = remembered_others()
+    advice = advise_rows(folder, rows, memory=memory, stream=stream, name=model, fraction=fraction,
+                         others=others or 0)
+    est, cal = estimate_rows(folder, rows, errors=errors + len(bad), memory=memory, resident=advice.resident,
+                             fraction=fraction, others=others or 0)
+    return est, {**cal, "group_memory": others}, advice
 
 
 def advise_rows(folder: Path, rows: list[SimRow], *, memory: str | None = None, stream: bool = False,
@@ -94,6 +123,13 @@ def estimate_line(est: Estimate) -> str:
             f"(ideal {duration(est.ideal_seconds)}, {ratio:.2f}x)")
 
 
+def _group_line(others: int | None) -> str:
+    if others is None:
+        return ("the group's own processes: not priced, no job has run with this data home yet "
+                "(the first `spill run` measures them)")
+    return f"the group's own processes: {others / 2**20:.0f} MiB, as the last job here measured them"
+
+
 def format_estimate(est: Estimate, calibration: dict, advice: Advice | None = None) -> str:
     lines = [estimate_line(est), *([advice.line] if advice else []),
              f"calibration: {calibration['bandwidth'] / 1e9:.2f} GB/s read, overlap {calibration['overlap']:.2f}, "
@@ -104,6 +140,8 @@ def format_estimate(est: Estimate, calibration: dict, advice: Advice | None = No
                      f"{duration(t.seconds):>10}{duration(t.ideal_seconds):>10}")
     if est.errors:
         lines.append(f"{est.errors} rows cannot run: counted as errors, not priced")
+    if "group_memory" in calibration:
+        lines.append(_group_line(calibration["group_memory"]))
     if est.at_max_tokens:
         lines.append("output lengths are unknown before the run: every row is priced at its max_tokens")
     if est.stalled:
@@ -181,6 +219,7 @@ def job_estimate(folder: Path, requests: list, pending: set[int], defaults: dict
         rows, errors = sim_rows(folder, requests, sorted(pending), defaults)
         memory = args.get("memory")
         others = process_memory().rss + sum((actors_rss or {}).values())
+        remember_others(others)
         advice = advise_rows(folder, rows, memory=memory, stream=bool(args.get("stream")), name=args.get("model", ""),
                              others=others)
         return JobEstimate(folder, rows, errors, memory, advice=advice, others=others)

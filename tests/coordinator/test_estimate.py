@@ -89,6 +89,26 @@ def test_the_jobs_estimate_leaves_the_groups_other_processes_out_of_the_kv_as_ad
     assert beside.first.total_seconds > alone.first.total_seconds
 
 
+def test_spill_estimate_prices_the_groups_processes_as_the_last_job_here_measured_them(make_tiny, tmp_path, monkeypatch):
+    from spill.coordinator import estimate
+    monkeypatch.setenv("SPILL_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(calibration, "read_probe", lambda files: 2e9)
+    lines = [json.dumps({"custom_id": f"r{i}", "prompt": "word " * 200, "max_tokens": 64}) for i in range(64)]
+    (tmp_path / "in.jsonl").write_text("\n".join(lines) + "\n")
+    args = ["estimate", str(make_tiny("llama")), str(tmp_path / "in.jsonl"), "--memory", "48MiB", "--stream"]
+    before = runner.invoke(app, args)
+    assert "the group's own processes: not priced, no job has run with this data home yet" in before.output
+    unknown = json.loads(runner.invoke(app, [*args, "--json"]).output)
+    assert unknown["calibration"]["group_memory"] is None
+    estimate.job_estimate(make_tiny("llama"), [], set(), {}, {}, None, {"tokenizer": 1})   # a job measures it
+    assert estimate.remembered_others() > 1
+    estimate.remember_others(12 * 2**20)
+    after = json.loads(runner.invoke(app, [*args, "--json"]).output)
+    assert after["calibration"]["group_memory"] == 12 * 2**20
+    assert after["tiers"][0]["batch"] < unknown["tiers"][0]["batch"]
+    assert "the group's own processes: 12 MiB, as the last job here measured them" in runner.invoke(app, args).output
+
+
 def test_a_missing_input_is_one_sentence(make_tiny, tmp_path):
     result = runner.invoke(app, ["estimate", str(make_tiny("llama")), str(tmp_path / "nope.jsonl")])
     assert result.exit_code == 2
