@@ -244,7 +244,7 @@ def _stored_dtype(plan) -> str:
 
 
 def _key_of(folder, plan, dtype) -> tuple[str, object]:
-    from spill.streamer.core import default_dtype
+    from spill.platform import default_dtype
     dtype = dtype or default_dtype()
     name = str(dtype).replace("mlx.core.", "") if dtype is not None else f"stored-{_stored_dtype(plan)}"
     return key(folder, name), dtype

@@ -46,6 +46,13 @@ def openblas_missing() -> bool:
     return not any(os.path.exists(p) for p in _CANDIDATES)
 
 
+def default_dtype():
+    """The streamer's compute dtype: float32 on the CPU (MLX's bf16 matmul is slow there), None (the
+    stored dtype) on a GPU. Here, not in the streamer, so pricing a model imports no mlx-lm."""
+    import mlx.core as mx
+    return mx.float32 if mx.default_device() == mx.cpu else None
+
+
 def set_blas_threads(n: int) -> bool:
     """Set the loaded OpenBLAS's thread count at run time (n > 0); False where none is loaded."""
     try:

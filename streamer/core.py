@@ -22,7 +22,7 @@ import numpy as np
 
 from spill import config, memory
 from spill.errors import SpillError
-from spill.platform import release_heap, set_blas_threads
+from spill.platform import default_dtype, release_heap, set_blas_threads
 
 from .families import adapter_for
 from .groups import Decode, Group, Pool, RowState, bucket
@@ -77,11 +77,6 @@ def _free_cache() -> None:
     """MLX's cache emptied and the freed pages handed back to the OS, not kept by the C heap."""
     mx.clear_cache()
     release_heap()
-
-
-def default_dtype() -> mx.Dtype | None:
-    """float32 on the CPU (MLX's bf16 matmul is slow there); the stored dtype on a GPU."""
-    return mx.float32 if mx.default_device() == mx.cpu else None
 
 
 class Streamer:

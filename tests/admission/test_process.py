@@ -87,3 +87,28 @@ def test_an_admit_names_each_rows_pool_and_every_pools_shape():
     msg = m.decode(m.encode(process._admit(1, admitted, [2], 0, p.shapes())))
     assert (msg.rows, msg.widths) == ([0, 1, 2], [256, 768, 256])
     assert sorted(msg.pools, key=lambda s: s[1]) == [[2, 256], [1, 768]]
+
+
+PRICE_SCRIPT = """
+import sys
+import structlog
+from spill import messages as m
+from spill.admission import process
+from spill.admission.calibration import Calibrator
+log = structlog.get_logger()
+process._price(m.Reset(1, sys.argv[1], "job"), {"memory": "2GB"}, None, log)
+Calibrator(log).reset(sys.argv[1])
+print(" ".join(name for name in ("mlx_lm", "transformers") if name in sys.modules) or "none")
+"""
+
+
+def test_pricing_a_model_with_its_calibration_stored_imports_no_mlx_lm(make_tiny, tmp_path, monkeypatch):
+    # mlx-lm brings transformers: ~44 MB of the admission actor's RSS, which the budget takes from the KV
+    from spill.admission.calibration import open_calibration
+    monkeypatch.setenv("SPILL_HOME", str(tmp_path))
+    folder = str(make_tiny("llama"))
+    open_calibration(folder)   # first use probes (a real layer: mlx-lm); the actor then only loads it
+    out = subprocess.run([sys.executable, "-c", PRICE_SCRIPT, folder], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "SPILL_HOME": str(tmp_path)})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split()[-1] == "none"
