@@ -22,7 +22,7 @@ def test_unknown_family(tmp_path):
 
 
 def test_unknown_size(tmp_path):
-    assert error(tmp_path, size="7b") == "unknown size preset '7b'; choose one of: tiny, small, tall, lean, 1b, 3b, deep"
+    assert error(tmp_path, size="7b") == "unknown size preset '7b'; choose one of: tiny, small, tall, lean, lean45, 1b, 3b, deep"
 
 
 def test_unknown_dtype(tmp_path):
