@@ -281,8 +281,8 @@ class Streamer:
     def _shape(self, width: int, rows: list[RowState]) -> tuple[int, int]:
         longest = max(len(r.row.prompt) + r.row.max_tokens for r in rows)
         slots = self.reservation.get(width, 0)
-        if width and slots >= len(rows) and width >= longest:
-            return slots, width
+        if width and slots and width >= longest:   # rows past a reservation (admission's view a pass
+            return max(slots, len(rows)), width    # behind): a slot each, no spare slots nobody priced
         return max(8, 2 * len(rows)), -(-longest // 256) * 256
 
     def _retire(self) -> None:

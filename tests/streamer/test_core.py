@@ -223,6 +223,15 @@ def test_a_preemption_shrinks_the_pool_and_the_rows_left_go_on_unchanged(make_ti
     assert s.pool_moves == 0 and got["a"] == free["a"][0]
 
 
+def test_rows_past_a_reserved_pool_get_a_slot_each_not_the_unreserved_growth(make_tiny):
+    s = Streamer(make_tiny("llama"))
+    s.reserve([[2, 256]])                       # admission's shapes, a pass behind the rows it sent
+    for i in range(3):
+        s.add(Row(f"r{i}", PROMPTS[i], 4, width=256))
+    s.step()
+    assert (s.pools[256].slots, s.pools[256].width) == (3, 256)   # not max(8, 2 x 3) slots nobody priced
+
+
 def test_rows_past_an_unreserved_pool_move_it_once_and_match_rows_run_alone(make_tiny):
     folder = make_tiny("llama")
     late = [(f"r{i}", PROMPTS[i % 5][: 3 + i]) for i in range(10)]
