@@ -203,7 +203,7 @@ class JointCache:
     writes its own slots; attention reads them padded to the longest span, the padding masked."""
 
     def __init__(self, decode: "Decode", layer: int):
-        self.decode, self.pools = decode, decode.pools
+        self.decode, self.pools = weakref.proxy(decode), decode.pools   # no cycle: replaced pools go at once
         self.parts = [p.caches[layer] for p in self.pools]
 
     @property
