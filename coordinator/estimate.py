@@ -3,7 +3,6 @@ admission policy and this machine's calibrated pass model simulated pass by pass
 Rows that cannot run (bad lines, prompts that do not fit) are counted as errors, not priced."""
 
 import json
-import os
 import time
 from collections import Counter
 from pathlib import Path
@@ -18,6 +17,7 @@ from spill.streamer.plan import load_plan
 from spill.tokenizer_worker.core import TokenizerCore
 
 from .batch_input import read_batch
+from .jobstore import _write_json
 from .models import resolve, variants
 
 
@@ -35,12 +35,9 @@ def _group_file() -> Path:
 
 def remember_others(others: int) -> None:
     """Keep the group's processes' memory as a job measured it, for `spill estimate` run with no group."""
-    path = _group_file()
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps({"others": int(others)}))
-        os.replace(tmp, path)
+        _group_file().parent.mkdir(parents=True, exist_ok=True)
+        _write_json(_group_file(), {"others": int(others)})
     except OSError:
         pass   # a read-only home costs the next estimate this figure, never the job
 

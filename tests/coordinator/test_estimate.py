@@ -3,6 +3,7 @@
 import json
 
 import pytest
+import structlog
 from typer.testing import CliRunner
 
 from spill.admission import calibration
@@ -100,7 +101,7 @@ def test_spill_estimate_prices_the_groups_processes_as_the_last_job_here_measure
     assert "the group's own processes: not priced, no job has run with this data home yet" in before.output
     unknown = json.loads(runner.invoke(app, [*args, "--json"]).output)
     assert unknown["calibration"]["group_memory"] is None
-    estimate.job_estimate(make_tiny("llama"), [], set(), {}, {}, None, {"tokenizer": 1})   # a job measures it
+    estimate.job_estimate(make_tiny("llama"), [], set(), {}, {}, structlog.get_logger(), {"tokenizer": 1})   # a job measures it
     assert estimate.remembered_others() > 1
     estimate.remember_others(12 * 2**20)
     after = json.loads(runner.invoke(app, [*args, "--json"]).output)
