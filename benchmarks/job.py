@@ -48,6 +48,8 @@ def parse() -> argparse.Namespace:
                    "job's estimate starts from a refitted calibration as a user's second job does (0: none)")
     p.add_argument("--home", default="/tmp/spill-bench-home", help="the runs' SPILL_HOME")
     p.add_argument("--fresh", action="store_true", help="start from an empty data home (first-use calibration)")
+    p.add_argument("--budget-fraction", type=float, default=None, help="spill's --budget-fraction for every run "
+                   "(default: spill's own)")
     p.add_argument("--pair-batch", type=int, default=8)
     p.add_argument("--out", type=Path, default=Path("/tmp/spill-job-bench"))
     p.set_defaults(dtype="float32")   # stored as computed on a CPU: bytes, not conversions, fill the pass
@@ -109,16 +111,16 @@ def decode_pass_s(passes: list[dict], batch: int) -> float | None:
     return statistics.median(s) if s else None
 
 
-def ideal(folder: Path, rows: list[dict], out_rows: dict, limit: str) -> float:
+def ideal(folder: Path, rows: list[dict], out_rows: dict, limit: str, fraction: float | None) -> float:
     """The ideal with this run's refitted pass model: per tier, rows x output tokens / the largest batch the
     budget fits, times the roofline pass (admission/simulate.py's `_ideal`), summed."""
     from spill.admission.simulate import SimRow
-    from spill.coordinator.estimate import estimate_rows
+    from spill.coordinator.estimate import estimate_rows, remembered_others
     sim = []
     for i, r in enumerate(rows):
         usage = out_rows[r["custom_id"]]["response"]["body"]["usage"]
         sim.append(SimRow(i, usage["prompt_tokens"], max(usage["completion_tokens"], 1)))
-    est, _ = estimate_rows(folder, sim, memory=limit)
+    est, _ = estimate_rows(folder, sim, memory=limit, fraction=fraction, others=remembered_others() or 0)
     return est.ideal_seconds
 
 
@@ -133,6 +135,7 @@ def main() -> None:
     if a.fresh and home.exists():
         shutil.rmtree(home)
     env = {**os.environ, "SPILL_HOME": str(home)}
+    extra = ["--budget-fraction", str(a.budget_fraction)] if a.budget_fraction else []
     os.environ["SPILL_HOME"] = str(home)
     folder = model_folder(a)
     size = sum(f.stat().st_size for f in folder.glob("*.safetensors"))
@@ -151,7 +154,7 @@ def main() -> None:
         path.write_text("".join(json.dumps(dict(r, body={**r["body"], "max_tokens": 16})) + "\n" for r in few))
         drop_cache(sorted(folder.glob("*.safetensors")))
         print(f"0. a warm-up job: {len(few)} rows of every tier, max_tokens 16", flush=True)
-        wj = spill_in_cgroup(["run", folder, path, "-o", a.out / "warmup.out.jsonl", "--quiet", "--new"], limit, env,
+        wj = spill_in_cgroup(["run", folder, path, "-o", a.out / "warmup.out.jsonl", "--quiet", "--new", *extra], limit, env,
                              a.out / "warmup.log")
         wm = job_files(home, wj)[0]
         warm = {"job": wj, "rows": len(few), "estimate_s": (wm.get("estimate") or {}).get("total_seconds"),
@@ -159,7 +162,7 @@ def main() -> None:
     drop_cache(sorted(folder.glob("*.safetensors")))
     print(f"1. the job: {len(rows)} rows, max_tokens {a.max_tokens}", flush=True)
     t0 = time.time()
-    job = spill_in_cgroup(["run", folder, inp, "-o", a.out / "out.jsonl", "--quiet", "--new"], limit, env,
+    job = spill_in_cgroup(["run", folder, inp, "-o", a.out / "out.jsonl", "--quiet", "--new", *extra], limit, env,
                           a.out / "job.log")
     wall = time.time() - t0
     meta, passes = job_files(home, job)
@@ -171,18 +174,18 @@ def main() -> None:
         few = [dict(r, body={**r["body"], "max_tokens": 16}) for r in rows if r["custom_id"].startswith(tier)]
         path = a.out / f"{tier}.jsonl"
         path.write_text("".join(json.dumps(r) + "\n" for r in few[:a.pair_batch]))
-        pj = spill_in_cgroup(["run", folder, path, "-o", a.out / f"{tier}.out.jsonl", "--quiet", "--new"], limit,
+        pj = spill_in_cgroup(["run", folder, path, "-o", a.out / f"{tier}.out.jsonl", "--quiet", "--new", *extra], limit,
                              {**env, "SPILL_MAX_ROWS": str(a.pair_batch)}, a.out / f"{tier}.log")
         pair[tier] = decode_pass_s(job_files(home, pj)[1], a.pair_batch)
 
     summary = meta.get("summary") or {}
     estimate = (meta.get("estimate") or {}).get("total_seconds")
     actual = summary.get("actual_seconds")
-    ideal_s = ideal(folder, rows, out_rows, a.limit)
+    ideal_s = ideal(folder, rows, out_rows, a.limit, a.budget_fraction)
     long, short = three_tier.TIERS[-1][0], three_tier.TIERS[0][0]
     result = {
         "model": str(folder), "model_bytes": size, "limit": limit, "rows": len(rows), "max_tokens": a.max_tokens,
-        "job": job, "wall_s": round(wall, 1), "passes": len(passes),
+        "budget_fraction": a.budget_fraction, "job": job, "wall_s": round(wall, 1), "passes": len(passes),
         "estimate_s": estimate, "actual_s": actual, "actual_over_estimate": summary.get("actual_over_estimate"),
         "eta": eta_errors(passes, meta.get("total") or len(rows)),
         "tier_pass_s": pair, "long_over_short": round(pair[long] / pair[short], 3) if all(pair.values()) else None,

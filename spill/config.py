@@ -80,6 +80,12 @@ def direct_io() -> bool:
     return os.environ.get("SPILL_DIRECT_IO", "1") != "0"
 
 
+def read_into_mlx() -> bool:
+    """Read each layer straight into MLX-owned memory, its tensors views of it (SPILL_READ_INTO=mlx,
+    the default), or into the reader's own buffers and copy out (SPILL_READ_INTO=buffers)."""
+    return os.environ.get("SPILL_READ_INTO", "mlx") != "buffers"
+
+
 def max_message_bytes() -> int:
     """Frames larger than this are refused on every socket (SPILL_MAX_MESSAGE_MB, default 256)."""
     return int(float(os.environ.get("SPILL_MAX_MESSAGE_MB", "256")) * (1 << 20))

@@ -10,8 +10,9 @@ With read_ahead, two threads work ahead of the compute thread (layers in pass or
 
 A buffer is refilled only once its layer is converted; a layer is converted only once the previous
 one was taken, so at most two layers of mx.arrays are alive (the one computing, the one ready).
-Conversion copies out of the buffer (bf16 stays bf16 through a uint16 view) and, when `dtype` is
-given, casts floating tensors in MLX: faster than numpy here and exact for bf16 -> f32.
+By default a buffer is MLX-owned memory allocated for its layer, and a tensor stored as computed is a
+view of it (no copy); with SPILL_READ_INTO=buffers it is the reader's own and conversion copies out.
+When `dtype` is given, floating tensors are cast in MLX: faster than numpy here, exact for bf16 -> f32.
 A layer is read as runs of whole pages, in chunks on `read_threads` at once (O_DIRECT where allowed:
 no page cache at all; buffers in huge pages, pages.py), and its tensors converted on `convert_threads` at once.
 """
@@ -28,7 +29,7 @@ import numpy as np
 from spill import config
 from spill.errors import SpillError
 
-from .pages import Span, aligned_buffer, layout, open_direct, open_file
+from .pages import DIO, Span, aligned_buffer, layout, open_direct, open_file
 from .plan import ModelPlan, TensorSpec
 
 _CHUNK = 16 << 20       # bytes per read call; the page cache holds at most a few of these
@@ -41,13 +42,14 @@ _NP = {
     "I32": np.int32, "U32": np.uint32, "F32": np.float32,
     "I64": np.int64, "U64": np.uint64, "F64": np.float64, "C64": np.complex64,
 }
-_FLOATS = {"F16", "BF16", "F32", "F64"}   # cast to `dtype`; integer (quantized) tensors never are
+_FLOATS = {"F16", "BF16", "F32", "F64"}
+_MX = {code: getattr(mx, np.dtype(t).name) for code, t in _NP.items() if code != "BOOL"} | {"BF16": mx.uint16}   # cast to `dtype`; integer (quantized) tensors never are
 
 
 class WeightReader:
     def __init__(self, plan: ModelPlan, *, dtype: "mx.Dtype | None" = None, read_ahead: bool = True,
                  drop_cache: bool = True, read_threads: int | None = None, convert_threads: int | None = None,
-                 direct: bool | None = None):
+                 direct: bool | None = None, into_mlx: bool | None = None):
         self.plan = plan
         self.dtype = dtype
         self.read_ahead = read_ahead
@@ -64,10 +66,13 @@ class WeightReader:
         self._conv_pool = ThreadPoolExecutor(n_conv, "spill-convert") if n_conv > 1 else None
         # where each tensor of a layer goes in a buffer; buffers fit the largest layer
         layouts = [layout(layer) for layer in plan.layers]
-        self._layout = [(placed, spans) for placed, spans, _ in layouts]
+        self._layout = layouts   # per layer: (tensor, its position), spans, bytes
         size = max((end for _, _, end in layouts), default=0)
-        self._bufs = [aligned_buffer(size) for _ in range(2 if read_ahead else 1)]
-        self.buffer_bytes = size * len(self._bufs)
+        self.into_mlx = config.read_into_mlx() if into_mlx is None else into_mlx
+        # a slot's buffer: (numpy view the reads fill, the MLX array owning it or None)
+        self._bufs = [(None, None) if self.into_mlx else (aligned_buffer(size), None)
+                      for _ in range(2 if read_ahead else 1)]
+        self.buffer_bytes = 0 if self.into_mlx else size * len(self._bufs)   # MLX-owned buffers count as MLX memory
         _raise_cache_limit(plan, dtype)
         # pass state, guarded by _cv; positions index the pass's order
         self._cv = threading.Condition()
@@ -146,8 +151,10 @@ class WeightReader:
                 self._taken += 1
                 self._cv.notify_all()
         if not self.read_ahead:          # serial IO: read and convert here
-            self._read_layer(i, self._bufs[0], gen=None)
+            self._bufs[0] = self._buffer(i, self._bufs[0])
+            self._read_layer(i, self._bufs[0][0], gen=None)
             out = self._convert_layer(i, self._bufs[0], gen=None)
+            self._bufs[0] = self._spent(self._bufs[0])
             self._taken += 1
             if self._taken == len(self._order):
                 self._drop_files()
@@ -200,7 +207,10 @@ class WeightReader:
                 self._free[slot] = False
                 self._next_read += 1
                 self._busy += 1
-            done = self._job(gen, pos, lambda: self._read_layer(layer, self._bufs[slot], gen))
+            def read():
+                self._bufs[slot] = self._buffer(layer, self._bufs[slot])
+                return self._read_layer(layer, self._bufs[slot][0], gen)
+            done = self._job(gen, pos, read)
             if pos == len(self._order) - 1:
                 self._drop_files()
             with self._cv:
@@ -225,6 +235,7 @@ class WeightReader:
             with self._cv:
                 if out is not None and gen == self._gen:
                     self._ready[pos] = out
+                    self._bufs[slot] = self._spent(self._bufs[slot])
                     self._free[slot] = True
                     self._next_conv += 1
                 self._busy -= 1
@@ -292,12 +303,28 @@ class WeightReader:
             for fd in self._fds.values():
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
 
-    def _convert_layer(self, i: int, buf: np.ndarray, gen: int | None) -> dict | None:
+    def _buffer(self, i: int, held: tuple) -> tuple:
+        """The buffer layer i is read into: MLX memory of its own (page-aligned), else the slot's."""
+        if not self.into_mlx:
+            return held
+        size = self._layout[i][2]
+        raw = mx.zeros((size + DIO,), mx.uint8, stream=mx.cpu)   # filled on the host, also on a GPU
+        mx.eval(raw)
+        view = np.asarray(memoryview(raw))
+        skip = -view.ctypes.data % DIO
+        return view[skip:skip + size], (raw, skip)
+
+    def _spent(self, held: tuple) -> tuple:
+        """A slot once its layer is converted: MLX memory is now the tensors' alone; a reader buffer stays."""
+        return (None, None) if self.into_mlx else held
+
+    def _convert_layer(self, i: int, held: tuple, gen: int | None) -> dict | None:
         t0 = time.perf_counter()
         if gen is not None and gen != self._gen:
             return None
+        buf, owner = held
         work = sorted(self._layout[i][0], key=lambda sp: -sp[0].nbytes)   # largest first: none left at the end
-        convert = lambda sp: self._convert_tensor(sp[0], buf, sp[1])    # noqa: E731
+        convert = lambda sp: self._convert_tensor(sp[0], buf, sp[1], owner)    # noqa: E731
         arrays = map(convert, work) if self._conv_pool is None else self._conv_pool.map(convert, work)
         done = {sp[0].name: a for sp, a in zip(work, arrays)}
         out = {spec.name: done[spec.name] for spec, _ in self._layout[i][0]}
@@ -305,9 +332,15 @@ class WeightReader:
             self._stats["convert_s"] += time.perf_counter() - t0
         return out
 
-    def _convert_tensor(self, spec: TensorSpec, buf: np.ndarray, pos: int) -> mx.array:
-        """An evaluated mx.array copied out of buf (nothing lazy is left for the compute thread)."""
-        a = mx.array(buf[pos:pos + spec.nbytes].view(_NP[spec.dtype]).reshape(spec.shape))
+    def _convert_tensor(self, spec: TensorSpec, buf: np.ndarray, pos: int, owner=None) -> mx.array:
+        """An evaluated mx.array (nothing lazy is left for the compute thread): a view of the MLX memory
+        `owner` (array, offset of buf in it) holding buf where its bytes are aligned, else a copy."""
+        item = np.dtype(_NP[spec.dtype]).itemsize
+        if owner is not None and (owner[1] + pos) % item == 0 and spec.dtype in _MX:
+            start = owner[1] + pos
+            a = owner[0][start:start + spec.nbytes].view(_MX[spec.dtype]).reshape(spec.shape)
+        else:
+            a = mx.array(buf[pos:pos + spec.nbytes].view(_NP[spec.dtype]).reshape(spec.shape))
         if spec.dtype == "BF16":
             a = a.view(mx.bfloat16)
         if self.dtype is not None and spec.dtype in _FLOATS and a.dtype != self.dtype:

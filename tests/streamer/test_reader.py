@@ -53,10 +53,11 @@ def model(request, tmp_path):
     return load_plan(tmp_path), tensors
 
 
+@pytest.mark.parametrize("into_mlx", [True, False])
 @pytest.mark.parametrize("read_ahead", [True, False])
-def test_layers_and_resident_are_the_file_bytes(model, read_ahead):
+def test_layers_and_resident_are_the_file_bytes(model, read_ahead, into_mlx):
     plan, tensors = model
-    with WeightReader(plan, read_ahead=read_ahead) as reader:
+    with WeightReader(plan, read_ahead=read_ahead, into_mlx=into_mlx) as reader:
         res = reader.read_resident()
         _check_layer(res, tensors, [t.name for t in plan.resident])
         for _ in range(3):
@@ -200,8 +201,8 @@ def test_close_stops_the_threads(tmp_path):
 def test_buffers_are_reused_not_reallocated(tmp_path):
     make_model(tmp_path, layers=3)
     plan = load_plan(tmp_path)
-    with WeightReader(plan) as reader:
-        bufs = [b.ctypes.data for b in reader._bufs]
+    with WeightReader(plan, into_mlx=False) as reader:
+        bufs = [b.ctypes.data for b, _ in reader._bufs]
         assert all(a % (2 << 20) == 0 for a in bufs)   # huge-page aligned: large O_DIRECT requests
         def pages(layer):   # one file, tensors back to back: one span of whole pages
             start = min(t.offset for t in layer) // 4096 * 4096
@@ -212,7 +213,42 @@ def test_buffers_are_reused_not_reallocated(tmp_path):
             reader.start_pass()
             for i in range(3):
                 reader.take(i)
-        assert [b.ctypes.data for b in reader._bufs] == bufs
+        assert [b.ctypes.data for b, _ in reader._bufs] == bufs
+
+
+def _address(a: mx.array) -> int:
+    return np.asarray(memoryview(a.view(mx.uint16) if a.dtype == mx.bfloat16 else a)).ctypes.data
+
+
+@pytest.mark.parametrize("read_ahead", [True, False])
+def test_a_layer_stored_as_computed_is_views_of_the_memory_it_was_read_into(tmp_path, read_ahead):
+    make_model(tmp_path, layers=3, dtype="BF16")
+    plan = load_plan(tmp_path)
+    with WeightReader(plan, read_ahead=read_ahead) as reader:
+        assert reader.buffer_bytes == 0          # no buffers of its own: what it reads is MLX memory
+        reader.start_pass()
+        for i in range(3):
+            got = reader.take(i)
+            # tensors whose bytes sit at a multiple of their item size (the factory packs others unaligned)
+            placed = [(spec, pos) for spec, pos in reader._layout[i][0] if pos % got[spec.name].itemsize == 0]
+            base = _address(got[placed[0][0].name]) - placed[0][1]
+            assert len(placed) > 1 or i == 1
+            assert all(_address(got[spec.name]) - pos == base for spec, pos in placed)   # one read, no copies
+
+
+def test_a_tensor_whose_bytes_are_misaligned_is_copied_whole(tmp_path):
+    from ._safetensors_util import write_safetensors
+    odd = np.arange(3, dtype=np.uint8)
+    f32 = np.arange(6, dtype=np.float32).reshape(2, 3)
+    write_safetensors(tmp_path / "model.safetensors", {
+        "model.layers.0.a.weight": ("U8", odd), "model.layers.0.b.weight": ("F32", f32)})
+    (tmp_path / "config.json").write_text('{"num_hidden_layers": 1}')
+    plan = load_plan(tmp_path)
+    with WeightReader(plan) as reader:
+        reader.start_pass()
+        got = reader.take(0)
+    assert np.array(got["model.layers.0.b.weight"]).tolist() == f32.tolist()
+    assert np.array(got["model.layers.0.a.weight"]).tolist() == odd.tolist()
 
 
 def test_compute_on_the_main_thread_while_the_reader_converts(tmp_path):
