@@ -43,7 +43,8 @@ _NP = {
     "I64": np.int64, "U64": np.uint64, "F64": np.float64, "C64": np.complex64,
 }
 _FLOATS = {"F16", "BF16", "F32", "F64"}
-_MX = {code: getattr(mx, np.dtype(t).name) for code, t in _NP.items() if code != "BOOL"} | {"BF16": mx.uint16}   # cast to `dtype`; integer (quantized) tensors never are
+_MX = {code: getattr(mx, np.dtype(t).name) for code, t in _NP.items() if code != "BOOL"} | {"BF16": mx.uint16}
+_BITS = {1: mx.uint8, 2: mx.uint16, 4: mx.uint32, 8: mx.uint64}   # cast to `dtype`; integer (quantized) tensors never are
 
 
 class WeightReader:
@@ -69,6 +70,8 @@ class WeightReader:
         self._layout = layouts   # per layer: (tensor, its position), spans, bytes
         size = max((end for _, _, end in layouts), default=0)
         self.into_mlx = config.read_into_mlx() if into_mlx is None else into_mlx
+        # a view's start: the item size on a CPU; a GPU's matmuls (cuBLASLt) refuse less than 256 bytes
+        self._align = 256 if mx.default_device() == mx.gpu else 1
         # a slot's buffer: (numpy view the reads fill, the MLX array owning it or None)
         self._bufs = [(None, None) if self.into_mlx else (aligned_buffer(size), None)
                       for _ in range(2 if read_ahead else 1)]
@@ -336,9 +339,11 @@ class WeightReader:
         """An evaluated mx.array (nothing lazy is left for the compute thread): a view of the MLX memory
         `owner` (array, offset of buf in it) holding buf where its bytes are aligned, else a copy."""
         item = np.dtype(_NP[spec.dtype]).itemsize
-        if owner is not None and (owner[1] + pos) % item == 0 and spec.dtype in _MX:
-            start = owner[1] + pos
+        start = pos + (owner[1] if owner is not None else 0)   # buf[pos] lies at a multiple of DIO, plus pos
+        if owner is not None and spec.dtype in _MX and pos % max(item, self._align) == 0:
             a = owner[0][start:start + spec.nbytes].view(_MX[spec.dtype]).reshape(spec.shape)
+        elif owner is not None and spec.dtype in _MX and item in _BITS:   # a GPU's copy, bitwise: x | 0
+            a = (owner[0][start:start + spec.nbytes].view(_BITS[item]) | 0).view(_MX[spec.dtype]).reshape(spec.shape)
         else:
             a = mx.array(buf[pos:pos + spec.nbytes].view(_NP[spec.dtype]).reshape(spec.shape))
         if spec.dtype == "BF16":

@@ -317,3 +317,12 @@ def test_without_admission_the_reader_sets_the_cache_limit_admission_prices(make
         assert mx.set_cache_limit(previous) == sheet_for(plan, 2**30, 4, prefill_tokens=64).fixed["cache"]
     finally:
         mx.set_cache_limit(previous)
+
+
+def test_on_a_gpu_tensors_not_at_256_bytes_are_copied_bit_for_bit(model):
+    plan, tensors = model
+    with WeightReader(plan) as reader:
+        reader._align = 256   # what a GPU's matmuls need (set at start from the default device)
+        reader.start_pass()
+        for i, layer in enumerate(plan.layers):
+            _check_layer(reader.take(i), tensors, [t.name for t in layer])
