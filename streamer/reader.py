@@ -73,6 +73,7 @@ class WeightReader:
         # a view's start: the item size on a CPU; a GPU's matmuls (cuBLASLt) refuse less than 256 bytes
         self._align = 256 if mx.default_device() == mx.gpu else 1
         # a slot's buffer: (numpy view the reads fill, the MLX array owning it or None)
+        self._size = size
         self._bufs = [(None, None) if self.into_mlx else (aligned_buffer(size), None)
                       for _ in range(2 if read_ahead else 1)]
         self.buffer_bytes = 0 if self.into_mlx else size * len(self._bufs)   # MLX-owned buffers count as MLX memory
@@ -154,7 +155,7 @@ class WeightReader:
                 self._taken += 1
                 self._cv.notify_all()
         if not self.read_ahead:          # serial IO: read and convert here
-            self._bufs[0] = self._buffer(i, self._bufs[0])
+            self._bufs[0] = self._buffer(self._bufs[0])
             self._read_layer(i, self._bufs[0][0], gen=None)
             out = self._convert_layer(i, self._bufs[0], gen=None)
             self._bufs[0] = self._spent(self._bufs[0])
@@ -211,7 +212,7 @@ class WeightReader:
                 self._next_read += 1
                 self._busy += 1
             def read():
-                self._bufs[slot] = self._buffer(layer, self._bufs[slot])
+                self._bufs[slot] = self._buffer(self._bufs[slot])
                 return self._read_layer(layer, self._bufs[slot][0], gen)
             done = self._job(gen, pos, read)
             if pos == len(self._order) - 1:
@@ -235,10 +236,11 @@ class WeightReader:
                 slot, layer = self._filled.pop(pos), self._order[pos]
                 self._busy += 1
             out = self._job(gen, pos, lambda: self._convert_layer(layer, self._bufs[slot], gen))
+            fresh = self._spent(self._bufs[slot]) if out is not None else None   # not under the lock
             with self._cv:
                 if out is not None and gen == self._gen:
                     self._ready[pos] = out
-                    self._bufs[slot] = self._spent(self._bufs[slot])
+                    self._bufs[slot] = fresh
                     self._free[slot] = True
                     self._next_conv += 1
                 self._busy -= 1
@@ -306,20 +308,20 @@ class WeightReader:
             for fd in self._fds.values():
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
 
-    def _buffer(self, i: int, held: tuple) -> tuple:
-        """The buffer layer i is read into: MLX memory of its own (page-aligned), else the slot's."""
-        if not self.into_mlx:
+    def _buffer(self, held: tuple) -> tuple:
+        """The buffer a slot's next layer is read into: the one it holds, else new MLX memory."""
+        if held[0] is not None:
             return held
-        size = self._layout[i][2]
-        raw = mx.zeros((size + DIO,), mx.uint8, stream=mx.cpu)   # filled on the host, also on a GPU
+        raw = mx.zeros((self._size + DIO,), mx.uint8, stream=mx.cpu)   # filled on the host, also on a GPU
         mx.eval(raw)
         view = np.asarray(memoryview(raw))
         skip = -view.ctypes.data % DIO
-        return view[skip:skip + size], (raw, skip)
+        return view[skip:skip + self._size], (raw, skip)
 
     def _spent(self, held: tuple) -> tuple:
-        """A slot once its layer is converted: MLX memory is now the tensors' alone; a reader buffer stays."""
-        return (None, None) if self.into_mlx else held
+        """A slot once its layer is converted: the reader's buffer is kept; MLX memory is now the layer's,
+        and the slot gets new memory here (on the convert side: the zero fill is off the reads' path)."""
+        return self._buffer((None, None)) if self.into_mlx else held
 
     def _convert_layer(self, i: int, held: tuple, gen: int | None) -> dict | None:
         t0 = time.perf_counter()

@@ -9,10 +9,10 @@
 #                                     (cpu: then benchmarks/cpu_threads.py, BLAS:convert threads in
 #                                     SPILL_SWEEP; reader knobs in spill/config.py)
 #   bash h200.sh sweep STAGE OUT      set up; benchmarks/cpu_threads.py alone (SPILL_SWEEP as above)
-#   bash h200.sh ab-gpu|ab-cpu STAGE OUT   pass_time.py at SPILL_BATCHES (8,32) reading into MLX memory,
-#                                     then into the reader's buffers, then MLX again (the disk drifts)
+#   bash h200.sh ab-gpu|ab-cpu|ab STAGE OUT   pass_time.py at SPILL_BATCHES (8,32) reading into MLX
+#                                     memory, then into the reader's buffers (SPILL_AB), on one device or both
 set -euo pipefail
-cmd=${1:?usage: h200.sh stage|setup|probe|test|gpu|cpu|sweep|ab-gpu|ab-cpu STAGE [OUT]}
+cmd=${1:?usage: h200.sh stage|setup|probe|test|gpu|cpu|sweep|ab-gpu|ab-cpu|ab STAGE [OUT]}
 stage=$(cd "${2:?STAGE}" && pwd)
 out=${3:-/tmp/spill-out}
 keep=/root/spill-stage site=/tmp/spill-site work=/tmp/spill-work
@@ -59,13 +59,13 @@ case $cmd in
     python3 $src/benchmarks/pass_time.py --models "$models" --device cpu --doc "$out/pass-cpu.md" --reps 2
     python3 $src/benchmarks/cpu_threads.py --models "$models" --batches 8,128 \
       --settings "${SPILL_SWEEP:-0:8,8:8,12:4}" | tee "$out/cpu-threads.txt" ;;
-  ab-gpu|ab-cpu)
-    dev=${cmd#ab-}
-    for into in mlx buffers mlx; do
+  ab-gpu|ab-cpu|ab)
+    devs=${cmd#ab-}; [ "$devs" = ab ] && devs="gpu cpu"
+    for dev in $devs; do for into in ${SPILL_AB:-mlx buffers}; do
       echo "== SPILL_READ_INTO=$into on the $dev"
       SPILL_READ_INTO=$into python3 $src/benchmarks/pass_time.py --models "$models" --device $dev --reps 2 \
         --batches "${SPILL_BATCHES:-8,32}" --no-serial --doc "$out/pass-$dev-$into-$SECONDS.md" | tail -12
-    done ;;
+    done; done ;;
   sweep)
     python3 $src/benchmarks/cpu_threads.py --models "$models" --batches "${SPILL_BATCHES:-8,128}" \
       --settings "${SPILL_SWEEP:-0:8,8:8,12:4}" | tee "$out/cpu-threads${OPENBLAS_THREAD_TIMEOUT:+-timeout$OPENBLAS_THREAD_TIMEOUT}.txt" ;;
