@@ -2,7 +2,6 @@
 holds above the guard line and preempts above the hard line (see policy.py)."""
 
 import os
-from pathlib import Path
 
 import numpy as np
 
@@ -17,8 +16,6 @@ from . import schedule
 from .calibration import Calibrator
 from .policy import Waiting, fmt, live_allocation
 from .schedule import budget_policy
-
-STREAMER_MODULE = b"spill.streamer.process"
 
 
 def run_admission_process(endpoints, args, log) -> None:
@@ -104,24 +101,9 @@ def _price(msg: m.Reset, args: dict, box, log):
 
 
 def _others_rss(parent: int | None = None) -> int:
-    """Resident memory of the group's processes other than the streamer, shared library pages once: the
-    coordinator (our parent) and its children (on Linux, from /proc), measured when a model is priced."""
-    parent = os.getppid() if parent is None else parent
-    pids = {parent, os.getpid()}
-    try:
-        pids |= {int(p) for p in Path(f"/proc/{parent}/task/{parent}/children").read_text().split()}
-    except OSError:
-        pass
-    own, shared = 0, 0
-    for pid in pids:
-        try:   # every actor's arguments name the streamer's endpoint: match its module, not a substring
-            if STREAMER_MODULE in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0"):
-                continue
-            pm = memory.process_memory(pid)
-        except (OSError, SpillError, StopIteration, KeyError):
-            continue   # a process that has just gone
-        own, shared = own + pm.rss - pm.file, max(shared, pm.file)
-    return own + shared   # the libraries' file pages are one copy, mapped by each process
+    """Resident memory of the group's processes other than the streamer: the coordinator (our parent)
+    and its children, measured when a model is priced (spill/memory.py group_rss)."""
+    return memory.group_rss(os.getppid() if parent is None else parent)
 
 
 def _waiting(msg: m.Tokenized) -> list[Waiting]:

@@ -210,7 +210,7 @@ def budget(s, b) -> int:
     # each convert thread stages one tensor in its stored dtype before the cast: the largest ones
     sizes = sorted((t.nbytes for layer in plan.layers for t in layer), reverse=True)
     staged = sum(sizes[:s.reader.convert_threads if s.dtype is not None else 1])
-    return s.reader.buffer_bytes + 2 * layer + staged + resident + kv + act
+    return s.reader.slot_bytes + 2 * layer + staged + resident + kv + act
 
 
 def stream(folder, files, prompts, b, passes, read_ahead=True) -> dict:

@@ -85,6 +85,10 @@ class Group:
         job = self.current
         if job is None or not self._ours(msg):
             return
+        if isinstance(msg, m.Budget):
+            if job.estimate is not None:
+                job.estimate.priced(msg.others)   # admission owns the figure: the ETA prices what it priced
+            return
         if isinstance(msg, m.Error) and m.MODEL_ROW in msg.rows:
             if msg.epoch == self.epoch:
                 self.fail(msg.messages[msg.rows.index(m.MODEL_ROW)])
@@ -204,7 +208,8 @@ class Group:
             job.close()     # not queued: a later run of the same command may take it
             raise
         run.estimate = job_estimate(model, requests, run.pending, run.defaults,
-                                    {**args, "memory": self.sup.args.get("memory")}, self.log, self.ready_rss)
+                                    {**args, "memory": self.sup.args.get("memory"),
+                                     "budget_fraction": self.sup.args.get("budget_fraction")}, self.log, self.ready_rss)
         if run.estimate is not None:
             job.set_status("queued", estimate=run.estimate.to_meta())
         self.fault.tick("submit")   # a test's crash while the client still waits for the reply

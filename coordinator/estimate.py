@@ -3,13 +3,14 @@ admission policy and this machine's calibrated pass model simulated pass by pass
 Rows that cannot run (bad lines, prompts that do not fit) are counted as errors, not priced."""
 
 import json
+import os
 import time
 from collections import Counter
 from pathlib import Path
 
 from spill import config
 from spill.admission import schedule
-from spill.memory import process_memory
+from spill.memory import group_rss
 from spill.admission.advisor import Advice, advise
 from spill.admission.calibration import open_calibration
 from spill.admission.simulate import Estimate, SimRow, simulate
@@ -152,11 +153,12 @@ class JobEstimate:
     no more than `share` of the coordinator's time: a job of 50,000 rows takes a second to simulate)."""
 
     def __init__(self, folder: Path, rows: list[SimRow], errors: int, memory: str | None = None, every: float = 15.0,
-                 advice: Advice | None = None, share: float = 0.05, others: int = 0):
+                 advice: Advice | None = None, share: float = 0.05, others: int = 0, fraction: float | None = None):
         self.folder, self.rows, self.memory, self.every, self.share = folder, rows, memory, every, share
-        self.advice, self.others = advice or Advice(False, ""), others
+        self.advice, self.others, self.fraction = advice or Advice(False, ""), others, fraction
+        self.remembered = None     # the figure last written for `spill estimate`
         started = time.monotonic()
-        self.first, self.calibration = estimate_rows(folder, rows, errors=errors, memory=memory,
+        self.first, self.calibration = estimate_rows(folder, rows, errors=errors, memory=memory, fraction=fraction,
                                                      resident=self.advice.resident, others=others)
         self.eta_s, self.at = self.first.total_seconds, time.monotonic()
         self.cost = self.at - started    # seconds the last simulation took
@@ -169,9 +171,19 @@ class JobEstimate:
             left = [SimRow(r.row, r.prompt, max(r.out - g, 1), r.tier, context=r.prompt + g if g else 0)
                     for r in self.rows if r.row in pending for g in [generated.get(r.row, 0)]]
             self.eta_s, self.at = estimate_rows(self.folder, left, memory=self.memory, resident=self.advice.resident,
-                                                loaded=True, others=self.others)[0].total_seconds, now
+                                                loaded=True, others=self.others,
+                                                fraction=self.fraction)[0].total_seconds, now
             self.cost = time.monotonic() - now
         return max(self.eta_s - (now - self.at), 0.0)
+
+    def priced(self, others: int) -> None:
+        """The group's memory as admission priced the job: the ETA's from now on (re-simulated at once when
+        it moved), and what `spill estimate` and the next job's estimate take until a job measures again."""
+        if abs(others - self.others) > 1 << 20:
+            self.others, self.at = others, float("-inf")
+        if others != self.remembered:
+            self.remembered = others
+            remember_others(others)
 
     @property
     def first_line(self) -> str:
@@ -209,17 +221,18 @@ def summary_lines(s: dict) -> list[str]:
 
 def job_estimate(folder: Path, requests: list, pending: set[int], defaults: dict, args: dict, log,
                  actors_rss: dict | None = None) -> "JobEstimate | None":
-    """The advice and estimate of a submitted job's pending rows (`args`: the submit's memory, stream and
-    model; `actors_rss`: each actor's RSS at READY, priced with this coordinator's as admission prices the
-    group); a failure costs the estimate (and the job streams), never the job."""
+    """The advice and estimate of a submitted job's pending rows (`args`: the submit's memory, budget_fraction,
+    stream and model; `actors_rss`: each actor's RSS at READY). The group's own memory is priced as admission
+    prices it: this process and its children less the streamer, plus the streamer's runtime; before the
+    streamer is READY, as the last job here measured it. A failure costs the estimate, never the job."""
     try:
         rows, errors = sim_rows(folder, requests, sorted(pending), defaults)
-        memory = args.get("memory")
-        others = process_memory().rss + sum((actors_rss or {}).values())
-        remember_others(others)
+        memory, fraction = args.get("memory"), args.get("budget_fraction")
+        runtime = (actors_rss or {}).get("streamer")
+        others = group_rss(os.getpid()) + runtime if runtime else remembered_others() or group_rss(os.getpid())
         advice = advise_rows(folder, rows, memory=memory, stream=bool(args.get("stream")), name=args.get("model", ""),
-                             others=others)
-        return JobEstimate(folder, rows, errors, memory, advice=advice, others=others)
+                             others=others, fraction=fraction)
+        return JobEstimate(folder, rows, errors, memory, advice=advice, others=others, fraction=fraction)
     except Exception as err:
         log.warning("no estimate", error=str(err))
         return None

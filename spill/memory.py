@@ -251,3 +251,27 @@ def _ps_memory(pid: int) -> ProcessMemory:
     if len(out) < 3:
         raise SpillError(f"no process with pid {pid}")
     return ProcessMemory(int(out[0]) * 1024, int(out[1]), int(out[2]))
+
+
+STREAMER = b"spill.streamer.process"   # the streamer's module, as its command line names it
+
+
+def group_rss(parent: int, skip: bytes = STREAMER) -> int:
+    """Resident memory of `parent` and its children (on Linux, from /proc), shared library pages once,
+    leaving out any whose command line names the module `skip` (the streamer, priced apart from its
+    runtime). Admission prices the group with it, and the coordinator's estimate does the same."""
+    pids = {parent}
+    try:
+        pids |= {int(p) for p in Path(f"/proc/{parent}/task/{parent}/children").read_text().split()}
+    except OSError:
+        pass
+    own, shared = 0, 0
+    for pid in pids:
+        try:   # every actor's arguments name the streamer's endpoint: match its module, not a substring
+            if skip and skip in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0"):
+                continue
+            pm = process_memory(pid)
+        except (OSError, SpillError, StopIteration, KeyError):
+            continue   # a process that has just gone
+        own, shared = own + pm.rss - pm.file, max(shared, pm.file)
+    return own + shared   # the libraries' file pages are one copy, mapped by each process

@@ -76,7 +76,8 @@ class WeightReader:
         self._size = size
         self._bufs = [(None, None) if self.into_mlx else (aligned_buffer(size), None)
                       for _ in range(2 if read_ahead else 1)]
-        self.buffer_bytes = 0 if self.into_mlx else size * len(self._bufs)   # MLX-owned buffers count as MLX memory
+        self.slot_bytes = size * len(self._bufs)   # read into at once: the reader's own buffers or MLX memory
+        self.buffer_bytes = 0 if self.into_mlx else self.slot_bytes   # the reader's own (MLX's is MLX memory)
         _raise_cache_limit(plan, dtype)
         # pass state, guarded by _cv; positions index the pass's order
         self._cv = threading.Condition()
@@ -158,7 +159,7 @@ class WeightReader:
             self._bufs[0] = self._buffer(self._bufs[0])
             self._read_layer(i, self._bufs[0][0], gen=None)
             out = self._convert_layer(i, self._bufs[0], gen=None)
-            self._bufs[0] = self._spent(self._bufs[0])
+            self._renew(0)
             self._taken += 1
             if self._taken == len(self._order):
                 self._drop_files()
@@ -236,11 +237,11 @@ class WeightReader:
                 slot, layer = self._filled.pop(pos), self._order[pos]
                 self._busy += 1
             out = self._job(gen, pos, lambda: self._convert_layer(layer, self._bufs[slot], gen))
-            fresh = self._spent(self._bufs[slot]) if out is not None else None   # not under the lock
+            if out is not None:
+                self._renew(slot)   # not under the lock: start_pass waits for this job before reusing slots
             with self._cv:
                 if out is not None and gen == self._gen:
                     self._ready[pos] = out
-                    self._bufs[slot] = fresh
                     self._free[slot] = True
                     self._next_conv += 1
                 self._busy -= 1
@@ -318,10 +319,13 @@ class WeightReader:
         skip = -view.ctypes.data % DIO
         return view[skip:skip + self._size], (raw, skip)
 
-    def _spent(self, held: tuple) -> tuple:
-        """A slot once its layer is converted: the reader's buffer is kept; MLX memory is now the layer's,
-        and the slot gets new memory here (on the convert side: the zero fill is off the reads' path)."""
-        return self._buffer((None, None)) if self.into_mlx else held
+    def _renew(self, slot: int) -> None:
+        """A slot once its layer is converted: the reader's buffer is kept; MLX memory is now the layer's
+        (or freed, where it was copied or cast), and the slot gets new memory here, on the convert side:
+        the zero fill is off the reads' path."""
+        if self.into_mlx:
+            self._bufs[slot] = (None, None)   # first: a freed layer's memory is what the next one reuses
+            self._bufs[slot] = self._buffer(self._bufs[slot])
 
     def _convert_layer(self, i: int, held: tuple, gen: int | None) -> dict | None:
         t0 = time.perf_counter()

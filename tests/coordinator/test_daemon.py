@@ -182,3 +182,18 @@ def test_the_streamers_resident_memory_at_ready_travels_in_every_reset(tmp_path)
     submit(g, tmp_path, "a")
     resets = [msg for _, msg in g.box.sent if isinstance(msg, m.Reset)]
     assert resets and {msg.runtime for msg in resets} == {77 * 2**20}
+
+
+def test_admissions_price_of_the_group_reaches_the_running_jobs_estimate(tmp_path, monkeypatch):
+    g = group()
+    submit(g, tmp_path, "a")
+
+    class Estimate:
+        priced_at = []
+
+        def priced(self, others):
+            self.priced_at.append(others)
+    g.current.estimate = Estimate()
+    g.on_actor(m.Budget(g.epoch, 1, 2**30, 2**29, 2**29, 2**29, 300 * 2**20, 0, 0, job=g.current.job.id))
+    g.on_actor(m.Budget(g.epoch, 2, 2**30, 2**29, 2**29, 2**29, 200 * 2**20, 0, 0, job="another job"))
+    assert Estimate.priced_at == [300 * 2**20]

@@ -101,7 +101,8 @@ def test_spill_estimate_prices_the_groups_processes_as_the_last_job_here_measure
     assert "the group's own processes: not priced, no job has run with this data home yet" in before.output
     unknown = json.loads(runner.invoke(app, [*args, "--json"]).output)
     assert unknown["calibration"]["group_memory"] is None
-    estimate.job_estimate(make_tiny("llama"), [], set(), {}, {}, structlog.get_logger(), {"tokenizer": 1})   # a job measures it
+    job = estimate.job_estimate(make_tiny("llama"), [], set(), {}, {}, structlog.get_logger(), {"streamer": 1})
+    job.priced(40 * 2**20)   # admission priced the job
     assert estimate.remembered_others() > 1
     estimate.remember_others(12 * 2**20)
     after = json.loads(runner.invoke(app, [*args, "--json"]).output)
@@ -220,3 +221,52 @@ def test_budget_fraction_sets_the_budget_the_estimate_plans_for_as_run_does(make
     assert "the 798.7 MiB memory budget" in default and "the 512.0 MiB memory budget" in half
     bad = runner.invoke(app, args + ["--budget-fraction", "1.5"])
     assert bad.exit_code == 2 and "--budget-fraction must be above 0 and at most 1" in bad.output
+
+
+def test_a_jobs_estimate_and_eta_price_the_groups_budget_fraction(make_tiny, tmp_path, monkeypatch):
+    from spill.coordinator import estimate
+    monkeypatch.setenv("SPILL_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(calibration, "read_probe", lambda files: 2e9)
+    monkeypatch.setattr(estimate, "group_rss", lambda pid: 1 << 20)   # not pytest's own memory
+    folder = make_tiny("llama")
+    requests, _ = estimate.read_batch(_batch(tmp_path, 64))
+    log, ready = structlog.get_logger(), {"streamer": 1 << 20}
+    full = estimate.job_estimate(folder, requests, set(range(64)), {}, {"memory": "48MiB"}, log, ready)
+    half = estimate.job_estimate(folder, requests, set(range(64)), {}, {"memory": "48MiB", "budget_fraction": 0.4},
+                                 log, ready)
+    assert half.first.tiers[0].batch < full.first.tiers[0].batch
+    assert half.first.total_seconds > full.first.total_seconds
+    full.at = half.at = float("-inf")   # re-simulate now
+    assert half.eta(set(range(64)), {}) > 1.1 * full.eta(set(range(64)), {})   # the ETA keeps the fraction
+
+
+def test_the_eta_takes_the_groups_memory_as_admission_priced_it_and_remembers_it(make_tiny, tmp_path, monkeypatch):
+    from spill.admission.advisor import Advice
+    from spill.admission.simulate import SimRow
+    from spill.coordinator import estimate
+    monkeypatch.setenv("SPILL_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(calibration, "read_probe", lambda files: 2e9)
+    rows = [SimRow(i, 200, 64) for i in range(64)]
+    job = estimate.JobEstimate(make_tiny("llama"), rows, 0, memory="48MiB", advice=Advice(False, ""), every=3600.0)
+    before = job.eta(set(range(64)), {})
+    job.priced(12 * 2**20)   # admission's Budget after the first pass
+    assert job.eta(set(range(64)), {}) > before   # re-simulated at once, though `every` has not passed
+    assert estimate.remembered_others() == 12 * 2**20
+
+
+def test_before_the_streamer_is_ready_the_estimate_prices_the_group_as_the_last_job_did(make_tiny, tmp_path,
+                                                                                        monkeypatch):
+    from spill.coordinator import estimate
+    monkeypatch.setenv("SPILL_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(calibration, "read_probe", lambda files: 2e9)
+    estimate.remember_others(300 * 2**20)
+    job = estimate.job_estimate(make_tiny("llama"), [], set(), {}, {}, structlog.get_logger(), {"tokenizer": 1})
+    assert job.others == 300 * 2**20
+    job = estimate.job_estimate(make_tiny("llama"), [], set(), {}, {}, structlog.get_logger(), {"streamer": 5})
+    assert 5 < job.others < 300 * 2**20   # measured: this process and its children, and the streamer's runtime
+
+
+def _batch(tmp_path, n: int):
+    lines = [json.dumps({"custom_id": f"r{i}", "prompt": "word " * 200, "max_tokens": 64}) for i in range(n)]
+    (tmp_path / "in.jsonl").write_text("\n".join(lines) + "\n")
+    return tmp_path / "in.jsonl"
