@@ -30,6 +30,7 @@ class Observation(PassShape):
     seconds: float = 0.0
     wait_s: float = 0.0        # compute thread blocked on the reader
     compute_s: float = 0.0     # layer math as the streamer timed it
+    read_s: float = 0.0        # the reader's seconds in read calls (0: not reported)
 
 
 @dataclass
@@ -71,36 +72,57 @@ class PassModel:
         return asdict(self)
 
 
-def fit(prior: PassModel, passes: list[Observation], strength: float = 0.01) -> PassModel:
-    """Refit the compute terms, the overlap, the overhead and the bandwidth from observed passes.
-
-    Compute: least squares of the streamer's compute_s on (1, rows, prefill, context), each term
-    a multiple of the prior's, pulled towards the prior with the weight of `strength` passes (so a
-    few passes cannot swing a term they do not exercise). Overhead: the median of what a pass
-    spent outside waiting and computing. Overlap: the share of min(IO, compute) hidden.
-    Bandwidth: the probe's, until three passes were read-bound (waited longer than they computed)."""
-    if not passes:
-        return prior
-    prior_terms = np.array([max(getattr(prior, t), 1e-12) for t in TERMS])
-    x = np.array([[1.0, p.decode_rows, p.prefill_tokens, p.context_tokens] for p in passes]) * prior_terms
-    y = np.array([p.compute_s for p in passes])
+def _ridge(x: np.ndarray, y: np.ndarray, strength: float) -> np.ndarray:
+    """Least squares of y on x's columns (each a multiple of the prior's term), pulled towards 1 with the
+    weight of `strength` passes; no negative cost: a term fitted below zero is dropped, the rest refitted."""
     rms = np.sqrt(np.mean(x ** 2, axis=0))
     lam = np.sqrt(strength) * np.maximum(rms, 0.05 * np.sqrt(np.mean(y ** 2)) + 1e-12)
-    a = np.vstack([x, np.diag(lam)])
-    b = np.concatenate([y, lam])            # ridge towards a multiplier of 1 on each term
-    w, free = np.zeros(len(TERMS)), np.ones(len(TERMS), dtype=bool)
-    while free.any():                       # no negative cost: a term fitted below zero is dropped, the rest refitted
+    a, b = np.vstack([x, np.diag(lam)]), np.concatenate([y, lam])
+    w, free = np.zeros(x.shape[1]), np.ones(x.shape[1], dtype=bool)
+    while free.any():
         w[:] = 0.0
         w[free] = np.linalg.lstsq(a[:, free], b, rcond=None)[0]
         if (w >= 0).all():
             break
         free &= w > 0
+    return w
+
+
+def fit(prior: PassModel, passes: list[Observation], strength: float = 0.01) -> PassModel:
+    """Refit the compute terms, the overlap, the overhead and the bandwidth from observed passes.
+
+    Compute: least squares of the streamer's compute_s on (1, rows, prefill, context), each term
+    a multiple of the prior's, pulled towards the prior with the weight of `strength` passes (so a
+    few passes cannot swing a term they do not exercise); with three decode-only passes or more, the
+    decode terms from those alone and the prefill term from what the others cost beyond them. Overhead: the median of what a pass
+    spent outside waiting and computing. Overlap: the share of min(IO, compute) hidden.
+    Bandwidth: the rate of the reads inside passes where the streamer timed them (three passes or more),
+    else the probe's until three passes were read-bound (waited longer than they computed)."""
+    if not passes:
+        return prior
+    prior_terms = np.array([max(getattr(prior, t), 1e-12) for t in TERMS])
+    x = np.array([[1.0, p.decode_rows, p.prefill_tokens, p.context_tokens] for p in passes]) * prior_terms
+    y = np.array([p.compute_s for p in passes])
+    decode = x[:, 2] == 0
+    if decode.sum() >= 3 and not decode.all():
+        # decode-only passes price the decode terms; the prefill passes then price their tokens alone.
+        # Fitted together, what a prefill pass costs beyond its tokens lands on whichever term moves with it
+        dec = [0, 1, 3]
+        w = np.zeros(len(TERMS))
+        w[dec] = _ridge(x[decode][:, dec], y[decode], strength)
+        w[2] = _ridge(x[~decode][:, [2]], y[~decode] - x[~decode][:, dec] @ w[dec], strength)[0]
+    else:
+        w = _ridge(x, y, strength)
     model = PassModel(prior.bandwidth, *(w * prior_terms).tolist(),
                       overlap=prior.overlap, overhead_s=prior.overhead_s)
     seconds = np.array([p.seconds for p in passes])
     model.overhead_s = float(np.median([max(p.seconds - p.wait_s - p.compute_s, 0.0) for p in passes]))
     nbytes = np.array([p.bytes_streamed for p in passes], dtype=float)
     read_bound = (nbytes > 0) & np.array([p.wait_s > p.compute_s for p in passes])
+    timed = (nbytes > 0) & np.array([p.read_s > 0 for p in passes])
+    if timed.sum() >= 3:   # the reader timed its reads: the rate they ran at inside passes is the bandwidth
+        model.bandwidth = float(np.median(nbytes[timed] / np.array([p.read_s for p in passes])[timed]))
+        read_bound[:] = False
     for _ in range(10):
         # a read-bound pass cannot tell a slow read from an unhidden one, so the overlap comes
         # from compute-bound passes where there are any, and the bandwidth from read-bound ones

@@ -136,6 +136,7 @@ class Pass:
     minor_faults: int = 0    # page faults of the streamer in this pass
     major_faults: int = 0
     read_bandwidth: float = 0.0       # bytes streamed / seconds of the pass
+    read_s: float = 0.0               # seconds the reader spent in read calls (they run beside the compute)
 
 
 @dataclass

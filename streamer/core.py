@@ -71,6 +71,7 @@ class PassReport:
     cgroup_usage: int | None = None                 # the limiting cgroup's usage, page cache included
     minor_faults: int = 0                           # this pass's page faults
     major_faults: int = 0
+    read_s: float = 0.0                             # the reader's seconds in read calls (beside the compute)
 
 
 def _free_cache() -> None:
@@ -97,7 +98,7 @@ class Streamer:
         self.reader = WeightReader(self.plan, **self._reader_args)
         self.adapter.load_resident(self.reader.read_resident())
         self.kept: dict[int, dict] | None = {} if resident else None   # resident: layer -> its weights
-        self._waited = 0.0        # reader wait of readers closed since (resident)
+        self._closed_s = {"wait_s": 0.0, "read_s": 0.0}   # reader seconds of readers closed since (resident)
         self.pools: dict[int, Pool] = {}             # a row's width -> the decode pool it joins
         self.reservation: dict[int, int] = {}        # width -> slots, as admission priced them
         self.pool_moves = 0       # pools outgrown and copied (never, under admission's reservation)
@@ -160,12 +161,13 @@ class Streamer:
         _free_cache()
 
     def _close_reader(self) -> None:
-        self._waited = self._wait_s()
+        self._closed_s = {k: self._reader_s(k) for k in self._closed_s}
         self.reader.close()
         self.reader = None
 
-    def _wait_s(self) -> float:
-        return self._waited + (self.reader.stats()["wait_s"] if self.reader is not None else 0.0)
+    def _reader_s(self, key: str) -> float:
+        """The reader's cumulative wait_s or read_s (seconds in read calls), closed readers' included."""
+        return self._closed_s[key] + (self.reader.stats()[key] if self.reader is not None else 0.0)
 
     def set_cache_limit(self, limit: int) -> None:
         """MLX's buffer cache limit, decided by the budget."""
@@ -182,7 +184,7 @@ class Streamer:
     # -- one pass ----------------------------------------------------------------------------
     def step(self) -> PassReport:
         t0 = time.perf_counter()
-        wait0 = self._wait_s()
+        wait0, read0 = self._reader_s("wait_s"), self._reader_s("read_s")
         # 1. retire rows that finished, start prefill groups for rows that arrived
         self._retire()
         self.prefills += [Group.prefill(rows, self.adapter) for rows in bucket(self.pending)]
@@ -190,7 +192,7 @@ class Streamer:
         pools = list(self.pools.values())
         groups = ([Decode(pools, len(self.adapter.layers))] if pools else []) + self.prefills
         if not groups:
-            return self._report(t0, wait0, 0.0, [], 0, 0)
+            return self._report(t0, wait0, read0, 0.0, [], 0, 0)
         # 2. inputs: decode rows feed their last token, prefill groups their next chunk
         hs, masks, prefill_tokens = [], [], 0
         for g in groups:
@@ -241,7 +243,7 @@ class Streamer:
         # the C heap's holes go back every pass: without it the heap grew to 425 MiB on the three-tier job
         release_heap()
         self.passes += 1
-        return self._report(t0, wait0, compute_s, emitted, prefill_tokens, streamed)
+        return self._report(t0, wait0, read0, compute_s, emitted, prefill_tokens, streamed)
 
     def _sample(self, emitting) -> list[Emitted]:
         if not emitting:
@@ -310,7 +312,7 @@ class Streamer:
             state = self.rows.pop(rid)
             (self.preempted if state.finish == "preempted" else self.left).append(rid)
 
-    def _report(self, t0, wait0, compute_s, emitted, prefill_tokens, streamed) -> PassReport:
+    def _report(self, t0, wait0, read0, compute_s, emitted, prefill_tokens, streamed) -> PassReport:
         left, self.left = self.left, []
         preempted, self.preempted = self.preempted, []
         now, before = memory.process_memory(), self._faults
@@ -319,7 +321,7 @@ class Streamer:
             index=self.passes, emitted=emitted,
             decode_rows=sum(len(p.live) for p in self.pools.values()),
             prefill_tokens=prefill_tokens, seconds=time.perf_counter() - t0,
-            wait_s=self._wait_s() - wait0, compute_s=compute_s,
+            wait_s=self._reader_s("wait_s") - wait0, read_s=self._reader_s("read_s") - read0, compute_s=compute_s,
             bytes_streamed=streamed, active_memory=mx.get_active_memory(),
             peak_memory=mx.get_peak_memory(), left=left, preempted=preempted,
             cache_memory=mx.get_cache_memory(), reader_memory=self.reader.buffer_bytes if self.reader else 0,

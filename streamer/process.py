@@ -81,7 +81,8 @@ class StreamerActor:
                        len(r.emitted), r.left, r.active_memory, r.peak_memory, r.bytes_streamed, self.job,
                        preempted=r.preempted, cache_memory=r.cache_memory, reader_memory=r.reader_memory,
                        rss=r.rss, cgroup_usage=r.cgroup_usage, minor_faults=r.minor_faults,
-                       major_faults=r.major_faults, read_bandwidth=r.bytes_streamed / max(r.seconds, 1e-9))
+                       major_faults=r.major_faults, read_bandwidth=r.bytes_streamed / max(r.seconds, 1e-9),
+                       read_s=r.read_s)
         return out, stats
 
 

@@ -78,3 +78,34 @@ def test_a_term_fitted_below_zero_is_dropped_and_the_others_refitted():
     assert min(getattr(got, t) for t in ("fixed_s", "per_row_s", "per_prefill_token_s", "per_context_token_s")) >= 0
     errors = sorted(abs(got.pass_s(p) / p.seconds - 1) for p in passes)
     assert errors[len(errors) // 2] < 0.15
+
+
+def test_what_prefill_passes_cost_beyond_their_tokens_does_not_land_on_the_decode_terms():
+    """A short first job (24 rows, 16 tokens each) on the dev VM: its prefill passes cost more as the batch
+    grew (long prompts' later chunks), so fitted together per_row took it: 0.29 s a row against ~0.06,
+    and the next job's 20-row decode passes were priced at 5.8 s where they took 2.2."""
+    prior = PassModel(bandwidth=2e9, fixed_s=0.3, per_row_s=0.017, per_prefill_token_s=0.016,
+                      per_context_token_s=1e-6)
+    true = PassModel(bandwidth=2e9, fixed_s=1.9, per_row_s=0.04, per_prefill_token_s=0.025, overlap=0.9)
+    rnd, passes = random.Random(1), []
+    for i in range(44):
+        rows = rnd.randint(1, 14)
+        tokens = 0 if i % 3 == 0 else rnd.randint(400, 512)
+        extra = 0.7 * rows if tokens else 0.0     # not in the model: it grows with the rows beside the chunk
+        c = true.compute_s(PassShape(rows, tokens, 0, 0)) + extra
+        passes.append(Observation(rows, tokens, 0, 2_666_373_120, c + 0.1, 0.1, c))
+    got = fit(prior, passes)
+    decode20 = PassShape(20, 0, 0, 2_666_373_120)
+    assert got.compute_s(decode20) == pytest.approx(true.compute_s(decode20), rel=0.1)
+
+
+def test_reads_the_streamer_timed_inside_passes_set_the_bandwidth_though_compute_bound():
+    """The dev VM's cold-read probe said 0.97 GB/s; compute-bound passes (never read-bound) kept it, and
+    priced every decode pass of a 2.67 GB model at 2.75 s of IO where its reads took ~1.5 s."""
+    prior = PassModel(bandwidth=0.97e9, fixed_s=1.9, per_row_s=0.05)
+    passes = [Observation(12, 0, 0, 2_666_373_120, 2.3, 0.05, 2.25, read_s=1.5 + 0.01 * i) for i in range(5)]
+    got = fit(prior, passes)
+    assert got.bandwidth == pytest.approx(2_666_373_120 / 1.52, rel=0.01)
+    assert got.pass_s(PassShape(12, 0, 0, 2_666_373_120)) == pytest.approx(2.3, rel=0.05)
+    untimed = [Observation(**{**vars(p), "read_s": 0.0}) for p in passes]
+    assert fit(prior, untimed).bandwidth == 0.97e9

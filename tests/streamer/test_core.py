@@ -152,6 +152,7 @@ def test_a_pass_reports_memory_and_faults(make_tiny):
     s.add(Row("a", PROMPTS[0], 2))
     r = s.step()
     assert r.rss > 0 and r.active_memory > 0 and r.reader_memory == s.reader.buffer_bytes   # 0: read into MLX memory
+    assert 0 < r.read_s <= r.seconds   # the reads, timed: the bandwidth they ran at
     assert r.minor_faults >= 0 and r.major_faults >= 0
 
 
