@@ -218,24 +218,40 @@ class BudgetPolicy:
         widest = max((p.width for p in self.pools.values()), default=0)
         full = [c for c in waiting if c in self.pools and held[c] >= self.pools[c].slots == self.pools[c].cap
                 and not self.pools[c].preempted and (self.pools[c].slots + 1) * s.slot(self.pools[c].width, widest) <= free]
+        targets, widths = self._shares(window + list(self.running.values())) if new or full else ({}, {})
         if new or full:
-            targets, widths = self._shares(window + list(self.running.values()))
             for c, p in self.pools.items():
                 p.cap = min(p.cap, targets.get(c, 0))
-            for c in full:   # old and new slots both fit what is free: the streamer copies its rows once
-                room = self.max_rows - sum(q.slots for q in self.pools.values())
-                p = self.pools[c]
-                p.slots = p.cap = max(p.slots, min(targets[c], free // s.slot(p.width, widest), p.slots + room))
-        for c, p in self.pools.items():   # the streamer shrinks it (its rows copied): to its share once
-            if p.cap < p.slots and (held[c] <= p.cap or new):   # drained to it, or at once to its rows
-                p.slots = max(held[c], p.cap)                    # when another class waits for room
-        for c in new:   # a wider pool pads the others' copy too: priced at the new widest
+            self._grow(full, targets, free, widest)
+        self._shrink(held, bool(new))
+        self._make(new, targets, widths, window)
+
+    def _grow(self, full: list[int], targets: dict[int, int], free: int, widest: int) -> None:
+        """Full pools with rows waiting grow to their share where old and new slots both fit what is
+        free (the streamer copies their rows once)."""
+        for c in full:
+            room = self.max_rows - sum(q.slots for q in self.pools.values())
+            p = self.pools[c]
+            p.slots = p.cap = max(p.slots, min(targets[c], free // self.sheet.slot(p.width, widest), p.slots + room))
+
+    def _shrink(self, held: Counter, others_wait: bool) -> None:
+        """A pool above its share shrinks to it once its rows drain to it, or at once to the rows it holds
+        when another class waits for room (the streamer copies them)."""
+        for c, p in self.pools.items():
+            if p.cap < p.slots and (held[c] <= p.cap or others_wait):
+                p.slots = max(held[c], p.cap)
+
+    def _make(self, new: list[int], targets: dict[int, int], widths: dict[int, int], window: list[Waiting]) -> None:
+        """Pools for classes that wait with none: their share of what is free, priced at the new widest
+        pool (a wider pool pads the others' copy too); a row that fits only unrounded runs alone."""
+        s = self.sheet
+        for c in new:
             widest = max([widths[c], *(p.width for p in self.pools.values())])
             free, room = s.kv_budget - self.reserved(widest), self.max_rows - sum(p.slots for p in self.pools.values())
             n = min(targets[c], free // s.slot(widths[c], widest), room)
             if n >= 1:
                 self.pools[c] = Reserved(n, widths[c], n)
-            elif not self.pools:     # a row that fits only unrounded runs alone
+            elif not self.pools:
                 first = next(w for w in window if width_class(w.full_length) == c)
                 self.pools[c] = Reserved(1, first.full_length, 1)
 
