@@ -14,7 +14,7 @@ By default a buffer is MLX-owned memory allocated for its layer, and a tensor st
 view of it (no copy); with SPILL_READ_INTO=buffers it is the reader's own and conversion copies out.
 When `dtype` is given, floating tensors are cast in MLX: faster than numpy here, exact for bf16 -> f32.
 A layer is read as runs of whole pages, in chunks on `read_threads` at once (O_DIRECT where allowed:
-no page cache at all; buffers in huge pages, pages.py), and its tensors converted on `convert_threads` at once.
+no page cache at all; pages.py), and its tensors converted on `convert_threads` at once.
 """
 
 import os
@@ -42,9 +42,10 @@ _NP = {
     "I32": np.int32, "U32": np.uint32, "F32": np.float32,
     "I64": np.int64, "U64": np.uint64, "F64": np.float64, "C64": np.complex64,
 }
-_FLOATS = {"F16", "BF16", "F32", "F64"}
+_FLOATS = {"F16", "BF16", "F32", "F64"}   # cast to `dtype`; integer (quantized) tensors never are
+# safetensors code -> the MLX dtype a view of read bytes takes (bf16 through uint16, as above)
 _MX = {code: getattr(mx, np.dtype(t).name) for code, t in _NP.items() if code != "BOOL"} | {"BF16": mx.uint16}
-_BITS = {1: mx.uint8, 2: mx.uint16, 4: mx.uint32, 8: mx.uint64}   # cast to `dtype`; integer (quantized) tensors never are
+_BITS = {1: mx.uint8, 2: mx.uint16, 4: mx.uint32, 8: mx.uint64}   # item size -> the unsigned int a copy goes through
 
 
 class WeightReader:
