@@ -357,6 +357,6 @@ def cache_allowance(layer: int, cast: int, largest: int) -> int:
 def live_allocation(p, others: int, runtime: int = 0) -> int:
     """What a pass report says the group holds: the streamer's MLX memory and buffers or its RSS less its
     runtime (`runtime`, priced in `others`), whichever is more, plus the other processes; the cgroup's
-    usage (page cache included) where higher."""
+    usage (active page cache included) where higher."""
     engine = max(p.active_memory + p.cache_memory + p.reader_memory, p.rss - runtime)
     return max(engine + others, p.cgroup_usage or 0)

@@ -141,7 +141,8 @@ def cgroup_limit(root: Path | str = "/") -> int | None:
 
 
 def cgroup_usage(root: Path | str = "/") -> int | None:
-    """Bytes charged (page cache included) to the cgroup whose limit binds us, else to our own."""
+    """Bytes charged to the cgroup whose limit binds us (else to our own) less its inactive page cache,
+    which the kernel reclaims first (a finished log's pages, a file read once): what a limit presses on."""
     cg = _own_cgroup(Path(root))
     if cg is None:
         return None
@@ -149,9 +150,15 @@ def cgroup_usage(root: Path | str = "/") -> int | None:
     folder = best[1] if best else cg.path
     name = "memory.usage_in_bytes" if cg.version == 1 else "memory.current"
     try:
-        return int((folder / name).read_text().strip())
+        usage = int((folder / name).read_text().strip())
     except (OSError, ValueError):
         return None
+    key = "total_inactive_file" if cg.version == 1 else "inactive_file"   # v1: with the cgroups below
+    try:
+        stat = dict(line.split() for line in (folder / "memory.stat").read_text().splitlines() if line.strip())
+        return max(usage - int(stat.get(key, 0)), 0)
+    except (OSError, ValueError):
+        return usage
 
 
 # -- the working set ------------------------------------------------------------------------------

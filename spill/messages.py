@@ -132,7 +132,7 @@ class Pass:
     cache_memory: int = 0    # MLX's buffer cache
     reader_memory: int = 0   # the reader's read buffers
     rss: int = 0             # the streamer's resident memory
-    cgroup_usage: int | None = None   # bytes charged to the cgroup that limits us, page cache included
+    cgroup_usage: int | None = None   # charged to the cgroup that limits us, less its inactive page cache
     minor_faults: int = 0    # page faults of the streamer in this pass
     major_faults: int = 0
     read_bandwidth: float = 0.0       # bytes streamed / seconds of the pass

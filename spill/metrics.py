@@ -116,7 +116,8 @@ LIVE = Gauge("spill_memory_live_bytes", "Live allocation by kind: the streamer's
              "arrays; mlx_cache: its buffer cache; reader_buffers), admission's other_processes (the group's other "
              "processes' resident memory, as priced).", ["kind"], registry=REGISTRY)
 CGROUP_USAGE = Unset("spill_memory_cgroup_usage_bytes", "Bytes charged to the memory cgroup whose limit binds spill "
-                     "(else its own), page cache included; absent where no cgroup holds spill.")
+                     "(else its own), less the inactive page cache the kernel reclaims first; absent where no "
+                     "cgroup holds spill.")
 PASS_FAULTS = Counter("spill_pass_page_faults_total", "Page faults of the streamer during passes, minor or major.",
                       ["kind"], registry=REGISTRY)
 MLX_PEAK = Gauge("spill_mlx_peak_bytes", "MLX's peak memory in the streamer so far.", registry=REGISTRY)

@@ -68,7 +68,7 @@ class PassReport:
     cache_memory: int = 0                           # MLX's buffer cache
     reader_memory: int = 0                          # the reader's read buffers
     rss: int = 0                                    # this process's resident memory
-    cgroup_usage: int | None = None                 # the limiting cgroup's usage, page cache included
+    cgroup_usage: int | None = None                 # the limiting cgroup's usage less its inactive page cache
     minor_faults: int = 0                           # this pass's page faults
     major_faults: int = 0
     read_s: float = 0.0                             # the reader's seconds in read calls (beside the compute)

@@ -53,6 +53,22 @@ def test_v1_tightest_ancestor_binds_and_its_usage_is_read(tmp_path):
     assert memory.cgroup_usage(tmp_path) == 77
 
 
+def test_the_usage_leaves_out_the_inactive_page_cache_the_kernel_reclaims_first(tmp_path):
+    """A 1.25 GiB job's cgroup charged 175 MiB of page cache (logs, files read once), 104 MiB of it
+    inactive: counted, it put live allocation over admission's guard line with every slot in use."""
+    v1(tmp_path, limits={"/jobs": 4 * GIB}, usage={"/jobs": 1000 * 2**20})
+    write(tmp_path, "sys/fs/cgroup/memory/jobs/memory.stat",
+          "cache 183738368\ninactive_file 0\ntotal_cache 183738368\ntotal_inactive_file 108707840\n")
+    assert memory.cgroup_usage(tmp_path) == 1000 * 2**20 - 108707840
+    machine(tmp_path)
+    write(tmp_path, "proc/self/cgroup", "0::/job\n")
+    write(tmp_path, "proc/self/mountinfo", V2_MOUNTS)
+    write(tmp_path, "sys/fs/cgroup/job/memory.max", f"{GIB}\n")
+    write(tmp_path, "sys/fs/cgroup/job/memory.current", "5000\n")
+    write(tmp_path, "sys/fs/cgroup/job/memory.stat", "anon 3000\nfile 2000\ninactive_file 1500\n")
+    assert memory.cgroup_usage(tmp_path) == 3500
+
+
 def test_v1_huge_limit_means_none_and_physical_is_used(tmp_path):
     v1(tmp_path, usage={"/jobs/a": 9})
     assert memory.cgroup_limit(tmp_path) is None
