@@ -94,8 +94,8 @@ def fit(prior: PassModel, passes: list[Observation], strength: float = 0.01) -> 
     Compute: least squares of the streamer's compute_s on (1, rows, prefill, context), each term
     a multiple of the prior's, pulled towards the prior with the weight of `strength` passes (so a
     few passes cannot swing a term they do not exercise); with three decode-only passes or more, the
-    decode terms from those alone and the prefill term from what the others cost beyond them. Overhead: the median of what a pass
-    spent outside waiting and computing. Overlap: the share of min(IO, compute) hidden.
+    decode terms from those alone and the prefill term from what the others cost beyond them.
+    Overhead: the median of what a pass spent outside waiting and computing. Overlap: the share of min(IO, compute) hidden.
     Bandwidth: the rate of the reads inside passes where the streamer timed them (three passes or more),
     else the probe's until three passes were read-bound (waited longer than they computed)."""
     if not passes:
