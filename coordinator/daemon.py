@@ -85,10 +85,6 @@ class Group:
         job = self.current
         if job is None or not self._ours(msg):
             return
-        if isinstance(msg, m.Budget):
-            if job.estimate is not None:
-                job.estimate.priced(msg.others)   # admission owns the figure: the ETA prices what it priced
-            return
         if isinstance(msg, m.Error) and m.MODEL_ROW in msg.rows:
             if msg.epoch == self.epoch:
                 self.fail(msg.messages[msg.rows.index(m.MODEL_ROW)])
@@ -101,6 +97,8 @@ class Group:
             job.on_pass(msg)
         elif isinstance(msg, m.Progress) and msg.epoch == self.epoch:
             job.on_progress(msg)
+        elif isinstance(msg, m.Budget):
+            job.on_budget(msg)
         for submit in job.refill(self.epoch) if isinstance(msg, (m.Done, m.Error)) else ():
             self.box.send("tokenizer", submit)   # rows finished: feed the window
         if job.finished:

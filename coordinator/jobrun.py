@@ -146,6 +146,11 @@ class JobRun:
                 "wall_per_pass_s": (self.last_pass_at - self.first_pass_at) / (self.passes - 1) if self.passes > 1 else None,
                 "estimate": self.estimate.first.to_dict() if self.estimate else None, "summary": self.summary()}
 
+    def on_budget(self, msg) -> None:
+        """Admission priced the job: its figure of the group's memory is the one the ETA prices."""
+        if self.estimate is not None:
+            self.estimate.priced(msg.others)
+
     def eta(self) -> float | None:
         """Seconds left: the rows left re-simulated with the refitted pass model (None without an estimate)."""
         if self.estimate is None:
