@@ -171,7 +171,8 @@ def main() -> None:
     print(f"2. the tiers at batch {a.pair_batch}", flush=True)
     pair = {}
     for tier in (three_tier.TIERS[-1][0], three_tier.TIERS[0][0]):
-        few = [dict(r, body={**r["body"], "max_tokens": 16}) for r in rows if r["custom_id"].startswith(tier)]
+        # 48 new tokens: every row still decodes when the last long prompt has prefilled (a chunk a pass)
+        few = [dict(r, body={**r["body"], "max_tokens": 48}) for r in rows if r["custom_id"].startswith(tier)]
         path = a.out / f"{tier}.jsonl"
         path.write_text("".join(json.dumps(r) + "\n" for r in few[:a.pair_batch]))
         pj = spill_in_cgroup(["run", folder, path, "-o", a.out / f"{tier}.out.jsonl", "--quiet", "--new", *extra], limit,
