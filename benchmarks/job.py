@@ -11,7 +11,7 @@ the ideal, rows per hour and finishing time per tier, and the job's `spill repor
    short job of every tier first (the calibration refits from its passes, as after a user's first job);
 2. runs `spill run MODEL INPUT` inside a child cgroup of --limit bytes (no --memory: spill finds the
    limit), in its own data home (--fresh: a new one, so the estimate starts from the first-use probes);
-3. runs two small jobs at one batch (--pair-batch rows of the longest and of the shortest tier, 16 new
+3. runs two small jobs at one batch (--pair-batch rows of the longest and of the shortest tier, 48 new
    tokens each) in the same cgroup, for the tiers' decode pass times at equal batch;
 4. reads the job's job.json and passes.jsonl, prints the figures as markdown and JSON, and draws the
    plot with `spill report`.
