@@ -38,7 +38,6 @@ class Client:
         while not sock.poll(max(1, int(min(1.0, deadline - time.monotonic()) * 1000))):
             gone = self.alive is not None and not self.alive()
             if gone or time.monotonic() >= deadline:
-                self.close()   # a REQ socket that timed out cannot be reused
                 raise GroupDead(f"the spill group {'stopped' if gone else 'did not answer'} during `{op}`; "
                                 "see $SPILL_HOME/run/logs/, then run the command again")
         reply = m.decode(sock.recv())
@@ -58,6 +57,10 @@ class Client:
             self.sock = self.ctx.socket(zmq.REQ)
             self.sock.setsockopt(zmq.LINGER, 0)
             self.sock.setsockopt(zmq.MAXMSGSIZE, config.max_message_bytes())
+            # a request left unanswered (timed out, Ctrl-C) must not stop the next one, nor drop the
+            # connection: a stalled group still finds a later `interrupt` queued when it wakes
+            self.sock.setsockopt(zmq.REQ_RELAXED, 1)
+            self.sock.setsockopt(zmq.REQ_CORRELATE, 1)
             self.sock.connect(self.eps.control)
         return self.sock
 

@@ -78,6 +78,7 @@ def test_two_ctrl_c_stop_at_once_and_lose_nothing(job24, tmp_path, home, group):
     os.kill(coordinator, signal.SIGSTOP)   # a busy group: the first press's request gets no answer
     try:
         written = read_output(out)
+        time.sleep(1.5)                    # the first press lands while a status request waits for its answer
         p.ctrl_c()
         time.sleep(0.5)
         p.ctrl_c()
@@ -92,5 +93,23 @@ def test_two_ctrl_c_stop_at_once_and_lose_nothing(job24, tmp_path, home, group):
         time.sleep(0.2)
     after = read_output(out)
     assert all(after[cid] == row for cid, row in written.items())
+    spill("run", "--resume", job, check=True)
+    assert texts(read_output(out)) == job24[2]
+
+
+def test_one_ctrl_c_while_a_request_waits_still_stops_at_a_pass_boundary(job24, tmp_path, home, group):
+    out = tmp_path / "out.jsonl"
+    p = _start(job24, out)
+    coordinator = int((home / "run" / "coordinator.pid").read_text())
+    os.kill(coordinator, signal.SIGSTOP)   # the group stalls: the live view's status request waits
+    try:
+        time.sleep(1.5)
+        p.ctrl_c()
+        time.sleep(1.0)
+    finally:
+        os.kill(coordinator, signal.SIGCONT)
+    assert p.wait(timeout=30) == 130, p.output
+    job = _job(p)
+    assert "stopped at a pass boundary" in p.output and "Traceback" not in p.output
     spill("run", "--resume", job, check=True)
     assert texts(read_output(out)) == job24[2]
