@@ -1,8 +1,8 @@
-"""A factory llama folder (safetensors, bf16) as one GGUF file for llama.cpp, with the `gguf` package.
+"""A factory llama folder (safetensors, bf16 or f32) as one GGUF file for llama.cpp, with the `gguf` package.
 
     python benchmarks/peers_gguf.py MODEL_FOLDER OUT.gguf
 
-The weights keep their stored dtype (BF16) bit for bit; 1-D tensors (norms) become F32 as llama.cpp
+The weights keep their stored dtype (BF16 or F32) bit for bit; 1-D tensors (norms) become F32 as llama.cpp
 expects. q/k rows are reordered from Hugging Face's rotate-half layout to GGUF's interleaved one, and
 llama3 rope scaling becomes the `rope_freqs` tensor, so llama.cpp computes the same function.
 The vocabulary is the folder's byte-level BPE (tokens and merges); the benchmark feeds token ids.
@@ -110,25 +110,28 @@ def convert(folder: Path, out: Path) -> Path:
     w.add_rope_freq_base(float(c.get("rope_theta", 10000.0)))
     w.add_layer_norm_rms_eps(float(c["rms_norm_eps"]))
     w.add_vocab_size(int(c["vocab_size"]))
-    w.add_file_type(gguf.LlamaFileType.MOSTLY_BF16)
+    f32 = all(t.dtype == "F32" for layer in plan.layers for t in layer)
+    w.add_file_type(gguf.LlamaFileType.ALL_F32 if f32 else gguf.LlamaFileType.MOSTLY_BF16)
     add_vocab(w, folder, c)
     factors = llama3_rope_factors(c)
     if factors is not None:
         w.add_tensor("rope_freqs.weight", factors)
     maps = {}
     for t in plan.resident + [t for layer in plan.layers for t in layer]:
-        if t.dtype != "BF16":
-            raise SystemExit(f"{t.name} is {t.dtype}; this converter takes bfloat16 folders")
+        if t.dtype not in ("BF16", "F32"):
+            raise SystemExit(f"{t.name} is {t.dtype}; this converter takes bfloat16 or float32 folders")
         mm = maps.setdefault(t.path, np.memmap(t.path, dtype=np.uint8, mode="r"))
-        bits = mm[t.offset:t.offset + t.nbytes].view(np.uint16).reshape(t.shape)
+        raw = mm[t.offset:t.offset + t.nbytes].view(np.uint16 if t.dtype == "BF16" else np.float32).reshape(t.shape)
         if t.name.endswith("q_proj.weight"):
-            bits = interleave_rope(bits, heads)
+            raw = interleave_rope(raw, heads)
         elif t.name.endswith("k_proj.weight"):
-            bits = interleave_rope(bits, kv_heads)
-        if bits.ndim == 1:   # norms: F32, the bf16 bits shifted into the high half
-            w.add_tensor(gguf_name(t.name), (bits.astype(np.uint32) << 16).view(np.float32))
+            raw = interleave_rope(raw, kv_heads)
+        if t.dtype == "F32":
+            w.add_tensor(gguf_name(t.name), np.ascontiguousarray(raw))
+        elif raw.ndim == 1:   # norms: F32, the bf16 bits shifted into the high half
+            w.add_tensor(gguf_name(t.name), (raw.astype(np.uint32) << 16).view(np.float32))
         else:
-            w.add_tensor(gguf_name(t.name), bits, raw_shape=bits.shape, raw_dtype=gguf.GGMLQuantizationType.BF16)
+            w.add_tensor(gguf_name(t.name), raw, raw_shape=raw.shape, raw_dtype=gguf.GGMLQuantizationType.BF16)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -226,6 +226,8 @@ def report_cmd(job: str = typer.Argument(..., help="A job id (`spill status` lis
 
 def main() -> None:
     import sys
+    from spill.platform import without_torch
+    without_torch()
     if sys.argv[1:2] not in (["run"], ["status"], ["up"], ["down"], ["cancel"]):   # these run no MLX here:
         from spill.platform import reexec_with_preload                           # no second start
         reexec_with_preload()

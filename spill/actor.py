@@ -12,6 +12,7 @@ from pathlib import Path
 import structlog
 
 from . import config
+from .platform import without_torch
 from .wire import Endpoints
 
 
@@ -104,6 +105,7 @@ class Fault:
 
 def run_actor(role: str, main) -> None:
     """Entry of an actor process: `python -m spill.<actor>.process '<json args>'`."""
+    without_torch()
     args = json.loads(sys.argv[1])
     if args.get("parent_fd") is not None:
         parent_watch(args["parent_fd"])

@@ -16,6 +16,12 @@ _TRIM = getattr(ctypes.CDLL(None), "malloc_trim", None) if sys.platform.startswi
 _CANDIDATES = [OPENBLAS, "/usr/lib/aarch64-linux-gnu/libopenblas.so.0"]
 
 
+def without_torch() -> None:
+    """transformers imports torch whenever it is installed (~400 MB in each process that tokenizes);
+    spill uses none of it, so its processes tell Python there is none (unless already imported)."""
+    sys.modules.setdefault("torch", None)
+
+
 def preload_env(env: dict | None = None) -> dict:
     """A copy of `env` with OpenBLAS added to LD_PRELOAD where it exists (Linux only), its threads set to
     sleep as soon as a GEMM ends unless the user chose OPENBLAS_THREAD_TIMEOUT."""

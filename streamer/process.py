@@ -8,10 +8,12 @@ from spill import config
 from spill import messages as m
 from spill.actor import Fault, bind_context, inbox, run_actor
 from spill.errors import SpillError
+from spill.platform import without_torch
 from spill.wire import Mailbox
 
-from .core import Row, Streamer
-from .sampling import SamplingParams
+without_torch()   # here, not only in run_actor: .core imports mlx-lm, whose transformers would import torch
+from .core import Row, Streamer  # noqa: E402
+from .sampling import SamplingParams  # noqa: E402
 
 
 class StreamerActor:
