@@ -4,6 +4,7 @@
 #   bash h200.sh stage STAGE          keep the mlx-cuda-13 parts this call carried (back-to-back calls)
 #   bash h200.sh setup STAGE          reassemble, check and install only
 #   bash h200.sh probe STAGE OUT      set up; `spill check` on the GPU (bf16); each read-path step's GB/s
+#   bash h200.sh check STAGE OUT      set up; `spill check` on the GPU (bf16) on every factory family
 #   bash h200.sh test STAGE           set up; the GPU tests (tests/streamer/test_check.py)
 #   bash h200.sh gpu|cpu STAGE OUT    set up; benchmarks/pass_time.py on the GPU or on the CPU cores
 #                                     (cpu: then benchmarks/cpu_threads.py, BLAS:convert threads in
@@ -12,7 +13,7 @@
 #   bash h200.sh ab-gpu|ab-cpu|ab STAGE OUT   pass_time.py at SPILL_BATCHES (8,32) reading into MLX
 #                                     memory, then into the reader's buffers (SPILL_AB), on one device or both
 set -euo pipefail
-cmd=${1:?usage: h200.sh stage|setup|probe|test|gpu|cpu|sweep|ab-gpu|ab-cpu|ab STAGE [OUT]}
+cmd=${1:?usage: h200.sh stage|setup|probe|check|test|gpu|cpu|sweep|ab-gpu|ab-cpu|ab STAGE [OUT]}
 stage=$(cd "${2:?STAGE}" && pwd)
 out=${3:-/tmp/spill-out}
 keep=/root/spill-stage site=/tmp/spill-site work=/tmp/spill-work
@@ -51,6 +52,12 @@ case $cmd in
     done
     make llama-1b llama 1b
     python3 $src/benchmarks/read_path.py "$models/llama-1b" --threads 8 --json "$out/read-gpu.json" ;;
+  check)  # spill check on every family the factory makes, small, in the stored dtype (bf16)
+    for f in ${SPILL_FAMILIES:-llama qwen2 mistral qwen3 phi3 gemma2}; do
+      make "$f-small" "$f" small
+      echo "== spill check $f small on the GPU (bf16)"
+      spill check "$models/$f-small" --rows 20 --max-tokens 16 2>&1 | tee "$out/check-$f.txt" | tail -4 || true
+    done ;;
   test)   # the tests that need a GPU (they skip elsewhere); importlib mode: src/spill must not shadow
     python3 -m pytest -q -p no:cacheprovider --import-mode=importlib -rs "$src/tests/streamer/test_check.py" ;;
   gpu)    # every batch on the GPU in the stored dtype
