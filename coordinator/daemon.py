@@ -291,7 +291,7 @@ class Group:
                 del self.clients[job]    # ended, and its client never came back to see it
         for run in self.runs():
             client, seen = self.clients.get(run.job.id, ("", now))
-            if (self.owner_gone.is_set() and self.owner and client == self.owner) or \
+            if (self.owner_gone.is_set() and self.owner and client == self.owner) or run.job.stop_asked() or \
                     (run is not self.current and now - seen > config.client_timeout()):
                 self.log.warning("client gone; stopping its job", job=run.job.id)
                 self.stop_job(run, "interrupted")

@@ -27,6 +27,15 @@ LIVE = ("queued", "running")   # a job in one of these whose lock nobody holds l
 NEW_JOB_HINT = "start a new job with `spill run --new`"   # the CLI owns this flag; keep the two in step
 
 
+STOP_ASKED = "interrupt"   # a file in the job's folder: its `spill run` left on a second Ctrl-C, maybe unheard
+
+
+def ask_to_stop(job_id: str) -> None:
+    """A second Ctrl-C: ask the group by file, which a stalled or busy group still reads when it wakes."""
+    with contextlib.suppress(OSError):
+        (jobs_dir() / job_id / STOP_ASKED).touch()
+
+
 def jobs_dir() -> Path:
     return config.home() / "jobs"
 
@@ -177,8 +186,12 @@ class Job:
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
         self._lock_fd = fd
+        (self.dir / STOP_ASKED).unlink(missing_ok=True)   # an older run's ask; this run starts unasked
         self._done, self._anon, self._counts = set(), set(), {"succeeded": 0, "failed": 0}
         self._load_output()                          # now the only writer: read afresh, repair the tail
+
+    def stop_asked(self) -> bool:
+        return (self.dir / STOP_ASKED).exists()
 
     def close(self) -> None:
         if self._lock_fd is not None:

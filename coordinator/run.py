@@ -87,10 +87,13 @@ def run_job(*, model, input, output, max_tokens, temperature, resume, new, quiet
     memory = memory or memory_args()
     args = {**args, "memory": memory["memory"], "budget_fraction": memory["budget_fraction"] if explicit else None}
     from .client import GroupDead, leave_group
+    from .jobstore import ask_to_stop
     from .live import follow
     client, group, job = None, None, None
 
     def second_press(*_):
+        if job:
+            ask_to_stop(job)         # the first press's request may not have reached a stalled group
         typer.echo(f"\nstopped at once; every row already written stays written"
                    + (f"; {RESUME.format(job)}" if job else ""))
         os._exit(EXIT_INTERRUPTED)   # an embedded group sees its owner go and stops the job itself

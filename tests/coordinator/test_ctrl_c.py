@@ -6,6 +6,7 @@ import os
 import re
 import signal
 import time
+from pathlib import Path
 
 import pytest
 
@@ -52,6 +53,14 @@ def _job(p: PtySpill) -> str:
     return re.search(r"job (\S+): \d+ rows", p.output).group(1)
 
 
+def _stall(home, sig) -> None:
+    """Stop (or continue) the whole group: the coordinator and the actors it started."""
+    coordinator = int((home / "run" / "coordinator.pid").read_text())
+    children = (Path("/proc") / str(coordinator) / "task" / str(coordinator) / "children").read_text().split()
+    for pid in [coordinator, *map(int, children)]:
+        os.kill(pid, sig)
+
+
 def _status_of(job: str) -> str:
     return spill("status", job, check=True).stdout
 
@@ -74,22 +83,21 @@ def test_one_ctrl_c_stops_at_a_pass_boundary_and_prints_the_resume_command(job24
 def test_two_ctrl_c_stop_at_once_and_lose_nothing(job24, tmp_path, home, group):
     out = tmp_path / "out.jsonl"
     p = _start(job24, out)
-    coordinator = int((home / "run" / "coordinator.pid").read_text())
-    os.kill(coordinator, signal.SIGSTOP)   # a busy group: the first press's request gets no answer
+    _stall(home, signal.SIGSTOP)           # a busy group: the first press's request gets no answer
     try:
         written = read_output(out)
         time.sleep(1.5)                    # the first press lands while a status request waits for its answer
         p.ctrl_c()
-        time.sleep(0.5)
+        time.sleep(0.2)                    # a quick second press: maybe before the first one's request went out
         p.ctrl_c()
         assert p.wait(timeout=10) == 130, p.output
     finally:
-        os.kill(coordinator, signal.SIGCONT)
+        _stall(home, signal.SIGCONT)
     job = _job(p)
     assert "stopped at once" in p.output and f"resume with: spill run --resume {job}" in p.output
     deadline = time.monotonic() + 30   # the group, running again, stops the job itself
     while "interrupted" not in _status_of(job):
-        assert time.monotonic() < deadline, _status_of(job)
+        assert time.monotonic() < deadline, _status_of(job) + p.output
         time.sleep(0.2)
     after = read_output(out)
     assert all(after[cid] == row for cid, row in written.items())
@@ -100,14 +108,13 @@ def test_two_ctrl_c_stop_at_once_and_lose_nothing(job24, tmp_path, home, group):
 def test_one_ctrl_c_while_a_request_waits_still_stops_at_a_pass_boundary(job24, tmp_path, home, group):
     out = tmp_path / "out.jsonl"
     p = _start(job24, out)
-    coordinator = int((home / "run" / "coordinator.pid").read_text())
-    os.kill(coordinator, signal.SIGSTOP)   # the group stalls: the live view's status request waits
+    _stall(home, signal.SIGSTOP)           # the group stalls: the live view's status request waits
     try:
         time.sleep(1.5)
         p.ctrl_c()
         time.sleep(1.0)
     finally:
-        os.kill(coordinator, signal.SIGCONT)
+        _stall(home, signal.SIGCONT)
     assert p.wait(timeout=30) == 130, p.output
     job = _job(p)
     assert "stopped at a pass boundary" in p.output and "Traceback" not in p.output
