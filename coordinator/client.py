@@ -35,15 +35,26 @@ class Client:
         sock = self._socket()
         sock.send(m.encode(m.Request(op, args, client_token(self.eps.control))))
         deadline = time.monotonic() + (timeout_s if timeout_s is not None else self.timeout_ms / 1000)
-        while not sock.poll(max(1, int(min(1.0, deadline - time.monotonic()) * 1000))):
+        while (raw := self._receive(sock, deadline)) is None:
             gone = self.alive is not None and not self.alive()
             if gone or time.monotonic() >= deadline:
                 raise GroupDead(f"the spill group {'stopped' if gone else 'did not answer'} during `{op}`; "
                                 "see $SPILL_HOME/run/logs/, then run the command again")
-        reply = m.decode(sock.recv())
+        reply = m.decode(raw)
         if not reply.ok:
             raise SpillError(reply.error)
         return reply.data
+
+    @staticmethod
+    def _receive(sock, deadline: float) -> bytes | None:
+        """The reply, or None after a second at most: a late answer to an earlier request wakes the
+        poll but the socket drops it, so the read must not block."""
+        if sock.poll(max(1, int(min(1.0, deadline - time.monotonic()) * 1000))):
+            try:
+                return sock.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                pass
+        return None
 
     def ping(self, timeout_s: float = 0.5) -> int:
         """The coordinator's pid, or 0 when no group answers."""

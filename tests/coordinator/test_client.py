@@ -12,14 +12,14 @@ from spill.errors import GroupDead
 from spill.wire import Endpoints
 
 
-def _group(eps: Endpoints, bound: threading.Event, ops: list, first: bool = False) -> None:
-    """A control socket that answers its second request (and, with `first`, the first one too, late)."""
+def _group(eps: Endpoints, bound: threading.Event, ops: list, first: bool = False, second: bool = True) -> None:
+    """A control socket that answers its second request unless told not to (and, with `first`, the first one, late)."""
     sock = zmq.Context.instance().socket(zmq.ROUTER)
     sock.setsockopt(zmq.LINGER, 0)
     sock.bind(eps.control)
     bound.set()
     try:
-        for answer, done in ((first, 1), (True, 3)):
+        for answer, done in ((first, 1), (second, 3)):
             if not sock.poll(10_000):
                 return
             *envelope, raw = sock.recv_multipart()
@@ -66,3 +66,21 @@ def test_a_late_answer_to_a_timed_out_request_is_not_taken_for_the_next_ones(tmp
         client.close()
         group.join()
     assert ops == ["status", "interrupt"]
+
+
+def test_a_late_answer_to_a_timed_out_request_does_not_hang_the_next_one_past_its_deadline(tmp_path):
+    # the stale reply wakes the poll but is dropped by the socket: a blocking recv then waited forever
+    eps, bound, ops = Endpoints.in_dir(tmp_path), threading.Event(), []
+    client = Client(eps)
+    with pytest.raises(GroupDead):
+        client.request("ping", timeout_s=0.2)
+    group = threading.Thread(target=_group, args=(eps, bound, ops, True, False))
+    group.start()
+    try:
+        bound.wait(10)
+        with pytest.raises(GroupDead, match="did not answer during `submit`"):
+            client.request("submit", timeout_s=2)
+    finally:
+        client.close()
+        group.join()
+    assert ops == ["ping", "submit"]
