@@ -18,9 +18,10 @@ from pathlib import Path
 import numpy as np
 
 from spill import config
+from spill.streamer.groups import chunk_for
 
 from .passmodel import Observation, PassModel, fit
-from .schedule import allowance
+from .schedule import outstanding, pace
 
 HISTORY = 200                  # passes kept for the refit
 PROBE_BYTES = 1 << 30          # the cold read probe reads at most this much of the weights
@@ -252,11 +253,12 @@ def _key_of(folder, plan, dtype) -> tuple[str, object]:
 
 class ContextTracker:
     """The rows that decode in a pass and the context they attend to, which the PASS report does not
-    carry: each admitted row prefills its prompt a chunk a pass (as the streamer does), then decodes
-    with one more token of context each pass."""
+    carry: each admitted row prefills its share of the pass's prompt tokens (`budget`, as the streamer
+    shares them out), then decodes with one more token of context each pass."""
 
     def __init__(self, chunk: int = 512):
         self.chunk = chunk
+        self.budget = config.prefill_tokens()     # the last PACE: what the next pass may prefill
         self.prefilling: dict[int, list[int]] = {}   # row -> [prompt tokens left, prompt length]
         self.decoding: dict[int, int] = {}           # row -> context
 
@@ -268,8 +270,9 @@ class ContextTracker:
         rows, context = len(self.decoding), sum(self.decoding.values())
         for r in self.decoding:
             self.decoding[r] += 1
+        step = chunk_for(self.budget, len(self.prefilling), self.chunk)
         for r, state in list(self.prefilling.items()):
-            state[0] -= min(self.chunk, state[0])
+            state[0] -= min(step, state[0])
             if state[0] == 0:
                 self.decoding[r] = state[1] + 1
                 del self.prefilling[r]
@@ -279,7 +282,7 @@ class ContextTracker:
         return rows, context
 
     def clear(self) -> None:
-        self.prefilling, self.decoding = {}, {}
+        self.prefilling, self.decoding, self.budget = {}, {}, config.prefill_tokens()
 
 
 class Calibrator:
@@ -313,12 +316,17 @@ class Calibrator:
         """The cold read probe's bytes/s for this model and machine, 0.0 without a calibration."""
         return self.cal.prior.bandwidth if self.cal is not None else 0.0
 
-    def allowance(self) -> int:
-        """Prompt tokens the next pass may start (see schedule.allowance)."""
+    def pace(self, need: int) -> int:
+        """Prompt tokens the next pass may prefill in all (schedule.pace); `need`: what keeps the slots fed."""
         t = self.context
-        outstanding = sum(min(t.chunk, left) for left, _ in t.prefilling.values())
-        return allowance(self.cal.model if self.cal else None, self.streamed, len(t.decoding),
-                         sum(t.decoding.values()), outstanding, t.chunk)
+        t.budget = pace(self.cal.model if self.cal else None, self.streamed, len(t.decoding),
+                        sum(t.decoding.values()), need)
+        return t.budget
+
+    def allowance(self) -> int:
+        """Prompt tokens new rows may start with in the next pass: the pace less the rows still prefilling."""
+        t = self.context
+        return t.budget - outstanding([left for left, _ in t.prefilling.values()], t.budget, t.chunk)
 
     def passed(self, msg) -> None:
         rows, context = self.context.passed(msg.finished)   # the rows that decoded in it, not after it

@@ -24,11 +24,12 @@ def run_admission_process(endpoints, args, log) -> None:
     calibrator = Calibrator(log, chunk=args.get("prefill_chunk", 512))
     policy, others, limit, runtime = None, 0, 0, 0   # runtime: the streamer's RSS at READY, in others
     epoch, job, eos, in_flight = -1, "", [], False   # in_flight: an ADMIT the streamer has not reported on
+    paced = None                                     # the last PACE sent
     for batch in inbox(box, "admission", log):
         reported, requeued = None, 0
         for msg in batch:
             if isinstance(msg, m.Reset):
-                epoch, job, in_flight = msg.epoch, msg.job, False
+                epoch, job, in_flight, paced = msg.epoch, msg.job, False, None
                 calibrator.reset(msg.model, msg.resident)
                 if msg.model:
                     policy, others, limit = _price(msg, args, box, log)
@@ -57,6 +58,9 @@ def run_admission_process(endpoints, args, log) -> None:
         preempt = policy.to_preempt()
         if preempt:
             box.send("streamer", m.Preempt(epoch, preempt, policy.shapes()))
+        if (budget := calibrator.pace(schedule.need(policy))) != paced:
+            box.send("streamer", m.Pace(epoch, budget))
+            paced = budget
         admitted = [] if in_flight else schedule.admit(policy, calibrator.allowance(), bool(calibrator.context.prefilling))
         if admitted:
             box.send("streamer", _admit(epoch, admitted, eos, limit, policy.shapes()))

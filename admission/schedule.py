@@ -5,10 +5,11 @@ the admission actor and by the estimate alike, so the estimate simulates the sch
 - Interleave: waiting rows are ordered so every length bucket (powers of two of the prompt) drains
   at the same rate: the j-th of m queued rows of a bucket sorts at (j + 0.5) / m. A file written
   short-first, long-last runs mixed, and no tier is left as a wall at the end.
-- Prefill allowance: a pass carries every running row's decode step plus prompt chunks up to what
-  keeps its compute under its weight-read time (the calibrated pass model), and at least one chunk
-  (so a compute-bound pass still fills its batch), less the chunks of prompts still prefilling;
-  without a calibration, or resident (no read to hide under), the fixed SPILL_PREFILL_TOKENS.
+- Pace: a pass carries every running row's decode step plus prompt tokens up to what keeps its
+  compute under its weight-read time (the calibrated pass model), or what keeps the slots fed if
+  more (`need`); each prefilling row advances an equal share (`chunk_for`), and new prompts start
+  only within what the rows still prefilling leave. Without a calibration, or resident (no read to
+  hide under), the fixed SPILL_PREFILL_TOKENS.
 """
 
 from collections import deque
@@ -16,6 +17,8 @@ from collections import deque
 import numpy as np
 
 from spill import config, memory
+
+from spill.streamer.groups import chunk_for
 
 from .policy import BudgetPolicy, Waiting, sheet_for, width_class
 
@@ -77,13 +80,33 @@ def interleave(queue: deque, length) -> None:
     queue.extend(k[3] for k in keyed)
 
 
-def allowance(model, bytes_streamed: int, decode_rows: int, context: int, outstanding: int,
-              chunk: int = 512) -> int:
-    """Prompt tokens the next pass may start: under the read time (at least a chunk), less what is
-    still prefilling; with nothing read (resident), or no pass model, SPILL_PREFILL_TOKENS."""
+def pace(model, bytes_streamed: int, decode_rows: int, context: int, need: int) -> int:
+    """Prompt tokens the next pass may prefill in all: what its compute can add under its read time,
+    or `need` if more, when that read time hides at least half of `need`. A pass with less room is
+    compute-bound whatever it carries: prompts go at full speed (SPILL_PREFILL_TOKENS), so their
+    slots fill at once. With nothing read (resident), or no pass model, SPILL_PREFILL_TOKENS."""
     if model is None or not bytes_streamed:
-        return config.prefill_tokens() - outstanding
-    return max(model.prefill_allowance(bytes_streamed, decode_rows, context), chunk) - outstanding
+        return config.prefill_tokens()
+    room = model.prefill_allowance(bytes_streamed, decode_rows, context)
+    return max(room, need) if 2 * room >= need else config.prefill_tokens()
+
+
+def need(policy) -> int:
+    """Prompt tokens a pass must prefill to keep the slots fed: 1.25 x slots x the waiting rows' mean
+    prompt / their mean max_tokens (a row starts as fast as decode frees a slot); every slot a row
+    waits for already free: no limit, the last prompts start at once."""
+    slots = max(sum(p.cap for p in policy.pools.values()), len(policy.running))
+    if len(policy.queue) <= slots - len(policy.running):
+        return config.prefill_tokens()
+    prompt = sum(prompt_length(w) for w in policy.queue)
+    out = sum(max(w.max_tokens, 1) for w in policy.queue)
+    return -(-5 * slots * prompt // (4 * out))
+
+
+def outstanding(prefilling, budget: int, chunk: int) -> int:
+    """Prompt tokens the rows still prefilling take in the next pass (`prefilling`: tokens left of each)."""
+    step = chunk_for(budget, len(prefilling), chunk)
+    return sum(min(step, left) for left in prefilling)
 
 
 def admit(policy, tokens: int, prefilling: bool = False) -> list:

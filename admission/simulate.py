@@ -2,7 +2,7 @@
 lengths, drain tail included. Pure: a fake clock, no model, no sockets.
 
 The streamer's semantics, pass by pass: rows admitted after pass k start prefilling in pass k+1,
-one chunk of their prompt a pass; a row emits its first token in the pass that ends its prompt and
+an equal share of the pass's pace each (`schedule.pace`); a row emits its first token in the pass that ends its prompt and
 one token a pass after that; it leaves after its last token and its slot is refilled next pass.
 
 Rows whose output length is unknown are priced at max_tokens (`Estimate.at_max_tokens`).
@@ -10,6 +10,8 @@ Rows whose output length is unknown are priced at max_tokens (`Estimate.at_max_t
 
 from collections import deque
 from dataclasses import dataclass, field, replace
+
+from spill.streamer.groups import chunk_for
 
 from . import schedule
 from .passmodel import PassModel, PassShape
@@ -93,7 +95,7 @@ def simulate(rows: list[SimRow], policy, waiting, model: PassModel, bytes_stream
     prefilling: dict[int, int] = {}          # row -> prompt tokens still to prefill
     decoding: dict[int, list[int]] = {}      # row -> [context, tokens left]
     clock, done = 0.0, 0
-    allowed = schedule.allowance(model, bytes_streamed, 0, 0, 0, chunk)
+    allowed = schedule.pace(model, bytes_streamed, 0, 0, schedule.need(policy))
     admitted = schedule.admit(policy, allowed)
     while admitted or prefilling or decoding:
         for w in admitted:
@@ -102,8 +104,9 @@ def simulate(rows: list[SimRow], policy, waiting, model: PassModel, bytes_stream
                 decoding[w.row] = [r.context, r.out]
             else:
                 prefilling[w.row] = r.prompt
-        # 1. the pass: every decoding row's step, a chunk of every prefilling row
-        shape = PassShape(len(decoding), sum(min(chunk, n) for n in prefilling.values()),
+        # 1. the pass: every decoding row's step, a share of the pace for every prefilling row
+        step = chunk_for(allowed, len(prefilling), chunk)
+        shape = PassShape(len(decoding), sum(min(step, n) for n in prefilling.values()),
                           sum(c for c, _ in decoding.values()), bytes_streamed + (0 if est.passes else read_once))
         seconds = model.pass_s(shape)
         clock += seconds
@@ -116,7 +119,7 @@ def simulate(rows: list[SimRow], policy, waiting, model: PassModel, bytes_stream
             if state[1] == 0:
                 finished.append(row)
         for row in list(prefilling):
-            prefilling[row] -= min(chunk, prefilling[row])
+            prefilling[row] -= min(step, prefilling[row])
             if prefilling[row] == 0:
                 del prefilling[row]
                 r = by_id[row]
@@ -133,9 +136,10 @@ def simulate(rows: list[SimRow], policy, waiting, model: PassModel, bytes_stream
         est.allowance.append(allowed)
         # 3. the policy hears the pass and admits for the next one
         policy.finished(finished)
-        outstanding = sum(min(chunk, n) for n in prefilling.values())
-        allowed = schedule.allowance(model, bytes_streamed, len(decoding), sum(c for c, _ in decoding.values()), 0, chunk)
-        admitted = schedule.admit(policy, allowed - outstanding, bool(prefilling))
+        allowed = schedule.pace(model, bytes_streamed, len(decoding), sum(c for c, _ in decoding.values()),
+                                schedule.need(policy))
+        left = schedule.outstanding(list(prefilling.values()), allowed, chunk)
+        admitted = schedule.admit(policy, allowed - left, bool(prefilling))
         if not (admitted or prefilling or decoding) and done + len(refused) < len(rows):
             est.stalled = True
     est.total_seconds = clock

@@ -34,6 +34,7 @@ class Kind(IntEnum):
     HEARTBEAT = 13   # actor -> coordinator, every second from a thread: the process is scheduled
     PREEMPT = 14     # admission -> streamer: drop these rows' KV and report them (memory above the hard line)
     BUDGET = 15      # admission -> coordinator, after each pass report: memory lines, holds, preemptions
+    PACE = 16        # admission -> streamer: prompt tokens a pass may prefill, from the pass model
     REQUEST = 20     # client -> coordinator
     REPLY = 21       # coordinator -> client
 
@@ -147,6 +148,12 @@ class Preempt:
 
 
 @dataclass
+class Pace:
+    epoch: int
+    prefill_tokens: int      # over all prefilling rows of a pass (each advances streamer/groups.py chunk_for)
+
+
+@dataclass
 class Budget:
     epoch: int
     index: int               # the pass this answers
@@ -212,7 +219,7 @@ class Reply:
 _TYPES = {Kind.READY: Ready, Kind.RESET: Reset, Kind.SUBMIT: Submit, Kind.TOKENIZED: Tokenized,
           Kind.ADMIT: Admit, Kind.TOKENS: Tokens, Kind.STOP: Stop, Kind.PASS: Pass, Kind.DONE: Done,
           Kind.ERROR: Error, Kind.PROGRESS: Progress, Kind.SHUTDOWN: Shutdown, Kind.HEARTBEAT: Heartbeat,
-          Kind.PREEMPT: Preempt, Kind.BUDGET: Budget,
+          Kind.PREEMPT: Preempt, Kind.BUDGET: Budget, Kind.PACE: Pace,
           Kind.REQUEST: Request, Kind.REPLY: Reply}
 _KINDS = {t: k for k, t in _TYPES.items()}
 

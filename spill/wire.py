@@ -27,7 +27,7 @@ ROLES = ("coordinator", "tokenizer", "admission", "streamer")
 ACCEPTS = {"coordinator": {Kind.READY, Kind.HEARTBEAT, Kind.PASS, Kind.DONE, Kind.ERROR, Kind.PROGRESS, Kind.BUDGET},
            "tokenizer": {Kind.RESET, Kind.SUBMIT, Kind.TOKENS, Kind.SHUTDOWN},
            "admission": {Kind.RESET, Kind.TOKENIZED, Kind.PASS, Kind.SHUTDOWN},
-           "streamer": {Kind.RESET, Kind.ADMIT, Kind.STOP, Kind.PREEMPT, Kind.SHUTDOWN}}
+           "streamer": {Kind.RESET, Kind.ADMIT, Kind.PACE, Kind.STOP, Kind.PREEMPT, Kind.SHUTDOWN}}
 _IPC_MAX = 100   # macOS allows ~104 bytes in a socket path
 
 

@@ -25,7 +25,7 @@ from spill.errors import SpillError
 from spill.platform import default_dtype, release_heap, set_blas_threads
 
 from .families import adapter_for
-from .groups import Decode, Group, Pool, RowState, bucket
+from .groups import Decode, Group, Pool, RowState, bucket, chunk_for
 from .plan import load_plan
 from .reader import WeightReader
 from .sampling import RowSampler, SamplingParams, sample
@@ -90,6 +90,7 @@ class Streamer:
         self.adapter = adapter_for(self.plan)
         self.dtype = default_dtype() if dtype == "auto" else dtype
         self.prefill_chunk = prefill_chunk
+        self.prefill_budget: int | None = None   # prompt tokens a pass may prefill in all (admission's PACE); None: a chunk a row
         self.keep_logits = keep_logits
         self.seed = seed
         if mx.default_device() == mx.cpu:   # OpenBLAS's threads share the cores with the reader's
@@ -176,6 +177,7 @@ class Streamer:
     def clear(self) -> None:
         """Drop every row and its KV (a reset of the group); the weights plan stays."""
         self.pools, self.reservation, self.prefills, self.pending, self.rows = {}, {}, [], [], {}
+        self.prefill_budget = None
 
     @property
     def idle(self) -> bool:
@@ -195,8 +197,10 @@ class Streamer:
             return self._report(t0, wait0, read0, 0.0, [], 0, 0)
         # 2. inputs: decode rows feed their last token, prefill groups their next chunk
         hs, masks, prefill_tokens = [], [], 0
+        chunk = self.prefill_chunk if self.prefill_budget is None else chunk_for(
+            self.prefill_budget, sum(len(g.rows) for g in self.prefills), self.prefill_chunk)
         for g in groups:
-            tokens = g.next_tokens(self.prefill_chunk)
+            tokens = g.next_tokens(chunk)
             prefill_tokens += tokens.size if g.prefilling else 0
             h = self.adapter.embed(tokens)
             if self.dtype is not None:

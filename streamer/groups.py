@@ -265,6 +265,15 @@ class Decode:
         return idx, rows
 
 
+MIN_CHUNK = 32   # prompt tokens a prefilling row advances a pass, at least
+
+
+def chunk_for(budget: int, rows: int, largest: int) -> int:
+    """Prompt tokens each of `rows` prefilling rows advances in a pass that may prefill `budget`
+    tokens in all: an equal share, at least MIN_CHUNK (so a prompt always moves), at most `largest`."""
+    return max(1, min(largest, max(MIN_CHUNK, budget // max(rows, 1))))
+
+
 def bucket(rows: list[RowState], max_rows: int = 64, slack: float = 1.25) -> list[list[RowState]]:
     """Split new rows into prefill groups of similar prompt length, so padding stays small."""
     out: list[list[RowState]] = []

@@ -59,6 +59,10 @@ class StreamerActor:
                 self.engine.left.append(row)
                 self.refused.append((row, str(err)))
 
+    def pace(self, msg: m.Pace) -> None:
+        if self.engine is not None:
+            self.engine.prefill_budget = msg.prefill_tokens
+
     def stop(self, msg: m.Stop) -> None:
         for row in msg.rows:
             self.engine.finish(row)
@@ -101,7 +105,7 @@ def run_streamer_process(endpoints, args, log) -> None:
             why = str(err) if isinstance(err, SpillError) else f"{msg.model}: the model could not load ({type(err).__name__}: {err})"
             box.send("coordinator", m.Error(msg.epoch, [m.MODEL_ROW], ["model_error"], [why], msg.job))
 
-    handlers = {m.Reset: reset, m.Admit: actor.admit, m.Stop: actor.stop, m.Preempt: actor.preempt}
+    handlers = {m.Reset: reset, m.Admit: actor.admit, m.Stop: actor.stop, m.Preempt: actor.preempt, m.Pace: actor.pace}
     # 1. what arrived during the last pass (blocking only when there is nothing to run)
     for batch in inbox(box, "streamer", log, busy=lambda: actor.busy):
         for msg in batch:

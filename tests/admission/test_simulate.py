@@ -10,6 +10,7 @@ from spill.admission.passmodel import Observation, PassModel, PassShape, fit
 from spill.admission.policy import BudgetPolicy, Sheet, Waiting
 from spill.admission import schedule
 from spill.admission.simulate import SimRow, simulate
+from spill.streamer.groups import chunk_for
 
 TRUE = PassModel(bandwidth=2e9, fixed_s=0.5, per_row_s=0.01, per_prefill_token_s=0.002,
                  per_context_token_s=1e-5, overlap=0.6, overhead_s=0.05)
@@ -27,16 +28,18 @@ class FakeEngine:
     def add(self, row: SimRow):
         self.rows.append([row.row, row.prompt, row.prompt, row.out])
 
-    def step(self) -> Observation:
+    def step(self, budget: int) -> Observation:
+        """One pass that may prefill `budget` tokens in all (the PACE), shared as the streamer shares them."""
         decoding = [r for r in self.rows if r[1] == 0]
-        prefill = sum(min(self.chunk, r[1]) for r in self.rows)
+        step = chunk_for(budget, len(self.rows) - len(decoding), self.chunk)
+        prefill = sum(min(step, r[1]) for r in self.rows)
         shape = PassShape(len(decoding), prefill, sum(r[2] for r in decoding), BYTES)
         seconds = TRUE.pass_s(shape) * self.rnd.uniform(0.95, 1.05)
         compute = TRUE.compute_s(shape) * seconds / TRUE.pass_s(shape)
         self.clock += seconds
         for r in self.rows:
             if r[1]:
-                r[1] -= min(self.chunk, r[1])
+                r[1] -= min(step, r[1])
                 if r[1] == 0:
                     r[2], r[3] = r[2] + 1, r[3] - 1
             else:
@@ -71,18 +74,19 @@ def run_fake(rows, policy, model=TRUE):
     engine, by_id, ctx, seen = FakeEngine(), {r.row: r for r in rows}, ContextTracker(), []
     policy.offer([waiting(r) for r in rows])
     schedule.interleave(policy.queue, schedule.prompt_length)
-    admitted = schedule.admit(policy, schedule.allowance(model, BYTES, 0, 0, 0))
+    ctx.budget = schedule.pace(model, BYTES, 0, 0, schedule.need(policy))
+    admitted = schedule.admit(policy, ctx.budget)
     while admitted or engine.rows:
         for w in admitted:
             engine.add(by_id[w.row])
         ctx.admitted([w.row for w in admitted], [by_id[w.row].prompt for w in admitted])
-        obs = engine.step()
+        obs = engine.step(ctx.budget)
         obs.decode_rows, obs.context_tokens = ctx.passed(obs.finished)
         seen.append(obs)
         policy.finished(obs.finished)
-        prefilling = sum(min(512, left) for left, _ in ctx.prefilling.values())
-        admitted = schedule.admit(policy, schedule.allowance(model, BYTES, len(ctx.decoding),
-                                                             sum(ctx.decoding.values()), prefilling), prefilling > 0)
+        ctx.budget = schedule.pace(model, BYTES, len(ctx.decoding), sum(ctx.decoding.values()), schedule.need(policy))
+        left = schedule.outstanding([n for n, _ in ctx.prefilling.values()], ctx.budget, 512)
+        admitted = schedule.admit(policy, ctx.budget - left, bool(ctx.prefilling))
     return engine.clock, seen
 
 

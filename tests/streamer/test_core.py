@@ -53,6 +53,19 @@ def test_chunked_prefill_matches_unchunked(make_tiny):
     assert chunked == whole
 
 
+def test_a_pace_shares_a_passs_prefill_tokens_out_and_changes_no_token(make_tiny):
+    folder = make_tiny("qwen2")
+    schedule = {0: [("a", list(range(40, 140))), ("b", [3] * 90)], 1: [("c", list(range(7, 57)))]}
+    paced = Streamer(folder, prefill_chunk=512)
+    paced.prefill_budget = 64        # admission's PACE: 64 prompt tokens a pass, shared by the rows prefilling
+    steps = []
+    step = paced.step
+    paced.step = lambda: steps.append(step()) or steps[-1]
+    assert _drive(paced, schedule) == _drive(Streamer(folder, prefill_chunk=512), schedule)
+    carried = [r.prefill_tokens for r in steps if r.prefill_tokens]
+    assert max(carried) == 32 * 3 and len(carried) >= 4   # 3 rows at 32 tokens (the least a row takes), not 512
+
+
 def test_max_tokens_ends_a_row_with_length(make_tiny):
     out = _drive(Streamer(make_tiny("llama")), {0: [("a", PROMPTS[0]), ("b", PROMPTS[1])]}, max_tokens=5)
     assert [len(out[r][0]) for r in "ab"] == [5, 5]
