@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from spill.streamer.plan import ITEMSIZE, ModelPlan, TensorSpec
 
 from .passmodel import PassModel, PassShape
-from .policy import fmt
+from .policy import fmt, width_class
 from .schedule import budget_policy
 
 
@@ -40,7 +40,7 @@ def advise(plan: ModelPlan, rows: list, memory_arg=None, *, stream: bool = False
     `others`: the group's processes' resident memory, as admission prices it; `fraction`: --budget-fraction."""
     policy, ws = budget_policy(plan, memory_arg, fraction, others=others, resident=True)
     s = policy.sheet
-    width = -(-max((r.prompt + r.out for r in rows), default=1) // 256) * 256
+    width = width_class(max((r.prompt + r.out for r in rows), default=1))
     want = max(1, min(len(rows), policy.max_rows))
     slots = _slots(policy, want, width)
     weights, kv = s.fixed["resident"], s.cost(want, width)

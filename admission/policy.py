@@ -13,7 +13,8 @@ Resident (the advisor's choice, advisor.py), "resident tensors" are every layer'
 layer is in flight.
 
 KV is reserved up front, in decode pools by width class: a row's class is its full length (prompt +
-max_tokens) rounded up to a multiple of 256 (to 25% steps past 2048, `width_class`), and each class
+max_tokens) rounded up to a multiple of 64 up to 512, past that of an eighth of the power of two at or
+above it (640, 768, ..., 1280, ..., `width_class`), and each class
 with rows has its own pool in the streamer, `slots` rows of that width, all of them run through
 every layer in the same pass:
 
@@ -25,8 +26,8 @@ every layer in the same pass:
 Slots are shared out by water-filling the KV budget (at most SPILL_MAX_ROWS slots in all, a slot
 per row): each next slot goes to the class with the fewest slots per token its rows will generate
 (their max_tokens), so every class drains at the same rate and no tier is left as a wall. E.g. KV
-budget 12 MiB, 1 MiB per 256 tokens, rows 40+10, 40+10, 40+10, 600+10, 600+10: pools (3, 256) and
-(2, 768), 9 MiB, a slot for each row. When a class with rows waiting has no pool (first made, or
+budget 12 MiB, 1 MiB per 256 tokens, rows 40+10, 40+10, 40+10, 600+10, 600+10: pools (3, 64) and
+(2, 640), 5.75 MiB, a slot for each row. When a class with rows waiting has no pool (first made, or
 drained) the shares are recomputed: pools above their new share stop refilling and shrink at once to
 the rows they hold (the streamer copies them), a new pool takes what is free, and a pool shrinks to
 its share once its rows drain to it. A full pool with rows waiting
@@ -99,10 +100,10 @@ def fmt(n: int) -> str:
 
 
 def width_class(full_length: int) -> int:
-    """A row's width class, the width of its pool: its full length rounded up to a multiple of 256
-    up to 2048, above that to an eighth of the power of two at or above it (2560, 3072, ..., 4096,
-    5120, ...): a slot wastes less than 256 tokens or 25%, and a doubling of lengths spans 4 pools."""
-    step = max(256, (1 << (max(full_length, 1) - 1).bit_length()) // 8)
+    """A row's width class, the width of its pool: its full length rounded up to a multiple of an eighth
+    of the power of two at or above it, at least 64 (64, 128, ..., 512, 640, ..., 1024, 1280, ..., 2048,
+    2560, ...): a slot wastes less than 64 tokens or 25%, and a doubling of lengths spans 4 pools at most."""
+    step = max(64, (1 << (max(full_length, 1) - 1).bit_length()) // 8)
     return -(-max(full_length, 1) // step) * step
 
 

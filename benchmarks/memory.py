@@ -7,7 +7,7 @@ prices the model with admission's sheet, reserves the decode pool, sets MLX's ca
 budget, prefills the batch and runs decode passes; every pass it records live allocation (the
 largest of MLX active + cache + reader buffers and the RSS) after the pass and at its peak (the peak
 RSS, reset each pass), MLX's peak, the cgroup's usage, minor and major page faults and the pass time;
-and the batch the budget allows at the benchmark's width and at admission's (rounded up to 256). --python runs the children with another interpreter (another
+and the batch the budget allows at the benchmark's width and at admission's (its width class). --python runs the children with another interpreter (another
 checkout: the code before), which may lack the pool and the cache limit; it then runs without them.
 """
 
@@ -70,7 +70,7 @@ def child(spec: dict) -> None:
     width = prompt + passes + 2
     sheet = None
     if hasattr(s, "reserve"):   # the code with the budget: admission's prices, the pool, the cache limit
-        from spill.admission.policy import sheet_for
+        from spill.admission.policy import sheet_for, width_class
 
         def price(n):
             return sheet_for(s.plan, ws.bytes, 4, prefill_tokens=n * prompt, others=baseline)
@@ -95,7 +95,7 @@ def child(spec: dict) -> None:
                      "cache": mx.get_cache_memory(), "reader": s.reader.buffer_bytes,
                      "rss": after.rss, "cgroup": memory.cgroup_usage() or 0, "mlx_peak": mx.get_peak_memory(),
                      "minor": after.minor_faults - before.minor_faults, "major": after.major_faults - before.major_faults})
-    allows = sheet and {w: min(256, sheet.kv_budget // sheet.cost(1, w)) for w in (width, -(-width // 256) * 256)}
+    allows = sheet and {w: min(256, sheet.kv_budget // sheet.cost(1, w)) for w in (width, width_class(width))}
     print(json.dumps({"batch": b, "working_set": ws.bytes, "source": ws.source, "passes": rows, "allows": allows,
                       "prices": sheet and sheet.fixed, "kv_budget": sheet and sheet.kv_budget,
                       "baseline": baseline, "budget": sheet.budget if sheet else None, "fixed": sheet and sum(sheet.fixed.values()),

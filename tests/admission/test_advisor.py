@@ -9,13 +9,13 @@ from spill.admission.schedule import budget_policy
 from spill.admission.simulate import SimRow
 from spill.streamer.plan import load_plan
 
-ROWS = [SimRow(i, 20, 10) for i in range(4)]          # each row's full length rounds up to 256 tokens
+ROWS = [SimRow(i, 20, 10) for i in range(4)]          # 30 tokens each: width class 64
 
 
 def memory_for(plan, slots: float, resident=True) -> str:
-    """A working set (bytes, as --memory takes it) whose budget leaves KV for `slots` rows of 256 tokens."""
+    """A working set (bytes, as --memory takes it) whose budget leaves KV for `slots` rows of 64 tokens."""
     s = budget_policy(plan, "1GB", resident=resident)[0].sheet
-    return str(int((sum(s.fixed.values()) + slots * s.cost(1, 256)) / s.fraction) + 1)
+    return str(int((sum(s.fixed.values()) + slots * s.cost(1, 64)) / s.fraction) + 1)
 
 
 @pytest.fixture
@@ -29,7 +29,7 @@ def test_a_model_that_fits_with_the_jobs_kv_runs_resident_and_says_so(plan):
     a = advise(plan, ROWS, memory)
     s = budget_policy(plan, memory, resident=True)[0].sheet
     assert a.resident and a.slots == 4 and a.weights == plan.total_bytes * 2   # bf16 computed in float32 here
-    assert a.line == (f"resident: the weights ({fmt(a.weights)}) and the job's KV ({fmt(s.cost(4, 256))} for 4 rows "
+    assert a.line == (f"resident: the weights ({fmt(a.weights)}) and the job's KV ({fmt(s.cost(4, 64))} for 4 rows "
                       f"at once) fit the {fmt(s.budget)} memory budget; only the first pass reads the disk "
                       "(--stream streams every pass)")
 
@@ -57,12 +57,12 @@ def test_a_model_too_big_resident_streams_and_names_the_quantized_variant_that_f
     four, eight = quantized(plan, 4, 64), quantized(plan, 8, 64)
     memory = memory_for(four, 4.5)
     budget = budget_policy(eight, memory, resident=True)[0].sheet
-    assert sum(budget.fixed.values()) + budget.cost(4, 256) > budget.budget   # 8-bit does not fit here
+    assert sum(budget.fixed.values()) + budget.cost(4, 64) > budget.budget   # 8-bit does not fit here
     variants = [("t:tiny-8bit", 8, 64), ("t:tiny-4bit", 4, 64)]
     a = advise(plan, ROWS, memory, variants=variants)
     s = budget_policy(plan, memory, resident=True)[0].sheet
     assert not a.resident
-    assert a.line == (f"streamed: resident, the weights ({fmt(a.weights)}), the job's KV ({fmt(s.cost(4, 256))} for 4 "
+    assert a.line == (f"streamed: resident, the weights ({fmt(a.weights)}), the job's KV ({fmt(s.cost(4, 64))} for 4 "
                       f"rows at once) and the buffers and activations ({fmt(sum(s.fixed.values()) - a.weights)}) would "
                       f"need more than the {fmt(s.budget)} memory budget (78% of the {fmt(int(memory))} working set); "
                       "t:tiny-4bit would fit resident: spill run t:tiny-4bit")
@@ -81,6 +81,6 @@ def test_the_quantized_plan_is_the_factorys_quantized_model_tensor_for_tensor(ma
 
 def test_the_groups_other_processes_count_against_the_resident_budget(plan):
     memory = memory_for(plan, 4.5)
-    slot = budget_policy(plan, memory, resident=True)[0].sheet.cost(1, 256)
+    slot = budget_policy(plan, memory, resident=True)[0].sheet.cost(1, 64)
     assert advise(plan, ROWS, memory).resident
     assert not advise(plan, ROWS, memory, others=slot).resident   # one slot less: the batch no longer fits

@@ -15,7 +15,7 @@ def rows(*lengths, max_tokens=10, start=0):
 
 
 def sheet(slots_mb=5, working_set=1000 * MB, **kw):
-    """A 1000 MiB machine whose budget leaves `slots_mb` MiB for KV; a 256-token slot costs 1 MiB."""
+    """A 1000 MiB machine whose budget leaves `slots_mb` MiB for KV; 256 tokens of KV cost 1 MiB."""
     fixed = {"weights": int(0.78 * working_set) - int(slots_mb * MB)}
     return Sheet(working_set, kv_per_token=MB // 256, fixed=fixed, **kw)
 
@@ -29,36 +29,36 @@ def run_pass(p: BudgetPolicy, live: int, finished=(), preempted=()):
 
 
 def test_the_pool_is_sized_from_the_budget_and_never_exceeds_it():
-    p = BudgetPolicy(sheet(slots_mb=5))
+    p = BudgetPolicy(sheet(slots_mb=1.25))
     p.offer(rows(*[10] * 7))
-    assert [w.row for w in p.admit()] == [0, 1, 2, 3, 4]     # 5 slots of 256 tokens
-    assert p.shapes() == [[5, 256]] and p.reserved() == 5 * MB <= p.sheet.kv_budget
+    assert [w.row for w in p.admit()] == [0, 1, 2, 3, 4]     # 20 tokens: 5 slots of 64 tokens, 1/4 MiB each
+    assert p.shapes() == [[5, 64]] and p.reserved() == 5 * MB // 4 <= p.sheet.kv_budget
     assert p.admit() == []
     p.finished([0])
     assert [w.row for w in p.admit()] == [5]                 # a freed slot takes the next row
-    assert p.reserved() == 5 * MB
+    assert p.reserved() == 5 * MB // 4
 
 
 def test_each_row_joins_the_pool_of_its_width_class_and_a_full_class_holds_only_its_own_rows():
-    p = BudgetPolicy(sheet(slots_mb=8))
-    p.offer(rows(600, 10))                                   # 610 tokens: width 768 (3 MiB a slot); 20: 256
-    assert [(w.row, w.width) for w in p.admit()] == [(0, 768), (1, 256)] and p.shapes() == [[1, 768], [1, 256]]
+    p = BudgetPolicy(sheet(slots_mb=6))
+    p.offer(rows(600, 10))                                   # 610 tokens: width 640 (2.5 MiB a slot); 20: 64
+    assert [(w.row, w.width) for w in p.admit()] == [(0, 640), (1, 64)] and p.shapes() == [[1, 640], [1, 64]]
     p.offer(rows(600, 10, start=2))
-    assert [w.row for w in p.admit()] == [3]                 # 4 MiB free: the 256 pool grows (1 + 2 fit), 768 not
-    assert p.shapes() == [[1, 768], [2, 256]]
+    assert [w.row for w in p.admit()] == [3]                 # 3.25 MiB free: the 64 pool grows (1 + 2 fit), 640 not
+    assert p.shapes() == [[1, 640], [2, 64]]
     p.finished([0])
     assert [w.row for w in p.admit()] == [2] and p.reserved() <= p.sheet.kv_budget
 
 
 def test_a_pool_that_took_the_budget_before_other_widths_came_shrinks_at_once_to_its_rows():
-    p = BudgetPolicy(sheet(slots_mb=32))
-    p.offer(rows(*[10] * 40))                                # the job's first rows: all short
+    p = BudgetPolicy(sheet(slots_mb=8))
+    p.offer(rows(*[10] * 40))                                # the job's first rows: all short (width 64)
     p.prefill_tokens = 80                                    # the pass's prompt allowance: 8 of them
-    assert len(p.admit()) == 8 and p.shapes() == [[32, 256]]
+    assert len(p.admit()) == 8 and p.shapes() == [[32, 64]]
     p.offer(rows(*[600] * 20, max_tokens=100, start=40))     # then the long rows, far more to generate
     _, admitted = run_pass(p, live=0)
     assert 40 in admitted                                    # they start now, not when the 8 short rows end
-    assert p.shapes()[0] == [8, 256] and p.reserved() <= p.sheet.kv_budget
+    assert p.shapes()[0] == [8, 64] and p.reserved() <= p.sheet.kv_budget
 
 
 def test_a_row_too_big_for_the_budget_gets_one_sentence_and_the_rest_run():
@@ -70,8 +70,8 @@ def test_a_row_too_big_for_the_budget_gets_one_sentence_and_the_rest_run():
 
 
 def test_a_row_that_fits_only_unrounded_runs_alone():
-    p = BudgetPolicy(sheet(slots_mb=2.5))
-    p.offer(rows(600, 5))                                    # 610 tokens fit 2.5 MiB, 768 would not
+    p = BudgetPolicy(sheet(slots_mb=2.4))
+    p.offer(rows(600, 5))                                    # 610 tokens fit 2.4 MiB, 640 would not
     assert [w.row for w in p.admit()] == [0] and p.shapes() == [[1, 610]]
 
 
@@ -97,11 +97,11 @@ def test_the_hard_line_preempts_the_newest_rows_shrinks_the_pool_and_they_later_
     p = BudgetPolicy(sheet(slots_mb=100), max_rows=8)
     p.offer(rows(*[40] * 8))
     assert run_pass(p, live=500 * MB) == ([], list(range(8)))
-    assert p.shapes() == [[8, 256]]
-    preempt, admitted = run_pass(p, live=802 * MB)           # 2 MiB over the guard line: 2 slots
+    assert p.shapes() == [[8, 64]]
+    preempt, admitted = run_pass(p, live=802 * MB)           # 2 MiB over the guard line: 8 slots
     assert (preempt, admitted) == ([], [])                    # (below the hard line: hold only)
     preempt, admitted = run_pass(p, live=902 * MB)           # 102 MiB over: all but the oldest
-    assert (preempt, admitted) == ([7, 6, 5, 4, 3, 2, 1], []) and p.shapes() == [[1, 256]]
+    assert (preempt, admitted) == ([7, 6, 5, 4, 3, 2, 1], []) and p.shapes() == [[1, 64]]
     assert run_pass(p, live=905 * MB) == ([], [])              # not yet dropped: no second preemption
     assert run_pass(p, live=700 * MB, preempted=[7, 6, 5, 4, 3, 2, 1]) == ([], [])   # the pool is full
     assert run_pass(p, live=600 * MB, finished=[0]) == ([], list(range(1, 8)))       # drained: sized again

@@ -10,7 +10,7 @@ from .test_policy import MB, run_pass, sheet
 
 
 def mixed(n_short=20, n_long=20, start=0):
-    """Short questions (45 + 128 tokens: class 256) and long documents (900 + 128: class 2048, width 1280),
+    """Short questions (45 + 128 tokens: class 192, 0.75 MiB a slot) and long documents (900 + 128: class 1280),
     alternating as the schedule interleaves them, the first a short one."""
     out = []
     for i in range(n_short + n_long):
@@ -25,13 +25,14 @@ def pools(p: BudgetPolicy) -> dict[int, int]:
 
 
 def test_an_interleaved_queue_gets_a_pool_per_width_and_short_rows_a_larger_batch():
-    p = BudgetPolicy(sheet(slots_mb=40), prefill_tokens=100_000)   # 40 slots of 256 tokens, 8 of 1280
+    p = BudgetPolicy(sheet(slots_mb=40), prefill_tokens=100_000)   # 53 slots of 192 tokens, 8 of 1280
     p.offer(mixed())
     admitted = p.admit()
-    # one width (1280) for every row gave 40 // 5 = 8 slots in all; now short rows have their own
-    assert pools(p) == {256: 10, 1280: 6} and p.reserved() == 40 * MB <= p.sheet.kv_budget
+    # one width (1280) for every row gave 40 // 5 = 8 slots in all; now short rows have their own:
+    # a slot each in turn to 6 pairs (34.5 MiB), then the 5.5 MiB left to 7 more short ones
+    assert pools(p) == {192: 13, 1280: 6} and p.reserved() == (13 * 192 + 6 * 1280) * MB // 256 <= p.sheet.kv_budget
     short = [w for w in admitted if len(w.prompt) == 45]
-    assert len(short) == 10 > 8 and {w.width for w in short} == {256}
+    assert len(short) == 13 > 8 and {w.width for w in short} == {192}
     assert {w.width for w in admitted if len(w.prompt) == 900} == {1280}
 
 
@@ -39,24 +40,24 @@ def test_the_hard_line_preempts_the_newest_rows_and_shrinks_only_their_pool():
     p = BudgetPolicy(sheet(slots_mb=40, hard=0.802), prefill_tokens=100_000)
     p.offer(mixed())
     run_pass(p, live=0)
-    newest = list(p.running)[-2:]                           # short rows: the long pool filled first
-    preempt, _ = run_pass(p, live=802 * MB)                 # 2 MiB over the guard line: two short slots
-    assert preempt == newest[::-1] and pools(p) == {256: 8, 1280: 6}
+    newest = list(p.running)[-3:]                           # short rows: the long pool filled first
+    preempt, _ = run_pass(p, live=802 * MB)                 # 2 MiB over the guard line: three short slots
+    assert preempt == newest[::-1] and pools(p) == {192: 10, 1280: 6}
     assert run_pass(p, live=700 * MB, preempted=preempt) == ([], [])   # both pools are full
     p.finished([0])                                          # a short row leaves: the pool does not grow back
-    assert [w for w in p.admit()][0].width == 256 and pools(p) == {256: 8, 1280: 6}
+    assert [w for w in p.admit()][0].width == 192 and pools(p) == {192: 10, 1280: 6}
 
 
 def test_a_class_that_arrives_later_gets_its_share_as_the_pools_running_shrink_to_theirs():
     p = BudgetPolicy(sheet(slots_mb=40), prefill_tokens=100_000)
     p.offer(mixed(n_short=60, n_long=0))
-    assert len(p.admit()) == 40 and pools(p) == {256: 40}    # alone, the short class takes the budget
+    assert len(p.admit()) == 53 and pools(p) == {192: 53}    # alone, the short class takes the budget
     p.offer(mixed(n_short=0, n_long=20, start=100))
     assert p.admit() == []                                   # no KV free yet; short rows stop refilling
-    p.finished(list(range(30)))
+    p.finished(list(range(43)))
     admitted = p.admit()
     assert {w.width for w in admitted} == {1280} and p.reserved() <= p.sheet.kv_budget
-    assert pools(p)[256] == 10 and pools(p)[1280] >= 5
+    assert pools(p)[192] == 10 and pools(p)[1280] == 6         # its share is 7; 32.5 MiB free fits 6
 
 
 def test_the_pools_never_exceed_the_kv_budget_and_every_row_runs_in_its_class():
@@ -84,6 +85,19 @@ def test_attentions_copy_of_one_layer_padded_to_the_widest_pool_is_priced_per_sl
     p = BudgetPolicy(s, prefill_tokens=100_000)
     p.offer(mixed())
     p.admit()
-    kv = sum(n * w // 256 * MB for n, w in p.shapes())
+    kv = sum(n * w * MB // 256 for n, w in p.shapes())
     copy = sum(n for n, _ in p.shapes()) * 5 * MB // 4
-    assert len(p.shapes()) == 2 and p.reserved() == kv + copy <= s.kv_budget < kv + copy + s.slot(256, 1280)
+    assert len(p.shapes()) == 2 and p.reserved() == kv + copy <= s.kv_budget < kv + copy + s.slot(192, 1280)
+
+
+def test_a_class_is_the_length_rounded_to_an_eighth_of_its_doubling_and_never_finer_than_64():
+    # step = max(64, P // 8), P the power of two at or above the length
+    assert [width_class(n) for n in (1, 64, 65, 64 + 32, 45 + 128)] == [64, 64, 128, 128, 192]
+    assert [width_class(n) for n in (513, 420 + 128, 1025, 900 + 128)] == [640, 640, 1280, 1280]
+    assert [width_class(n) for n in (2048, 2049, 4096, 4097)] == [2048, 2560, 4096, 5120]   # as before
+
+
+def test_short_rows_fit_about_twice_the_rows_they_did_in_256_token_slots():
+    p = BudgetPolicy(sheet(slots_mb=40), prefill_tokens=100_000)   # 40 slots of 256 tokens
+    p.offer([Waiting(i, np.zeros(64, np.int32), 32, []) for i in range(100)])   # 96 tokens: class 128
+    assert len(p.admit()) == 80 and pools(p) == {128: 80} and p.reserved() == 40 * MB
