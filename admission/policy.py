@@ -31,8 +31,8 @@ budget 12 MiB, 1 MiB per 256 tokens, rows 40+10, 40+10, 40+10, 600+10, 600+10: p
 drained) the shares are recomputed: pools above their new share stop refilling and shrink at once to
 the rows they hold (the streamer copies them), a new pool takes what is free, and a pool shrinks to
 its share once its rows drain to it. A full pool with rows waiting
-grows when its old and new slots both fit the KV that is free (the streamer copies its rows
-once), never after a preemption shrank it. Rows join their class's pool in queue order while it
+grows into the KV that is free (the streamer copies its rows a layer at a time, so the copy holds
+one layer of the old pool twice), never after a preemption shrank it. Rows join their class's pool in queue order while it
 has a free slot: a class's rows wait in order, never behind another class's.
 Backpressure is a guard on what the streamer reports: above the guard line (80% of the working
 set) nothing is admitted until live allocation is back within the budget (or below guard - hysteresis,
@@ -218,22 +218,36 @@ class BudgetPolicy:
         free = s.kv_budget - self.reserved()
         widest = max((p.width for p in self.pools.values()), default=0)
         full = [c for c in waiting if c in self.pools and held[c] >= self.pools[c].slots == self.pools[c].cap
-                and not self.pools[c].preempted and (self.pools[c].slots + 1) * s.slot(self.pools[c].width, widest) <= free]
+                and not self.pools[c].preempted and self._growth(self.pools[c], free, widest) > self.pools[c].slots]
         targets, widths = self._shares(window + list(self.running.values())) if new or full else ({}, {})
         if new or full:
             for c, p in self.pools.items():
                 p.cap = min(p.cap, targets.get(c, 0))
-            self._grow(full, targets, free, widest)
+        copy = self._grow(full, targets, free, widest) if new or full else 0
         self._shrink(held, bool(new))
-        self._make(new, targets, widths, window)
+        self._make(new, targets, widths, window, copy)
 
-    def _grow(self, full: list[int], targets: dict[int, int], free: int, widest: int) -> None:
-        """Full pools with rows waiting grow to their share where old and new slots both fit what is
-        free (the streamer copies their rows once)."""
+    def _grow(self, full: list[int], targets: dict[int, int], free: int, widest: int) -> int:
+        """Full pools with rows waiting grow to their share, as far as what is free allows; returns
+        the bytes their copies hold twice while they are made (one layer of each old pool)."""
+        copy = 0
         for c in full:
             room = self.max_rows - sum(q.slots for q in self.pools.values())
-            p = self.pools[c]
-            p.slots = p.cap = max(p.slots, min(targets[c], free // self.sheet.slot(p.width, widest), p.slots + room))
+            p, slot = self.pools[c], self.sheet.slot(self.pools[c].width, widest)
+            grown = max(p.slots, min(targets[c], self._growth(p, free - copy, widest), p.slots + room))
+            if grown > p.slots:
+                free -= (grown - p.slots) * slot
+                copy += p.slots * slot // max(self.sheet.layers, 1)
+            p.slots = p.cap = grown
+        return copy
+
+    def _growth(self, p: Reserved, free: int, widest: int) -> int:
+        """The slots pool `p` can grow to in `free` bytes: the streamer copies it a layer at a time, so
+        the copy holds one layer of the old pool twice (the whole pool, with no layer count)."""
+        slot = self.sheet.slot(p.width, widest)
+        if not self.sheet.layers:
+            return max(free // slot, 0)
+        return p.slots + max(free - p.slots * slot // self.sheet.layers, 0) // slot
 
     def _shrink(self, held: Counter, others_wait: bool) -> None:
         """A pool above its share shrinks to it once its rows drain to it, or at once to the rows it holds
@@ -242,13 +256,14 @@ class BudgetPolicy:
             if p.cap < p.slots and (held[c] <= p.cap or others_wait):
                 p.slots = max(held[c], p.cap)
 
-    def _make(self, new: list[int], targets: dict[int, int], widths: dict[int, int], window: list[Waiting]) -> None:
+    def _make(self, new: list[int], targets: dict[int, int], widths: dict[int, int], window: list[Waiting],
+              copy: int = 0) -> None:
         """Pools for classes that wait with none: their share of what is free, priced at the new widest
         pool (a wider pool pads the others' copy too); a row that fits only unrounded runs alone."""
         s = self.sheet
         for c in new:
             widest = max([widths[c], *(p.width for p in self.pools.values())])
-            free, room = s.kv_budget - self.reserved(widest), self.max_rows - sum(p.slots for p in self.pools.values())
+            free, room = s.kv_budget - self.reserved(widest) - copy, self.max_rows - sum(p.slots for p in self.pools.values())
             n = min(targets[c], free // s.slot(widths[c], widest), room)
             if n >= 1:
                 self.pools[c] = Reserved(n, widths[c], n)

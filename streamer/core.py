@@ -282,6 +282,7 @@ class Streamer:
                 pool.move(old)
                 self.pools[width] = pool
                 self.pool_moves += 1
+                _free_cache()   # the old pool's layers, freed one by one
             pool.join(g, js)
 
     def _shape(self, width: int, rows: list[RowState]) -> tuple[int, int]:

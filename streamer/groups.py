@@ -154,13 +154,19 @@ class Pool:
             self.rows[slot], self.lens[slot] = r, end - pads[j]
 
     def move(self, old: "Pool") -> None:
-        """Every row of an outgrown pool into this one (a copy of the running batch: the exception)."""
+        """Every row of an outgrown pool into this one (a copy of the running batch: the exception),
+        a layer at a time: each old layer is freed once copied, so the move holds one layer twice."""
+        moved = []
         for j, r in enumerate(old.rows):
             if r is not None:
-                n, slot = int(old.lens[j]), self.rows.index(None)
-                for mine, theirs in zip(self.caches, old.caches):
-                    mine.place(slot, theirs.keys[j:j + 1, :, :n, :], theirs.values[j:j + 1, :, :n, :])
-                self.rows[slot], self.lens[slot] = r, n
+                slot = self.rows.index(None)
+                self.rows[slot], self.lens[slot] = r, int(old.lens[j])
+                moved.append((j, slot, int(old.lens[j])))
+        for mine, theirs in zip(self.caches, old.caches):
+            for j, slot, n in moved:
+                mine.place(slot, theirs.keys[j:j + 1, :, :n, :], theirs.values[j:j + 1, :, :n, :])
+            mx.eval(mine.keys, mine.values)
+            theirs.keys = theirs.values = None
 
     def next_tokens(self, chunk: int) -> mx.array:
         """[used, 1]: each row's last token (0 in a free slot). Fixes this pass's offsets and mask."""

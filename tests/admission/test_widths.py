@@ -101,3 +101,20 @@ def test_short_rows_fit_about_twice_the_rows_they_did_in_256_token_slots():
     p = BudgetPolicy(sheet(slots_mb=40), prefill_tokens=100_000)   # 40 slots of 256 tokens
     p.offer([Waiting(i, np.zeros(64, np.int32), 32, []) for i in range(100)])   # 96 tokens: class 128
     assert len(p.admit()) == 80 and pools(p) == {128: 80} and p.reserved() == 40 * MB
+
+
+def test_a_full_pool_grows_into_the_kv_a_drained_class_leaves_with_only_a_layer_copied_twice():
+    """The 1280 pool copied whole needed its old and new slots free at once, so it stayed at 9 slots
+    while the short class drained and 14 MiB of the budget sat idle: the three-tier job's tail."""
+    p = BudgetPolicy(sheet(slots_mb=60, layers=32), prefill_tokens=100_000)
+    p.offer(mixed(n_short=40, n_long=40))
+    p.admit()
+    assert pools(p) == {192: 15, 1280: 9}
+    slot = p.sheet.slot(1280, 1280)                      # 5 MiB + 1280 tokens of one layer's copy
+    while short := [r for r, w in p.running.items() if len(w.prompt) == 45]:
+        p.finished(short)
+        before = pools(p)[1280]
+        p.admit()
+        copy = before * slot // 32 if pools(p)[1280] > before else 0   # the old pool's layer, held twice
+        assert p.reserved() + copy <= p.sheet.kv_budget
+    assert pools(p) == {1280: 11} and p.sheet.kv_budget - p.reserved() < slot

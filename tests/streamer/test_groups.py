@@ -40,3 +40,30 @@ def test_a_passs_decode_group_frees_the_pools_it_joined_at_once():
         assert [g() for g in gone] == [None, None]
     finally:
         gc.enable()
+
+
+def test_a_pool_outgrown_is_copied_a_layer_at_a_time_never_whole_twice():
+    """Admission lets a full pool grow into the KV that is free because its rows are copied a layer at
+    a time; a copy of every layer at once would hold the old pool and the new one together."""
+    layers, heads, width, dim = 16, 2, 256, 16
+    old = Pool(4, width, layers)
+    for cache in old.caches:
+        for slot in range(4):
+            kv = mx.ones((1, heads, 100, dim))
+            cache.place(slot, kv, kv)
+        mx.eval(cache.keys, cache.values)
+        old.rows[:] = ["r"] * 4
+    old.lens[:] = 100
+    del kv
+    pool_bytes = lambda slots: layers * 2 * slots * heads * width * dim * 4   # noqa: E731 - K and V, float32
+    mx.clear_cache()
+    base = mx.get_active_memory()
+    mx.reset_peak_memory()
+    new = Pool(8, width, layers)
+    new.move(old)
+    del old
+    mx.eval([(c.keys, c.values) for c in new.caches])
+    grew = mx.get_peak_memory() - base
+    assert grew < pool_bytes(8) - pool_bytes(4) + 3 * pool_bytes(8) // layers    # old and new: + pool_bytes(8)
+    assert new.rows[:4] == ["r"] * 4 and list(new.lens[:4]) == [100] * 4
+    assert mx.allclose(new.caches[5].keys[:4, :, :100], mx.ones((4, heads, 100, dim))).item()
