@@ -291,9 +291,10 @@ class Group:
                 del self.clients[job]    # ended, and its client never came back to see it
         for run in self.runs():
             client, seen = self.clients.get(run.job.id, ("", now))
-            if (self.owner_gone.is_set() and self.owner and client == self.owner) or run.job.stop_asked() or \
+            asked = run.job.stop_asked()   # a second Ctrl-C: the file its client wrote before leaving
+            if asked or (self.owner_gone.is_set() and self.owner and client == self.owner) or \
                     (run is not self.current and now - seen > config.client_timeout()):
-                self.log.warning("client gone; stopping its job", job=run.job.id)
+                self.log.warning("stop asked by a second Ctrl-C" if asked else "client gone; stopping its job", job=run.job.id)
                 self.stop_job(run, "interrupted")
         if self.owner_gone.is_set() and not self.runs() and self.stop_at is None:
             self.stop_at = now
