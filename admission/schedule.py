@@ -13,11 +13,11 @@ the admission actor and by the estimate alike, so the estimate simulates the sch
 """
 
 from collections import deque
+from itertools import islice
 
 import numpy as np
 
 from spill import config, memory
-
 from spill.streamer.groups import chunk_for
 
 from .policy import BudgetPolicy, Waiting, sheet_for, width_class
@@ -92,14 +92,14 @@ def pace(model, bytes_streamed: int, decode_rows: int, context: int, need: int) 
 
 
 def need(policy) -> int:
-    """Prompt tokens a pass must prefill to keep the slots fed: 1.25 x slots x the waiting rows' mean
-    prompt / their mean max_tokens (a row starts as fast as decode frees a slot); every slot a row
+    """Prompt tokens a pass must prefill to keep the slots fed: 1.25 x slots x the next waiting rows'
+    mean prompt / their mean max_tokens (a row starts as fast as decode frees a slot); every slot a row
     waits for already free: no limit, the last prompts start at once."""
     slots = max(sum(p.cap for p in policy.pools.values()), len(policy.running))
     if len(policy.queue) <= slots - len(policy.running):
         return config.prefill_tokens()
-    prompt = sum(prompt_length(w) for w in policy.queue)
-    out = sum(max(w.max_tokens, 1) for w in policy.queue)
+    head = list(islice(policy.queue, policy.window))   # the rows admission looks at: not the whole queue each pass
+    prompt, out = sum(prompt_length(w) for w in head), sum(max(w.max_tokens, 1) for w in head)
     return -(-5 * slots * prompt // (4 * out))
 
 

@@ -105,6 +105,9 @@ def test_the_need_keeps_the_slots_fed_and_is_unbounded_once_nothing_waits_for_a_
     schedule.admit(p, 10_000)
     assert len(p.running) == 4 and len(p.queue) == 6
     assert schedule.need(p) == -(-5 * 4 * 100 // (4 * 50))     # 1.25 x 4 slots x 100 / 50 = 10
+    p.queue.extend(waiting(SimRow(100 + i, 5000, 50)) for i in range(10_000))   # far down the queue
+    assert schedule.need(p) == 10    # the rows admission looks at next (its window), not a sum over the queue
+    p.queue = type(p.queue)(list(p.queue)[:6])
     p.finished([w for w in list(p.running)[:3]])
     p.queue = type(p.queue)(list(p.queue)[:3])                # 3 waiting, 3 slots free
     assert schedule.need(p) == 4096
