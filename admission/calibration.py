@@ -115,9 +115,10 @@ def _drop(fd: int, offset: int, length: int) -> None:
 
 def compute_probe(plan, dtype) -> PassModel:
     """Time the model's first layer as the streamer runs it (its weights, its attention, in the
-    compute dtype): a 128-token prefill, then decode steps of 1 and 16 rows, scaled to every
+    compute dtype): a 128-token prefill, then decode steps of 1, 2 and 16 rows, scaled to every
     layer; the head per row and attention per token of context priced from a matmul of the
-    model's width. A layer that cannot run here leaves the matmul's figures alone."""
+    model's width; what 2 rows cost beyond one (a CPU packs weights for a product) is its own term.
+    A layer that cannot run here leaves the matmul's figures alone."""
     import mlx.core as mx
     c = plan.config
     h, n = int(c.get("hidden_size", 1024)), int(c.get("num_hidden_layers", 1))
@@ -145,14 +146,16 @@ def compute_probe(plan, dtype) -> PassModel:
 
         caches = lambda b: [adapter.make_cache(i, [0] * b) for i in range(len(adapter.layers))]
         prefill = min(run(1, 128, caches(1)) for _ in range(3))      # the first run also warms up
-        one, many = caches(1), caches(16)
+        one, two, many = caches(1), caches(2), caches(16)
         run(1, 128, one)
+        run(2, 32, two)
         run(16, 32, many)
-        d1 = min(run(1, 1, one) for _ in range(3))
-        d16 = min(run(16, 1, many) for _ in range(3))
-        model.fixed_s = d1 * n
-        model.per_row_s = max(d16 - d1, 0.0) / 15 * n + head
-        model.per_prefill_token_s = max(prefill - d1, 0.0) / 128 * n
+        d1, d2, d16 = (min(run(b, 1, c) for _ in range(3)) for b, c in ((1, one), (2, two), (16, many)))
+        row = max(d16 - d2, 0.0) / 14
+        packed = max(d2 - d1 - row, 0.0)      # one row is a matrix-vector product; more, a packed product
+        model.fixed_s, model.packed_s = d1 * n, packed * n
+        model.per_row_s = row * n + head
+        model.per_prefill_token_s = max(prefill - d1 - packed, 0.0) / 128 * n
     except Exception:   # an exotic layer: the matmul's figures stay the prior
         pass
     return model

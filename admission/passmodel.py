@@ -1,7 +1,8 @@
 """The pass model: what one pass costs, from what it carries. Pure arithmetic, no I/O.
 
     IO      = bytes streamed / read bandwidth
-    compute = fixed + per_row x decode rows + per_prefill x prefill tokens + per_context x context
+    compute = fixed + packed (if more than one row) + per_row x decode rows + per_prefill x prefill tokens
+              + per_context x context
     pass    = max(IO, compute) + (1 - overlap) x min(IO, compute) + overhead
 
 `overlap` is how much of the shorter term hides under the longer one (1: perfect double buffering,
@@ -12,7 +13,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-TERMS = ("fixed_s", "per_row_s", "per_prefill_token_s", "per_context_token_s")
+TERMS = ("fixed_s", "packed_s", "per_row_s", "per_prefill_token_s", "per_context_token_s")
 
 
 @dataclass
@@ -22,6 +23,11 @@ class PassShape:
     prefill_tokens: int
     context_tokens: int       # tokens of KV the decode rows attend to, summed over rows
     bytes_streamed: int
+
+    @property
+    def batched(self) -> bool:
+        """More than one row through the matmuls: a matrix product, not a matrix-vector one."""
+        return self.decode_rows + self.prefill_tokens > 1
 
 
 @dataclass
@@ -37,6 +43,7 @@ class Observation(PassShape):
 class PassModel:
     bandwidth: float                  # bytes/s of the weight read
     fixed_s: float = 0.0
+    packed_s: float = 0.0             # a product's cost beyond a single row's (a CPU BLAS packs every weight)
     per_row_s: float = 0.0
     per_prefill_token_s: float = 0.0
     per_context_token_s: float = 0.0
@@ -47,7 +54,7 @@ class PassModel:
         return shape.bytes_streamed / self.bandwidth
 
     def compute_s(self, shape: PassShape) -> float:
-        return (self.fixed_s + self.per_row_s * shape.decode_rows
+        return (self.fixed_s + self.packed_s * shape.batched + self.per_row_s * shape.decode_rows
                 + self.per_prefill_token_s * shape.prefill_tokens
                 + self.per_context_token_s * shape.context_tokens)
 
@@ -62,7 +69,7 @@ class PassModel:
     def prefill_allowance(self, bytes_streamed: int, decode_rows: int, context_tokens: int) -> int:
         """Prefill tokens a pass can carry while its compute stays under its weight-read time
         (at least 1, so a pass that is compute-bound already still makes progress)."""
-        room = (bytes_streamed / self.bandwidth - self.fixed_s - self.per_row_s * decode_rows
+        room = (bytes_streamed / self.bandwidth - self.fixed_s - self.packed_s - self.per_row_s * decode_rows
                 - self.per_context_token_s * context_tokens)
         if self.per_prefill_token_s <= 0:
             return 1 << 30
@@ -91,7 +98,7 @@ def _ridge(x: np.ndarray, y: np.ndarray, strength: float) -> np.ndarray:
 def fit(prior: PassModel, passes: list[Observation], strength: float = 0.01) -> PassModel:
     """Refit the compute terms, the overlap, the overhead and the bandwidth from observed passes.
 
-    Compute: least squares of the streamer's compute_s on (1, rows, prefill, context), each term
+    Compute: least squares of the streamer's compute_s on (1, batched, rows, prefill, context), each term
     a multiple of the prior's, pulled towards the prior with the weight of `strength` passes (so a
     few passes cannot swing a term they do not exercise); with three decode-only passes or more, the
     decode terms from those alone and the prefill term from what the others cost beyond them.
@@ -100,17 +107,18 @@ def fit(prior: PassModel, passes: list[Observation], strength: float = 0.01) -> 
     else the probe's until three passes were read-bound (waited longer than they computed)."""
     if not passes:
         return prior
-    prior_terms = np.array([max(getattr(prior, t), 1e-12) for t in TERMS])
-    x = np.array([[1.0, p.decode_rows, p.prefill_tokens, p.context_tokens] for p in passes]) * prior_terms
+    # a term the prior leaves at zero (a calibration stored before it existed) is scaled like the fixed one
+    prior_terms = np.array([getattr(prior, t) if getattr(prior, t) > 0 else max(prior.fixed_s, 1e-12) for t in TERMS])
+    x = np.array([[1.0, p.batched, p.decode_rows, p.prefill_tokens, p.context_tokens] for p in passes]) * prior_terms
     y = np.array([p.compute_s for p in passes])
-    decode = x[:, 2] == 0
+    decode = x[:, 3] == 0
     if decode.sum() >= 3 and not decode.all():
         # decode-only passes price the decode terms; the prefill passes then price their tokens alone.
         # Fitted together, what a prefill pass costs beyond its tokens lands on whichever term moves with it
-        dec = [0, 1, 3]
+        dec = [0, 1, 2, 4]
         w = np.zeros(len(TERMS))
         w[dec] = _ridge(x[decode][:, dec], y[decode], strength)
-        w[2] = _ridge(x[~decode][:, [2]], y[~decode] - x[~decode][:, dec] @ w[dec], strength)[0]
+        w[3] = _ridge(x[~decode][:, [3]], y[~decode] - x[~decode][:, dec] @ w[dec], strength)[0]
     else:
         w = _ridge(x, y, strength)
     model = PassModel(prior.bandwidth, *(w * prior_terms).tolist(),

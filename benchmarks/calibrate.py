@@ -80,7 +80,7 @@ def main() -> None:
 
 
 def _fmt(m) -> str:
-    return (f"bandwidth {m.bandwidth / 1e9:.2f} GB/s, fixed {m.fixed_s:.3f} s, per row {m.per_row_s * 1e3:.2f} ms, "
+    return (f"bandwidth {m.bandwidth / 1e9:.2f} GB/s, fixed {m.fixed_s:.3f} s, packed {m.packed_s:.3f} s, per row {m.per_row_s * 1e3:.2f} ms, "
             f"per prefill token {m.per_prefill_token_s * 1e3:.3f} ms, per context token "
             f"{m.per_context_token_s * 1e6:.2f} us, overlap {m.overlap:.2f}, overhead {m.overhead_s:.3f} s")
 

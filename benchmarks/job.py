@@ -50,7 +50,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--fresh", action="store_true", help="start from an empty data home (first-use calibration)")
     p.add_argument("--budget-fraction", type=float, default=None, help="spill's --budget-fraction for every run "
                    "(default: spill's own)")
-    p.add_argument("--pair-batch", type=int, default=8)
+    p.add_argument("--pair-batch", type=int, default=8, help="rows of each tier's pair run (0: none)")
     p.add_argument("--out", type=Path, default=Path("/tmp/spill-job-bench"))
     p.set_defaults(dtype="float32")   # stored as computed on a CPU: bytes, not conversions, fill the pass
     return p.parse_args()
@@ -168,28 +168,15 @@ def main() -> None:
     meta, passes = job_files(home, job)
     out_rows = {json.loads(line)["custom_id"]: json.loads(line) for line in open(a.out / "out.jsonl")}
 
-    print(f"2. the tiers at batch {a.pair_batch}", flush=True)
-    pair = {}
-    for tier in (three_tier.TIERS[-1][0], three_tier.TIERS[0][0]):
-        # 48 new tokens: every row still decodes when the last long prompt has prefilled (a chunk a pass)
-        few = [dict(r, body={**r["body"], "max_tokens": 48}) for r in rows if r["custom_id"].startswith(tier)]
-        path = a.out / f"{tier}.jsonl"
-        path.write_text("".join(json.dumps(r) + "\n" for r in few[:a.pair_batch]))
-        pj = spill_in_cgroup(["run", folder, path, "-o", a.out / f"{tier}.out.jsonl", "--quiet", "--new", *extra], limit,
-                             {**env, "SPILL_MAX_ROWS": str(a.pair_batch)}, a.out / f"{tier}.log")
-        pair[tier] = decode_pass_s(job_files(home, pj)[1], a.pair_batch)
-
     summary = meta.get("summary") or {}
     estimate = (meta.get("estimate") or {}).get("total_seconds")
     actual = summary.get("actual_seconds")
     ideal_s = ideal(folder, rows, out_rows, a.limit, a.budget_fraction)
-    long, short = three_tier.TIERS[-1][0], three_tier.TIERS[0][0]
     result = {
         "model": str(folder), "model_bytes": size, "limit": limit, "rows": len(rows), "max_tokens": a.max_tokens,
         "budget_fraction": a.budget_fraction, "job": job, "wall_s": round(wall, 1), "passes": len(passes),
         "estimate_s": estimate, "actual_s": actual, "actual_over_estimate": summary.get("actual_over_estimate"),
         "eta": eta_errors(passes, meta.get("total") or len(rows)),
-        "tier_pass_s": pair, "long_over_short": round(pair[long] / pair[short], 3) if all(pair.values()) else None,
         "ideal_s": round(ideal_s, 1), "actual_over_ideal": round(actual / ideal_s, 3) if actual and ideal_s else None,
         "tiers": tiers(rows, passes), "peak_live": max(p["active_memory"] + p.get("cache_memory", 0) for p in passes),
         "estimate_ideal_s": (meta.get("estimate") or {}).get("ideal_seconds"), "warmup": warm,
@@ -197,8 +184,28 @@ def main() -> None:
     png = subprocess.run([sys.executable, "-m", "spill.coordinator.cli", "report", job, "-o", str(a.out / "job.png")],
                          capture_output=True, text=True, env=env)
     result["plot"] = png.stdout.strip() or png.stderr.strip()
-    (a.out / "result.json").write_text(json.dumps(result, indent=1))
+    (a.out / "result.json").write_text(json.dumps(result, indent=1))   # the job's figures, before the pairs
+    if a.pair_batch:
+        result.update(tier_pairs(a, folder, rows, limit, env, home, extra))
+        (a.out / "result.json").write_text(json.dumps(result, indent=1))
     print(json.dumps(result, indent=1))
+
+
+def tier_pairs(a, folder: Path, rows: list[dict], limit: int, env: dict, home: Path, extra: list) -> dict:
+    """The longest and the shortest tier's decode pass time at one batch (--pair-batch rows each)."""
+    print(f"2. the tiers at batch {a.pair_batch}", flush=True)
+    pair = {}
+    for tier in (three_tier.TIERS[-1][0], three_tier.TIERS[0][0]):
+        # 48 new tokens: every row still decodes when the last long prompt has prefilled
+        few = [dict(r, body={**r["body"], "max_tokens": 48}) for r in rows if r["custom_id"].startswith(tier)]
+        path = a.out / f"{tier}.jsonl"
+        path.write_text("".join(json.dumps(r) + "\n" for r in few[:a.pair_batch]))
+        pj = spill_in_cgroup(["run", folder, path, "-o", a.out / f"{tier}.out.jsonl", "--quiet", "--new", *extra], limit,
+                             {**env, "SPILL_MAX_ROWS": str(a.pair_batch)}, a.out / f"{tier}.log")
+        pair[tier] = decode_pass_s(job_files(home, pj)[1], a.pair_batch)
+
+    long, short = three_tier.TIERS[-1][0], three_tier.TIERS[0][0]
+    return {"tier_pass_s": pair, "long_over_short": round(pair[long] / pair[short], 3) if all(pair.values()) else None}
 
 
 if __name__ == "__main__":

@@ -109,3 +109,22 @@ def test_reads_the_streamer_timed_inside_passes_set_the_bandwidth_though_compute
     assert got.pass_s(PassShape(12, 0, 0, 2_666_373_120)) == pytest.approx(2.3, rel=0.05)
     untimed = [Observation(**{**vars(p), "read_s": 0.0}) for p in passes]
     assert fit(prior, untimed).bandwidth == 0.97e9
+
+
+def test_a_single_row_pass_does_not_price_the_batched_passes_per_row():
+    """The three-tier job's last 200 passes on the dev VM: its lone long row's decode passes computed in
+    ~1.2 s (a matrix-vector product) and 12-row passes in ~3.3 s (OpenBLAS packs every weight for a
+    product), so a line through them priced a row at 0.19 s and a 74-row pass at 15 s where it took ~4."""
+    def true(rows, tokens, context):   # 2.0 s of packing once a pass carries more than one row
+        return 1.2 + 2.0 * (rows + tokens > 1) + 0.012 * rows + 0.025 * tokens + 1e-5 * context
+
+    prior = PassModel(bandwidth=0.5e9, fixed_s=0.5, per_row_s=0.0144, per_prefill_token_s=0.016, per_context_token_s=2e-6)
+    rnd, passes = random.Random(2), []
+    for i in range(200):
+        rows, tokens = (1, 0) if i % 2 else (rnd.randint(2, 24), rnd.choice([0, 0, 0, 512]))
+        context = rows * rnd.randint(300, 1000)
+        c = true(rows, tokens, context) * rnd.uniform(0.95, 1.05)
+        passes.append(Observation(rows, tokens, context, 2_730_000_000, c + 0.3, 0.3, c, read_s=3.0))
+    got = fit(prior, passes)
+    for rows in (1, 12, 74):
+        assert got.compute_s(PassShape(rows, 0, rows * 600, 0)) == pytest.approx(true(rows, 0, rows * 600), rel=0.1), rows
