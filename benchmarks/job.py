@@ -4,7 +4,7 @@
 the ideal, rows per hour and finishing time per tier, and the job's `spill report` plot.
 
     python benchmarks/job.py [--size lean45] [--rows 200] [--max-tokens 128] [--limit 1.25GiB] [--dtype float32]
-                             [--fresh] [--warmup 24]
+                             [--fresh] [--warmup 24] [--pair-batch 8] [--figures JOB]
 
 1. builds a factory model (`lean45` in float32: 2.55 GiB, twice the default 1.25 GiB cgroup) and the
    three-tier input (`three_tier.py`, token counts from the model's tokenizer); with --warmup, runs a
@@ -51,6 +51,8 @@ def parse() -> argparse.Namespace:
     p.add_argument("--budget-fraction", type=float, default=None, help="spill's --budget-fraction for every run "
                    "(default: spill's own)")
     p.add_argument("--pair-batch", type=int, default=8, help="rows of each tier's pair run (0: none)")
+    p.add_argument("--figures", metavar="JOB", help="no runs: the figures of JOB, a job this script ran before in "
+                   "--home with its input in --out")
     p.add_argument("--out", type=Path, default=Path("/tmp/spill-job-bench"))
     p.set_defaults(dtype="float32")   # stored as computed on a CPU: bytes, not conversions, fill the pass
     return p.parse_args()
@@ -129,10 +131,10 @@ def main() -> None:
     from spill.memory import format_size, parse_size
     limit = parse_size(a.limit)
     a.out.mkdir(parents=True, exist_ok=True)
-    for old in a.out.glob("*out.jsonl"):   # each run writes its outputs anew
+    for old in a.out.glob("*out.jsonl") if not a.figures else ():   # each run writes its outputs anew
         old.unlink()
     home = Path(a.home)
-    if a.fresh and home.exists():
+    if a.fresh and home.exists() and not a.figures:
         shutil.rmtree(home)
     env = {**os.environ, "SPILL_HOME": str(home)}
     extra = ["--budget-fraction", str(a.budget_fraction)] if a.budget_fraction else []
@@ -141,10 +143,13 @@ def main() -> None:
     size = sum(f.stat().st_size for f in folder.glob("*.safetensors"))
     print(f"model {folder}: {format_size(size)} on disk; cgroup limit {format_size(limit)} "
           f"({size / limit:.1f}x smaller than the model)", flush=True)
+    inp = a.out / "three-tier.jsonl"
+    if a.figures:   # a job run before: its figures alone
+        rows = [json.loads(line) for line in open(inp)]
+        return report(a, folder, size, limit, rows, home, env, extra, a.figures, None, None)
     rows = three_tier.make_rows(a.rows, three_tier.counter(str(folder)))
     for r in rows:
         r["body"]["max_tokens"] = a.max_tokens
-    inp = a.out / "three-tier.jsonl"
     inp.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
     warm = None
@@ -164,7 +169,12 @@ def main() -> None:
     t0 = time.time()
     job = spill_in_cgroup(["run", folder, inp, "-o", a.out / "out.jsonl", "--quiet", "--new", *extra], limit, env,
                           a.out / "job.log")
-    wall = time.time() - t0
+    report(a, folder, size, limit, rows, home, env, extra, job, time.time() - t0, warm)
+
+
+def report(a, folder: Path, size: int, limit: int, rows: list[dict], home: Path, env: dict, extra: list, job: str,
+           wall: float | None, warm: dict | None) -> None:
+    """The job's figures into result.json (then the tier pairs' unless --pair-batch is 0), and its plot."""
     meta, passes = job_files(home, job)
     out_rows = {json.loads(line)["custom_id"]: json.loads(line) for line in open(a.out / "out.jsonl")}
 
@@ -174,7 +184,7 @@ def main() -> None:
     ideal_s = ideal(folder, rows, out_rows, a.limit, a.budget_fraction)
     result = {
         "model": str(folder), "model_bytes": size, "limit": limit, "rows": len(rows), "max_tokens": a.max_tokens,
-        "budget_fraction": a.budget_fraction, "job": job, "wall_s": round(wall, 1), "passes": len(passes),
+        "budget_fraction": a.budget_fraction, "job": job, "wall_s": wall and round(wall, 1), "passes": len(passes),
         "estimate_s": estimate, "actual_s": actual, "actual_over_estimate": summary.get("actual_over_estimate"),
         "eta": eta_errors(passes, meta.get("total") or len(rows)),
         "ideal_s": round(ideal_s, 1), "actual_over_ideal": round(actual / ideal_s, 3) if actual and ideal_s else None,
