@@ -161,6 +161,46 @@ def compute_probe(plan, dtype) -> PassModel:
     return model
 
 
+def pass_probe(folder, dtype) -> list[Observation]:
+    """Three real passes of the streamer, the weights dropped from the page cache first: two 64-token
+    prompts prefilled together, a decode step of both, then of one. They hold what a pass costs beyond
+    its layers' math (loading each layer, the head and sampling, packing the weights just read)."""
+    from spill.streamer.core import Row, Streamer
+    for path in weight_files(folder):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            _drop(fd, 0, 0)
+        finally:
+            os.close(fd)
+    streamer = Streamer(folder, dtype=dtype, prefill_chunk=64)
+    try:
+        streamer.add(Row("a", list(range(1, 65)), 3))
+        streamer.add(Row("b", list(range(1, 65)), 2))   # b, in the second slot, ends first: a decodes alone
+        out = []
+        for rows, context in ((0, 0), (2, 2 * 65), (1, 66)):
+            r = streamer.step()
+            out.append(Observation(rows, r.prefill_tokens, context, r.bytes_streamed, r.seconds, r.wait_s,
+                                   r.compute_s, r.read_s))
+        return out
+    finally:
+        streamer.close()
+
+
+def priced_by_passes(model: PassModel, passes: list[Observation]) -> PassModel:
+    """The layer probe's model with its per-pass terms from `pass_probe`'s passes: fixed from the lone row's,
+    packed from two rows' beyond it, prefill tokens from the rest of the first; its overlap and overhead."""
+    prefill, both, one = passes
+    row, ctx = model.per_row_s, model.per_context_token_s
+    fixed = max(one.compute_s - row - ctx * one.context_tokens, 1e-6)
+    packed = max(both.compute_s - one.compute_s - row - ctx * (both.context_tokens - one.context_tokens), 0.0)
+    overhead = float(np.median([max(p.seconds - p.wait_s - p.compute_s, 0.0) for p in passes]))
+    hidden = [1.0 - (p.seconds - overhead - max(p.read_s, p.compute_s)) / min(p.read_s, p.compute_s)
+              for p in passes if min(p.read_s, p.compute_s) > 0]
+    return PassModel(model.bandwidth, fixed, packed, row, max(prefill.compute_s - fixed - packed, 0.0)
+                     / max(prefill.prefill_tokens, 1), ctx, overlap=float(np.clip(np.median(hidden), 0.0, 1.0))
+                     if hidden else model.overlap, overhead_s=overhead)
+
+
 def _matmul_rates(h: int, dtype) -> tuple[float, float]:
     """Seconds per weight of an [h, h] matmul in `dtype`: for one row (the weights' trip through
     memory) and for each further row of a 256-row batch."""
@@ -229,7 +269,11 @@ def open_calibration(folder: str | Path, dtype=None) -> Calibration:
     cal = Calibration.load(k)
     if cal is None:
         prior = compute_probe(plan, dtype or mx.bfloat16)
-        mx.clear_cache()   # the probe's freed buffers: not kept for the life of the process that probed
+        try:
+            prior = priced_by_passes(prior, pass_probe(folder, dtype))
+        except Exception:   # a model the streamer cannot run: the layer probe's figures stay
+            pass
+        mx.clear_cache()   # the probes' freed buffers: not kept for the life of the process that probed
         prior.bandwidth = read_probe(weight_files(folder))
         cal = Calibration(k, prior, name=Path(folder).name)
         cal.save()
