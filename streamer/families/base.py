@@ -4,6 +4,8 @@ mlx-lm's `Model.__call__` runs every layer for one batch; the streamer inverts t
 adapter exposes the parts around the layers (embedding, masks, final norm, head) and the layers.
 """
 
+import sys
+
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_unflatten
@@ -12,6 +14,7 @@ from mlx_lm.utils import _get_classes, infer_quant_config
 
 from spill.errors import SpillError
 
+from ..groups import pooled_attention
 from ..plan import ModelPlan, layer_of, layer_prefix
 
 
@@ -28,6 +31,10 @@ class Adapter:
         self.args = args_class.from_dict(config)
         # Parameters stay lazy (never evaluated) until real weights replace them.
         self.model = model_class(self.args)
+        module = sys.modules[model_class.__module__]   # its attention: pool by pool over several decode pools
+        sdpa = getattr(module, "scaled_dot_product_attention", None)
+        if sdpa is not None and not getattr(sdpa, "pooled", False):
+            module.scaled_dot_product_attention = pooled_attention(sdpa)
         self.inner = self.model.model
         self.layers = list(self.inner.layers)
         self._blank = [layer.parameters() for layer in self.layers]

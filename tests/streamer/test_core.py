@@ -216,6 +216,22 @@ def test_rows_in_pools_of_two_widths_share_each_pass_and_match_rows_run_alone(ma
         assert out[rid] == alone[rid][0]
 
 
+def test_rows_of_a_narrow_pool_attend_over_their_own_span_not_the_widest_rows(make_tiny, monkeypatch):
+    """Three-tier decode passes on a 2-core CPU spent ~1 s attending short rows over a long row's padding."""
+    import mlx.core as mx
+    folder = make_tiny("llama", dtype="float32")
+    s = Streamer(folder, prefill_chunk=512)
+    s.reserve([[2, 256], [2, 512]])
+    s.add(Row("short", PROMPTS[0], 6, width=256))
+    s.add(Row("long", list(range(40, 240)), 6, width=512))
+    s.step()   # both prompts
+    spans, real = [], mx.fast.scaled_dot_product_attention
+    monkeypatch.setattr(mx.fast, "scaled_dot_product_attention",
+                        lambda q, k, v, **kw: (spans.append((q.shape[0], k.shape[2])), real(q, k, v, **kw))[1])
+    s.step()   # a decode pass of the two pools
+    assert sorted(set(spans)) == [(1, 6), (1, 201)]   # each row over its prompt and this pass's token
+
+
 def test_a_preemption_shrinks_the_pool_and_the_rows_left_go_on_unchanged(make_tiny):
     folder = make_tiny("qwen2")
     free = _drive(Streamer(folder), {0: [("a", PROMPTS[0]), ("b", PROMPTS[4])]})
