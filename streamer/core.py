@@ -22,7 +22,7 @@ import numpy as np
 
 from spill import config, memory
 from spill.errors import SpillError
-from spill.platform import default_dtype, release_heap, set_blas_threads
+from spill.platform import blas_threads_for, default_dtype, release_heap, set_blas_threads
 
 from .families import adapter_for
 from .groups import Decode, Group, Pool, RowState, bucket, chunk_for
@@ -93,8 +93,7 @@ class Streamer:
         self.prefill_budget: int | None = None   # prompt tokens a pass may prefill in all (admission's PACE); None: a chunk a row
         self.keep_logits = keep_logits
         self.seed = seed
-        if mx.default_device() == mx.cpu:   # OpenBLAS's threads share the cores with the reader's
-            set_blas_threads(config.blas_threads())
+        self._cpu, self._threads = mx.default_device() == mx.cpu, 0   # OpenBLAS's threads, set each pass
         self._reader_args = dict(dtype=self.dtype, read_ahead=read_ahead, drop_cache=drop_cache)
         self.reader = WeightReader(self.plan, **self._reader_args)
         self.adapter.load_resident(self.reader.read_resident())
@@ -207,6 +206,10 @@ class Streamer:
                 h = h.astype(self.dtype)
             hs.append(h)
             masks.append(self.adapter.masks(h, g.caches))
+        if self._cpu:   # OpenBLAS's threads share the cores with the reader's (platform.blas_threads_for)
+            threads = blas_threads_for(max(h.shape[0] * h.shape[1] for h in hs), config.blas_threads())
+            if threads != self._threads and set_blas_threads(threads):
+                self._threads = threads
         # 3. stream the layers: every group through each layer while it is resident
         compute_s, streamed = 0.0, 0
         missing = [i for i in range(len(self.adapter.layers)) if self.kept is None or i not in self.kept]

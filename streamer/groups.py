@@ -197,10 +197,22 @@ class Pool:
         return [r for r in self.rows if r is not None]
 
     def without_finished(self) -> "Pool | None":
-        """Finished rows free their slots; nothing is copied. None once no row is left."""
+        """Finished rows free their slots and the rows in the last slots move down into them (each row's
+        own KV copied), so a pass computes the live rows, not every slot up to the last one. None once
+        no row is left."""
         for j, r in enumerate(self.rows):
             if r is not None and r.finish is not None:
                 self.rows[j], self.lens[j] = None, 0
+        moved = False
+        while None in self.rows and (last := max((j for j, r in enumerate(self.rows) if r), default=-1)) > (
+                hole := self.rows.index(None)):
+            n = int(self.lens[last])
+            for c in self.caches if self.caches[0].keys is not None else ():
+                c.place(hole, c.keys[last:last + 1, :, :n, :], c.values[last:last + 1, :, :n, :])
+            self.rows[hole], self.lens[hole], self.rows[last], self.lens[last] = self.rows[last], n, None, 0
+            moved = True
+        if moved:
+            mx.eval([(c.keys, c.values) for c in self.caches if c.keys is not None])
         return self if any(r is not None for r in self.rows) else None
 
 

@@ -232,6 +232,25 @@ def test_rows_of_a_narrow_pool_attend_over_their_own_span_not_the_widest_rows(ma
     assert sorted(set(spans)) == [(1, 6), (1, 201)]   # each row over its prompt and this pass's token
 
 
+def test_rows_in_the_last_slots_move_into_the_slots_rows_left_so_a_pass_computes_live_rows(make_tiny):
+    """A pool computes every slot up to its last live row: the three-tier job's pools ran 15 rows for 10 alive."""
+    folder = make_tiny("llama", dtype="float32")
+    s = Streamer(folder, prefill_chunk=512)
+    s.reserve([[4, 256]])
+    out = {}
+    for rid, n in (("a", 2), ("b", 2), ("c", 7), ("d", 7)):   # a and b hold the first slots and end first
+        s.add(Row(rid, PROMPTS[0], n, width=256))
+        out[rid] = []
+    used = []
+    while not s.idle:
+        for e in s.step().emitted:
+            out[e.row_id].append(e.token)
+        used += [p.used for p in s.pools.values() if hasattr(p, "used")]
+    assert used[:4] == [4, 2, 2, 2]
+    alone = _drive(Streamer(folder, prefill_chunk=512), {0: [("c", PROMPTS[0])]}, max_tokens=7)
+    assert out["c"] == out["d"] == alone["c"][0]
+
+
 def test_a_preemption_shrinks_the_pool_and_the_rows_left_go_on_unchanged(make_tiny):
     folder = make_tiny("qwen2")
     free = _drive(Streamer(folder), {0: [("a", PROMPTS[0]), ("b", PROMPTS[4])]})
