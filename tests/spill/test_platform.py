@@ -31,7 +31,7 @@ get = ctypes.CDLL(None).openblas_get_num_threads
 os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:2])
 mx.set_default_device(mx.cpu)
 s = Streamer(sys.argv[1], prefill_chunk=512)
-s.add(Row("a", [i % 200 + 1 for i in range(300)], 3))
+s.add(Row("a", [i % 200 + 1 for i in range(128)], 3))
 s.step()
 big = get()
 s.step()
