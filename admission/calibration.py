@@ -161,10 +161,13 @@ def compute_probe(plan, dtype) -> PassModel:
     return model
 
 
+PROBE_ROWS = 16   # the pass probe's decode batch
+
+
 def pass_probe(folder, dtype) -> list[Observation]:
-    """Three real passes of the streamer, the weights dropped from the page cache first: two 64-token
-    prompts prefilled together, a decode step of both, then of one. They hold what a pass costs beyond
-    its layers' math (loading each layer, the head and sampling, packing the weights just read)."""
+    """Three real passes of the streamer, the weights dropped from the page cache first: 16 short prompts
+    prefilled together, a decode step of all 16, then of one. They hold what a pass costs beyond its
+    layers' math (loading each layer, the head and sampling, products over weights just read)."""
     from spill.streamer.core import Row, Streamer
     for path in weight_files(folder):
         fd = os.open(path, os.O_RDONLY)
@@ -174,10 +177,10 @@ def pass_probe(folder, dtype) -> list[Observation]:
             os.close(fd)
     streamer = Streamer(folder, dtype=dtype, prefill_chunk=64)
     try:
-        streamer.add(Row("a", list(range(1, 65)), 3))
-        streamer.add(Row("b", list(range(1, 65)), 2))   # b, in the second slot, ends first: a decodes alone
+        for i in range(PROBE_ROWS):   # row 0, in the first slot, outlives the others: it decodes alone
+            streamer.add(Row(i, list(range(1 + i, 17 + i)), 3 if i == 0 else 2))
         out = []
-        for rows, context in ((0, 0), (2, 2 * 65), (1, 66)):
+        for rows, context in ((0, 0), (PROBE_ROWS, PROBE_ROWS * 17), (1, 18)):
             r = streamer.step()
             out.append(Observation(rows, r.prefill_tokens, context, r.bytes_streamed, r.seconds, r.wait_s,
                                    r.compute_s, r.read_s))
@@ -187,18 +190,19 @@ def pass_probe(folder, dtype) -> list[Observation]:
 
 
 def priced_by_passes(model: PassModel, passes: list[Observation]) -> PassModel:
-    """The layer probe's model with its per-pass terms from `pass_probe`'s passes: fixed from the lone row's,
-    packed from two rows' beyond it, prefill tokens from the rest of the first; its overlap and overhead."""
-    prefill, both, one = passes
-    row, ctx = model.per_row_s, model.per_context_token_s
-    fixed = max(one.compute_s - row - ctx * one.context_tokens, 1e-6)
-    packed = max(both.compute_s - one.compute_s - row - ctx * (both.context_tokens - one.context_tokens), 0.0)
+    """The layer probe's model with its compute terms from `pass_probe`'s passes (fixed from the lone row's,
+    per row from the 16 rows' beyond it, prefill tokens from the rest of the first), their overlap and overhead."""
+    prefill, many, one = passes
+    ctx = model.per_context_token_s
+    fixed = max(one.compute_s - ctx * one.context_tokens, 1e-6)
+    row = max(many.compute_s - one.compute_s - ctx * (many.context_tokens - one.context_tokens), 0.0) / (
+        many.decode_rows - one.decode_rows)
     overhead = float(np.median([max(p.seconds - p.wait_s - p.compute_s, 0.0) for p in passes]))
     hidden = [1.0 - (p.seconds - overhead - max(p.read_s, p.compute_s)) / min(p.read_s, p.compute_s)
               for p in passes if min(p.read_s, p.compute_s) > 0]
-    return PassModel(model.bandwidth, fixed, packed, row, max(prefill.compute_s - fixed - packed, 0.0)
-                     / max(prefill.prefill_tokens, 1), ctx, overlap=float(np.clip(np.median(hidden), 0.0, 1.0))
-                     if hidden else model.overlap, overhead_s=overhead)
+    return PassModel(model.bandwidth, fixed, 0.0, row, max(prefill.compute_s - fixed, 0.0) / max(prefill.prefill_tokens, 1),
+                     ctx, overlap=float(np.clip(np.median(hidden), 0.0, 1.0)) if hidden else model.overlap,
+                     overhead_s=overhead)
 
 
 def _matmul_rates(h: int, dtype) -> tuple[float, float]:
