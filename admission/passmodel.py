@@ -109,19 +109,27 @@ def fit(prior: PassModel, passes: list[Observation], strength: float = 0.01) -> 
         return prior
     # a term the prior leaves at zero (a calibration stored before it existed) is scaled like the fixed one
     prior_terms = np.array([getattr(prior, t) if getattr(prior, t) > 0 else max(prior.fixed_s, 1e-12) for t in TERMS])
-    x = np.array([[1.0, p.batched, p.decode_rows, p.prefill_tokens, p.context_tokens] for p in passes]) * prior_terms
-    y = np.array([p.compute_s for p in passes])
+    raw = np.array([[1.0, p.batched, p.decode_rows, p.prefill_tokens, p.context_tokens] for p in passes])
+    x, y = raw * prior_terms, np.array([p.compute_s for p in passes])
+    # a term its passes cannot tell from the fixed one keeps the prior's price: packed without single-row
+    # and batched passes both, per row over fewer than 4 rows of spread (1-row passes put 0.95 s on a row)
+    frozen = [j for j, spread in ((1, np.ptp(raw[:, 1]) == 0), (2, np.ptp(raw[:, 2]) < 4)) if spread]
+    priced = np.array([getattr(prior, t) for t in TERMS])
+    target = y - raw[:, frozen] @ priced[frozen]
+    x[:, frozen] = 0.0
     decode = x[:, 3] == 0
     if decode.sum() >= 3 and not decode.all():
         # decode-only passes price the decode terms; the prefill passes then price their tokens alone.
         # Fitted together, what a prefill pass costs beyond its tokens lands on whichever term moves with it
         dec = [0, 1, 2, 4]
         w = np.zeros(len(TERMS))
-        w[dec] = _ridge(x[decode][:, dec], y[decode], strength)
-        w[3] = _ridge(x[~decode][:, [3]], y[~decode] - x[~decode][:, dec] @ w[dec], strength)[0]
+        w[dec] = _ridge(x[decode][:, dec], target[decode], strength)
+        w[3] = _ridge(x[~decode][:, [3]], target[~decode] - x[~decode][:, dec] @ w[dec], strength)[0]
     else:
-        w = _ridge(x, y, strength)
-    model = PassModel(prior.bandwidth, *(w * prior_terms).tolist(),
+        w = _ridge(x, target, strength)
+    terms = w * prior_terms
+    terms[frozen] = priced[frozen]
+    model = PassModel(prior.bandwidth, *terms.tolist(),
                       overlap=prior.overlap, overhead_s=prior.overhead_s)
     seconds = np.array([p.seconds for p in passes])
     model.overhead_s = float(np.median([max(p.seconds - p.wait_s - p.compute_s, 0.0) for p in passes]))

@@ -128,3 +128,16 @@ def test_a_single_row_pass_does_not_price_the_batched_passes_per_row():
     got = fit(prior, passes)
     for rows in (1, 12, 74):
         assert got.compute_s(PassShape(rows, 0, rows * 600, 0)) == pytest.approx(true(rows, 0, rows * 600), rel=0.1), rows
+
+
+def test_passes_of_one_row_leave_the_per_row_price_to_the_prior():
+    """A first job's opening passes on the dev VM: a prompt chunk each beside 0 or 1 decoding row. Fitted
+    freely, a row took the fixed cost (0.95 s a row, fixed 0), and the live ETA of 30 rows went 17 -> 69 min."""
+    prior = PassModel(bandwidth=1.16e9, fixed_s=0.82, per_row_s=0.035, per_prefill_token_s=0.026, overlap=0.97)
+    seen = [(0, 56, 1.94), (0, 56, 1.95), (0, 74, 2.81), (0, 74, 3.36), (0, 64, 3.07), (0, 64, 3.17), (0, 42, 2.4),
+            (1, 0, 0.82), (1, 64, 3.42), (1, 62, 3.47), (1, 62, 3.58), (1, 62, 3.62), (1, 62, 3.55), (1, 62, 3.64),
+            (1, 62, 3.45), (1, 62, 3.73), (1, 62, 3.81), (1, 62, 3.99), (1, 62, 4.18), (1, 62, 4.22)]
+    passes = [Observation(r, t, 0, 2_666_373_120, c + 0.1, 0.1, c, read_s=2.8) for r, t, c in seen]
+    got = fit(prior, passes)
+    assert got.per_row_s == prior.per_row_s
+    assert got.compute_s(PassShape(16, 0, 0, 0)) < 2.5
