@@ -166,3 +166,20 @@ def test_the_first_use_model_prices_what_a_pass_spends_beside_its_layers_math(ma
     finally:
         streamer.close()
     assert 0.7 < statistics.median(ratios) < 1.4, ratios
+
+
+def test_the_first_use_bandwidth_is_the_reads_inside_the_probes_passes_when_slower(make_tiny, monkeypatch, tmp_path):
+    """lean45 on 2 vCPUs: the cold probe read 1.16 GB/s, its passes' reads 0.65-0.8, and the first estimate
+    priced the 30-row job at 16.5 min where it took ~28."""
+    folder = make_tiny("qwen2", dtype="float32")
+    monkeypatch.setenv("SPILL_HOME", str(tmp_path))
+    monkeypatch.setattr(cal, "read_probe", lambda files: 1.16e9)
+    gib = 1 << 30
+    passes = [Observation(0, 256, 0, gib, 8.0, 0.2, 7.8, read_s=1.5), Observation(16, 0, 272, gib, 2.0, 1.0, 1.0, read_s=1.4),
+              Observation(1, 0, 18, gib, 1.9, 1.4, 0.5, read_s=1.3)]
+    monkeypatch.setattr(cal, "pass_probe", lambda folder, dtype: passes)
+    assert open_calibration(folder).model.bandwidth == pytest.approx(gib / 1.4)
+    small = [Observation(**{**vars(p), "bytes_streamed": 1 << 20}) for p in passes]   # a tiny model's pass: its calls
+    monkeypatch.setattr(cal, "pass_probe", lambda folder, dtype: small)
+    monkeypatch.setenv("SPILL_HOME", str(tmp_path / "other"))
+    assert open_calibration(folder).model.bandwidth == 1.16e9
