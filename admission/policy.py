@@ -33,7 +33,8 @@ the rows they hold (the streamer copies them), a new pool takes what is free, an
 its share once its rows drain to it. A full pool with rows waiting
 grows into the KV that is free (the streamer copies its rows a layer at a time, so the copy holds
 one layer of the old pool twice), never after a preemption shrank it. Rows join their class's pool in queue order while it
-has a free slot: a class's rows wait in order, never behind another class's.
+has a free slot, else borrow a free slot of a wider pool whose class waits for none: a class's rows wait
+in order, never behind another class's.
 Backpressure is a guard on what the streamer reports: above the guard line (80% of the working
 set) nothing is admitted until live allocation is back within the budget (or below guard - hysteresis,
 if that is higher: a job whose pools fill the budget lives just under it); above the hard line
@@ -54,7 +55,8 @@ class Waiting:
     prompt: np.ndarray        # int32 prompt ids
     max_tokens: int
     sampling: list
-    width: int = 0            # the pool it runs in, once admitted (the width of its class's pool)
+    width: int = 0            # the width of the pool it runs in, once admitted
+    pool: int = 0             # that pool's class: its own, or a wider one it borrowed a free slot of
 
     @property
     def full_length(self) -> int:
@@ -186,15 +188,15 @@ class BudgetPolicy:
         return [[p.slots, p.width] for p in self.pools.values()]
 
     def _held(self) -> Counter:
-        """Running rows per width class."""
-        return Counter(width_class(w.full_length) for w in self.running.values())
+        """Running rows per pool (by the pool's class)."""
+        return Counter(w.pool for w in self.running.values())
 
     def _shares(self, rows: list[Waiting]) -> tuple[dict[int, int], dict[int, int]]:
         """(slots, width) per class of `rows`: water-filling the KV budget, each next slot to the class
         with the fewest slots per token its rows will generate, at most a slot per row."""
         s, need, count = self.sheet, Counter(), Counter()
         for w in rows:
-            c = width_class(w.full_length)
+            c = w.pool if w.row in self.running else width_class(w.full_length)   # a borrower counts where it runs
             need[c], count[c] = need[c] + max(w.max_tokens, 1), count[c] + 1
         width = {c: self.pools[c].width if c in self.pools else c for c in need}
         widest = max(width.values(), default=0)
@@ -273,21 +275,28 @@ class BudgetPolicy:
 
     def admit(self, alone: bool = True) -> list[Waiting]:
         """Rows to start now, in queue order: each into its class's pool while it has a free slot and
-        the row fits its width, while the pass's prompt tokens allow. `alone`: no earlier prompt is
-        still prefilling, so one prompt longer than the allowance may start (its first chunk fits)."""
+        the row fits its width, else into a free slot of the narrowest wider pool whose class waits for
+        none (a drained class's slots run other rows), while the pass's prompt tokens allow. `alone`: no
+        earlier prompt is still prefilling, so one prompt longer than the allowance may start."""
         if self.holding and self.running:
             return []
         self._resize()
+        window = list(islice(self.queue, self.window))
+        wanted = {width_class(w.full_length) for w in window}
         held, out, picked, tokens, blocked = self._held(), [], [], 0, set()
-        for i, w in enumerate(islice(self.queue, self.window)):
-            c = width_class(w.full_length)
+        for i, w in enumerate(window):
+            own = c = width_class(w.full_length)
+            if own in blocked:
+                continue   # the class's later rows keep their order behind its first blocked one
             p = self.pools.get(c)
-            if c in blocked or p is None or held[c] >= p.cap or w.full_length > p.width:
-                blocked.add(c)   # the class's later rows keep their order behind this one
+            if p is None or held[c] >= p.cap or w.full_length > p.width:
+                c = self._lender(w, held, wanted)
+            if c is None:
+                blocked.add(own)
                 continue
             if (out or not alone) and tokens + len(w.prompt) > self.prefill_tokens:
                 break
-            w.width, held[c], tokens = p.width, held[c] + 1, tokens + len(w.prompt)
+            w.width, w.pool, held[c], tokens = self.pools[c].width, c, held[c] + 1, tokens + len(w.prompt)
             out.append(w)
             picked.append(i)
             if self.holding:
@@ -296,6 +305,14 @@ class BudgetPolicy:
             del self.queue[i]
         self.running.update((w.row, w) for w in out)
         return out
+
+    def _lender(self, w: Waiting, held: Counter, wanted: set[int]) -> int | None:
+        """The narrowest pool wider than `w` with a free slot, whose class has no row waiting and still
+        runs rows of its own (a pool that holds only borrowers lends no more, so it drains and frees its KV)."""
+        own = Counter(r.pool for r in self.running.values() if r.pool == width_class(r.full_length))
+        fits = [c for c, p in self.pools.items()
+                if c not in wanted and own[c] and held[c] < p.cap and w.full_length <= p.width]
+        return min(fits, key=lambda c: self.pools[c].width, default=None)
 
     def to_preempt(self) -> list[int]:
         """Above the hard line: the newest rows whose slots bring live allocation back under the guard
@@ -310,7 +327,7 @@ class BudgetPolicy:
         def freed() -> int:
             return sum((self.pools[c].slots - left[c]) * s.slot(self.pools[c].width, widest) for c in touched)
         while len(rows) > 1 and (not out or freed() < excess):
-            c = width_class(rows[-1].full_length)
+            c = rows[-1].pool
             out.append(rows.pop().row)
             left[c] -= 1
             touched.add(c)

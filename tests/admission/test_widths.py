@@ -60,7 +60,7 @@ def test_a_class_that_arrives_later_gets_its_share_as_the_pools_running_shrink_t
     assert pools(p)[192] == 10 and pools(p)[1280] == 6         # its share is 7; 32.5 MiB free fits 6
 
 
-def test_the_pools_never_exceed_the_kv_budget_and_every_row_runs_in_its_class():
+def test_the_pools_never_exceed_the_kv_budget_and_every_row_runs_in_a_pool_as_wide():
     rnd = random.Random(3)
     p = BudgetPolicy(sheet(slots_mb=30), max_rows=24, prefill_tokens=3000)
     lengths = [rnd.choice([20, 45, 300, 420, 700, 900, 1500]) for _ in range(300)]
@@ -70,8 +70,9 @@ def test_the_pools_never_exceed_the_kv_budget_and_every_row_runs_in_its_class():
         p.admit()
         assert p.reserved() <= p.sheet.kv_budget and sum(s for s, _ in p.shapes()) <= 24
         widths = pools(p)
-        for w in p.running.values():
-            assert w.full_length <= w.width and w.width in widths and width_class(w.full_length) == width_class(w.width)
+        for w in p.running.values():   # in its class's pool, or a wider one's borrowed slot
+            assert w.full_length <= w.width and w.width in widths and w.pool in p.pools
+            assert width_class(w.full_length) == width_class(w.width) or w.width > w.full_length
         assert len({width_class(w) for w in widths}) == len(widths)
         finished = [r for r in p.running if rnd.random() < 0.2]
         p.finished(finished)
@@ -118,3 +119,21 @@ def test_a_full_pool_grows_into_the_kv_a_drained_class_leaves_with_only_a_layer_
         copy = before * slot // 32 if pools(p)[1280] > before else 0   # the old pool's layer, held twice
         assert p.reserved() + copy <= p.sheet.kv_budget
     assert pools(p) == {1280: 11} and p.sheet.kv_budget - p.reserved() < slot
+
+
+def test_a_full_class_borrows_the_free_slots_of_a_wider_pool_whose_class_waits_for_none():
+    """The short class's last rows waited for their own pool's slots while the long pool, its class
+    drained of waiting rows, ran with slots free: the tail of a small job."""
+    p = BudgetPolicy(sheet(slots_mb=40), prefill_tokens=100_000)
+    p.offer(mixed(n_short=30, n_long=4))
+    p.admit()
+    assert pools(p) == {192: 26, 1280: 4} and len(p.queue) == 4           # every long row runs; 4 short wait
+    longs = [r for r, w in p.running.items() if len(w.prompt) == 900]
+    p.finished(longs[:3])                                                 # three long slots free, one long row runs
+    borrowed = p.admit()
+    assert [w.width for w in borrowed] == [1280] * 3 and {len(w.prompt) for w in borrowed} == {45}
+    assert pools(p) == {192: 26, 1280: 4} and p.reserved() <= p.sheet.kv_budget
+    p.finished([longs[3], borrowed[0].row])        # the pool now holds only borrowers: it lends no more
+    assert p.admit() == [] and pools(p) == {192: 26, 1280: 4}
+    p.finished([w.row for w in borrowed[1:]])      # drained, its KV goes to the short class
+    assert {w.width for w in p.admit()} == {192} and 1280 not in pools(p)
