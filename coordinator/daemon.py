@@ -205,7 +205,7 @@ class Group:
         except BaseException:
             job.close()     # not queued: a later run of the same command may take it
             raise
-        run.estimate = job_estimate(model, requests, run.pending, run.defaults,
+        run.estimate = job_estimate(model, Path(args["input"]), run.pending, run.defaults,
                                     {**args, "memory": self.sup.args.get("memory"),
                                      "budget_fraction": self.sup.args.get("budget_fraction")}, self.log, self.ready_rss)
         if run.estimate is not None:

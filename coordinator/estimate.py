@@ -19,6 +19,7 @@ from spill.tokenizer_worker.core import TokenizerCore
 
 from .batch_input import read_batch
 from .jobstore import _write_json
+from .lengths import measured_rows
 from .models import resolve, variants
 
 
@@ -219,14 +220,15 @@ def summary_lines(s: dict) -> list[str]:
     return lines
 
 
-def job_estimate(folder: Path, requests: list, pending: set[int], defaults: dict, args: dict, log,
+def job_estimate(folder: Path, input: Path, pending: set[int], defaults: dict, args: dict, log,
                  actors_rss: dict | None = None) -> "JobEstimate | None":
-    """The advice and estimate of a submitted job's pending rows (`args`: the submit's memory, budget_fraction,
-    stream and model; `actors_rss`: each actor's RSS at READY). The group's own memory is priced as admission
-    prices it: this process and its children less the streamer, plus the streamer's runtime; before the
-    streamer is READY, as the last job here measured it. A failure costs the estimate, never the job."""
+    """The advice and estimate of a submitted job's pending rows of `input` (`args`: the submit's memory,
+    budget_fraction, stream and model; `actors_rss`: each actor's RSS at READY), their tokens counted in a
+    child process (lengths.py). The group's own memory is priced as admission prices it: this process and
+    its children less the streamer, plus the streamer's runtime; before the streamer is READY, as the last
+    job here measured it. A failure costs the estimate, never the job."""
     try:
-        rows, errors = sim_rows(folder, requests, sorted(pending), defaults)
+        rows, errors = measured_rows(folder, input, pending, defaults)
         memory, fraction = args.get("memory"), args.get("budget_fraction")
         runtime = (actors_rss or {}).get("streamer")
         others = group_rss(os.getpid()) + runtime if runtime else remembered_others() or group_rss(os.getpid())
