@@ -253,7 +253,8 @@ def stream(folder, files, prompts, b, passes, read_ahead=True) -> dict:
 
 def reader_settings() -> str:
     from spill import config
-    blas = config.blas_threads() or "OpenBLAS's default"
+    from spill.platform import BIG_PRODUCT
+    blas = config.blas_threads() or f"chosen each pass (every core from {BIG_PRODUCT} rows, one fewer below)"
     return (f"{config.read_threads()} read threads, {config.convert_threads()} convert threads, "
             f"O_DIRECT {'on' if config.direct_io() else 'off'}, BLAS threads in the engine: {blas}")
 
