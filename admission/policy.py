@@ -48,6 +48,8 @@ from itertools import islice
 
 import numpy as np
 
+from spill.platform import read_slots
+
 
 @dataclass
 class Waiting:
@@ -369,7 +371,7 @@ def sheet_for(plan, working_set: int, itemsize: int, *, prefill_tokens: int, pre
     largest = max((compute(t) for ts in plan.layers for t in ts), default=0)
     kept = plan.resident + ([t for ts in plan.layers for t in ts] if resident else [])
     fixed = {"resident": sum(compute(t) for t in kept),     # embeddings, norms, head (resident: every layer)
-             "reader": 2 * raw,                         # the reader's two read buffers, stored bytes (resident: pass 1)
+             "reader": read_slots() * raw,              # the reader's read-ahead buffers, stored bytes (resident: pass 1)
              "layers": 0 if resident else 2 * layer,    # converted weights alive: the layer computing and the next
              "cache": cache_allowance(layer, cast, largest),   # MLX's buffer cache at its limit (it fills to it)
              # hidden states, MLP intermediates and attention scores of the prefill tokens priced

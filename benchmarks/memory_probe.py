@@ -45,7 +45,7 @@ def main() -> None:
     b, prompt = a.batch, a.prompt_tokens
     width = prompt + a.passes + 2
     sheet = sheet_for(s.plan, 2**40, 4, prefill_tokens=b * prompt, others=baseline)
-    s.reserve(b, width)
+    s.reserve([[b, width]])
     limit = int(a.cache_limit * MIB) or sheet.fixed["cache"]
     s.set_cache_limit(limit)
     samples: list[tuple[int, int, int]] = []
@@ -56,7 +56,7 @@ def main() -> None:
         unload(i)
     s.adapter.unload_layer = sampled_unload
     for j in range(b):
-        s.add(Row(j, [(7 * j + k) % 1000 + 3 for k in range(prompt)], max_tokens=a.passes + 2))
+        s.add(Row(j, [(7 * j + k) % 1000 + 3 for k in range(prompt)], max_tokens=a.passes + 2, width=width))
     out = {"folder": a.folder, "batch": b, "prompt": prompt, "baseline": baseline // MIB,
            "reader": s.reader.buffer_bytes / MIB, "cache_limit": limit / MIB,
            "priced": {k: round(v / MIB, 1) for k, v in sheet.fixed.items()},

@@ -74,6 +74,12 @@ def blas_threads() -> int:
     return max(0, int(os.environ.get("SPILL_BLAS_THREADS", "0")))
 
 
+def read_slots() -> int:
+    """Layers read ahead into buffers of their own, besides the one computing and the next one ready
+    (SPILL_READ_SLOTS; 0, the default: `platform.read_slots` chooses). Each costs a layer of memory."""
+    return max(0, int(os.environ.get("SPILL_READ_SLOTS") or 0))
+
+
 def direct_io() -> bool:
     """Read weights with O_DIRECT where the OS and the file system allow it (SPILL_DIRECT_IO, default 1;
     0 reads through the page cache, dropping behind)."""

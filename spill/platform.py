@@ -59,6 +59,16 @@ def default_dtype():
     return mx.float32 if mx.default_device() == mx.cpu else None
 
 
+def read_slots() -> int:
+    """The reader's read-ahead buffers (config.read_slots where set): one on the CPU, where a read that
+    outlasts a layer's compute finds its buffer free again in time (a second costs a layer of the KV
+    budget; lean45, 16 rows: 57 MiB less at the peak, decode passes 3.5 / 4.6 s against 4.5 / 5.2 with
+    two); two on a GPU, as its pass figures were measured (docs/benchmarks.md)."""
+    from spill import config
+    import mlx.core as mx
+    return config.read_slots() or (1 if mx.default_device() == mx.cpu else 2)
+
+
 def set_blas_threads(n: int) -> bool:
     """Set the loaded OpenBLAS's thread count at run time (n > 0); False where none is loaded."""
     try:

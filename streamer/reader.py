@@ -1,6 +1,7 @@
-"""The weight reader: streams each layer's bytes from disk with explicit positional reads into two
-reusable buffers, turns them into finished mx.arrays, and hands them to the compute thread in the
-pass's order. Never mmap: the page cache must not compete with the engine for memory.
+"""The weight reader: streams each layer's bytes from disk with explicit positional reads into reusable
+buffers (two below; one on the CPU, `platform.read_slots`), turns them into finished mx.arrays, and
+hands them to the compute thread in the pass's order. Never mmap: the page cache must not compete
+with the engine for memory.
 
 With read_ahead, two threads work ahead of the compute thread (layers in pass order):
 
@@ -28,6 +29,7 @@ import numpy as np
 
 from spill import config
 from spill.errors import SpillError
+from spill.platform import read_slots
 
 from .pages import DIO, Span, aligned_buffer, layout, open_direct, open_file
 from .plan import ModelPlan, TensorSpec
@@ -76,7 +78,7 @@ class WeightReader:
         # a slot's buffer: (numpy view the reads fill, the MLX array owning it or None)
         self._size = size
         self._bufs = [(None, None) if self.into_mlx else (aligned_buffer(size), None)
-                      for _ in range(2 if read_ahead else 1)]
+                      for _ in range(read_slots() if read_ahead else 1)]
         self.slot_bytes = size * len(self._bufs)   # read into at once: the reader's own buffers or MLX memory
         self.buffer_bytes = 0 if self.into_mlx else self.slot_bytes   # the reader's own (MLX's is MLX memory)
         _raise_cache_limit(plan, dtype)
@@ -204,11 +206,11 @@ class WeightReader:
             with self._cv:
                 while not self._closed and not (
                         self._error is None and self._next_read < len(self._order)
-                        and self._free[self._next_read % 2]):
+                        and self._free[self._next_read % len(self._bufs)]):
                     self._cv.wait()
                 if self._closed:
                     return
-                gen, pos, slot = self._gen, self._next_read, self._next_read % 2
+                gen, pos, slot = self._gen, self._next_read, self._next_read % len(self._bufs)
                 layer = self._order[pos]
                 self._free[slot] = False
                 self._next_read += 1

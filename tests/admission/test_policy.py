@@ -136,7 +136,7 @@ def test_the_sheet_prices_kv_from_the_config_and_the_compute_dtype(make_tiny):
     head_dim = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
     assert s.kv_per_token == c["num_hidden_layers"] * 2 * c["num_key_value_heads"] * head_dim * 4
     assert s.fixed["resident"] == sum(t.nbytes // 2 * 4 for t in plan.resident)   # bf16 stored, f32 computed
-    assert s.fixed["reader"] == 2 * max(plan.layer_bytes(i) for i in range(len(plan.layers)))
+    assert s.fixed["reader"] == max(plan.layer_bytes(i) for i in range(len(plan.layers)))   # one buffer on a CPU
     assert s.kv_budget == int(0.78 * 2**30) - sum(s.fixed.values())
 
 
@@ -159,7 +159,7 @@ def test_a_float32_stored_plan_prices_one_freed_layer_in_the_cache_and_no_cast_c
     s = sheet_for(plan, 2**30, 4, prefill_tokens=64)
     layer = max(plan.layer_bytes(i) for i in range(len(plan.layers)))
     largest = max(t.nbytes for ts in plan.layers for t in ts)
-    assert s.fixed["reader"] == 2 * layer and s.fixed["layers"] == 2 * layer
+    assert s.fixed["reader"] == layer and s.fixed["layers"] == 2 * layer   # one read-ahead buffer on a CPU
     assert s.fixed["cache"] == layer + largest
 
 

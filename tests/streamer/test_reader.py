@@ -198,7 +198,10 @@ def test_close_stops_the_threads(tmp_path):
     assert threading.active_count() == before
 
 
-def test_buffers_are_reused_not_reallocated(tmp_path):
+@pytest.mark.parametrize("slots", ["", "2"])
+def test_buffers_are_reused_not_reallocated(tmp_path, monkeypatch, slots):
+    """On the CPU one read-ahead buffer (a second cost a layer of the KV budget); SPILL_READ_SLOTS sets it."""
+    monkeypatch.setenv("SPILL_READ_SLOTS", slots)
     make_model(tmp_path, layers=3)
     plan = load_plan(tmp_path)
     with WeightReader(plan, into_mlx=False) as reader:
@@ -208,7 +211,7 @@ def test_buffers_are_reused_not_reallocated(tmp_path):
             start = min(t.offset for t in layer) // 4096 * 4096
             return -(-(max(t.offset + t.nbytes for t in layer) - start) // 4096) * 4096
         largest = max(pages(layer) for layer in plan.layers)
-        assert reader.buffer_bytes == 2 * largest
+        assert reader.buffer_bytes == int(slots or 1) * largest
         for _ in range(3):
             reader.start_pass()
             for i in range(3):
