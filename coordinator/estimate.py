@@ -228,7 +228,10 @@ def job_estimate(folder: Path, input: Path, pending: set[int], defaults: dict, a
     its children less the streamer, plus the streamer's runtime; before the streamer is READY, as the last
     job here measured it. A failure costs the estimate, never the job."""
     try:
-        rows, errors = measured_rows(folder, input, pending, defaults)
+        if config.estimate_apart():   # in a child: no tokenizer stays in this process (lengths.py)
+            rows, errors = measured_rows(folder, input, pending, defaults)
+        else:
+            rows, errors = sim_rows(folder, read_batch(input)[0], sorted(pending), defaults) if pending else ([], 0)
         memory, fraction = args.get("memory"), args.get("budget_fraction")
         runtime = (actors_rss or {}).get("streamer")
         others = group_rss(os.getpid()) + runtime if runtime else remembered_others() or group_rss(os.getpid())

@@ -12,6 +12,9 @@ def spill_home(tmp_path_factory):
     os.environ["SPILL_HOME"] = str(home)
     # the tests' tiny models fit resident; they exercise streaming unless a test opts out (SPILL_STREAM=0)
     os.environ["SPILL_STREAM"] = "1"
+    # a child per submit costs ~3 s; the suite's hundreds of jobs count in the coordinator, except where a
+    # test checks the child (tests/coordinator/test_lengths.py, test_no_torch.py)
+    os.environ["SPILL_ESTIMATE_APART"] = "0"
     return home
 
 

@@ -1,6 +1,7 @@
 """A job's token counts for its estimate come from a child process: the coordinator never loads a tokenizer."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -34,6 +35,7 @@ def test_a_submitted_jobs_estimate_leaves_no_tokenizer_in_the_coordinator(make_t
             f"job = job_estimate(Path({str(folder)!r}), Path({str(path)!r}), set(range(6)), {{}}, {{}},"
             " structlog.get_logger(), {'streamer': 1})\n"
             "print(len(job.rows), sorted(m for m in ('transformers', 'tokenizers', 'mlx_lm') if m in sys.modules))\n")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "SPILL_ESTIMATE_APART": "1"})   # the default (the suite sets 0)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split("\n")[-2] == "6 []"

@@ -17,7 +17,7 @@ def torch_installed(tmp_path):
         "raise ImportError('torch is a stand-in here')\n")
     (site / "torch-2.14.0.dist-info").mkdir()
     (site / "torch-2.14.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: torch\nVersion: 2.14.0\n")
-    return {"PYTHONPATH": str(site)}, mark
+    return {"PYTHONPATH": str(site), "SPILL_ESTIMATE_APART": "1"}, mark   # the estimate's child too
 
 
 def test_no_process_of_the_group_imports_torch(make_tiny, tmp_path_factory, tmp_path, torch_installed):
