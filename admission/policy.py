@@ -286,13 +286,14 @@ class BudgetPolicy:
         window = list(islice(self.queue, self.window))
         wanted = {width_class(w.full_length) for w in window}
         held, out, picked, tokens, blocked = self._held(), [], [], 0, set()
+        lenders = Counter(r.pool for r in self.running.values() if r.pool == width_class(r.full_length))
         for i, w in enumerate(window):
             own = c = width_class(w.full_length)
             if own in blocked:
                 continue   # the class's later rows keep their order behind its first blocked one
             p = self.pools.get(c)
             if p is None or held[c] >= p.cap or w.full_length > p.width:
-                c = self._lender(w, held, wanted)
+                c = self._lender(w, held, wanted, lenders)
             if c is None:
                 blocked.add(own)
                 continue
@@ -308,10 +309,9 @@ class BudgetPolicy:
         self.running.update((w.row, w) for w in out)
         return out
 
-    def _lender(self, w: Waiting, held: Counter, wanted: set[int]) -> int | None:
+    def _lender(self, w: Waiting, held: Counter, wanted: set[int], own: Counter) -> int | None:
         """The narrowest pool wider than `w` with a free slot, whose class has no row waiting and still
-        runs rows of its own (a pool that holds only borrowers lends no more, so it drains and frees its KV)."""
-        own = Counter(r.pool for r in self.running.values() if r.pool == width_class(r.full_length))
+        runs rows of its own (`own`: a pool that holds only borrowers lends no more, so it drains)."""
         fits = [c for c, p in self.pools.items()
                 if c not in wanted and own[c] and held[c] < p.cap and w.full_length <= p.width]
         return min(fits, key=lambda c: self.pools[c].width, default=None)
