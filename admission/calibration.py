@@ -1,6 +1,6 @@
 """Calibration: one pass model per model | dtype | device | machine, stored under
-`$SPILL_HOME/calibration/`, started from a cold read probe and a short compute probe at first use
-and refitted from every pass the streamer reports.
+`$SPILL_HOME/calibration/`, started from the first-use probes (`probes.py`) and refitted from every
+pass the streamer reports.
 
 The model part of the key is its content (config, weight index, weight file names and sizes),
 never its path: a copy of a model shares its numbers, another model never does.
@@ -10,8 +10,6 @@ import hashlib
 import json
 import os
 import platform
-import sys
-import time
 from dataclasses import asdict
 from pathlib import Path
 
@@ -21,12 +19,10 @@ from spill import config
 from spill.streamer.groups import chunk_for
 
 from .passmodel import Observation, PassModel, fit
+from .probes import _stored_dtype, compute_probe, pass_probe, priced_by_passes, read_probe, weight_files
 from .schedule import outstanding, pace
 
 HISTORY = 200                  # passes kept for the refit
-PROBE_BYTES = 1 << 30          # the cold read probe reads at most this much of the weights
-_CHUNK = 64 << 20
-_F_NOCACHE = 48                # macOS fcntl: reads bypass the unified buffer cache
 
 
 # -- the key --------------------------------------------------------------------------------------
@@ -73,156 +69,6 @@ def key(folder: str | Path, dtype: str) -> str:
 
 def store_path(k: str) -> Path:
     return config.home() / "calibration" / (k.replace("|", "__").replace(" ", "_") + ".json")
-
-
-# -- the probes -----------------------------------------------------------------------------------
-def weight_files(folder: str | Path) -> list[Path]:
-    return sorted(Path(folder).glob("*.safetensors"))
-
-
-def read_probe(files: list[Path], limit: int = PROBE_BYTES) -> float:
-    """Cold sequential read bandwidth in bytes/s: each file's pages are dropped from the page cache
-    first and behind every read (as the streamer's reader does), so a model that was just read
-    cannot pose as a streaming rate."""
-    buf = bytearray(_CHUNK)
-    done, seconds = 0, 0.0
-    for path in files:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            _drop(fd, 0, 0)
-            if sys.platform == "darwin":
-                import fcntl
-                fcntl.fcntl(fd, _F_NOCACHE, 1)
-            pos, t0 = 0, time.perf_counter()
-            while done < limit:
-                n = os.preadv(fd, [memoryview(buf)[:min(_CHUNK, limit - done)]], pos)
-                if n <= 0:
-                    break
-                _drop(fd, pos, n)
-                pos, done = pos + n, done + n
-            seconds += time.perf_counter() - t0
-        finally:
-            os.close(fd)
-        if done >= limit:
-            break
-    return done / seconds if seconds > 0 else float("inf")
-
-
-def _drop(fd: int, offset: int, length: int) -> None:
-    if hasattr(os, "posix_fadvise"):
-        os.posix_fadvise(fd, offset, length, os.POSIX_FADV_DONTNEED)
-
-
-def compute_probe(plan, dtype) -> PassModel:
-    """Time the model's first layer as the streamer runs it (its weights, its attention, in the
-    compute dtype): a 128-token prefill, then decode steps of 1, 2 and 16 rows, scaled to every
-    layer; the head per row and attention per token of context priced from a matmul of the
-    model's width; what 2 rows cost beyond one (a CPU packs weights for a product) is its own term.
-    A layer that cannot run here leaves the matmul's figures alone."""
-    import mlx.core as mx
-    c = plan.config
-    h, n = int(c.get("hidden_size", 1024)), int(c.get("num_hidden_layers", 1))
-    fixed_per_param, row_per_param = _matmul_rates(h, dtype)
-    params = plan.streamed_bytes / {"BF16": 2, "F16": 2, "F32": 4}.get(_stored_dtype(plan), 2)
-    head = row_per_param * h * int(c.get("vocab_size", 0))
-    model = PassModel(bandwidth=1.0, fixed_s=fixed_per_param * params, per_row_s=row_per_param * params + head,
-                      per_prefill_token_s=row_per_param * params, per_context_token_s=row_per_param * 2 * h * n)
-    try:
-        from spill.streamer.families import adapter_for
-        from spill.streamer.reader import WeightReader
-        adapter = adapter_for(plan)
-        with WeightReader(plan, dtype=dtype, read_ahead=False) as reader:
-            reader.start_pass([0])
-            adapter.load_layer(0, reader.take(0))
-        layer = adapter.layers[0]
-
-        def run(rows: int, tokens: int, caches) -> float:
-            x = mx.random.normal((rows, tokens, h)).astype(dtype)
-            mask = adapter.masks(x, caches)[0]
-            mx.eval(x)
-            t0 = time.perf_counter()
-            mx.eval(layer(x, mask, cache=caches[0]))
-            return time.perf_counter() - t0
-
-        caches = lambda b: [adapter.make_cache(i, [0] * b) for i in range(len(adapter.layers))]
-        prefill = min(run(1, 128, caches(1)) for _ in range(3))      # the first run also warms up
-        one, two, many = caches(1), caches(2), caches(16)
-        run(1, 128, one)
-        run(2, 32, two)
-        run(16, 32, many)
-        d1, d2, d16 = (min(run(b, 1, c) for _ in range(3)) for b, c in ((1, one), (2, two), (16, many)))
-        row = max(d16 - d2, 0.0) / 14
-        packed = max(d2 - d1 - row, 0.0)      # one row is a matrix-vector product; more, a packed product
-        model.fixed_s, model.packed_s = d1 * n, packed * n
-        model.per_row_s = row * n + head
-        model.per_prefill_token_s = max(prefill - d1 - packed, 0.0) / 128 * n
-    except Exception:   # an exotic layer: the matmul's figures stay the prior
-        pass
-    return model
-
-
-PROBE_ROWS = 16   # the pass probe's decode batch
-
-
-def pass_probe(folder, dtype) -> list[Observation]:
-    """Real passes of the streamer, the weights dropped from the page cache first: 16 short prompts
-    prefilled together, two decode steps of all 16 (the first warms up: on the demo model it cost 2.5x
-    the second), then one of a single row; all but the warm-up returned. They hold what a pass costs
-    beyond its layers' math (loading each layer, the head and sampling, products over weights just read)."""
-    from spill.streamer.core import Row, Streamer
-    for path in weight_files(folder):
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            _drop(fd, 0, 0)
-        finally:
-            os.close(fd)
-    streamer = Streamer(folder, dtype=dtype, prefill_chunk=64)
-    try:
-        for i in range(PROBE_ROWS):   # row 0, in the first slot, outlives the others: it decodes alone
-            streamer.add(Row(i, list(range(1 + i, 17 + i)), 4 if i == 0 else 3))
-        out = []
-        for rows, context in ((0, 0), (PROBE_ROWS, PROBE_ROWS * 17), (PROBE_ROWS, PROBE_ROWS * 18), (1, 19)):
-            r = streamer.step()
-            out.append(Observation(rows, r.prefill_tokens, context, r.bytes_streamed, r.seconds, r.wait_s,
-                                   r.compute_s, r.read_s))
-        return [out[0], *out[2:]]
-    finally:
-        streamer.close()
-
-
-def priced_by_passes(model: PassModel, passes: list[Observation]) -> PassModel:
-    """The layer probe's model with its compute terms from `pass_probe`'s passes (fixed from the lone row's,
-    per row from the 16 rows' beyond it, prefill tokens from the rest of the first), their overlap and overhead."""
-    prefill, many, one = passes
-    ctx = model.per_context_token_s
-    fixed = max(one.compute_s - ctx * one.context_tokens, 1e-6)
-    row = max(many.compute_s - one.compute_s - ctx * (many.context_tokens - one.context_tokens), 0.0) / (
-        many.decode_rows - one.decode_rows)
-    overhead = float(np.median([max(p.seconds - p.wait_s - p.compute_s, 0.0) for p in passes]))
-    hidden = [1.0 - (p.seconds - overhead - max(p.read_s, p.compute_s)) / min(p.read_s, p.compute_s)
-              for p in passes if min(p.read_s, p.compute_s) > 0]
-    return PassModel(model.bandwidth, fixed, 0.0, row, max(prefill.compute_s - fixed, 0.0) / max(prefill.prefill_tokens, 1),
-                     ctx, overlap=float(np.clip(np.median(hidden), 0.0, 1.0)) if hidden else model.overlap,
-                     overhead_s=overhead)
-
-
-def _matmul_rates(h: int, dtype) -> tuple[float, float]:
-    """Seconds per weight of an [h, h] matmul in `dtype`: for one row (the weights' trip through
-    memory) and for each further row of a 256-row batch."""
-    import mlx.core as mx
-    w = mx.random.normal((h, h)).astype(dtype)
-    one, many = mx.random.normal((1, h)).astype(dtype), mx.random.normal((256, h)).astype(dtype)
-    mx.eval(w, one, many)
-
-    def timed(x, reps=5) -> float:
-        mx.eval(x @ w.T)
-        t0 = time.perf_counter()
-        for _ in range(reps):
-            mx.eval(x @ w.T)
-        return (time.perf_counter() - t0) / reps
-
-    t1, t256 = timed(one), timed(many)
-    return t1 / (h * h), max(t256 - t1, 1e-9) / 255 / (h * h)
 
 
 # -- the store and the refit ----------------------------------------------------------------------
@@ -296,10 +142,6 @@ def stored_calibration(folder: str | Path) -> Calibration | None:
     """The calibration of this model on this machine if one was made; never probes."""
     from spill.streamer.plan import load_plan
     return Calibration.load(_key_of(folder, load_plan(folder), None)[0])
-
-
-def _stored_dtype(plan) -> str:
-    return plan.layers[0][0].dtype if plan.layers and plan.layers[0] else "F32"
 
 
 def _key_of(folder, plan, dtype) -> tuple[str, object]:
