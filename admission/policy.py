@@ -378,14 +378,23 @@ def sheet_for(plan, working_set: int, itemsize: int, *, prefill_tokens: int, pre
              "activations": prefill_tokens * ((4 * hidden + 3 * inter) * itemsize + heads * prefill_chunk * 4),
              "prefill_kv": 2 * prefill_tokens * kv_per_token,   # prompts' KV until they join the pool
              "others": others}                          # the other processes' RSS and the streamer's runtime
-    return Sheet(working_set, kv_per_token=kv_per_token, layers=len(plan.layers),
-                 row_overhead=(int(c.get("vocab_size", 0)) + 4 * hidden) * 4, fixed=fixed, **lines)
+    sheet = Sheet(working_set, kv_per_token=kv_per_token, layers=len(plan.layers),
+                  row_overhead=(int(c.get("vocab_size", 0)) + 4 * hidden) * 4, fixed=fixed, **lines)
+    # the freed layer shares the cache with what each decode layer frees (KV stores, attention's copy of them):
+    # without room for those, lean45 at 23 rows lost it every layer (651k page faults, passes 6.2 s, not 3-4)
+    fixed["cache_kv"] = 0 if resident else min(2 * max(sheet.kv_budget, 0) // max(len(plan.layers), 1), layer)
+    return sheet
+
+
+def cache_limit(sheet: Sheet) -> int:
+    """MLX's buffer cache limit admission sets: the freed layer's share and the KV's."""
+    return sheet.fixed["cache"] + sheet.fixed.get("cache_kv", 0)
 
 
 def cache_allowance(layer: int, cast: int, largest: int) -> int:
-    """MLX's buffer cache limit: the freed layer whose buffers the next conversion takes, the stored-dtype
-    copies a conversion casts from (`cast` bytes; none when stored as computed) and the largest tensor.
-    The two layers in flight are priced apart: their buffers are not in the cache while alive."""
+    """MLX's buffer cache limit before the KV's share (`sheet_for`): the freed layer whose buffers the next
+    conversion takes, the stored-dtype copies a conversion casts from (`cast` bytes; none when stored as
+    computed) and the largest tensor. The layers in flight are priced apart: not in the cache while alive."""
     return layer + cast + largest
 
 

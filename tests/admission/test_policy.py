@@ -146,7 +146,9 @@ def test_resident_prices_every_layer_as_a_fixed_part_and_none_in_flight(make_tin
     resident = sheet_for(plan, 2**30, 4, prefill_tokens=64, resident=True)
     assert resident.fixed["resident"] == plan.total_bytes // 2 * 4 and resident.fixed["layers"] == 0
     assert streamed.fixed["layers"] > 0 and resident.kv_per_token == streamed.kv_per_token
-    assert resident.kv_budget == streamed.kv_budget - (plan.streamed_bytes * 2 - streamed.fixed["layers"])
+    assert resident.fixed["cache_kv"] == 0   # no layer freed, so none to keep in the cache
+    assert resident.kv_budget == streamed.kv_budget + streamed.fixed["cache_kv"] - (
+        plan.streamed_bytes * 2 - streamed.fixed["layers"])
 
 
 def _layer(plan, itemsize):
@@ -161,6 +163,20 @@ def test_a_float32_stored_plan_prices_one_freed_layer_in_the_cache_and_no_cast_c
     largest = max(t.nbytes for ts in plan.layers for t in ts)
     assert s.fixed["reader"] == layer and s.fixed["layers"] == 2 * layer   # one read-ahead buffer on a CPU
     assert s.fixed["cache"] == layer + largest
+
+
+def test_the_cache_keeps_room_for_what_a_decode_layer_frees_beside_the_freed_layer(make_tiny):
+    """lean45 at 23 rows with a cache of one freed layer: each layer's freed KV stores and attention copies
+    pushed the layer out, and every layer's memory was faulted in anew (651k faults a pass, passes 6.2 s)."""
+    for family in ("llama", "qwen2"):
+        plan = load_plan(make_tiny(family, dtype="float32"))
+        s = sheet_for(plan, 2**30, 4, prefill_tokens=64)
+        layer = max(plan.layer_bytes(i) for i in range(len(plan.layers)))
+        before = s.kv_budget + s.fixed["cache_kv"]
+        assert s.fixed["cache_kv"] == min(2 * before // len(plan.layers), layer) == layer
+        fixed = sum(s.fixed.values()) - s.fixed["cache_kv"]
+        small = sheet_for(plan, int((fixed + layer) / 0.78), 4, prefill_tokens=64)   # KV of one layer's size
+        assert 0 < small.fixed["cache_kv"] == 2 * (small.kv_budget + small.fixed["cache_kv"]) // len(plan.layers) < layer
 
 
 def test_a_cast_prices_the_stored_copies_it_frees_into_the_cache(make_tiny):
@@ -178,6 +194,7 @@ def test_the_cache_and_the_layers_in_flight_are_not_counted_twice(make_tiny):
         plan = load_plan(make_tiny("llama", dtype=dtype))
         s = sheet_for(plan, 2**30, 4, prefill_tokens=64)
         assert s.fixed["layers"] + s.fixed["cache"] < 4 * _layer(plan, 4)
+        assert s.fixed["cache_kv"] <= _layer(plan, 4)   # what a layer frees beside it: at most another layer
 
 
 def test_the_streamers_runtime_in_its_rss_is_not_counted_again_with_the_others():
