@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 TERMS = ("fixed_s", "packed_s", "per_row_s", "per_prefill_token_s", "per_context_token_s")
+CONTEXT_PASSES = 50   # decode-only passes before the refit prices context apart from the probe
 
 
 @dataclass
@@ -100,7 +101,8 @@ def fit(prior: PassModel, passes: list[Observation], strength: float = 0.01) -> 
 
     Compute: least squares of the streamer's compute_s on (1, batched, rows, prefill, context), each term
     a multiple of the prior's, pulled towards the prior with the weight of `strength` passes (so a
-    few passes cannot swing a term they do not exercise); with three decode-only passes or more, the
+    few passes cannot swing a term they do not exercise; context keeps the probe's price until
+    CONTEXT_PASSES decode-only passes); with three decode-only passes or more, the
     decode terms from those alone and the prefill term from what the others cost beyond them.
     Overhead: the median of what a pass spent outside waiting and computing. Overlap: the share of min(IO, compute) hidden.
     Bandwidth: the rate of the reads inside passes where the streamer timed them (three passes or more),
@@ -113,7 +115,11 @@ def fit(prior: PassModel, passes: list[Observation], strength: float = 0.01) -> 
     x, y = raw * prior_terms, np.array([p.compute_s for p in passes])
     # a term its passes cannot tell from the fixed one keeps the prior's price: packed without single-row
     # and batched passes both, per row over fewer than 4 rows of spread (1-row passes put 0.95 s on a row)
-    frozen = [j for j, spread in ((1, np.ptp(raw[:, 1]) == 0), (2, np.ptp(raw[:, 2]) < 4)) if spread]
+    # and context over fewer than CONTEXT_PASSES decode-only passes: a warm-up's few passes put its price on the
+    # rows (lean45: 0 and 0.069 s a row from 16 passes, against the probe's 1.0e-4 a token and 0.032 a row)
+    decoding = (raw[:, 2] > 0) & (raw[:, 3] == 0)
+    frozen = [j for j, spread in ((1, np.ptp(raw[:, 1]) == 0), (2, np.ptp(raw[:, 2]) < 4),
+                                  (4, decoding.sum() < CONTEXT_PASSES)) if spread]
     priced = np.array([getattr(prior, t) for t in TERMS])
     target = y - raw[:, frozen] @ priced[frozen]
     x[:, frozen] = 0.0

@@ -141,3 +141,21 @@ def test_passes_of_one_row_leave_the_per_row_price_to_the_prior():
     got = fit(prior, passes)
     assert got.per_row_s == prior.per_row_s
     assert got.compute_s(PassShape(16, 0, 0, 0)) < 2.5
+
+
+def test_a_warm_up_of_few_decode_passes_leaves_the_price_of_context_to_the_probe():
+    """A 24-row warm-up on lean45 (2 vCPUs): its 15 decode passes carry ~450 tokens of context a row, so
+    rows and context move together. Fitted freely, context went to 0 and a row to 0.05-0.07 s, which priced
+    the 60-row job's decode passes 9% short; the probe had timed attention at 1.0e-4 s a token."""
+    prior = PassModel(bandwidth=6.7e8, fixed_s=1.27, per_row_s=0.032, per_prefill_token_s=0.027,
+                      per_context_token_s=1.03e-4, overlap=0.67)
+    seen = [(0, 51, 0, 3.12), (1, 0, 52, 1.48), (2, 431, 485, 17.7), (3, 571, 547, 22.93), (5, 826, 1890, 36.2),
+            (8, 828, 3298, 33.11), (12, 877, 4757, 36.25), (16, 571, 6220, 24.68), (23, 829, 10393, 32.8),
+            (23, 0, 10416, 2.75), (22, 0, 9991, 2.63), (21, 0, 9937, 2.55), (19, 0, 8586, 2.45), (18, 0, 8534, 2.38),
+            (16, 0, 7178, 2.17), (15, 0, 7128, 2.35), (12, 0, 5703, 1.92), (11, 0, 5647, 2.22), (9, 0, 4315, 1.83),
+            (8, 0, 4248, 1.65), (6, 0, 2879, 1.7), (5, 0, 2813, 1.52), (3, 0, 1443, 1.53), (2, 0, 1373, 1.43)]
+    passes = [Observation(r, t, ctx, 2_666_373_120, c + 2.0, 2.0, c, read_s=4.0) for r, t, ctx, c in seen]
+    got = fit(prior, passes)
+    assert got.per_context_token_s == prior.per_context_token_s
+    # the 60-row job's decode passes of its 900-token tier: 8 rows, ~950 tokens of context each, 2.2 s
+    assert got.compute_s(PassShape(8, 0, 7500, 0)) == pytest.approx(2.2, rel=0.1)
