@@ -60,13 +60,15 @@ def default_dtype():
 
 
 def read_slots() -> int:
-    """The reader's read-ahead buffers (config.read_slots where set): one on the CPU, where a read that
-    outlasts a layer's compute finds its buffer free again in time (a second costs a layer of the KV
-    budget; lean45, 16 rows: 57 MiB less at the peak, decode passes 3.5 / 4.6 s against 4.5 / 5.2 with
-    two); two on a GPU, as its pass figures were measured (docs/benchmarks.md)."""
+    """The reader's read-ahead buffers (config.read_slots where set): two, so a read never waits for the
+    layer before it to be converted, except on a CPU of fewer than 8 cores, where that wait is short and
+    the second buffer's layer of memory buys more KV. Measured (docs/benchmarks.md, eighth session): the
+    H200's 16 cores, llama 3b, batches 8/32/128: 2.89/3.53/3.63 s a pass with two, 4.16/4.25/5.10 with
+    one; 2 vCPUs, lean45: a pass 1.02-1.05x its read with two, 1.10-1.15x with one, and 57 MiB less KV."""
     from spill import config
     import mlx.core as mx
-    return config.read_slots() or (1 if mx.default_device() == mx.cpu else 2)
+    small_cpu = mx.default_device() == mx.cpu and (os.cpu_count() or 1) < 8
+    return config.read_slots() or (1 if small_cpu else 2)
 
 
 def set_blas_threads(n: int) -> bool:

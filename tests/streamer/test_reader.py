@@ -198,9 +198,11 @@ def test_close_stops_the_threads(tmp_path):
     assert threading.active_count() == before
 
 
-@pytest.mark.parametrize("slots", ["", "2"])
-def test_buffers_are_reused_not_reallocated(tmp_path, monkeypatch, slots):
-    """On the CPU one read-ahead buffer (a second cost a layer of the KV budget); SPILL_READ_SLOTS sets it."""
+@pytest.mark.parametrize("cores, slots, expected", [(2, "", 1), (16, "", 2), (2, "2", 2)])
+def test_buffers_are_reused_not_reallocated(tmp_path, monkeypatch, cores, slots, expected):
+    """Two read-ahead buffers, one on a CPU of fewer than 8 cores (platform.read_slots); SPILL_READ_SLOTS sets it."""
+    from spill import platform
+    monkeypatch.setattr(platform.os, "cpu_count", lambda: cores)
     monkeypatch.setenv("SPILL_READ_SLOTS", slots)
     make_model(tmp_path, layers=3)
     plan = load_plan(tmp_path)
@@ -211,7 +213,7 @@ def test_buffers_are_reused_not_reallocated(tmp_path, monkeypatch, slots):
             start = min(t.offset for t in layer) // 4096 * 4096
             return -(-(max(t.offset + t.nbytes for t in layer) - start) // 4096) * 4096
         largest = max(pages(layer) for layer in plan.layers)
-        assert reader.buffer_bytes == int(slots or 1) * largest
+        assert reader.buffer_bytes == expected * largest
         for _ in range(3):
             reader.start_pass()
             for i in range(3):
