@@ -4,42 +4,40 @@ The budget is a target for live allocation at the knee of the memory curve, not 
 
     budget     = budget_fraction (0.78) x working set
     fixed      = resident tensors + reader buffers + 2 converted layers in flight + MLX's buffer cache
-                 (its limit: 1 freed layer, the stored copies a cast frees, the largest tensor)
+                 (its limit: 1 freed layer, the stored copies a cast frees, the largest tensor, a
+                 decode layer's freed KV)
                  + activations of the largest chunk + prompts' KV before they join the pool
                  + the other processes' resident memory
     KV budget  = budget - fixed
 
-Resident (the advisor's choice, advisor.py), "resident tensors" are every layer's weights and no
-layer is in flight.
+Resident (the advisor's choice, advisor.py), "resident tensors" are every layer's and none is in flight.
 
 KV is reserved up front, in decode pools by width class: a row's class is its full length (prompt +
 max_tokens) rounded up to a multiple of 64 up to 512, past that of an eighth of the power of two at or
-above it (640, 768, ..., 1280, ..., `width_class`), and each class
-with rows has its own pool in the streamer, `slots` rows of that width, all of them run through
-every layer in the same pass:
+above it (640, 768, ..., 1280, ..., `width_class`), and each class with rows has its own pool in the
+streamer, `slots` rows of that width, all of them run through every layer in the same pass:
 
     pool = slots x (width x KV bytes per token + per-row overhead
                     + widest pool's width x KV bytes per token / layers);  sum of pools <= KV budget
 
 (the last term: attention reads one layer's KV of every pool padded to the widest, a copy.)
 
-Slots are shared out by water-filling the KV budget (at most SPILL_MAX_ROWS slots in all, a slot
-per row): each next slot goes to the class with the fewest slots per token its rows will generate
-(their max_tokens), so every class drains at the same rate and no tier is left as a wall. E.g. KV
-budget 12 MiB, 1 MiB per 256 tokens, rows 40+10, 40+10, 40+10, 600+10, 600+10: pools (3, 64) and
-(2, 640), 5.75 MiB, a slot for each row. When a class with rows waiting has no pool (first made, or
-drained) the shares are recomputed: pools above their new share stop refilling and shrink at once to
-the rows they hold (the streamer copies them), a new pool takes what is free, and a pool shrinks to
-its share once its rows drain to it. A full pool with rows waiting
-grows into the KV that is free (the streamer copies its rows a layer at a time, so the copy holds
-one layer of the old pool twice), never after a preemption shrank it. Rows join their class's pool in queue order while it
-has a free slot, else borrow a free slot of a wider pool whose class waits for none: a class's rows wait
-in order, never behind another class's.
-Backpressure is a guard on what the streamer reports: above the guard line (80% of the working
-set) nothing is admitted until live allocation is back within the budget (or below guard - hysteresis,
-if that is higher: a job whose pools fill the budget lives just under it); above the hard line
-(90%) the newest rows are preempted (never the oldest, so the batch always moves), their pools
-shrink to the rows left, and they wait at the head of the queue.
+Slots are shared out by water-filling the KV budget (at most SPILL_MAX_ROWS slots in all, a slot per
+row): each next slot goes to the class with the fewest slots per token its rows will generate (their
+max_tokens), so every class drains at the same rate and no tier is left as a wall. E.g. KV budget 12 MiB,
+1 MiB per 256 tokens, rows 40+10, 40+10, 40+10, 600+10, 600+10: pools (3, 64) and (2, 640), 5.75 MiB, a
+slot for each row. When a class with rows waiting has no pool (first made, or drained) the shares are
+recomputed: pools above their new share stop refilling and shrink at once to the rows they hold (the
+streamer copies them), a new pool takes what is free, and a pool shrinks to its share once its rows drain
+to it. A full pool with rows waiting grows into the KV that is free (the streamer copies its rows a layer
+at a time, so the copy holds one layer of the old pool twice), never after a preemption shrank it. Rows
+join their class's pool in queue order while it has a free slot, else borrow a free slot of a wider pool
+whose class waits for none: a class's rows wait in order, never behind another class's.
+Backpressure is a guard on what the streamer reports: above the guard line (80% of the working set)
+nothing is admitted until live allocation is back within the budget (or below guard - hysteresis, if that
+is higher: a job whose pools fill the budget lives just under it); above the hard line (90%) the newest
+rows are preempted (never the oldest, so the batch always moves), their pools shrink to the rows left,
+and they wait at the head of the queue.
 """
 
 from collections import Counter, deque
@@ -86,6 +84,11 @@ class Sheet:
     def kv_budget(self) -> int:
         return self.budget - sum(self.fixed.values())
 
+    @property
+    def cache_limit(self) -> int:
+        """MLX's buffer cache limit admission sets: the freed layer's share and the KV's."""
+        return self.fixed["cache"] + self.fixed.get("cache_kv", 0)
+
     def line(self, share: float) -> int:
         return int(share * self.working_set)
 
@@ -94,8 +97,7 @@ class Sheet:
         return rows * (longest * self.kv_per_token + self.row_overhead)
 
     def slot(self, width: int, widest: int) -> int:
-        """A slot of `width` tokens with its row of one layer's KV as attention reads it, padded to the
-        widest pool's width (a copy while the layer computes, streamer/groups.py JointCache)."""
+        """A slot of `width` tokens and its row of one layer's KV padded to the widest pool (attention's copy)."""
         return self.cost(1, width) + (widest * self.kv_per_token // self.layers if self.layers else 0)
 
 
@@ -104,9 +106,8 @@ def fmt(n: int) -> str:
 
 
 def width_class(full_length: int) -> int:
-    """A row's width class, the width of its pool: its full length rounded up to a multiple of an eighth
-    of the power of two at or above it, at least 64 (64, 128, ..., 512, 640, ..., 1024, 1280, ..., 2048,
-    2560, ...): a slot wastes less than 64 tokens or 25%, and a doubling of lengths spans 4 pools at most."""
+    """A row's width class, its pool's width: its full length rounded up to a multiple of an eighth of the power of
+    two at or above it, at least 64 (64, ..., 512, 640, ..., 1280, ...): a slot wastes < 64 tokens or 25%."""
     step = max(64, (1 << (max(full_length, 1) - 1).bit_length()) // 8)
     return -(-max(full_length, 1) // step) * step
 
@@ -374,27 +375,20 @@ def sheet_for(plan, working_set: int, itemsize: int, *, prefill_tokens: int, pre
              "reader": read_slots() * raw,              # the reader's read-ahead buffers, stored bytes (resident: pass 1)
              "layers": 0 if resident else 2 * layer,    # converted weights alive: the layer computing and the next
              "cache": cache_allowance(layer, cast, largest),   # MLX's buffer cache at its limit (it fills to it)
-             # hidden states, MLP intermediates and attention scores of the prefill tokens priced
-             "activations": prefill_tokens * ((4 * hidden + 3 * inter) * itemsize + heads * prefill_chunk * 4),
+             "activations":   # hidden states, MLP intermediates and attention scores of the prefill tokens
+                 prefill_tokens * ((4 * hidden + 3 * inter) * itemsize + heads * prefill_chunk * 4),
              "prefill_kv": 2 * prefill_tokens * kv_per_token,   # prompts' KV until they join the pool
              "others": others}                          # the other processes' RSS and the streamer's runtime
     sheet = Sheet(working_set, kv_per_token=kv_per_token, layers=len(plan.layers),
                   row_overhead=(int(c.get("vocab_size", 0)) + 4 * hidden) * 4, fixed=fixed, **lines)
-    # the freed layer shares the cache with what each decode layer frees (KV stores, attention's copy of them);
-    # with this room and each pass's cache emptied (Streamer.step) lean45's decode passes fault ~0 pages, not 651k
+    # room for what each decode layer frees beside the freed layer (with Streamer.step's emptied cache: ~0 faults)
     fixed["cache_kv"] = 0 if resident else min(2 * max(sheet.kv_budget, 0) // max(len(plan.layers), 1), layer)
     return sheet
 
 
-def cache_limit(sheet: Sheet) -> int:
-    """MLX's buffer cache limit admission sets: the freed layer's share and the KV's."""
-    return sheet.fixed["cache"] + sheet.fixed.get("cache_kv", 0)
-
-
 def cache_allowance(layer: int, cast: int, largest: int) -> int:
-    """MLX's buffer cache limit before the KV's share (`sheet_for`): the freed layer whose buffers the next
-    conversion takes, the stored-dtype copies a conversion casts from (`cast` bytes; none when stored as
-    computed) and the largest tensor. The layers in flight are priced apart: not in the cache while alive."""
+    """MLX's buffer cache before the KV's share: the freed layer the next conversion takes, the stored copies
+    a conversion casts from (`cast` bytes) and the largest tensor. Layers in flight are priced apart."""
     return layer + cast + largest
 
 

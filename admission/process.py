@@ -14,7 +14,7 @@ from spill.wire import Mailbox
 
 from . import schedule
 from .calibration import Calibrator
-from .policy import Waiting, cache_limit, fmt, live_allocation
+from .policy import Waiting, fmt, live_allocation
 from .schedule import budget_policy
 
 
@@ -101,7 +101,7 @@ def _price(msg: m.Reset, args: dict, box, log):
             f"{ws.source}) but the model's weights, buffers and the other processes need {fmt(sum(sheet.fixed.values()))} "
             "before any KV cache; raise --memory or --budget-fraction, or use a machine with more memory"], msg.job))
         return None, others, 0
-    return policy, others, cache_limit(sheet)
+    return policy, others, sheet.cache_limit
 
 
 def _others_rss(parent: int | None = None) -> int:

@@ -70,7 +70,7 @@ def child(spec: dict) -> None:
     width = prompt + passes + 2
     sheet = None
     if hasattr(s, "reserve"):   # the code with the budget: admission's prices, the pool, the cache limit
-        from spill.admission.policy import cache_limit, sheet_for, width_class
+        from spill.admission.policy import sheet_for, width_class
 
         def price(n):
             return sheet_for(s.plan, ws.bytes, 4, prefill_tokens=n * prompt, others=baseline)
@@ -78,7 +78,7 @@ def child(spec: dict) -> None:
             b = max(n for n in range(1, 257) if price(n).kv_budget >= price(n).cost(n, width))
         sheet = price(b)
         s.reserve([[b, width]])
-        s.set_cache_limit(cache_limit(sheet))
+        s.set_cache_limit(sheet.cache_limit)
     for j in range(b):
         s.add(Row(j, [(7 * j + k) % 1000 + 3 for k in range(prompt)], max_tokens=passes + 2, **({"width": width} if sheet else {})))
     rows = []

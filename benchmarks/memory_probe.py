@@ -38,7 +38,7 @@ def main() -> None:
     a = p.parse_args()
     import mlx.core as mx
     from spill import memory
-    from spill.admission.policy import cache_limit, sheet_for
+    from spill.admission.policy import sheet_for
     from spill.streamer.core import Row, Streamer
     baseline = memory.process_memory().rss   # the interpreter and libraries: what the group prices as runtime
     s = Streamer(a.folder)
@@ -46,7 +46,7 @@ def main() -> None:
     width = prompt + a.passes + 2
     sheet = sheet_for(s.plan, 2**40, 4, prefill_tokens=b * prompt, others=baseline)
     s.reserve([[b, width]])
-    limit = int(a.cache_limit * MIB) or cache_limit(sheet)
+    limit = int(a.cache_limit * MIB) or sheet.cache_limit
     s.set_cache_limit(limit)
     samples: list[tuple[int, int, int]] = []
     unload = s.adapter.unload_layer
