@@ -24,10 +24,10 @@ export PYTHONUNBUFFERED=1 PYTHONPATH=$site SPILL_HOME=$work/home PATH=$site/bin:
 
 setup() {
   [ -f "$site/.done" ] && return
-  (cd "$keep" && cat mlx-cuda-13.tar.xz.part* > mlx-cuda-13.tar.xz && sha256sum -c mlx-cuda-13.tar.xz.sha256)
+  (cd "$keep" && cat mlx-cuda-13.whl.part* > mlx-cuda-13.whl && sha256sum -c mlx-cuda-13.whl.sha256)
   # the wheels first (pip replaces a folder it finds), then mlx-cuda-13's files into mlx/ beside them
   python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$site" "$stage"/wheels/*.whl
-  tar -C "$site" -xJf "$keep/mlx-cuda-13.tar.xz"
+  python3 -m zipfile -e "$keep/mlx-cuda-13.whl" "$site"
   # MLX's CUDA libraries look for NVIDIA's in a `nvidia` folder beside them: the torch environment's
   ln -sfn "$(python3 -c 'import nvidia; print(list(nvidia.__path__)[0])')" "$site/nvidia"
   rm -rf "$work/src" && mkdir -p "$work/src" && tar -C "$work/src" -xf "$stage/src.tar"
