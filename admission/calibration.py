@@ -231,6 +231,6 @@ class Calibrator:
     def passed(self, msg) -> None:
         rows, context = self.context.passed(msg.finished)   # the rows that decoded in it, not after it
         if self.cal is not None:   # a resident pass reads nothing, yet prices compute and overhead
-            self.cal.observe(Observation(rows, msg.prefill_tokens, context, msg.bytes_streamed,
-                                         msg.seconds, msg.wait_s, msg.compute_s, msg.read_s))
+            self.cal.observe(Observation(rows, msg.prefill_tokens, context, msg.bytes_streamed, msg.seconds,
+                                         msg.wait_s, msg.compute_s, msg.read_s, prefill_groups=msg.prefill_groups))
             self.cal.save()

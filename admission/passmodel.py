@@ -2,18 +2,18 @@
 
     IO      = bytes streamed / read bandwidth
     compute = fixed + packed (if more than one row) + per_row x decode rows + per_prefill x prefill tokens
-              + per_context x context
+              + per_context x context + per_product x products beyond the first
     pass    = max(IO, compute) + (1 - overlap) x min(IO, compute) + overhead
 
 `overlap` is how much of the shorter term hides under the longer one (1: perfect double buffering,
 0: read and compute in series); it is fitted from real passes, never assumed.
 """
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-TERMS = ("fixed_s", "packed_s", "per_row_s", "per_prefill_token_s", "per_context_token_s")
+TERMS = ("fixed_s", "packed_s", "per_row_s", "per_prefill_token_s", "per_context_token_s", "per_product_s")
 CONTEXT_PASSES = 50   # decode-only passes before the refit prices context apart from the probe
 
 
@@ -24,11 +24,17 @@ class PassShape:
     prefill_tokens: int
     context_tokens: int       # tokens of KV the decode rows attend to, summed over rows
     bytes_streamed: int
+    prefill_groups: int = field(default=0, kw_only=True)   # prompts prefilling in groups, each its own product
 
     @property
     def batched(self) -> bool:
         """More than one row through the matmuls: a matrix product, not a matrix-vector one."""
         return self.decode_rows + self.prefill_tokens > 1
+
+    @property
+    def extra_products(self) -> int:
+        """Products through every weight beyond the first: the decode rows' is one, each prefill group another."""
+        return max(self.prefill_groups + (self.decode_rows > 0) - 1, 0)
 
 
 @dataclass
@@ -48,6 +54,7 @@ class PassModel:
     per_row_s: float = 0.0
     per_prefill_token_s: float = 0.0
     per_context_token_s: float = 0.0
+    per_product_s: float = 0.0        # a product beyond the first: the weights packed and read through again
     overlap: float = 0.5              # before any pass: halfway between serial and perfect
     overhead_s: float = 0.0
 
@@ -57,7 +64,7 @@ class PassModel:
     def compute_s(self, shape: PassShape) -> float:
         return (self.fixed_s + self.packed_s * shape.batched + self.per_row_s * shape.decode_rows
                 + self.per_prefill_token_s * shape.prefill_tokens
-                + self.per_context_token_s * shape.context_tokens)
+                + self.per_context_token_s * shape.context_tokens + self.per_product_s * shape.extra_products)
 
     def roofline_s(self, shape: PassShape) -> float:
         """The ideal pass: the longer of IO and compute, everything else hidden."""
@@ -69,9 +76,10 @@ class PassModel:
 
     def prefill_allowance(self, bytes_streamed: int, decode_rows: int, context_tokens: int) -> int:
         """Prefill tokens a pass can carry while its compute stays under its weight-read time
-        (at least 1, so a pass that is compute-bound already still makes progress)."""
+        (at least 1, so a pass that is compute-bound already still makes progress); beside decode rows
+        the prompts are at least one more product."""
         room = (bytes_streamed / self.bandwidth - self.fixed_s - self.packed_s - self.per_row_s * decode_rows
-                - self.per_context_token_s * context_tokens)
+                - self.per_context_token_s * context_tokens - self.per_product_s * (decode_rows > 0))
         if self.per_prefill_token_s <= 0:
             return 1 << 30
         return max(1, int(room / self.per_prefill_token_s + 1e-9))
@@ -99,11 +107,11 @@ def _ridge(x: np.ndarray, y: np.ndarray, strength: float) -> np.ndarray:
 def fit(prior: PassModel, passes: list[Observation], strength: float = 0.01) -> PassModel:
     """Refit the compute terms, the overlap, the overhead and the bandwidth from observed passes.
 
-    Compute: least squares of the streamer's compute_s on (1, batched, rows, prefill, context), each term
+    Compute: least squares of the streamer's compute_s on (1, batched, rows, prefill, context, products), each term
     a multiple of the prior's, pulled towards the prior with the weight of `strength` passes (so a
     few passes cannot swing a term they do not exercise; context keeps the probe's price until
     CONTEXT_PASSES decode-only passes); with three decode-only passes or more, the
-    decode terms from those alone and the prefill term from what the others cost beyond them.
+    decode terms from those alone and the prefill terms (tokens, products) from what the others cost beyond them.
     Overhead: the median of what a pass spent outside waiting and computing. Overlap: the share of min(IO, compute) hidden.
     Bandwidth: the rate of the reads inside passes where the streamer timed them (three passes or more),
     else the probe's until three passes were read-bound (waited longer than they computed)."""
@@ -111,7 +119,8 @@ def fit(prior: PassModel, passes: list[Observation], strength: float = 0.01) -> 
         return prior
     # a term the prior leaves at zero (a calibration stored before it existed) is scaled like the fixed one
     prior_terms = np.array([getattr(prior, t) if getattr(prior, t) > 0 else max(prior.fixed_s, 1e-12) for t in TERMS])
-    raw = np.array([[1.0, p.batched, p.decode_rows, p.prefill_tokens, p.context_tokens] for p in passes])
+    raw = np.array([[1.0, p.batched, p.decode_rows, p.prefill_tokens, p.context_tokens, p.extra_products]
+                    for p in passes])
     x, y = raw * prior_terms, np.array([p.compute_s for p in passes])
     # a term its passes cannot tell from the fixed one keeps the prior's price: packed without single-row
     # and batched passes both, per row over fewer than 4 rows of spread (1-row passes put 0.95 s on a row)
@@ -119,7 +128,7 @@ def fit(prior: PassModel, passes: list[Observation], strength: float = 0.01) -> 
     # rows (lean45: 0 and 0.069 s a row from 16 passes, against the probe's 1.0e-4 a token and 0.032 a row)
     decoding = (raw[:, 2] > 0) & (raw[:, 3] == 0)
     frozen = [j for j, spread in ((1, np.ptp(raw[:, 1]) == 0), (2, np.ptp(raw[:, 2]) < 4),
-                                  (4, decoding.sum() < CONTEXT_PASSES)) if spread]
+                                  (4, decoding.sum() < CONTEXT_PASSES), (5, np.ptp(raw[:, 5]) == 0)) if spread]
     priced = np.array([getattr(prior, t) for t in TERMS])
     target = y - raw[:, frozen] @ priced[frozen]
     x[:, frozen] = 0.0
@@ -130,7 +139,7 @@ def fit(prior: PassModel, passes: list[Observation], strength: float = 0.01) -> 
         dec = [0, 1, 2, 4]
         w = np.zeros(len(TERMS))
         w[dec] = _ridge(x[decode][:, dec], target[decode], strength)
-        w[3] = _ridge(x[~decode][:, [3]], target[~decode] - x[~decode][:, dec] @ w[dec], strength)[0]
+        w[[3, 5]] = _ridge(x[~decode][:, [3, 5]], target[~decode] - x[~decode][:, dec] @ w[dec], strength)
     else:
         w = _ridge(x, target, strength)
     terms = w * prior_terms

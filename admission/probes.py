@@ -94,6 +94,7 @@ def compute_probe(plan, dtype) -> PassModel:
         row = max(d16 - d2, 0.0) / 14
         packed = max(d2 - d1 - row, 0.0)      # one row is a matrix-vector product; more, a packed product
         model.fixed_s, model.packed_s = d1 * n, packed * n
+        model.per_product_s = (d1 + packed) * n   # another product pays the weights' trip as a lone row does
         model.per_row_s = row * n + head
         model.per_prefill_token_s = max(prefill - d1 - packed, 0.0) / 128 * n
         model.per_context_token_s = _attention_per_token(adapter, layer, c, dtype) * n
@@ -158,7 +159,7 @@ def pass_probe(folder, dtype) -> list[Observation]:
         for rows, context in ((0, 0), (PROBE_ROWS, PROBE_ROWS * 17), (PROBE_ROWS, PROBE_ROWS * 18), (1, 19)):
             r = streamer.step()
             out.append(Observation(rows, r.prefill_tokens, context, r.bytes_streamed, r.seconds, r.wait_s,
-                                   r.compute_s, r.read_s))
+                                   r.compute_s, r.read_s, prefill_groups=r.prefill_groups))
         return [out[0], *out[2:]]
     finally:
         streamer.close()
@@ -166,7 +167,8 @@ def pass_probe(folder, dtype) -> list[Observation]:
 
 def priced_by_passes(model: PassModel, passes: list[Observation]) -> PassModel:
     """The layer probe's model with its compute terms from `pass_probe`'s passes (fixed from the lone row's,
-    per row from the 16 rows' beyond it, prefill tokens from the rest of the first), their overlap and overhead."""
+    per row from the 16 rows' beyond it, prefill tokens from the rest of the first, another product at what
+    the lone row's costs), their overlap and overhead."""
     prefill, many, one = passes
     ctx = model.per_context_token_s
     fixed = max(one.compute_s - ctx * one.context_tokens, 1e-6)
@@ -176,7 +178,7 @@ def priced_by_passes(model: PassModel, passes: list[Observation]) -> PassModel:
     hidden = [1.0 - (p.seconds - overhead - max(p.read_s, p.compute_s)) / min(p.read_s, p.compute_s)
               for p in passes if min(p.read_s, p.compute_s) > 0]
     return PassModel(model.bandwidth, fixed, 0.0, row, max(prefill.compute_s - fixed, 0.0) / max(prefill.prefill_tokens, 1),
-                     ctx, overlap=float(np.clip(np.median(hidden), 0.0, 1.0)) if hidden else model.overlap,
+                     ctx, fixed, overlap=float(np.clip(np.median(hidden), 0.0, 1.0)) if hidden else model.overlap,
                      overhead_s=overhead)
 
 

@@ -2,8 +2,9 @@
 lengths, drain tail included. Pure: a fake clock, no model, no sockets.
 
 The streamer's semantics, pass by pass: rows admitted after pass k start prefilling in pass k+1,
-an equal share of the pass's pace each (`schedule.pace`); a row emits its first token in the pass that ends its prompt and
-one token a pass after that; it leaves after its last token and its slot is refilled next pass.
+in groups of like length (each its own product), an equal share of the pass's pace each (`schedule.pace`);
+a row emits its first token in the pass that ends its prompt and one token a pass after that; it
+leaves after its last token and its slot is refilled next pass.
 
 Rows whose output length is unknown are priced at max_tokens (`Estimate.at_max_tokens`).
 """
@@ -11,7 +12,7 @@ Rows whose output length is unknown are priced at max_tokens (`Estimate.at_max_t
 from collections import deque
 from dataclasses import dataclass, field, replace
 
-from spill.streamer.groups import chunk_for
+from spill.streamer.groups import bucket, chunk_for
 
 from . import schedule
 from .passmodel import PassModel, PassShape
@@ -93,6 +94,7 @@ def simulate(rows: list[SimRow], policy, waiting, model: PassModel, bytes_stream
     errors += len(refused)
     est = Estimate(0.0, 0.0, 0, list(tiers.values()), errors=errors, at_max_tokens=at_max_tokens)
     prefilling: dict[int, int] = {}          # row -> prompt tokens still to prefill
+    group: dict[int, tuple] = {}             # row -> its prefill group (rows admitted together, of like length)
     decoding: dict[int, list[int]] = {}      # row -> [context, tokens left]
     clock, done = 0.0, 0
     allowed = schedule.pace(model, bytes_streamed, 0, 0, schedule.need(policy))
@@ -104,10 +106,14 @@ def simulate(rows: list[SimRow], policy, waiting, model: PassModel, bytes_stream
                 decoding[w.row] = [r.context, r.out]
             else:
                 prefilling[w.row] = r.prompt
+        for k, rows_ in enumerate(bucket([by_id[w.row] for w in admitted if not by_id[w.row].context],
+                                         length=lambda r: r.prompt)):
+            group.update((r.row, (est.passes, k)) for r in rows_)
         # 1. the pass: every decoding row's step, a share of the pace for every prefilling row
         step = chunk_for(allowed, len(prefilling), chunk)
         shape = PassShape(len(decoding), sum(min(step, n) for n in prefilling.values()),
-                          sum(c for c, _ in decoding.values()), bytes_streamed + (0 if est.passes else read_once))
+                          sum(c for c, _ in decoding.values()), bytes_streamed + (0 if est.passes else read_once),
+                          prefill_groups=len({group[r] for r in prefilling}))
         seconds = model.pass_s(shape)
         clock += seconds
         est.running.append(_share(tiers, by_id, list(prefilling) + list(decoding), seconds))
@@ -172,5 +178,6 @@ def _ideal(tier: Tier, rows: list[SimRow], model: PassModel, bytes_streamed: int
     batch = max(1, min(len(rows), max_batch(rows[0]) if max_batch else len(rows)))
     out = sum(r.out for r in rows) / len(rows)
     prompt = sum(r.prompt for r in rows) / len(rows)
-    shape = PassShape(batch, int(batch * prompt / max(out, 1)), int(batch * (prompt + out / 2)), bytes_streamed)
+    tokens = int(batch * prompt / max(out, 1))   # what that batch prefills a pass, as one group
+    shape = PassShape(batch, tokens, int(batch * (prompt + out / 2)), bytes_streamed, prefill_groups=int(tokens > 0))
     return len(rows) * out / batch * model.roofline_s(shape)

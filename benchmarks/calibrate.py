@@ -64,8 +64,8 @@ def main() -> None:
         rep = engine.step()
         done = [e.row_id for e in rep.emitted if e.finish]
         rows, ctx = context.passed(done)
-        observed.append(Observation(rows, rep.prefill_tokens, ctx,
-                                    rep.bytes_streamed, rep.seconds, rep.wait_s, rep.compute_s))
+        observed.append(Observation(rows, rep.prefill_tokens, ctx, rep.bytes_streamed, rep.seconds, rep.wait_s,
+                                    rep.compute_s, prefill_groups=rep.prefill_groups))
         print(f"pass {len(observed):3d}: rows {rep.decode_rows:3d} prefill {rep.prefill_tokens:5d} "
               f"{rep.seconds:6.2f} s (wait {rep.wait_s:.2f}, compute {rep.compute_s:.2f})", flush=True)
     engine.close()

@@ -314,11 +314,12 @@ def chunk_for(budget: int, rows: int, largest: int) -> int:
     return max(1, min(largest, max(MIN_CHUNK, budget // max(rows, 1))))
 
 
-def bucket(rows: list[RowState], max_rows: int = 64, slack: float = 1.25) -> list[list[RowState]]:
-    """Split new rows into prefill groups of similar prompt length, so padding stays small."""
-    out: list[list[RowState]] = []
-    for r in sorted(rows, key=lambda r: len(r.row.prompt)):
-        if out and len(out[-1]) < max_rows and len(r.row.prompt) <= slack * len(out[-1][0].row.prompt) + 8:
+def bucket(rows: list, max_rows: int = 64, slack: float = 1.25, length=lambda r: len(r.row.prompt)) -> list[list]:
+    """Split new rows into prefill groups of similar prompt length, so padding stays small
+    (`length(row)`: its prompt's; the estimate groups its rows by the same rule)."""
+    out: list[list] = []
+    for r in sorted(rows, key=length):
+        if out and len(out[-1]) < max_rows and length(r) <= slack * length(out[-1][0]) + 8:
             out[-1].append(r)
         else:
             out.append([r])

@@ -10,30 +10,36 @@ from spill.admission.passmodel import Observation, PassModel, PassShape, fit
 from spill.admission.policy import BudgetPolicy, Sheet, Waiting
 from spill.admission import schedule
 from spill.admission.simulate import SimRow, simulate
-from spill.streamer.groups import chunk_for
+from spill.streamer.groups import bucket, chunk_for
 
 TRUE = PassModel(bandwidth=2e9, fixed_s=0.5, per_row_s=0.01, per_prefill_token_s=0.002,
-                 per_context_token_s=1e-5, overlap=0.6, overhead_s=0.05)
+                 per_context_token_s=1e-5, per_product_s=0.3, overlap=0.6, overhead_s=0.05)
 BYTES = 4_000_000_000
 
 
 class FakeEngine:
     """Rows as the streamer runs them, each pass timed by TRUE with +-5% noise; reports what the
-    streamer reports (timings, decode rows, prefill tokens, finished rows)."""
+    streamer reports (timings, decode rows, prefill tokens and groups, finished rows)."""
 
     def __init__(self, chunk=512, seed=0):
         self.chunk, self.rnd, self.clock = chunk, random.Random(seed), 0.0
-        self.rows = []                   # [row, prompt left, context, tokens left]
+        self.rows = []                   # [row, prompt left, context, tokens left, prefill group]
+        self.pending, self.groups = [], 0
 
     def add(self, row: SimRow):
-        self.rows.append([row.row, row.prompt, row.prompt, row.out])
+        self.pending.append(row)
 
     def step(self, budget: int) -> Observation:
         """One pass that may prefill `budget` tokens in all (the PACE), shared as the streamer shares them."""
+        for g in bucket(self.pending, length=lambda r: r.prompt):   # rows that came together, of like length
+            self.groups += 1
+            self.rows += [[r.row, r.prompt, r.prompt, r.out, self.groups] for r in g]
+        self.pending = []
         decoding = [r for r in self.rows if r[1] == 0]
         step = chunk_for(budget, len(self.rows) - len(decoding), self.chunk)
         prefill = sum(min(step, r[1]) for r in self.rows)
-        shape = PassShape(len(decoding), prefill, sum(r[2] for r in decoding), BYTES)
+        groups = len({r[4] for r in self.rows if r[1]})
+        shape = PassShape(len(decoding), prefill, sum(r[2] for r in decoding), BYTES, prefill_groups=groups)
         seconds = TRUE.pass_s(shape) * self.rnd.uniform(0.95, 1.05)
         compute = TRUE.compute_s(shape) * seconds / TRUE.pass_s(shape)
         self.clock += seconds
@@ -46,7 +52,8 @@ class FakeEngine:
                 r[2], r[3] = r[2] + 1, r[3] - 1
         done = [r[0] for r in self.rows if r[3] == 0]
         self.rows = [r for r in self.rows if r[3] > 0]
-        obs = Observation(len(decoding), prefill, 0, BYTES, seconds, max(seconds - 0.05 - compute, 0), compute)
+        obs = Observation(len(decoding), prefill, 0, BYTES, seconds, max(seconds - 0.05 - compute, 0), compute,
+                          prefill_groups=groups)
         obs.finished = done
         return obs
 
@@ -76,7 +83,7 @@ def run_fake(rows, policy, model=TRUE):
     schedule.interleave(policy.queue, schedule.prompt_length)
     ctx.budget = schedule.pace(model, BYTES, 0, 0, schedule.need(policy))
     admitted = schedule.admit(policy, ctx.budget)
-    while admitted or engine.rows:
+    while admitted or engine.rows or engine.pending:
         for w in admitted:
             engine.add(by_id[w.row])
         ctx.admitted([w.row for w in admitted], [by_id[w.row].prompt for w in admitted])
