@@ -360,9 +360,7 @@ def sheet_for(plan, working_set: int, itemsize: int, *, prefill_tokens: int, pre
     def compute(t) -> int:
         return t.nbytes // _FLOAT[t.dtype] * itemsize if t.dtype in _FLOAT else t.nbytes
     c = plan.config
-    hidden, heads = int(c["hidden_size"]), int(c["num_attention_heads"])
-    head_dim = int(c.get("head_dim") or hidden // heads)
-    kv_heads = int(c.get("num_key_value_heads") or heads)
+    hidden, heads, (kv_heads, head_dim) = int(c["hidden_size"]), int(c["num_attention_heads"]), plan.kv_heads_and_dim
     inter = int(c.get("intermediate_size") or 4 * hidden)
     kv_per_token = len(plan.layers) * 2 * kv_heads * head_dim * itemsize
     layer = max((sum(compute(t) for t in ts) for ts in plan.layers), default=0)

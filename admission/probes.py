@@ -97,21 +97,20 @@ def compute_probe(plan, dtype) -> PassModel:
         model.per_product_s = (d1 + packed) * n   # another product pays the weights' trip as a lone row does
         model.per_row_s = row * n + head
         model.per_prefill_token_s = max(prefill - d1 - packed, 0.0) / 128 * n
-        model.per_context_token_s = _attention_per_token(adapter, layer, c, dtype) * n
+        model.per_context_token_s = _attention_per_token(adapter, layer, h, *plan.kv_heads_and_dim, dtype) * n
     except Exception:   # an exotic layer: the matmul's figures stay the prior
         pass
     return model
 
 
-def _attention_per_token(adapter, layer, c: dict, dtype, rows: int = 16, short: int = 32, long: int = 512) -> float:
+def _attention_per_token(adapter, layer, h: int, kv_heads: int, head_dim: int, dtype, rows: int = 16, short: int = 32,
+                         long: int = 512) -> float:
     """Seconds a decode step of `layer` spends per token of context its rows attend to, through the engine's
     own KV pool: `rows` rows at `long` tokens of context against the same rows at `short`. (Priced from a
     matmul's rate instead, lean45 on 2 vCPUs put 1.8e-6 s on a token of context where passes cost 1.4e-4.)"""
     import mlx.core as mx
     from spill.streamer.core import Row
     from spill.streamer.groups import Decode, Pool, RowState
-    h, heads = int(c["hidden_size"]), int(c.get("num_attention_heads", 1))
-    kv_heads, head_dim = int(c.get("num_key_value_heads") or heads), int(c.get("head_dim") or h // heads)
 
     def step(context: int) -> float:
         pool = Pool(rows, long + 1, 1)

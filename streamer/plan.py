@@ -64,6 +64,13 @@ class ModelPlan:
     def total_bytes(self) -> int:
         return self.streamed_bytes + sum(t.nbytes for t in self.resident)
 
+    @property
+    def kv_heads_and_dim(self) -> tuple[int, int]:
+        """(key/value heads, head dim) of a layer's attention, as config.json gives or implies them."""
+        c = self.config
+        heads = int(c.get("num_attention_heads", 1))
+        return int(c.get("num_key_value_heads") or heads), int(c.get("head_dim") or int(c["hidden_size"]) // heads)
+
 
 def load_plan(folder: str | Path) -> ModelPlan:
     folder = Path(folder)
