@@ -24,7 +24,7 @@ class PassShape:
     prefill_tokens: int
     context_tokens: int       # tokens of KV the decode rows attend to, summed over rows
     bytes_streamed: int
-    prefill_groups: int = field(default=0, kw_only=True)   # prompts prefilling in groups, each its own product
+    prefill_groups: int = field(default=0, kw_only=True)   # prompts prefilling in groups, each its own attention
 
     @property
     def batched(self) -> bool:
@@ -33,7 +33,8 @@ class PassShape:
 
     @property
     def extra_products(self) -> int:
-        """Products through every weight beyond the first: the decode rows' is one, each prefill group another."""
+        """Groups through the attention's weights beyond the first: the decode rows are one, each prefill group
+        another (the MLP takes every group's tokens in one product where the family allows)."""
         return max(self.prefill_groups + (self.decode_rows > 0) - 1, 0)
 
 
@@ -54,7 +55,7 @@ class PassModel:
     per_row_s: float = 0.0
     per_prefill_token_s: float = 0.0
     per_context_token_s: float = 0.0
-    per_product_s: float = 0.0        # a product beyond the first: the weights packed and read through again
+    per_product_s: float = 0.0        # another prefill group's products: its attention's weights read through again
     overlap: float = 0.5              # before any pass: halfway between serial and perfect
     overhead_s: float = 0.0
 

@@ -66,7 +66,8 @@ def compute_probe(plan, dtype) -> PassModel:
     params = plan.streamed_bytes / {"BF16": 2, "F16": 2, "F32": 4}.get(_stored_dtype(plan), 2)
     head = row_per_param * h * int(c.get("vocab_size", 0))
     model = PassModel(bandwidth=1.0, fixed_s=fixed_per_param * params, per_row_s=row_per_param * params + head,
-                      per_prefill_token_s=row_per_param * params, per_context_token_s=row_per_param * 2 * h * n)
+                      per_prefill_token_s=row_per_param * params, per_context_token_s=row_per_param * 2 * h * n,
+                      per_product_s=fixed_per_param * params)
     try:
         from spill.streamer.families import adapter_for
         from spill.streamer.reader import WeightReader
@@ -94,13 +95,22 @@ def compute_probe(plan, dtype) -> PassModel:
         row = max(d16 - d2, 0.0) / 14
         packed = max(d2 - d1 - row, 0.0)      # one row is a matrix-vector product; more, a packed product
         model.fixed_s, model.packed_s = d1 * n, packed * n
-        model.per_product_s = (d1 + packed) * n   # another product pays the weights' trip as a lone row does
+        # another group's products pay their weights' trip as a lone row does: the attention's alone where
+        # every group shares one MLP product (families/base.py run_layer)
+        model.per_product_s = (d1 + packed) * n * (_attention_share(plan) if adapter.fused_mlp else 1.0)
         model.per_row_s = row * n + head
         model.per_prefill_token_s = max(prefill - d1 - packed, 0.0) / 128 * n
         model.per_context_token_s = _attention_per_token(adapter, layer, h, *plan.kv_heads_and_dim, dtype) * n
     except Exception:   # an exotic layer: the matmul's figures stay the prior
         pass
     return model
+
+
+def _attention_share(plan) -> float:
+    """The share of a layer's weight bytes in its attention (the rest: the MLP and the norms)."""
+    layer = plan.layers[0] if plan.layers else []
+    total = sum(t.nbytes for t in layer)
+    return sum(t.nbytes for t in layer if ".self_attn." in t.name) / total if total else 1.0
 
 
 def _attention_per_token(adapter, layer, h: int, kv_heads: int, head_dim: int, dtype, rows: int = 16, short: int = 32,
@@ -166,8 +176,8 @@ def pass_probe(folder, dtype) -> list[Observation]:
 
 def priced_by_passes(model: PassModel, passes: list[Observation]) -> PassModel:
     """The layer probe's model with its compute terms from `pass_probe`'s passes (fixed from the lone row's,
-    per row from the 16 rows' beyond it, prefill tokens from the rest of the first, another product at what
-    the lone row's costs), their overlap and overhead."""
+    per row from the 16 rows' beyond it, prefill tokens from the rest of the first, another group's products at
+    the layer probe's share of the lone row's), their overlap and overhead."""
     prefill, many, one = passes
     ctx = model.per_context_token_s
     fixed = max(one.compute_s - ctx * one.context_tokens, 1e-6)
@@ -176,8 +186,9 @@ def priced_by_passes(model: PassModel, passes: list[Observation]) -> PassModel:
     overhead = float(np.median([max(p.seconds - p.wait_s - p.compute_s, 0.0) for p in passes]))
     hidden = [1.0 - (p.seconds - overhead - max(p.read_s, p.compute_s)) / min(p.read_s, p.compute_s)
               for p in passes if min(p.read_s, p.compute_s) > 0]
+    product = fixed * model.per_product_s / model.fixed_s if model.fixed_s > 0 else fixed
     return PassModel(model.bandwidth, fixed, 0.0, row, max(prefill.compute_s - fixed, 0.0) / max(prefill.prefill_tokens, 1),
-                     ctx, fixed, overlap=float(np.clip(np.median(hidden), 0.0, 1.0)) if hidden else model.overlap,
+                     ctx, product, overlap=float(np.clip(np.median(hidden), 0.0, 1.0)) if hidden else model.overlap,
                      overhead_s=overhead)
 
 

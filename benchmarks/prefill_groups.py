@@ -1,8 +1,8 @@
 """What a pass's prompt tokens cost by how they are split: one row, several rows of one prefill group,
-or several groups (each group is its own product through every weight matrix).
+or several groups (each group is its own attention; with --unfused, its own MLP product too).
 
     python benchmarks/prefill_groups.py [--size lean45] [--dtype float32] [--decode 20] [--tokens 96]
-                                        [--splits 1,3] [--prompt 900] [--passes 4]
+                                        [--splits 1,3] [--prompt 900] [--passes 4] [--unfused] [--device cpu]
 
 Every layer is kept resident (the compute alone is timed). Each case: --decode rows decode, then
 prompts of --prompt tokens (and up) start with a pace of --tokens a pass, shared out as the streamer
@@ -29,6 +29,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--splits", default="1,3", help="numbers of prefilling rows (or groups) to share them")
     p.add_argument("--prompt", type=int, default=900, help="the prefilling rows' prompt length")
     p.add_argument("--passes", type=int, default=4)
+    p.add_argument("--unfused", action="store_true", help="each group through its own MLP too (no fused product)")
     p.add_argument("--device", choices=["default", "cpu"], default="default", help="cpu: the CPU cores where a GPU is")
     p.set_defaults(dtype="float32")
     return p.parse_args()
@@ -39,6 +40,7 @@ def case(folder, a, rows: int, groups: bool) -> float:
     rows=0: decode alone."""
     from spill.streamer.core import Row, Streamer
     engine = Streamer(folder, resident=True)
+    engine.adapter.fused_mlp &= not a.unfused
     for i in range(a.decode):
         engine.add(Row(f"d{i}", [3 + i % 50] * 32, 10_000))
     engine.step()                                  # the decode rows' prompts, every layer read once
@@ -65,7 +67,8 @@ def main() -> None:
         mx.set_default_device(mx.cpu)
     folder = model_folder(a)
     base = case(folder, a, 0, False)
-    print(f"{folder.name}, {os.cpu_count()} cores; {a.decode} rows decoding; {a.tokens} prompt tokens a pass")
+    print(f"{folder.name}, {len(os.sched_getaffinity(0))} cores; {a.decode} rows decoding; {a.tokens} prompt tokens a pass; "
+          f"{'an MLP a group' if a.unfused else 'one MLP for every group'}")
     print(f"decode alone: {base:.3f} s a pass")
     print("| prefilling | rows | compute s | beyond decode s | s a prompt token |")
     print("|---|---:|---:|---:|---:|")

@@ -8,6 +8,7 @@ import sys
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 from mlx_lm.models.cache import BatchKVCache
 from mlx_lm.utils import _get_classes, infer_quant_config
@@ -24,6 +25,8 @@ _STUB = {"U32": mx.uint32, "U8": mx.uint8, "BF16": mx.bfloat16, "F16": mx.float1
 
 class Adapter:
     """Llama-shaped models: `model.embed_tokens`, `model.layers`, `model.norm`, `lm_head` or tied."""
+
+    fused_mlp = True   # its blocks are h = x + attn(norm(x)), h + mlp(norm(h)): one MLP product for every group
 
     def __init__(self, config: dict):
         model_class, args_class = _get_classes(config)
@@ -110,6 +113,19 @@ class Adapter:
     def unload_layer(self, i: int) -> None:
         """Drop the layer's weights (back to the lazy placeholders) so their memory is freed."""
         self.layers[i].update(self._blank[i])
+
+    def run_layer(self, i: int, hs: list[mx.array], masks: list, caches: list) -> list[mx.array]:
+        """Every group's input through layer i: attention group by group (its own mask and cache), then
+        the MLP once over all their tokens. Each separate product through the weights costs a CPU their
+        trip through memory again (2 cores, lean45: ~1 s a pass a product)."""
+        layer = self.layers[i]
+        if len(hs) == 1 or not self.fused_mlp:
+            return [layer(h, m, cache=c) for h, m, c in zip(hs, masks, caches)]
+        hs = [h + layer.self_attn(layer.input_layernorm(h), m, c) for h, m, c in zip(hs, masks, caches)]
+        flat = mx.concatenate([h.reshape(-1, h.shape[-1]) for h in hs])
+        flat = flat + layer.mlp(layer.post_attention_layernorm(flat))
+        ends = np.cumsum([h.shape[0] * h.shape[1] for h in hs]).tolist()
+        return [flat[a:b].reshape(h.shape) for a, b, h in zip([0, *ends], ends, hs)]
 
     # -- the parts around the layers ---------------------------------------------------------
     def embed(self, tokens: mx.array) -> mx.array:

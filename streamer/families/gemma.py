@@ -10,6 +10,8 @@ from .base import Adapter
 
 
 class Gemma2Adapter(Adapter):
+    fused_mlp = False   # norms after attention and around the MLP: each group through its own block
+
     def embed(self, tokens):
         return self.inner.embed_tokens(tokens) * (self.args.hidden_size ** 0.5)
 
@@ -28,6 +30,8 @@ class Gemma2Adapter(Adapter):
 class Gemma3TextAdapter(Adapter):
     """Every `sliding_window_pattern`-th layer is global; the others attend to a sliding window: a
     full cache (the decode pool's slots are full width) under a window mask."""
+
+    fused_mlp = False
 
     def __init__(self, config):
         super().__init__(config)

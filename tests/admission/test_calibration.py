@@ -115,9 +115,15 @@ def test_the_compute_probe_times_a_real_layer_of_the_model(make_tiny, monkeypatc
     from spill.streamer.plan import load_plan
     import mlx.core as mx
     monkeypatch.setattr(probes, "_matmul_rates", lambda h, dtype: (1.0, 2.0))   # a matmul a second per weight
-    m = probes.compute_probe(load_plan(make_tiny("qwen2")), mx.float32)
+    plan = load_plan(make_tiny("qwen2"))
+    m = probes.compute_probe(plan, mx.float32)
     assert 0 < m.fixed_s < 10 and 0 < m.per_prefill_token_s < 10     # from the layer's own timings
     assert 0 <= m.per_context_token_s < 10                              # attention too, not the matmul's 2048
+    # another prefill group's products: its attention's share of a lone row's, the MLP's is shared
+    share = probes._attention_share(plan)
+    assert 0 < share < 1 and m.per_product_s == pytest.approx((m.fixed_s + m.packed_s) * share)
+    gemma = probes.compute_probe(load_plan(make_tiny("gemma2")), mx.float32)   # a group a block: whole products
+    assert gemma.per_product_s == pytest.approx(gemma.fixed_s + gemma.packed_s)
 
 
 def test_the_compute_probe_prices_a_token_of_context_by_the_attention_that_reads_it(make_tiny, monkeypatch):

@@ -45,6 +45,23 @@ def test_rows_joining_at_different_passes_match_rows_run_alone(make_tiny):
         assert together[rid] == alone[rid]
 
 
+def test_the_decode_rows_and_every_prefill_group_share_one_mlp_product_a_layer(make_tiny, monkeypatch):
+    """Each separate product through a layer's weights costs a CPU their trip through memory again (2 cores,
+    lean45: ~1 s a pass a product). The tokens stay those of rows run alone (the test above)."""
+    s = Streamer(make_tiny("llama"), prefill_chunk=8)
+    mlp, calls = type(s.adapter.layers[0].mlp), []
+    call = mlp.__call__
+    monkeypatch.setattr(mlp, "__call__", lambda self, x: (calls.append(x.shape), call(self, x))[1])
+    s.add(Row("a", PROMPTS[0], 4))
+    s.step()                                   # a decodes from the next pass on
+    s.add(Row("b", PROMPTS[1], 4))
+    s.add(Row("c", PROMPTS[2], 4))             # 2 and 50 tokens: two prefill groups
+    calls.clear()
+    report = s.step()
+    assert report.prefill_groups == 2
+    assert [shape[0] for shape in calls] == [1 + 2 + 8] * len(s.adapter.layers)   # a's token, b's prompt, c's chunk
+
+
 def test_chunked_prefill_matches_unchunked(make_tiny):
     folder = make_tiny("qwen2")
     schedule = {0: [("long", PROMPTS[2]), ("short", PROMPTS[0])]}
