@@ -13,8 +13,9 @@ the ideal, rows per hour and finishing time per tier, and the job's `spill repor
    limit), in its own data home (--fresh: a new one, so the estimate starts from the first-use probes);
 3. runs two small jobs at one batch (--pair-batch rows of the longest and of the shortest tier, 48 new
    tokens each) in the same cgroup, for the tiers' decode pass times at equal batch;
-4. reads the job's job.json and passes.jsonl, prints the figures as markdown and JSON, and draws the
-   plot with `spill report`.
+4. reads the job's job.json and passes.jsonl, prints the figures as JSON (with the reads' rate in the
+   warm-up's passes and in the job's, and the pre-run estimate again at the job's rate, from the
+   calibration copied before it), and draws the plot with `spill report`.
 Root is needed for the cgroup (v1, under this process's own) and to drop the page cache.
 """
 
@@ -126,6 +127,31 @@ def ideal(folder: Path, rows: list[dict], out_rows: dict, limit: str, fraction: 
     return est.ideal_seconds
 
 
+def read_rate(passes: list[dict]) -> float | None:
+    """Bytes/s of the reads inside passes of 256 MiB or more (the reader's own seconds), the median."""
+    rates = [p["bytes_streamed"] / p["read_s"] for p in passes if p.get("read_s") and p["bytes_streamed"] >= 1 << 28]
+    return statistics.median(rates) if rates else None
+
+
+def estimate_at(folder: Path, rows: list[dict], out_rows: dict, limit: str, fraction: float | None,
+                before: Path, bandwidth: float) -> float:
+    """The pre-run estimate again, from the calibration as it was before the job (`before`), with its reads
+    at `bandwidth`: what the estimate would have said of a disk running as it did in the job."""
+    from dataclasses import replace
+    from spill.admission import schedule
+    from spill.admission.passmodel import Observation, PassModel, fit
+    from spill.admission.simulate import SimRow, simulate
+    from spill.coordinator.estimate import remembered_others
+    from spill.streamer.plan import load_plan
+    data = json.loads(before.read_text())
+    model = replace(fit(PassModel(**data["prior"]), [Observation(**p) for p in data["passes"]]), bandwidth=bandwidth)
+    sim = [SimRow(i, out_rows[r["custom_id"]]["response"]["body"]["usage"]["prompt_tokens"], r["body"]["max_tokens"])
+           for i, r in enumerate(rows)]
+    plan = load_plan(folder)
+    policy, waiting, max_batch = schedule.policy_for(plan, limit, model, False, fraction, remembered_others() or 0)
+    return simulate(sim, policy, waiting, model, plan.streamed_bytes, max_batch=max_batch).total_seconds
+
+
 def main() -> None:
     a = parse()
     from spill.memory import format_size, parse_size
@@ -163,8 +189,11 @@ def main() -> None:
                              a.out / "warmup.log")
         wm = job_files(home, wj)[0]
         warm = {"job": wj, "rows": len(few), "estimate_s": (wm.get("estimate") or {}).get("total_seconds"),
-                "actual_s": (wm.get("summary") or {}).get("actual_seconds")}
+                "actual_s": (wm.get("summary") or {}).get("actual_seconds"),
+                "read_gbps": round((read_rate(job_files(home, wj)[1]) or 0) / 1e9, 3)}
     drop_cache(sorted(folder.glob("*.safetensors")))
+    for f in (home / "calibration").glob("*.json"):   # the calibration the estimate starts from
+        shutil.copy(f, a.out / f"before-{f.name}")
     print(f"1. the job: {len(rows)} rows, max_tokens {a.max_tokens}", flush=True)
     t0 = time.time()
     job = spill_in_cgroup(["run", folder, inp, "-o", a.out / "out.jsonl", "--quiet", "--new", *extra], limit, env,
@@ -190,7 +219,13 @@ def report(a, folder: Path, size: int, limit: int, rows: list[dict], home: Path,
         "ideal_s": round(ideal_s, 1), "actual_over_ideal": round(actual / ideal_s, 3) if actual and ideal_s else None,
         "tiers": tiers(rows, passes), "peak_live": max(p["active_memory"] + p.get("cache_memory", 0) for p in passes),
         "estimate_ideal_s": (meta.get("estimate") or {}).get("ideal_seconds"), "warmup": warm,
+        "read_gbps": {"warmup": warm and warm.get("read_gbps"), "job": round((read_rate(passes) or 0) / 1e9, 3)},
     }
+    before = [f for f in a.out.glob("before-*.json") if f.name != "before-group.json"]
+    if before and read_rate(passes):
+        at = estimate_at(folder, rows, out_rows, a.limit, a.budget_fraction, before[0], read_rate(passes))
+        result["estimate_at_job_read_s"] = round(at, 1)
+        result["actual_over_estimate_at_job_read"] = round(actual / at, 3) if actual else None
     png = subprocess.run([sys.executable, "-m", "spill.coordinator.cli", "report", job, "-o", str(a.out / "job.png")],
                          capture_output=True, text=True, env=env)
     result["plot"] = png.stdout.strip() or png.stderr.strip()
