@@ -55,7 +55,7 @@ class PassModel:
     per_row_s: float = 0.0
     per_prefill_token_s: float = 0.0
     per_context_token_s: float = 0.0
-    per_product_s: float = 0.0        # another prefill group's products: its attention's weights read through again
+    per_product_s: float = 0.0        # another prefill group beside the decode rows (its attention, its products)
     overlap: float = 0.5              # before any pass: halfway between serial and perfect
     overhead_s: float = 0.0
 

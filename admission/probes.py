@@ -56,7 +56,8 @@ def _drop(fd: int, offset: int, length: int) -> None:
 def compute_probe(plan, dtype) -> PassModel:
     """Time the model's first layer as the streamer runs it (its weights, its attention, in the
     compute dtype): a 128-token prefill, then decode steps of 1, 2 and 16 rows, scaled to every
-    layer, and its attention per token of context (`_attention_per_token`); the head per row priced
+    layer, its attention per token of context (`_attention_per_token`) and another prefill group beside
+    the decode rows (`_group_cost`); the head per row priced
     from a matmul of the model's width; what 2 rows cost beyond one (a CPU packs weights for a
     product) is its own term. A layer that cannot run here leaves the matmul's figures alone."""
     import mlx.core as mx
@@ -95,9 +96,10 @@ def compute_probe(plan, dtype) -> PassModel:
         row = max(d16 - d2, 0.0) / 14
         packed = max(d2 - d1 - row, 0.0)      # one row is a matrix-vector product; more, a packed product
         model.fixed_s, model.packed_s = d1 * n, packed * n
-        # another group's products pay their weights' trip as a lone row does: the attention's alone where
-        # every group shares one MLP product (families/base.py run_layer)
-        model.per_product_s = (d1 + packed) * n * (_attention_share(plan) if adapter.fused_mlp else 1.0)
+        try:
+            model.per_product_s = _group_cost(adapter, h, dtype) * n
+        except Exception:   # the rest of the layer's figures stand; another group at a lone row's price
+            model.per_product_s = (d1 + packed) * n
         model.per_row_s = row * n + head
         model.per_prefill_token_s = max(prefill - d1 - packed, 0.0) / 128 * n
         model.per_context_token_s = _attention_per_token(adapter, layer, h, *plan.kv_heads_and_dim, dtype) * n
@@ -106,11 +108,27 @@ def compute_probe(plan, dtype) -> PassModel:
     return model
 
 
-def _attention_share(plan) -> float:
-    """The share of a layer's weight bytes in its attention (the rest: the MLP and the norms)."""
-    layer = plan.layers[0] if plan.layers else []
-    total = sum(t.nbytes for t in layer)
-    return sum(t.nbytes for t in layer if ".self_attn." in t.name) / total if total else 1.0
+def _group_cost(adapter, h: int, dtype, chunk: int = 32) -> float:
+    """Seconds layer 0 spends on one more prefill group (one row, `chunk` prompt tokens) beside 16 decoding
+    rows and a first group, through the streamer's own `run_layer`. (Not a share of the weights' trip: on 2
+    cores, lean45, a group cost ~0.5 s a pass with the MLP shared, ~0.9 s without, against 1.05 s of decode.)"""
+    import mlx.core as mx
+
+    def step(groups: int) -> float:
+        shapes = [(16, 1)] + [(1, chunk)] * groups
+        caches = [adapter.make_cache(0, [0] * b) for b, _ in shapes]
+        best = float("inf")
+        for k in range(4):   # the first call allocates the caches, as a group's first pass does once
+            hs = [mx.random.normal((b, t, h)).astype(dtype) for b, t in shapes]
+            masks = [adapter.masks(x, [c])[0] for x, c in zip(hs, caches)]
+            mx.eval(hs, [m for m in masks if isinstance(m, mx.array)])
+            t0 = time.perf_counter()
+            mx.eval(adapter.run_layer(0, hs, masks, caches))
+            best = min(best, time.perf_counter() - t0) if k else best
+        return best
+
+    step(1)   # warm-up
+    return max(step(2) - step(1), 0.0)
 
 
 def _attention_per_token(adapter, layer, h: int, kv_heads: int, head_dim: int, dtype, rows: int = 16, short: int = 32,
@@ -176,8 +194,8 @@ def pass_probe(folder, dtype) -> list[Observation]:
 
 def priced_by_passes(model: PassModel, passes: list[Observation]) -> PassModel:
     """The layer probe's model with its compute terms from `pass_probe`'s passes (fixed from the lone row's,
-    per row from the 16 rows' beyond it, prefill tokens from the rest of the first, another group's products at
-    the layer probe's share of the lone row's), their overlap and overhead."""
+    per row from the 16 rows' beyond it, prefill tokens from the rest of the first; another group's cost as the
+    layer probe timed it), their overlap and overhead."""
     prefill, many, one = passes
     ctx = model.per_context_token_s
     fixed = max(one.compute_s - ctx * one.context_tokens, 1e-6)
@@ -186,9 +204,8 @@ def priced_by_passes(model: PassModel, passes: list[Observation]) -> PassModel:
     overhead = float(np.median([max(p.seconds - p.wait_s - p.compute_s, 0.0) for p in passes]))
     hidden = [1.0 - (p.seconds - overhead - max(p.read_s, p.compute_s)) / min(p.read_s, p.compute_s)
               for p in passes if min(p.read_s, p.compute_s) > 0]
-    product = fixed * model.per_product_s / model.fixed_s if model.fixed_s > 0 else fixed
     return PassModel(model.bandwidth, fixed, 0.0, row, max(prefill.compute_s - fixed, 0.0) / max(prefill.prefill_tokens, 1),
-                     ctx, product, overlap=float(np.clip(np.median(hidden), 0.0, 1.0)) if hidden else model.overlap,
+                     ctx, model.per_product_s, overlap=float(np.clip(np.median(hidden), 0.0, 1.0)) if hidden else model.overlap,
                      overhead_s=overhead)
 
 
