@@ -124,7 +124,8 @@ def _group_cost(adapter, h: int, dtype, chunk: int = 32) -> float:
             mx.eval(hs, [m for m in masks if isinstance(m, mx.array)])
             t0 = time.perf_counter()
             mx.eval(adapter.run_layer(0, hs, masks, caches))
-            best = min(best, time.perf_counter() - t0) if k else best
+            if k:
+                best = min(best, time.perf_counter() - t0)
         return best
 
     step(1)   # warm-up

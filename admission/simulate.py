@@ -2,7 +2,7 @@
 lengths, drain tail included. Pure: a fake clock, no model, no sockets.
 
 The streamer's semantics, pass by pass: rows admitted after pass k start prefilling in pass k+1,
-in groups of like length (each its own product), an equal share of the pass's pace each (`schedule.pace`);
+in groups of like length (each its own attention), an equal share of the pass's pace each (`schedule.pace`);
 a row emits its first token in the pass that ends its prompt and one token a pass after that; it
 leaves after its last token and its slot is refilled next pass.
 

@@ -138,7 +138,7 @@ class Pass:
     major_faults: int = 0
     read_bandwidth: float = 0.0       # bytes streamed / seconds of the pass
     read_s: float = 0.0               # seconds the reader spent in read calls (they run beside the compute)
-    prefill_groups: int = 0           # prefill groups that ran (each its own product through every weight)
+    prefill_groups: int = 0           # prefill groups that ran (each its own attention, priced apart)
 
 
 @dataclass

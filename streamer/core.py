@@ -72,7 +72,7 @@ class PassReport:
     minor_faults: int = 0                           # this pass's page faults
     major_faults: int = 0
     read_s: float = 0.0                             # the reader's seconds in read calls (beside the compute)
-    prefill_groups: int = 0                         # prefill groups that ran: each its own product through every weight
+    prefill_groups: int = 0                         # prefill groups that ran: each its own attention (families run_layer)
 
 
 def _free_cache() -> None:

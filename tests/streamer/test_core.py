@@ -81,7 +81,7 @@ def test_a_pace_shares_a_passs_prefill_tokens_out_and_changes_no_token(make_tiny
     assert _drive(paced, schedule) == _drive(Streamer(folder, prefill_chunk=512), schedule)
     carried = [r.prefill_tokens for r in steps if r.prefill_tokens]
     assert max(carried) == 32 * 3 and len(carried) >= 4   # 3 rows at 32 tokens (the least a row takes), not 512
-    # a and b (of like length) came together: one group, each its own product; c came a pass later
+    # a and b (of like length) came together: one group (its own attention); c came a pass later
     assert [r.prefill_groups for r in steps if r.prefill_tokens] == [1, 2, 2, 1]
 
 
