@@ -128,9 +128,9 @@ def ideal(folder: Path, rows: list[dict], out_rows: dict, limit: str, fraction: 
 
 
 def read_rate(passes: list[dict]) -> float | None:
-    """Bytes/s of the reads inside passes of 256 MiB or more (the reader's own seconds), the median."""
-    rates = [p["bytes_streamed"] / p["read_s"] for p in passes if p.get("read_s") and p["bytes_streamed"] >= 1 << 28]
-    return statistics.median(rates) if rates else None
+    """Bytes/s of the reads inside the passes (the reader's own seconds), as the calibration takes it."""
+    from spill.admission.calibration import in_pass_rate
+    return in_pass_rate((p["bytes_streamed"], p.get("read_s")) for p in passes)
 
 
 def estimate_at(folder: Path, rows: list[dict], out_rows: dict, limit: str, fraction: float | None,
@@ -138,18 +138,15 @@ def estimate_at(folder: Path, rows: list[dict], out_rows: dict, limit: str, frac
     """The pre-run estimate again, from the calibration as it was before the job (`before`), with its reads
     at `bandwidth`: what the estimate would have said of a disk running as it did in the job."""
     from dataclasses import replace
-    from spill.admission import schedule
     from spill.admission.passmodel import Observation, PassModel, fit
-    from spill.admission.simulate import SimRow, simulate
-    from spill.coordinator.estimate import remembered_others
-    from spill.streamer.plan import load_plan
+    from spill.admission.simulate import SimRow
+    from spill.coordinator.estimate import estimate_rows, remembered_others
     data = json.loads(before.read_text())
     model = replace(fit(PassModel(**data["prior"]), [Observation(**p) for p in data["passes"]]), bandwidth=bandwidth)
     sim = [SimRow(i, out_rows[r["custom_id"]]["response"]["body"]["usage"]["prompt_tokens"], r["body"]["max_tokens"])
            for i, r in enumerate(rows)]
-    plan = load_plan(folder)
-    policy, waiting, max_batch = schedule.policy_for(plan, limit, model, False, fraction, remembered_others() or 0)
-    return simulate(sim, policy, waiting, model, plan.streamed_bytes, max_batch=max_batch).total_seconds
+    est, _ = estimate_rows(folder, sim, memory=limit, fraction=fraction, others=remembered_others() or 0, model=model)
+    return est.total_seconds
 
 
 def main() -> None:

@@ -13,6 +13,7 @@ from spill.admission import schedule
 from spill.memory import group_rss
 from spill.admission.advisor import Advice, advise
 from spill.admission.calibration import open_calibration
+from spill.admission.passmodel import PassModel
 from spill.admission.simulate import Estimate, SimRow, simulate
 from spill.streamer.plan import load_plan
 from spill.tokenizer_worker.core import TokenizerCore
@@ -93,17 +94,19 @@ def sim_rows(folder: Path, requests: list, which, defaults: dict) -> tuple[list[
 
 def estimate_rows(folder: Path, rows: list[SimRow], *, errors: int = 0, memory: str | None = None,
                   resident: bool = False, loaded: bool = False, fraction: float | None = None,
-                  others: int = 0) -> tuple[Estimate, dict]:
+                  others: int = 0, model: PassModel | None = None) -> tuple[Estimate, dict]:
     """Resident: the first pass reads every layer (none once `loaded`), later ones nothing (compute alone).
-    `others`: the group's processes' memory, which the budget leaves out of the KV as admission does."""
+    `others`: the group's processes' memory, which the budget leaves out of the KV as admission does.
+    `model`: a pass model to price with in place of this machine's stored calibration."""
     plan = load_plan(folder)
     cal = open_calibration(folder)
-    policy, waiting, max_batch = schedule.policy_for(plan, memory, cal.model, resident, fraction, others)
+    model = model or cal.model
+    policy, waiting, max_batch = schedule.policy_for(plan, memory, model, resident, fraction, others)
     streamed = 0 if resident else plan.streamed_bytes
-    est = simulate(rows, policy, waiting, cal.model, streamed, max_batch=max_batch, errors=errors,
+    est = simulate(rows, policy, waiting, model, streamed, max_batch=max_batch, errors=errors,
                    read_once=0 if loaded else plan.streamed_bytes - streamed)
     est.mode = "resident" if resident else "streamed"
-    return est, {"key": cal.key, "passes": cal.seen, **cal.model.to_dict()}
+    return est, {"key": cal.key, "passes": cal.seen, **model.to_dict()}
 
 
 def duration(seconds: float) -> str:

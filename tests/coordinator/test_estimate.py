@@ -275,3 +275,16 @@ def _batch(tmp_path, n: int):
     lines = [json.dumps({"custom_id": f"r{i}", "prompt": "word " * 200, "max_tokens": 64}) for i in range(n)]
     (tmp_path / "in.jsonl").write_text("\n".join(lines) + "\n")
     return tmp_path / "in.jsonl"
+
+
+def test_an_estimate_can_price_with_a_pass_model_other_than_the_stored_one(make_tiny, tmp_path, monkeypatch):
+    from dataclasses import replace
+    from spill.admission.simulate import SimRow
+    from spill.coordinator.estimate import estimate_rows
+    monkeypatch.setenv("SPILL_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(calibration, "read_probe", lambda files: 2e9)
+    folder, rows = make_tiny("llama"), [SimRow(i, 200, 64) for i in range(16)]
+    stored, cal = estimate_rows(folder, rows, memory="48MiB")
+    slow_disk = replace(calibration.open_calibration(folder).model, bandwidth=cal["bandwidth"] / 8)
+    slow, priced = estimate_rows(folder, rows, memory="48MiB", model=slow_disk)
+    assert priced["bandwidth"] == cal["bandwidth"] / 8 and slow.total_seconds > stored.total_seconds
