@@ -18,7 +18,7 @@ import numpy as np
 from spill import config
 from spill.streamer.groups import chunk_for
 
-from .passmodel import Observation, PassModel, fit
+from .passmodel import Observation, PassModel, fit, read_rate
 from .probes import _stored_dtype, compute_probe, pass_probe, priced_by_passes, read_probe, weight_files
 from .schedule import outstanding, pace
 
@@ -110,13 +110,6 @@ class Calibration:
             return None
 
 
-def in_pass_rate(reads) -> float | None:
-    """The median bytes/s of (bytes, seconds) reads inside passes of 256 MiB or more; a smaller pass times
-    its calls, not the disk."""
-    rates = [b / s for b, s in reads if s and s > 0 and b >= 1 << 28]
-    return float(np.median(rates)) if rates else None
-
-
 def open_calibration(folder: str | Path, dtype=None) -> Calibration:
     """The calibration of this model on this machine, probing and storing it at first use.
     `dtype` is the compute dtype (default: the streamer's for this device)."""
@@ -134,8 +127,9 @@ def open_calibration(folder: str | Path, dtype=None) -> Calibration:
             pass
         mx.clear_cache()   # the probes' freed buffers: not kept for the life of the process that probed
         prior.bandwidth = read_probe(weight_files(folder))
-        # reads inside passes run slower than alone (lean45 on 2 vCPUs: 0.65-0.8 GB/s against 1.16)
-        inside = in_pass_rate((p.bytes_streamed, p.read_s) for p in passes)
+        # reads inside passes run slower than alone (lean45 on 2 vCPUs: 0.65-0.8 GB/s against 1.16);
+        # a pass of under 256 MiB times its calls, not the disk
+        inside = read_rate(((p.bytes_streamed, p.read_s, p.compute_s) for p in passes), least=1 << 28)
         if inside:
             prior.bandwidth = min(prior.bandwidth, inside)
         cal = Calibration(k, prior, name=Path(folder).name)

@@ -4,9 +4,12 @@
     compute = fixed + packed (if more than one row) + per_row x decode rows + per_prefill x prefill tokens
               + per_context x context + per_product x products beyond the first
     pass    = max(IO, compute) + (1 - overlap) x min(IO, compute) + overhead
+            = IO + read tail + overhead, where the read is longer and passes have timed the tail
 
 `overlap` is how much of the shorter term hides under the longer one (1: perfect double buffering,
-0: read and compute in series); it is fitted from real passes, never assumed.
+0: read and compute in series); it is fitted from real passes, never assumed. A read-bound pass runs
+past its read by about the same time whatever its compute (the last layer, the logits, a hand-off a
+layer): lean45's decode passes on 2 vCPUs, 0.36-0.37 s at 1.0-3.5 s of compute.
 """
 
 from dataclasses import asdict, dataclass, field
@@ -58,6 +61,7 @@ class PassModel:
     per_product_s: float = 0.0        # another prefill group beside the decode rows (its attention, its products)
     overlap: float = 0.5              # before any pass: halfway between serial and perfect
     overhead_s: float = 0.0
+    read_tail_s: float | None = None   # a read-bound pass's time past its read; None: (1 - overlap) x compute
 
     def io_s(self, shape: PassShape) -> float:
         return shape.bytes_streamed / self.bandwidth
@@ -73,6 +77,8 @@ class PassModel:
 
     def pass_s(self, shape: PassShape) -> float:
         io, c = self.io_s(shape), self.compute_s(shape)
+        if io >= c and self.read_tail_s is not None:
+            return io + self.read_tail_s + self.overhead_s
         return max(io, c) + (1.0 - self.overlap) * min(io, c) + self.overhead_s
 
     def prefill_allowance(self, bytes_streamed: int, decode_rows: int, context_tokens: int) -> int:
@@ -87,6 +93,16 @@ class PassModel:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def read_rate(reads, least: int = 0) -> float | None:
+    """The median bytes/s of (bytes, read seconds, compute seconds) of passes whose reads the streamer timed
+    (of `least` bytes or more): of the read-bound ones where three were. Only a read-bound pass waits on its
+    read, and reads between long computes run faster (lean45, 2 vCPUs: 0.84-0.94 GB/s against 0.66-0.68)."""
+    timed = [(b / r, r >= c) for b, r, c in reads if r and r > 0 and b and b >= least]
+    bound = [rate for rate, longer in timed if longer]
+    rates = bound if len(bound) >= 3 else [rate for rate, _ in timed]
+    return float(np.median(rates)) if rates else None
 
 
 def _ridge(x: np.ndarray, y: np.ndarray, strength: float) -> np.ndarray:
@@ -113,8 +129,9 @@ def fit(prior: PassModel, passes: list[Observation], strength: float = 0.01) -> 
     few passes cannot swing a term they do not exercise; context keeps the probe's price until
     CONTEXT_PASSES decode-only passes); with three decode-only passes or more, the
     decode terms from those alone and the prefill terms (tokens, products) from what the others cost beyond them.
-    Overhead: the median of what a pass spent outside waiting and computing. Overlap: the share of min(IO, compute) hidden.
-    Bandwidth: the rate of the reads inside passes where the streamer timed them (three passes or more),
+    Overhead: the median of what a pass spent outside waiting and computing. Overlap: the share of min(IO, compute) hidden,
+    and what read-bound passes run past their reads (`read_tail_s`, where the reader timed three or more).
+    Bandwidth: the rate of the reads inside passes where the streamer timed them (three passes or more; `read_rate`),
     else the probe's until three passes were read-bound (waited longer than they computed)."""
     if not passes:
         return prior
@@ -146,15 +163,19 @@ def fit(prior: PassModel, passes: list[Observation], strength: float = 0.01) -> 
     terms = w * prior_terms
     terms[frozen] = priced[frozen]
     model = PassModel(prior.bandwidth, *terms.tolist(),
-                      overlap=prior.overlap, overhead_s=prior.overhead_s)
+                      overlap=prior.overlap, overhead_s=prior.overhead_s, read_tail_s=prior.read_tail_s)
     seconds = np.array([p.seconds for p in passes])
     model.overhead_s = float(np.median([max(p.seconds - p.wait_s - p.compute_s, 0.0) for p in passes]))
     nbytes = np.array([p.bytes_streamed for p in passes], dtype=float)
     read_bound = (nbytes > 0) & np.array([p.wait_s > p.compute_s for p in passes])
     timed = (nbytes > 0) & np.array([p.read_s > 0 for p in passes])
     if timed.sum() >= 3:   # the reader timed its reads: the rate they ran at inside passes is the bandwidth
-        model.bandwidth = float(np.median(nbytes[timed] / np.array([p.read_s for p in passes])[timed]))
+        read = np.array([p.read_s for p in passes])
+        model.bandwidth = read_rate(zip(nbytes, read, y))
         read_bound[:] = False
+        longer = timed & (read >= y)
+        if longer.sum() >= 3:
+            model.read_tail_s = float(max(np.median((seconds - model.overhead_s - read)[longer]), 0.0))
     for _ in range(10):
         # a read-bound pass cannot tell a slow read from an unhidden one, so the overlap comes
         # from compute-bound passes where there are any, and the bandwidth from read-bound ones

@@ -196,7 +196,7 @@ def pass_probe(folder, dtype) -> list[Observation]:
 def priced_by_passes(model: PassModel, passes: list[Observation]) -> PassModel:
     """The layer probe's model with its compute terms from `pass_probe`'s passes (fixed from the lone row's,
     per row from the 16 rows' beyond it, prefill tokens from the rest of the first; another group's cost as the
-    layer probe timed it), their overlap and overhead."""
+    layer probe timed it), their overlap, overhead and read tail."""
     prefill, many, one = passes
     ctx = model.per_context_token_s
     fixed = max(one.compute_s - ctx * one.context_tokens, 1e-6)
@@ -205,9 +205,10 @@ def priced_by_passes(model: PassModel, passes: list[Observation]) -> PassModel:
     overhead = float(np.median([max(p.seconds - p.wait_s - p.compute_s, 0.0) for p in passes]))
     hidden = [1.0 - (p.seconds - overhead - max(p.read_s, p.compute_s)) / min(p.read_s, p.compute_s)
               for p in passes if min(p.read_s, p.compute_s) > 0]
+    tail = [p.seconds - overhead - p.read_s for p in passes if p.read_s >= p.compute_s > 0]
     return PassModel(model.bandwidth, fixed, 0.0, row, max(prefill.compute_s - fixed, 0.0) / max(prefill.prefill_tokens, 1),
                      ctx, model.per_product_s, overlap=float(np.clip(np.median(hidden), 0.0, 1.0)) if hidden else model.overlap,
-                     overhead_s=overhead)
+                     overhead_s=overhead, read_tail_s=max(float(np.median(tail)), 0.0) if tail else None)
 
 
 def _matmul_rates(h: int, dtype) -> tuple[float, float]:

@@ -129,8 +129,8 @@ def ideal(folder: Path, rows: list[dict], out_rows: dict, limit: str, fraction: 
 
 def read_rate(passes: list[dict]) -> float | None:
     """Bytes/s of the reads inside the passes (the reader's own seconds), as the calibration takes it."""
-    from spill.admission.calibration import in_pass_rate
-    return in_pass_rate((p["bytes_streamed"], p.get("read_s")) for p in passes)
+    from spill.admission.passmodel import read_rate as rate
+    return rate(((p["bytes_streamed"], p.get("read_s"), p["compute_s"]) for p in passes), least=1 << 28)
 
 
 def estimate_at(folder: Path, rows: list[dict], out_rows: dict, limit: str, fraction: float | None,

@@ -1,13 +1,17 @@
 """What a pass's prompt tokens cost by how they are split: one row, several rows of one prefill group,
-or several groups (each group is its own attention; with --unfused, its own MLP product too).
+or several groups (each group is its own attention; with --unfused, its own MLP product too); with
+--context, by the context each chunk attends to.
 
     python benchmarks/prefill_groups.py [--size lean45] [--dtype float32] [--decode 20] [--tokens 96]
                                         [--splits 1,3] [--prompt 900] [--passes 4] [--unfused] [--device cpu]
+    python benchmarks/prefill_groups.py --context [--whole 128,256,512,900] [...]
 
 Every layer is kept resident (the compute alone is timed). Each case: --decode rows decode, then
 prompts of --prompt tokens (and up) start with a pace of --tokens a pass, shared out as the streamer
 shares them; prints the median compute of --passes passes against decode alone, and the cost of a
-prompt token in each split.
+prompt token in each split. --context: one --prompt row paced at --tokens a pass (each chunk attends to
+those before it), then --whole prompts in one pass each; prints each pass's compute beyond decode alone
+and a least-squares fit a * tokens + b * tokens x (tokens before + tokens).
 """
 
 import argparse
@@ -15,6 +19,8 @@ import os
 import statistics
 import sys
 from pathlib import Path
+
+import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from pass_time import model_args, model_folder  # noqa: E402
@@ -31,6 +37,8 @@ def parse() -> argparse.Namespace:
     p.add_argument("--passes", type=int, default=4)
     p.add_argument("--unfused", action="store_true", help="each group through its own MLP too (no fused product)")
     p.add_argument("--device", choices=["default", "cpu"], default="default", help="cpu: the CPU cores where a GPU is")
+    p.add_argument("--context", action="store_true", help="the cost of a chunk by the context it attends to")
+    p.add_argument("--whole", default="128,256,512,900", help="--context: prompt lengths prefilled in one pass each")
     p.set_defaults(dtype="float32")
     return p.parse_args()
 
@@ -57,6 +65,67 @@ def case(folder, a, rows: int, groups: bool) -> float:
     return statistics.median(seconds[1:])          # the first pass allocates the groups' caches
 
 
+def engine_with_decode(folder, a):
+    from spill.streamer.core import Row, Streamer
+    engine = Streamer(folder, resident=True)
+    for i in range(a.decode):
+        engine.add(Row(f"d{i}", [3 + i % 50] * 32, 10_000))
+    engine.step()                                   # the decode rows' prompts, every layer read once
+    return engine
+
+
+def decode_alone(folder, a) -> float:
+    engine = engine_with_decode(folder, a)
+    s = [engine.step().compute_s for _ in range(4)]
+    engine.close()
+    return statistics.median(s[1:])
+
+
+def paced(folder, a) -> list[tuple[int, int, float]]:
+    """(chunk, tokens before it, compute s) of each pass that prefills the --prompt row --tokens at a time."""
+    from spill.streamer.core import Row
+    engine = engine_with_decode(folder, a)
+    engine.prefill_budget = a.tokens
+    engine.add(Row("p", [7] * a.prompt, 4))
+    out, before = [], 0
+    while before < a.prompt:
+        rep = engine.step()
+        out.append((rep.prefill_tokens, before, rep.compute_s))
+        before += rep.prefill_tokens
+    engine.close()
+    return out
+
+
+def whole(folder, a, n: int) -> tuple[int, int, float]:
+    from spill.streamer.core import Row
+    engine = engine_with_decode(folder, a)
+    engine.prefill_budget = engine.prefill_chunk = n
+    engine.add(Row("w", [9] * n, 4))
+    rep = engine.step()
+    engine.close()
+    assert rep.prefill_tokens == n, rep
+    return n, 0, rep.compute_s
+
+
+def by_context(folder, a) -> None:
+    """--context: each chunk's compute beyond decode alone, by the prompt tokens before it."""
+    base = decode_alone(folder, a)
+    print(f"{folder.name}, {len(os.sched_getaffinity(0))} cores; {a.decode} rows decoding: {base:.3f} s a pass")
+    runs = paced(folder, a)[1:]    # the first paced pass allocates the group's cache
+    runs += [whole(folder, a, int(n)) for n in a.whole.split(",") if n]
+    print("| chunk | tokens before | compute s | beyond decode s | s a token |")
+    print("|---:|---:|---:|---:|---:|")
+    for n, o, s in runs:
+        print(f"| {n} | {o} | {s:.3f} | {s - base:.3f} | {(s - base) / n:.4f} |", flush=True)
+    x = np.array([[n, n * (o + n)] for n, o, _ in runs], dtype=float)
+    y = np.array([s - base for _, _, s in runs])
+    (per_token, per_pair), *_ = np.linalg.lstsq(x, y, rcond=None)
+    flat = float(y.sum() / x[:, 0].sum())
+    print(f"fit: {per_token:.5f} s a token + {per_pair:.3e} s a pair attended (mean |error| "
+          f"{np.abs(x @ [per_token, per_pair] - y).mean():.3f} s); a flat price: {flat:.5f} s a token "
+          f"(mean |error| {np.abs(x[:, 0] * flat - y).mean():.3f} s)")
+
+
 def main() -> None:
     env = preload_env(dict(os.environ))
     if env.get("LD_PRELOAD") != os.environ.get("LD_PRELOAD"):
@@ -66,6 +135,8 @@ def main() -> None:
         import mlx.core as mx
         mx.set_default_device(mx.cpu)
     folder = model_folder(a)
+    if a.context:
+        return by_context(folder, a)
     base = case(folder, a, 0, False)
     print(f"{folder.name}, {len(os.sched_getaffinity(0))} cores; {a.decode} rows decoding; {a.tokens} prompt tokens a pass; "
           f"{'an MLP a group' if a.unfused else 'one MLP for every group'}")

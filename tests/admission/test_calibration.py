@@ -212,7 +212,9 @@ def test_the_first_use_bandwidth_is_the_reads_inside_the_probes_passes_when_slow
     passes = [Observation(0, 256, 0, gib, 8.0, 0.2, 7.8, read_s=1.5), Observation(16, 0, 272, gib, 2.0, 1.0, 1.0, read_s=1.4),
               Observation(1, 0, 18, gib, 1.9, 1.4, 0.5, read_s=1.3)]
     monkeypatch.setattr(cal, "pass_probe", lambda folder, dtype: passes)
-    assert open_calibration(folder).model.bandwidth == pytest.approx(gib / 1.4)
+    model = open_calibration(folder).model
+    assert model.bandwidth == pytest.approx(gib / 1.4)
+    assert model.read_tail_s == pytest.approx(0.6)   # what the two read-bound passes ran past their reads
     small = [Observation(**{**vars(p), "bytes_streamed": 1 << 20}) for p in passes]   # a tiny model's pass: its calls
     monkeypatch.setattr(cal, "pass_probe", lambda folder, dtype: small)
     monkeypatch.setenv("SPILL_HOME", str(tmp_path / "other"))

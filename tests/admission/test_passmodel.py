@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from spill.admission.passmodel import Observation, PassModel, PassShape, fit
+from spill.admission.passmodel import Observation, PassModel, PassShape, fit, read_rate
 
 TRUE = PassModel(bandwidth=2e9, fixed_s=0.8, per_row_s=0.02, per_prefill_token_s=0.003,
                  per_context_token_s=2e-5, overlap=0.7, overhead_s=0.05)
@@ -182,3 +182,34 @@ def test_a_warm_up_of_few_decode_passes_leaves_the_price_of_context_to_the_probe
     assert got.per_context_token_s == prior.per_context_token_s
     # the 60-row job's decode passes of its 900-token tier: 8 rows, ~950 tokens of context each, 2.2 s
     assert got.compute_s(PassShape(8, 0, 7500, 0)) == pytest.approx(2.2, rel=0.1)
+
+
+def test_a_read_bound_pass_runs_past_its_read_by_a_tail_the_compute_bound_ones_do_not_show():
+    """The 200-row job on lean45 (2 vCPUs): decode passes ran 0.36 s past their reads at 1.6-3.5 s of compute
+    (0.37 in its warm-up), prefill passes 0.13 s past their compute (3.9 s of reads). One overlap, fitted on
+    the compute-bound ones, priced every decode pass 0.26 s short: 6% of a job of 1,200 decode passes."""
+    engine = PassModel(bandwidth=6.75e8, fixed_s=1.2, per_row_s=0.05, per_prefill_token_s=0.03, overlap=0.97,
+                       overhead_s=0.01, read_tail_s=0.35)
+    rnd, passes = random.Random(3), []
+    for i in range(120):
+        shape = PassShape(rnd.randint(8, 24), 0 if i % 4 else rnd.randint(300, 900), 0, 2_666_373_120)
+        c, io = engine.compute_s(shape), engine.io_s(shape) * rnd.uniform(0.97, 1.03)
+        seconds = io + 0.35 + 0.01 if io >= c else engine.pass_s(shape)
+        passes.append(Observation(**vars(shape), seconds=seconds, wait_s=seconds - c - 0.01, compute_s=c, read_s=io))
+    got = fit(PassModel(bandwidth=7.4e8, fixed_s=1.0, per_row_s=0.04, per_prefill_token_s=0.026), passes)
+    assert got.read_tail_s == pytest.approx(0.35, abs=0.01) and got.overlap == pytest.approx(0.97, abs=0.02)
+    for shape in (PassShape(22, 0, 0, 2_666_373_120), PassShape(20, 600, 0, 2_666_373_120)):
+        assert got.pass_s(shape) == pytest.approx(engine.pass_s(shape), rel=0.02)
+    assert PassModel(**{**vars(engine), "read_tail_s": None}).pass_s(passes[1]) < 0.95 * passes[1].seconds
+
+
+def test_the_bandwidth_is_the_rate_of_the_reads_that_passes_waited_on():
+    """The same job: reads inside its compute-bound prefill passes ran at 0.84 GB/s, inside its read-bound
+    decode passes at 0.68 (the warm-up's: 0.94 and 0.66). The median of every pass, 0.88 GB/s from a warm-up
+    of half prefill passes, priced the job's decode passes 25% short of the reads they waited on."""
+    passes = [Observation(20, 0, 0, 2_666_373_120, 4.3, 2.0, 2.3, read_s=2_666_373_120 / 0.68e9) for _ in range(5)]
+    passes += [Observation(8, 500, 0, 2_666_373_120, 20.1, 0.1, 20.0, read_s=2_666_373_120 / 0.84e9)
+               for _ in range(6)]
+    assert fit(PassModel(bandwidth=1e9, fixed_s=1.0), passes).bandwidth == pytest.approx(0.68e9)
+    assert read_rate([(2e9, 1.0, 9.0)] * 6) == 2e9   # no pass waited on its read: every timed read counts
+    assert read_rate([(2e8, 1.0, 0.1)] * 6, least=1 << 28) is None   # a small pass times its calls, not the disk
