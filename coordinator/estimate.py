@@ -133,9 +133,11 @@ def _group_line(others: int | None) -> str:
 
 
 def format_estimate(est: Estimate, calibration: dict, advice: Advice | None = None) -> str:
+    tail = calibration.get("read_tail_s")
     lines = [estimate_line(est), *([advice.line] if advice else []),
              f"calibration: {calibration['bandwidth'] / 1e9:.2f} GB/s read, overlap {calibration['overlap']:.2f}, "
-             f"refitted from {calibration['passes']} passes",
+             + (f"{tail:.2f} s past a read-bound pass's read, " if tail is not None else "")
+             + f"refitted from {calibration['passes']} passes",
              f"{'tier':<16}{'rows':>7}{'prompt tok':>12}{'batch':>7}{'passes':>8}{'time':>10}{'ideal':>10}"]
     for t in est.tiers:
         lines.append(f"{t.name:<16}{t.rows:>7}{t.prompt_tokens:>12,}{t.batch:>7.1f}{t.passes:>8}"
