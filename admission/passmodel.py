@@ -8,8 +8,8 @@
 
 `overlap` is how much of the shorter term hides under the longer one (1: perfect double buffering,
 0: read and compute in series); it is fitted from real passes, never assumed. A read-bound pass runs
-past its read by about the same time whatever its compute (the last layer, the logits, a hand-off a
-layer): lean45's decode passes on 2 vCPUs, 0.36-0.37 s at 1.0-3.5 s of compute.
+past its read by about the same time whatever its compute (the last layer, the logits, the reader's
+fill of each new buffer): lean45's decode passes on 2 vCPUs, 0.36-0.37 s at 1.0-3.5 s of compute.
 """
 
 from dataclasses import asdict, dataclass, field
