@@ -182,6 +182,12 @@ class JobEstimate:
             self.cost = time.monotonic() - now
         return max(self.eta_s - (now - self.at), 0.0)
 
+    def started(self, at: float) -> None:
+        """The job's first pass began at `at` (monotonic): the figure counts down from there, as the estimate
+        counts the job, not from the submit (a queue, the model's load, a first-use probe come before it)."""
+        if self.at != float("-inf"):   # a re-simulation already asked for stays asked for
+            self.at = max(self.at, at)
+
     def priced(self, others: int) -> None:
         """The group's memory as admission priced the job: the ETA's from now on (re-simulated at once when
         it moved), and what `spill estimate` and the next job's estimate take until a job measures again."""

@@ -107,6 +107,8 @@ class JobRun:
         now = time.monotonic()
         if not self.first_pass_at:
             self.first_pass_at, self.first_pass_s = now, msg.seconds
+            if self.estimate is not None:
+                self.estimate.started(now - msg.seconds)
         self.last_pass_at = now
         self.passes += 1
         self.pass_seconds += msg.seconds

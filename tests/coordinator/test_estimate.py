@@ -288,3 +288,19 @@ def test_an_estimate_can_price_with_a_pass_model_other_than_the_stored_one(make_
     slow_disk = replace(calibration.open_calibration(folder).model, bandwidth=cal["bandwidth"] / 8)
     slow, priced = estimate_rows(folder, rows, memory="48MiB", model=slow_disk)
     assert priced["bandwidth"] == cal["bandwidth"] / 8 and slow.total_seconds > stored.total_seconds
+
+
+def test_the_eta_counts_down_from_the_first_pass_not_from_the_submit(make_tiny, tmp_path, monkeypatch):
+    """The demo at a fresh home: the ETA read 0h00m00s at 10 of 20 rows of a 20 s job estimated at 23 s,
+    its count-down started at the submit, before the model's load."""
+    import time
+    from spill.admission.advisor import Advice
+    from spill.admission.simulate import SimRow
+    from spill.coordinator import estimate
+    monkeypatch.setenv("SPILL_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(calibration, "read_probe", lambda files: 2e9)
+    rows = [SimRow(i, 200, 64) for i in range(64)]
+    job = estimate.JobEstimate(make_tiny("llama"), rows, 0, memory="48MiB", advice=Advice(False, ""), every=3600.0)
+    job.at -= 30.0    # the submit, 30 s before the first pass
+    job.started(time.monotonic())
+    assert job.eta(set(range(64)), {}) == pytest.approx(job.first.total_seconds, abs=1.0)

@@ -42,6 +42,18 @@ def test_status_shows_progress_and_the_latest_slots(tmp_path):
     assert s["slots"] == [("a", 3, "abc"), ("b", 4, "def")]
 
 
+
+def test_the_first_pass_starts_the_estimates_count_down(tmp_path):
+    import time
+    from types import SimpleNamespace
+    run, _ = _run(tmp_path)
+    starts = []
+    run.estimate = SimpleNamespace(started=starts.append, eta=lambda pending, generated: 1.0)
+    before = time.monotonic()
+    run.on_pass(m.Pass(1, 0, 2.0, 0.1, 1.8, 2, 10, 2, [], 100, 200, 300))
+    run.on_pass(m.Pass(1, 1, 2.0, 0.1, 1.8, 2, 10, 2, [], 100, 200, 300))
+    assert len(starts) == 1 and before - 2.0 <= starts[0] <= time.monotonic() - 2.0   # when that pass began
+
 def test_unseeded_rows_get_distinct_seeds_stable_across_resume(tmp_path):
     """Issue 8, finding 8: unseeded rows shared seeds (seed + rows + passes), so equal prompts gave equal text."""
     inp = tmp_path / "in.jsonl"
