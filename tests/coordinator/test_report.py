@@ -43,6 +43,9 @@ def test_each_pass_line_keeps_the_rows_it_finished_and_the_live_eta(tmp_path):
     run = _job(tmp_path, "demo")
 
     class Estimate:
+        def started(self, at):
+            pass
+
         def eta(self, pending, generated):
             return 10.0 * len(pending)
     run.estimate = Estimate()

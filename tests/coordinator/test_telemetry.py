@@ -98,7 +98,8 @@ def test_admission_report_feeds_the_memory_lines_holds_and_preemptions(group):
 
 def test_the_estimate_its_error_and_the_eta_are_the_jobs_own(group):
     g, tele = group
-    g.current.estimate = SimpleNamespace(first=SimpleNamespace(total_seconds=100.0), eta=lambda pending, generated: 40.0)
+    g.current.estimate = SimpleNamespace(first=SimpleNamespace(total_seconds=100.0), eta=lambda pending, generated: 40.0,
+                                         started=lambda at: None)
     tele.update()
     assert value("spill_job_estimate_seconds") == 100.0
     feed(g, tele, m.Pass(1, 0, 2.0, 0.5, 1.2, 2, 10, 2, [], 100, 200, 300))
@@ -111,7 +112,8 @@ def test_the_estimate_its_error_and_the_eta_are_the_jobs_own(group):
     assert value("spill_job_estimate_error_ratio") == pytest.approx(run.summary()["actual_over_estimate"] - 1, abs=1e-3)
     g.current = JobRun(run.job, run.requests, "demo", {})   # a job without an estimate shows none
     tele.update()
-    g.current.estimate = SimpleNamespace(first=SimpleNamespace(total_seconds=0.0), eta=lambda pending, generated: 0.0)
+    g.current.estimate = SimpleNamespace(first=SimpleNamespace(total_seconds=0.0), eta=lambda pending, generated: 0.0,
+                                         started=lambda at: None)
     feed(g, tele, m.Pass(1, 0, 2.0, 0.5, 1.2, 2, 10, 2, [], 100, 200, 300))   # an estimate of 0 s: no ratio
     g.current.estimate = None
     names = {s.name for family in mt.REGISTRY.collect() for s in family.samples}
