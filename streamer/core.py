@@ -234,6 +234,8 @@ class Streamer:
             mx.eval(hs, [(g.caches[i].keys, g.caches[i].values) for g in groups])
             self.adapter.unload_layer(i)
             del weights
+            if self.kept is None:
+                self.reader.release(i)   # nothing holds the layer now: its memory takes a later one, unfilled
             compute_s += time.perf_counter() - c0
         # 4. head and sampling for rows at the end of their input
         c0 = time.perf_counter()

@@ -1,5 +1,6 @@
 """Whole pages of safetensors files into aligned buffers: the spans a layer is read as, the buffers
-(2 MiB aligned, huge pages) and the file descriptors (O_DIRECT where allowed, F_NOCACHE on macOS)."""
+(2 MiB aligned, huge pages), the file descriptors (O_DIRECT where allowed, F_NOCACHE on macOS) and the
+numpy and MLX types the stored bytes are viewed as."""
 
 import mmap
 import os
@@ -7,6 +8,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import mlx.core as mx
 import numpy as np
 
 from .plan import TensorSpec
@@ -15,6 +17,20 @@ DIO = 4096              # O_DIRECT: file offsets, lengths and buffer addresses a
 _GAP = 1 << 20          # tensors of a file closer than this are read as one span
 _HUGE = 2 << 20         # a huge page: buffers start at a multiple of it
 _F_NOCACHE = 48         # macOS fcntl: reads bypass the unified buffer cache
+
+
+# safetensors code -> numpy dtype of the stored bytes (bf16 travels as uint16, fp8 as raw bytes)
+NP_OF = {
+    "BOOL": np.bool_, "U8": np.uint8, "I8": np.int8,
+    "F8_E5M2": np.uint8, "F8_E4M3": np.uint8, "F8_E8M0": np.uint8,
+    "I16": np.int16, "U16": np.uint16, "F16": np.float16, "BF16": np.uint16,
+    "I32": np.int32, "U32": np.uint32, "F32": np.float32,
+    "I64": np.int64, "U64": np.uint64, "F64": np.float64, "C64": np.complex64,
+}
+FLOATS = {"F16", "BF16", "F32", "F64"}   # cast to `dtype`; integer (quantized) tensors never are
+# safetensors code -> the MLX dtype a view of read bytes takes (bf16 through uint16, as above)
+MX_OF = {code: getattr(mx, np.dtype(t).name) for code, t in NP_OF.items() if code != "BOOL"} | {"BF16": mx.uint16}
+UINT_OF = {1: mx.uint8, 2: mx.uint16, 4: mx.uint32, 8: mx.uint64}   # item size -> the unsigned int a copy goes through
 
 
 def open_file(path, drop_cache: bool) -> int:

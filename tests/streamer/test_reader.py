@@ -256,7 +256,52 @@ def test_a_tensor_whose_bytes_are_misaligned_is_copied_whole(tmp_path):
     assert np.array(got["model.layers.0.a.weight"]).tolist() == odd.tolist()
 
 
-def test_compute_on_the_main_thread_while_the_reader_converts(tmp_path):
+@pytest.mark.parametrize("read_ahead", [True, False])
+@pytest.mark.parametrize("code, dtype", [("F32", None), ("BF16", None), ("BF16", mx.float32)])
+def test_a_released_layer_s_memory_takes_a_later_layer_without_a_new_buffer(tmp_path, monkeypatch, read_ahead,
+                                                                            code, dtype):
+    """A new MLX buffer is zero-filled (a 59 MB one: 4 ms from MLX's cache, 41 ms fresh, on 2 vCPUs): after the
+    first pass every layer is read into a released layer's memory, none new (the slot's, the ready and the
+    computing layer's: the memory of today's pipeline)."""
+    tensors = make_model(tmp_path, layers=5, dtype=code)
+    plan = load_plan(tmp_path)
+    made, zeros = [], mx.zeros
+    monkeypatch.setattr(reader_mod.mx, "zeros", lambda *a, **k: made.append(a) or zeros(*a, **k))
+    with WeightReader(plan, dtype=dtype, read_ahead=read_ahead, into_mlx=True) as reader:
+        for n in range(4):
+            reader.start_pass()
+            for i in range(5):
+                _check_layer(reader.take(i), tensors, [t.name for t in plan.layers[i]], dtype)
+                reader.release(i)
+            if n == 0:
+                first = len(made)
+        assert len(made) == first <= len(reader._bufs) + 2
+
+
+def test_a_layer_not_released_keeps_its_bytes_while_later_passes_read(tmp_path):
+    tensors = make_model(tmp_path, layers=4)
+    plan = load_plan(tmp_path)
+    names = [[t.name for t in layer] for layer in plan.layers]
+    with WeightReader(plan, into_mlx=True) as reader:
+        reader.start_pass()
+        held = [reader.take(i) for i in range(4)]
+        reader.release(0)                           # not the layer taken last: ignored
+        reader.start_pass([3, 1, 2])
+        for i in (3, 1):
+            reader.take(i)
+            reader.release(i)
+        held.append(reader.take(2))                # the pass is abandoned with layer 2 taken, not released
+        for _ in range(3):
+            reader.start_pass()
+            for i in range(4):
+                reader.take(i)
+                reader.release(i)
+    for i, got in enumerate(held):
+        _check_layer(got, tensors, names[i if i < 4 else 2])
+
+
+@pytest.mark.parametrize("release", [True, False])
+def test_compute_on_the_main_thread_while_the_reader_converts(tmp_path, release):
     """MLX arrays made and evaluated on the convert thread, used at once by the compute thread."""
     hidden, layers = 64, 4
     tensors = make_model(tmp_path, model_tensors(layers=layers, hidden=hidden, dtype="F32"))
@@ -274,6 +319,9 @@ def test_compute_on_the_main_thread_while_the_reader_converts(tmp_path):
                 w = mx.clip(mx.nan_to_num(w, nan=0.0, posinf=0.0, neginf=0.0), -1, 1)
                 y = (x @ w.T).sum() / 16
                 assert abs(y.item() - want[i]) <= 1e-3 * max(1.0, abs(want[i]))
+                if release:
+                    del w
+                    reader.release(i)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="page cache probe uses Linux mincore")
