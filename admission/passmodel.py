@@ -9,7 +9,8 @@
 `overlap` is how much of the shorter term hides under the longer one (1: perfect double buffering,
 0: read and compute in series); it is fitted from real passes, never assumed. A read-bound pass runs
 past its read by about the same time whatever its compute (the last layer, the logits, the reader's
-fill of each new buffer): lean45's decode passes on 2 vCPUs, 0.36-0.37 s at 1.0-3.5 s of compute.
+hand-offs): lean45's decode passes on 2 vCPUs, 0.36-0.37 s at 1.0-3.5 s of compute while the reader
+zero-filled a new buffer for each layer; 0.05-0.06 s once it read into released ones (eea0258).
 """
 
 from dataclasses import asdict, dataclass, field
@@ -105,6 +106,18 @@ def read_rate(reads, least: int = 0) -> float | None:
     return float(np.median(rates)) if rates else None
 
 
+def read_bound(p: Observation) -> bool:
+    """A pass that waited on its weights: it read at least as long as it computed (where the reader timed its
+    reads; before it did, it waited longer than it computed)."""
+    return p.bytes_streamed > 0 and (p.read_s >= p.compute_s if p.read_s > 0 else p.wait_s > p.compute_s)
+
+
+def read_tail(passes: list[Observation], overhead_s: float, least: int = 3) -> float | None:
+    """The median time read-bound passes the reader timed ran past their reads, over `least` of them or more."""
+    past = [p.seconds - overhead_s - p.read_s for p in passes if p.read_s > 0 and read_bound(p)]
+    return max(float(np.median(past)), 0.0) if past and len(past) >= least else None
+
+
 def _ridge(x: np.ndarray, y: np.ndarray, strength: float) -> np.ndarray:
     """Least squares of y on x's columns (each a multiple of the prior's term), pulled towards 1 with the
     weight of `strength` passes; no negative cost: a term fitted below zero is dropped, the rest refitted."""
@@ -167,15 +180,13 @@ def fit(prior: PassModel, passes: list[Observation], strength: float = 0.01) -> 
     seconds = np.array([p.seconds for p in passes])
     model.overhead_s = float(np.median([max(p.seconds - p.wait_s - p.compute_s, 0.0) for p in passes]))
     nbytes = np.array([p.bytes_streamed for p in passes], dtype=float)
-    read_bound = (nbytes > 0) & np.array([p.wait_s > p.compute_s for p in passes])
+    bound = np.array([read_bound(p) for p in passes])
     timed = (nbytes > 0) & np.array([p.read_s > 0 for p in passes])
     if timed.sum() >= 3:   # the reader timed its reads: the rate they ran at inside passes is the bandwidth
-        read = np.array([p.read_s for p in passes])
-        model.bandwidth = read_rate(zip(nbytes, read, y))
-        read_bound[:] = False
-        longer = timed & (read >= y)
-        if longer.sum() >= 3:
-            model.read_tail_s = float(max(np.median((seconds - model.overhead_s - read)[longer]), 0.0))
+        model.bandwidth = read_rate((p.bytes_streamed, p.read_s, p.compute_s) for p in passes)
+        tail = read_tail(passes, model.overhead_s)
+        model.read_tail_s = model.read_tail_s if tail is None else tail
+        bound[:] = False
     for _ in range(10):
         # a read-bound pass cannot tell a slow read from an unhidden one, so the overlap comes
         # from compute-bound passes where there are any, and the bandwidth from read-bound ones
@@ -185,7 +196,7 @@ def fit(prior: PassModel, passes: list[Observation], strength: float = 0.01) -> 
         if short[use].sum() > 0:
             k = np.dot(short[use], (seconds - model.overhead_s - long_)[use]) / np.dot(short[use], short[use])
             model.overlap = float(np.clip(1.0 - k, 0.0, 1.0))
-        if read_bound.sum() >= 3:
-            read_s = (seconds - model.overhead_s - (1.0 - model.overlap) * y)[read_bound]
-            model.bandwidth = float(np.median(nbytes[read_bound] / np.maximum(read_s, 1e-9)))
+        if bound.sum() >= 3:   # reads the reader did not time: what the pass waited beyond its unhidden compute
+            read_s = (seconds - model.overhead_s - (1.0 - model.overlap) * y)[bound]
+            model.bandwidth = float(np.median(nbytes[bound] / np.maximum(read_s, 1e-9)))
     return model

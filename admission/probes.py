@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .passmodel import Observation, PassModel
+from .passmodel import Observation, PassModel, read_tail
 
 PROBE_BYTES = 1 << 30          # the cold read probe reads at most this much of the weights
 _CHUNK = 64 << 20
@@ -205,10 +205,9 @@ def priced_by_passes(model: PassModel, passes: list[Observation]) -> PassModel:
     overhead = float(np.median([max(p.seconds - p.wait_s - p.compute_s, 0.0) for p in passes]))
     hidden = [1.0 - (p.seconds - overhead - max(p.read_s, p.compute_s)) / min(p.read_s, p.compute_s)
               for p in passes if min(p.read_s, p.compute_s) > 0]
-    tail = [p.seconds - overhead - p.read_s for p in passes if p.read_s >= p.compute_s > 0]
     return PassModel(model.bandwidth, fixed, 0.0, row, max(prefill.compute_s - fixed, 0.0) / max(prefill.prefill_tokens, 1),
                      ctx, model.per_product_s, overlap=float(np.clip(np.median(hidden), 0.0, 1.0)) if hidden else model.overlap,
-                     overhead_s=overhead, read_tail_s=max(float(np.median(tail)), 0.0) if tail else None)
+                     overhead_s=overhead, read_tail_s=read_tail(passes, overhead, least=1))
 
 
 def _matmul_rates(h: int, dtype) -> tuple[float, float]:
