@@ -232,5 +232,6 @@ class Calibrator:
         rows, context = self.context.passed(msg.finished)   # the rows that decoded in it, not after it
         if self.cal is not None:   # a resident pass reads nothing, yet prices compute and overhead
             self.cal.observe(Observation(rows, msg.prefill_tokens, context, msg.bytes_streamed, msg.seconds,
-                                         msg.wait_s, msg.compute_s, msg.read_s, prefill_groups=msg.prefill_groups))
+                                         msg.wait_s, msg.compute_s, msg.read_s, prefill_groups=msg.prefill_groups,
+                                         prefill_context=msg.prefill_context))
             self.cal.save()

@@ -29,6 +29,7 @@ class PassShape:
     context_tokens: int       # tokens of KV the decode rows attend to, summed over rows
     bytes_streamed: int
     prefill_groups: int = field(default=0, kw_only=True)   # prompts prefilling in groups, each its own attention
+    prefill_context: int = field(default=0, kw_only=True)  # prompt tokens x their prompt cached before (not priced yet)
 
     @property
     def batched(self) -> bool:

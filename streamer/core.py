@@ -73,6 +73,7 @@ class PassReport:
     major_faults: int = 0
     read_s: float = 0.0                             # the reader's seconds in read calls (beside the compute)
     prefill_groups: int = 0                         # prefill groups that ran: each its own attention (families run_layer)
+    prefill_context: int = 0                        # prompt tokens this pass x the prompt before its chunk (cached)
 
 
 def _free_cache() -> None:
@@ -196,12 +197,13 @@ class Streamer:
         if not groups:
             return self._report(t0, wait0, read0, 0.0, [], 0, 0)
         # 2. inputs: decode rows feed their last token, prefill groups their next chunk
-        hs, masks, prefill_tokens, prefilling = [], [], 0, len(self.prefills)
+        hs, masks, prefill_tokens, prefilling, attended = [], [], 0, len(self.prefills), 0
         chunk = self.prefill_chunk if self.prefill_budget is None else chunk_for(
             self.prefill_budget, sum(len(g.rows) for g in self.prefills), self.prefill_chunk)
         for g in groups:
             tokens = g.next_tokens(chunk)
             prefill_tokens += tokens.size if g.prefilling else 0
+            attended += tokens.size * g.done if g.prefilling else 0   # prompt tokens before this chunk, per token
             h = self.adapter.embed(tokens)
             if self.dtype is not None:
                 h = h.astype(self.dtype)
@@ -258,7 +260,7 @@ class Streamer:
         # the C heap's holes go back every pass: without it the heap grew to 425 MiB on the three-tier job
         release_heap()
         self.passes += 1
-        return self._report(t0, wait0, read0, compute_s, emitted, prefill_tokens, streamed, prefilling)
+        return self._report(t0, wait0, read0, compute_s, emitted, prefill_tokens, streamed, prefilling, attended)
 
     def _sample(self, emitting) -> list[Emitted]:
         if not emitting:
@@ -328,7 +330,7 @@ class Streamer:
             state = self.rows.pop(rid)
             (self.preempted if state.finish == "preempted" else self.left).append(rid)
 
-    def _report(self, t0, wait0, read0, compute_s, emitted, prefill_tokens, streamed, groups=0) -> PassReport:
+    def _report(self, t0, wait0, read0, compute_s, emitted, prefill_tokens, streamed, groups=0, attended=0) -> PassReport:
         left, self.left = self.left, []
         preempted, self.preempted = self.preempted, []
         now, before = memory.process_memory(), self._faults
@@ -336,7 +338,7 @@ class Streamer:
         return PassReport(
             index=self.passes, emitted=emitted,
             decode_rows=sum(len(p.live) for p in self.pools.values()),
-            prefill_tokens=prefill_tokens, prefill_groups=groups, seconds=time.perf_counter() - t0,
+            prefill_tokens=prefill_tokens, prefill_groups=groups, prefill_context=attended, seconds=time.perf_counter() - t0,
             wait_s=self._reader_s("wait_s") - wait0, read_s=self._reader_s("read_s") - read0, compute_s=compute_s,
             bytes_streamed=streamed, active_memory=mx.get_active_memory(),
             peak_memory=mx.get_peak_memory(), left=left, preempted=preempted,

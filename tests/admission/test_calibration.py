@@ -87,10 +87,12 @@ def test_the_hook_refits_and_stores_after_each_pass_and_survives_a_bad_model(mak
     hook.reset(folder)
     hook.admitted([0, 1], [8, 8])
     stats = m.Pass(0, 1, seconds=0.5, wait_s=0.0, compute_s=0.45, decode_rows=2, prefill_tokens=16, emitted=2,
-                   finished=[], active_memory=0, peak_memory=0, bytes_streamed=4096, prefill_groups=1)
+                   finished=[], active_memory=0, peak_memory=0, bytes_streamed=4096, prefill_groups=1,
+                   prefill_context=16 * 32)
     hook.passed(stats)
     stored = Calibration.load(hook.cal.key)
-    assert stored.seen == 1 and (stored.passes[0].prefill_tokens, stored.passes[0].prefill_groups) == (16, 1)
+    p = stored.passes[0]
+    assert stored.seen == 1 and (p.prefill_tokens, p.prefill_groups, p.prefill_context) == (16, 1, 16 * 32)
     assert stored.model.overhead_s == pytest.approx(0.05)
     hook.reset(str(tmp_path / "no-such-model"))
     assert hook.cal is None

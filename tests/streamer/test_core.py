@@ -70,6 +70,15 @@ def test_chunked_prefill_matches_unchunked(make_tiny):
     assert chunked == whole
 
 
+def test_a_pass_reports_the_prompt_each_chunk_attends_to_before_it(make_tiny):
+    """A chunk late in a long prompt costs more than an early one (docs/benchmarks.md, tenth session): a pass
+    reports its prompt tokens times the prompt cached before their chunk, for a price to be fitted."""
+    s = Streamer(make_tiny("llama"), prefill_chunk=20)
+    s.add(Row("long", list(range(40, 90)), 2))
+    reports = [s.step() for _ in range(3)]
+    assert [(r.prefill_tokens, r.prefill_context) for r in reports] == [(20, 0), (20, 20 * 20), (10, 10 * 40)]
+
+
 def test_a_pace_shares_a_passs_prefill_tokens_out_and_changes_no_token(make_tiny):
     folder = make_tiny("qwen2")
     schedule = {0: [("a", list(range(40, 140))), ("b", [3] * 90)], 1: [("c", list(range(7, 57)))]}
