@@ -172,8 +172,10 @@ class JobEstimate:
     def eta(self, pending: set[int], generated: dict[int, int]) -> float:
         """Seconds left: the rows still pending, less the tokens the running ones have generated."""
         now = time.monotonic()
-        ran_out = pending and now - self.at >= self.eta_s   # rows left, the count-down at 0: no waiting `every`
-        if now - self.at >= max(0.0 if ran_out else self.every, self.cost / self.share):
+        wait = max(self.every, self.cost / self.share)
+        if pending and now - self.at >= self.eta_s:   # rows left, the count-down at 0: at most half the time
+            wait = min(wait, 2 * self.cost)
+        if now - self.at >= wait:
             left = [SimRow(r.row, r.prompt, max(r.out - g, 1), r.tier, context=r.prompt + g if g else 0)
                     for r in self.rows if r.row in pending for g in [generated.get(r.row, 0)]]
             self.eta_s, self.at = estimate_rows(self.folder, left, memory=self.memory, resident=self.advice.resident,

@@ -214,6 +214,31 @@ def test_an_eta_that_ran_out_with_rows_left_is_re_simulated_at_once(monkeypatch)
     assert job.eta({1}, {}) == 3.0      # re-simulated now, not at 15 s
 
 
+def test_an_eta_that_ran_out_is_re_simulated_though_its_last_cost_is_over_its_share(monkeypatch):
+    """A simulation that took 1 s waits 20 s (a twentieth of the time) before the next: a count-down that ran
+    out with rows left read "ETA 0h00m00s" all that while. Once run out, it waits as long as the last one took."""
+    from types import SimpleNamespace
+
+    from spill.coordinator import estimate
+    clock = [0.0]
+
+    def one_second(folder, rows, **_):
+        clock[0] += 1.0
+        return SimpleNamespace(total_seconds=3.0), {}
+    monkeypatch.setattr(estimate.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(estimate, "estimate_rows", one_second)
+    job = estimate.JobEstimate(None, [], errors=0)
+    clock[0] = 5.0                      # 4 s after the first estimate of 3 s, rows still pending
+    assert job.eta({1}, {}) == 3.0      # re-simulated now, not 20 s after the last one
+    runs = []
+    monkeypatch.setattr(estimate, "estimate_rows", lambda folder, rows, **_: (
+        runs.append(clock.__setitem__(0, clock[0] + 1.0)) or (SimpleNamespace(total_seconds=0.5), {})))
+    while clock[0] < 105:               # a model that keeps running out: at most half the time simulating
+        clock[0] += 0.1
+        job.eta({1}, {})
+    assert len(runs) <= 100 / 2 + 1
+
+
 def test_budget_fraction_sets_the_budget_the_estimate_plans_for_as_run_does(make_tiny, tmp_path, monkeypatch):
     monkeypatch.setenv("SPILL_HOME", str(tmp_path / "home"))
     monkeypatch.setattr(calibration, "read_probe", lambda files: 2e9)
