@@ -203,16 +203,20 @@ class Pool:
         for j, r in enumerate(self.rows):
             if r is not None and r.finish is not None:
                 self.rows[j], self.lens[j] = None, 0
-        moved = False
+        moves = []   # (hole, last slot, tokens)
         while None in self.rows and (last := max((j for j, r in enumerate(self.rows) if r), default=-1)) > (
                 hole := self.rows.index(None)):
-            n = int(self.lens[last])
-            for c in self.caches if self.caches[0].keys is not None else ():
-                c.place(hole, c.keys[last:last + 1, :, :n, :], c.values[last:last + 1, :, :n, :])
-            self.rows[hole], self.lens[hole], self.rows[last], self.lens[last] = self.rows[last], n, None, 0
-            moved = True
-        if moved:
-            mx.eval([(c.keys, c.values) for c in self.caches if c.keys is not None])
+            moves.append((hole, last, int(self.lens[last])))
+            self.rows[hole], self.lens[hole], self.rows[last], self.lens[last] = self.rows[last], moves[-1][2], None, 0
+        for c in self.caches if moves and self.caches[0].keys is not None else ():
+            # the moving rows' KV copied out first: a write from a slice of the pool itself copies the whole pool
+            rows = [(mx.contiguous(c.keys[j:j + 1, :, :n, :]), mx.contiguous(c.values[j:j + 1, :, :n, :]))
+                    for _, j, n in moves]
+            mx.eval(rows)
+            for (hole, _, _), (k, v) in zip(moves, rows):
+                c.place(hole, k, v)
+            del rows, k, v
+            mx.eval(c.keys, c.values)   # a layer at a time, each written in place
         return self if any(r is not None for r in self.rows) else None
 
 
@@ -242,7 +246,8 @@ class JointCache:
         span, ks, vs, start, self.fetched = max(p.span for p in self.pools), [], [], 0, []
         for p, c in zip(self.pools, self.parts):
             k, v = c.update_and_fetch(keys[start:start + p.used], values[start:start + p.used])
-            self.fetched.append((k, v))
+            if len(self.pools) > 1:   # for `pooled_attention`, which takes them: kept, a slot's write copies the pool
+                self.fetched.append((k, v))
             pad = [(0, 0), (0, 0), (0, span - k.shape[2]), (0, 0)]
             ks.append(mx.pad(k, pad) if span > k.shape[2] else k)
             vs.append(mx.pad(v, pad) if span > v.shape[2] else v)
@@ -264,8 +269,8 @@ def pooled_attention(original):
         if (not isinstance(cache, JointCache) or len(cache.pools) < 2 or sinks is not None
                 or not isinstance(mask, mx.array)):
             return original(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
-        out, start = [], 0
-        for p, (k, v) in zip(cache.pools, cache.fetched):   # the joint mask is each pool's, padded
+        (out, start), (fetched, cache.fetched) = ([], 0), (cache.fetched, [])
+        for p, (k, v) in zip(cache.pools, fetched):   # the joint mask is each pool's, padded
             rows = slice(start, start + p.used)
             out.append(mx.fast.scaled_dot_product_attention(queries[rows], k, v, scale=scale,
                                                             mask=mask[rows, ..., :k.shape[2]]))

@@ -279,6 +279,31 @@ def test_rows_in_the_last_slots_move_into_the_slots_rows_left_so_a_pass_computes
     assert out["c"] == out["d"] == alone["c"][0]
 
 
+def test_rows_that_move_or_join_write_into_their_pools_kv_not_a_copy_of_it(make_tiny):
+    """The pass's decode group kept each layer's K and V it had fetched, and a row moved into a freed slot from a
+    slice of the pool itself: either way a row moving or joining copied every layer's pool, 1-2 times. The
+    three-tier job's live memory rose by 170-280 MiB at passes where rows ended, and it was preempted."""
+    import mlx.core as mx
+    folder = make_tiny("llama", dtype="float32")
+    s = Streamer(folder, prefill_chunk=512)
+    s.reserve([[8, 512], [2, 256]])
+    for rid, n in (("a", 3), ("b", 3), *((f"r{i}", 12) for i in range(4))):   # a, b hold the first slots, end first
+        s.add(Row(rid, list(range(40, 240)), n, width=512))
+    s.add(Row("short", PROMPTS[0], 12, width=256))
+    active, peak = [], []
+    for k in range(5):
+        if k == 3:
+            s.add(Row("late", list(range(40, 240)), 4, width=512))   # prefills beside the decode rows, then joins
+        mx.reset_peak_memory()
+        active.append(s.step().active_memory)
+        peak.append(mx.get_peak_memory())
+    pool = s.pools[512]
+    kv = sum(c.keys.nbytes + c.values.nbytes for c in pool.caches)
+    assert sum(r is not None for r in pool.rows[:5]) == 5 and pool.rows[5:] == [None] * 3   # r2, r3 moved down
+    assert active[2] - active[1] < kv / 8 and active[3] - active[1] < kv / 8
+    assert peak[2] - active[1] < kv / 2     # the pass that moved rows held no second pool at any time
+
+
 def test_a_preemption_shrinks_the_pool_and_the_rows_left_go_on_unchanged(make_tiny):
     folder = make_tiny("qwen2")
     free = _drive(Streamer(folder), {0: [("a", PROMPTS[0]), ("b", PROMPTS[4])]})
