@@ -20,7 +20,7 @@ from spill.streamer.groups import chunk_for
 
 from .passmodel import Observation, PassModel, fit, read_rate
 from .probes import _stored_dtype, compute_probe, pass_probe, priced_by_passes, read_probe, weight_files
-from .schedule import outstanding, pace
+from .schedule import cached, outstanding, pace
 
 HISTORY = 200                  # passes kept for the refit
 
@@ -220,7 +220,7 @@ class Calibrator:
         """Prompt tokens the next pass may prefill in all (schedule.pace); `need`: what keeps the slots fed."""
         t = self.context
         t.budget = pace(self.cal.model if self.cal else None, self.streamed, len(t.decoding),
-                        sum(t.decoding.values()), need)
+                        sum(t.decoding.values()), need, cached([n - left for left, n in t.prefilling.values()]))
         return t.budget
 
     def allowance(self) -> int:

@@ -3,6 +3,7 @@
     IO      = bytes streamed / read bandwidth
     compute = fixed + packed (if more than one row) + per_row x decode rows + per_prefill x prefill tokens
               + per_context x context + per_product x products beyond the first
+              + per_prefill_context x prompt tokens x the prompt cached before their chunk
     pass    = max(IO, compute) + (1 - overlap) x min(IO, compute) + overhead
             = IO + read tail + overhead, where the read is longer and passes have timed the tail
 
@@ -17,8 +18,10 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-TERMS = ("fixed_s", "packed_s", "per_row_s", "per_prefill_token_s", "per_context_token_s", "per_product_s")
+TERMS = ("fixed_s", "packed_s", "per_row_s", "per_prefill_token_s", "per_context_token_s", "per_product_s",
+         "per_prefill_context_s")
 CONTEXT_PASSES = 50   # decode-only passes before the refit prices context apart from the probe
+CHUNK_PASSES = 5      # passes of prompt chunks after a cached part before the refit prices that context
 
 
 @dataclass
@@ -29,7 +32,7 @@ class PassShape:
     context_tokens: int       # tokens of KV the decode rows attend to, summed over rows
     bytes_streamed: int
     prefill_groups: int = field(default=0, kw_only=True)   # prompts prefilling in groups, each its own attention
-    prefill_context: int = field(default=0, kw_only=True)  # prompt tokens x their prompt cached before (not priced yet)
+    prefill_context: int = field(default=0, kw_only=True)  # prompt tokens x their prompt cached before
 
     @property
     def batched(self) -> bool:
@@ -61,6 +64,7 @@ class PassModel:
     per_prefill_token_s: float = 0.0
     per_context_token_s: float = 0.0
     per_product_s: float = 0.0        # another prefill group beside the decode rows (its attention, its products)
+    per_prefill_context_s: float = 0.0   # a prompt token's attention to a token its earlier chunks cached
     overlap: float = 0.5              # before any pass: halfway between serial and perfect
     overhead_s: float = 0.0
     read_tail_s: float | None = None   # a read-bound pass's time past its read; None: (1 - overlap) x compute
@@ -71,7 +75,8 @@ class PassModel:
     def compute_s(self, shape: PassShape) -> float:
         return (self.fixed_s + self.packed_s * shape.batched + self.per_row_s * shape.decode_rows
                 + self.per_prefill_token_s * shape.prefill_tokens
-                + self.per_context_token_s * shape.context_tokens + self.per_product_s * shape.extra_products)
+                + self.per_context_token_s * shape.context_tokens + self.per_product_s * shape.extra_products
+                + self.per_prefill_context_s * shape.prefill_context)
 
     def roofline_s(self, shape: PassShape) -> float:
         """The ideal pass: the longer of IO and compute, everything else hidden."""
@@ -83,15 +88,16 @@ class PassModel:
             return io + self.read_tail_s + self.overhead_s
         return max(io, c) + (1.0 - self.overlap) * min(io, c) + self.overhead_s
 
-    def prefill_allowance(self, bytes_streamed: int, decode_rows: int, context_tokens: int) -> int:
+    def prefill_allowance(self, bytes_streamed: int, decode_rows: int, context_tokens: int, offset: float = 0.0) -> int:
         """Prefill tokens a pass can carry while its compute stays under its weight-read time
         (at least 1, so a pass that is compute-bound already still makes progress); beside decode rows
-        the prompts are at least one more product."""
+        the prompts are at least one more product. `offset`: the prompt its tokens find cached, on average."""
         room = (bytes_streamed / self.bandwidth - self.fixed_s - self.packed_s - self.per_row_s * decode_rows
                 - self.per_context_token_s * context_tokens - self.per_product_s * (decode_rows > 0))
-        if self.per_prefill_token_s <= 0:
+        per_token = self.per_prefill_token_s + self.per_prefill_context_s * offset
+        if per_token <= 0:
             return 1 << 30
-        return max(1, int(room / self.per_prefill_token_s + 1e-9))
+        return max(1, int(room / per_token + 1e-9))
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -138,21 +144,24 @@ def _ridge(x: np.ndarray, y: np.ndarray, strength: float) -> np.ndarray:
 def fit(prior: PassModel, passes: list[Observation], strength: float = 0.01) -> PassModel:
     """Refit the compute terms, the overlap, the overhead and the bandwidth from observed passes.
 
-    Compute: least squares of the streamer's compute_s on (1, batched, rows, prefill, context, products), each term
-    a multiple of the prior's, pulled towards the prior with the weight of `strength` passes (so a
-    few passes cannot swing a term they do not exercise; context keeps the probe's price until
-    CONTEXT_PASSES decode-only passes); with three decode-only passes or more, the
-    decode terms from those alone and the prefill terms (tokens, products) from what the others cost beyond them.
+    Compute: least squares of the streamer's compute_s on (1, batched, rows, prefill, context, products, prefill
+    context), each term a multiple of the prior's, pulled towards the prior with the weight of `strength` passes
+    (so a few passes cannot swing a term they do not exercise; context keeps the probe's price until
+    CONTEXT_PASSES decode-only passes, a chunk's cached prompt until CHUNK_PASSES carried one); with three
+    decode-only passes or more, the decode terms from those alone and the prefill terms (tokens, products, cached
+    prompt) from what the others cost beyond them.
     Overhead: the median of what a pass spent outside waiting and computing. Overlap: the share of min(IO, compute) hidden,
     and what read-bound passes run past their reads (`read_tail_s`, where the reader timed three or more).
     Bandwidth: the rate of the reads inside passes where the streamer timed them (three passes or more; `read_rate`),
     else the probe's until three passes were read-bound (waited longer than they computed)."""
     if not passes:
         return prior
-    # a term the prior leaves at zero (a calibration stored before it existed) is scaled like the fixed one
-    prior_terms = np.array([getattr(prior, t) if getattr(prior, t) > 0 else max(prior.fixed_s, 1e-12) for t in TERMS])
-    raw = np.array([[1.0, p.batched, p.decode_rows, p.prefill_tokens, p.context_tokens, p.extra_products]
-                    for p in passes])
+    # a term the prior leaves at zero (a calibration stored before it existed) is scaled like the fixed one,
+    # a prompt token's cached context like a decode row's
+    zero = dict(zip(TERMS, [max(prior.fixed_s, 1e-12)] * len(TERMS)), per_prefill_context_s=prior.per_context_token_s)
+    prior_terms = np.array([getattr(prior, t) if getattr(prior, t) > 0 else max(zero[t], 1e-12) for t in TERMS])
+    raw = np.array([[1.0, p.batched, p.decode_rows, p.prefill_tokens, p.context_tokens, p.extra_products,
+                     p.prefill_context] for p in passes])
     x, y = raw * prior_terms, np.array([p.compute_s for p in passes])
     # a term its passes cannot tell from the fixed one keeps the prior's price: packed without single-row
     # and batched passes both, per row over fewer than 4 rows of spread (1-row passes put 0.95 s on a row)
@@ -160,7 +169,8 @@ def fit(prior: PassModel, passes: list[Observation], strength: float = 0.01) -> 
     # rows (lean45: 0 and 0.069 s a row from 16 passes, against the probe's 1.0e-4 a token and 0.032 a row)
     decoding = (raw[:, 2] > 0) & (raw[:, 3] == 0)
     frozen = [j for j, spread in ((1, np.ptp(raw[:, 1]) == 0), (2, np.ptp(raw[:, 2]) < 4),
-                                  (4, decoding.sum() < CONTEXT_PASSES), (5, np.ptp(raw[:, 5]) == 0)) if spread]
+                                  (4, decoding.sum() < CONTEXT_PASSES), (5, np.ptp(raw[:, 5]) == 0),
+                                  (6, (raw[:, 6] > 0).sum() < CHUNK_PASSES)) if spread]
     priced = np.array([getattr(prior, t) for t in TERMS])
     target = y - raw[:, frozen] @ priced[frozen]
     x[:, frozen] = 0.0
@@ -171,7 +181,7 @@ def fit(prior: PassModel, passes: list[Observation], strength: float = 0.01) -> 
         dec = [0, 1, 2, 4]
         w = np.zeros(len(TERMS))
         w[dec] = _ridge(x[decode][:, dec], target[decode], strength)
-        w[[3, 5]] = _ridge(x[~decode][:, [3, 5]], target[~decode] - x[~decode][:, dec] @ w[dec], strength)
+        w[[3, 5, 6]] = _ridge(x[~decode][:, [3, 5, 6]], target[~decode] - x[~decode][:, dec] @ w[dec], strength)
     else:
         w = _ridge(x, target, strength)
     terms = w * prior_terms

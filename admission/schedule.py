@@ -80,14 +80,15 @@ def interleave(queue: deque, length) -> None:
     queue.extend(k[3] for k in keyed)
 
 
-def pace(model, bytes_streamed: int, decode_rows: int, context: int, need: int) -> int:
+def pace(model, bytes_streamed: int, decode_rows: int, context: int, need: int, offset: float = 0.0) -> int:
     """Prompt tokens the next pass may prefill in all: what its compute can add under its read time,
     or `need` if more, when that read time hides at least half of `need`. A pass with less room is
     compute-bound whatever it carries: prompts go at full speed (SPILL_PREFILL_TOKENS), so their
-    slots fill at once. With nothing read (resident), or no pass model, SPILL_PREFILL_TOKENS."""
+    slots fill at once. With nothing read (resident), or no pass model, SPILL_PREFILL_TOKENS.
+    `offset`: the prompt the pass's prompt tokens find cached, on average (`cached`)."""
     if model is None or not bytes_streamed:
         return config.prefill_tokens()
-    room = model.prefill_allowance(bytes_streamed, decode_rows, context)
+    room = model.prefill_allowance(bytes_streamed, decode_rows, context, offset)
     return max(room, need) if 2 * room >= need else config.prefill_tokens()
 
 
@@ -101,6 +102,12 @@ def need(policy) -> int:
     head = list(islice(policy.queue, policy.window))   # the rows admission looks at: not the whole queue each pass
     prompt, out = sum(prompt_length(w) for w in head), sum(max(w.max_tokens, 1) for w in head)
     return -(-5 * slots * prompt // (4 * out))
+
+
+def cached(offsets: list[int]) -> float:
+    """The prompt cached before the next chunk of the rows prefilling, on average (0 with none): each takes
+    an equal share of the pass, and rows that join it start at 0, so this prices the pass on the high side."""
+    return sum(offsets) / len(offsets) if offsets else 0.0
 
 
 def outstanding(prefilling, budget: int, chunk: int) -> int:

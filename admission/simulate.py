@@ -113,7 +113,8 @@ def simulate(rows: list[SimRow], policy, waiting, model: PassModel, bytes_stream
         step = chunk_for(allowed, len(prefilling), chunk)
         shape = PassShape(len(decoding), sum(min(step, n) for n in prefilling.values()),
                           sum(c for c, _ in decoding.values()), bytes_streamed + (0 if est.passes else read_once),
-                          prefill_groups=len({group[r] for r in prefilling}))
+                          prefill_groups=len({group[r] for r in prefilling}),
+                          prefill_context=sum(min(step, n) * (by_id[r].prompt - n) for r, n in prefilling.items()))
         seconds = model.pass_s(shape)
         clock += seconds
         est.running.append(_share(tiers, by_id, list(prefilling) + list(decoding), seconds))
@@ -143,7 +144,7 @@ def simulate(rows: list[SimRow], policy, waiting, model: PassModel, bytes_stream
         # 3. the policy hears the pass and admits for the next one
         policy.finished(finished)
         allowed = schedule.pace(model, bytes_streamed, len(decoding), sum(c for c, _ in decoding.values()),
-                                schedule.need(policy))
+                                schedule.need(policy), schedule.cached([by_id[r].prompt - n for r, n in prefilling.items()]))
         left = schedule.outstanding(list(prefilling.values()), allowed, chunk)
         admitted = schedule.admit(policy, allowed - left, bool(prefilling))
         if not (admitted or prefilling or decoding) and done + len(refused) < len(rows):

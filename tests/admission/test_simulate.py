@@ -13,13 +13,13 @@ from spill.admission.simulate import SimRow, simulate
 from spill.streamer.groups import bucket, chunk_for
 
 TRUE = PassModel(bandwidth=2e9, fixed_s=0.5, per_row_s=0.01, per_prefill_token_s=0.002,
-                 per_context_token_s=1e-5, per_product_s=0.3, overlap=0.6, overhead_s=0.05)
+                 per_context_token_s=1e-5, per_product_s=0.3, per_prefill_context_s=2e-6, overlap=0.6, overhead_s=0.05)
 BYTES = 4_000_000_000
 
 
 class FakeEngine:
     """Rows as the streamer runs them, each pass timed by TRUE with +-5% noise; reports what the
-    streamer reports (timings, decode rows, prefill tokens and groups, finished rows)."""
+    streamer reports (timings, decode rows, prefill tokens, groups and the prompt they find cached, finished rows)."""
 
     def __init__(self, chunk=512, seed=0):
         self.chunk, self.rnd, self.clock = chunk, random.Random(seed), 0.0
@@ -39,7 +39,9 @@ class FakeEngine:
         step = chunk_for(budget, len(self.rows) - len(decoding), self.chunk)
         prefill = sum(min(step, r[1]) for r in self.rows)
         groups = len({r[4] for r in self.rows if r[1]})
-        shape = PassShape(len(decoding), prefill, sum(r[2] for r in decoding), BYTES, prefill_groups=groups)
+        cached = sum(min(step, r[1]) * (r[2] - r[1]) for r in self.rows if r[1])   # r[2]: the prompt, while it prefills
+        shape = PassShape(len(decoding), prefill, sum(r[2] for r in decoding), BYTES, prefill_groups=groups,
+                          prefill_context=cached)
         seconds = TRUE.pass_s(shape) * self.rnd.uniform(0.95, 1.05)
         compute = TRUE.compute_s(shape) * seconds / TRUE.pass_s(shape)
         self.clock += seconds
@@ -53,7 +55,7 @@ class FakeEngine:
         done = [r[0] for r in self.rows if r[3] == 0]
         self.rows = [r for r in self.rows if r[3] > 0]
         obs = Observation(len(decoding), prefill, 0, BYTES, seconds, max(seconds - 0.05 - compute, 0), compute,
-                          prefill_groups=groups)
+                          prefill_groups=groups, prefill_context=cached)
         obs.finished = done
         return obs
 
@@ -91,7 +93,8 @@ def run_fake(rows, policy, model=TRUE):
         obs.decode_rows, obs.context_tokens = ctx.passed(obs.finished)
         seen.append(obs)
         policy.finished(obs.finished)
-        ctx.budget = schedule.pace(model, BYTES, len(ctx.decoding), sum(ctx.decoding.values()), schedule.need(policy))
+        ctx.budget = schedule.pace(model, BYTES, len(ctx.decoding), sum(ctx.decoding.values()), schedule.need(policy),
+                                   schedule.cached([n - left for left, n in ctx.prefilling.values()]))
         left = schedule.outstanding([n for n, _ in ctx.prefilling.values()], ctx.budget, 512)
         admitted = schedule.admit(policy, ctx.budget - left, bool(ctx.prefilling))
     return engine.clock, seen
@@ -151,3 +154,17 @@ def test_running_rows_already_prefilled_only_decode_what_they_have_left():
     est = simulate(rows, FifoPolicy(), waiting, TRUE, BYTES)
     assert est.prefill[0] == 45 and sum(est.prefill) == 45    # only the waiting row's prompt
     assert est.passes == 10                                     # the running rows' 10 steps, at once
+
+
+def test_a_prompts_later_chunks_are_priced_for_the_prompt_they_attend_to():
+    """A chunk attends to the prompt its earlier chunks cached (lean45 on 2 vCPUs: a late chunk of a 900-token
+    prompt cost 1.6-2x an early one): the simulator carries that context into each pass's price."""
+    rows = [SimRow(0, 900, 2)]
+    flat = PassModel(**{**vars(TRUE), "per_prefill_context_s": 0.0})
+    priced = simulate(rows, FifoPolicy(), waiting, TRUE, 0, chunk=300, read_once=BYTES)   # resident: compute alone
+    plain = simulate(rows, FifoPolicy(), waiting, flat, 0, chunk=300, read_once=BYTES)
+    assert priced.prefill == plain.prefill == [300, 300, 300, 0]
+    gaps = [b - a for (a, _), (b, _) in zip(priced.timeline, priced.timeline[1:])]
+    plain_gaps = [b - a for (a, _), (b, _) in zip(plain.timeline, plain.timeline[1:])]
+    assert gaps[0] - plain_gaps[0] == pytest.approx(300 * 300 * 2e-6)      # the second chunk: 300 cached
+    assert gaps[1] - plain_gaps[1] == pytest.approx(300 * 600 * 2e-6)      # the third: 600
