@@ -46,7 +46,7 @@ from itertools import islice
 
 import numpy as np
 
-from spill.platform import read_slots
+from spill.platform import read_slots, recycles_layers
 
 
 @dataclass
@@ -372,7 +372,7 @@ def sheet_for(plan, working_set: int, itemsize: int, *, prefill_tokens: int, pre
     fixed = {"resident": sum(compute(t) for t in kept),     # embeddings, norms, head (resident: every layer)
              "reader": read_slots() * raw,              # the reader's read-ahead buffers, stored bytes (resident: pass 1)
              "layers": 0 if resident else 2 * layer,    # converted weights alive: the layer computing and the next
-             "cache": cache_allowance(layer, cast, largest),   # MLX's buffer cache at its limit (it fills to it)
+             "cache": cache_allowance(layer, cast, largest, recycles_layers()),   # MLX's buffer cache at its limit
              "activations":   # hidden states, MLP intermediates and attention scores of the prefill tokens
                  prefill_tokens * ((4 * hidden + 3 * inter) * itemsize + heads * prefill_chunk * 4),
              "prefill_kv": 2 * prefill_tokens * kv_per_token,   # prompts' KV until they join the pool
@@ -384,10 +384,10 @@ def sheet_for(plan, working_set: int, itemsize: int, *, prefill_tokens: int, pre
     return sheet
 
 
-def cache_allowance(layer: int, cast: int, largest: int) -> int:
-    """MLX's buffer cache before the KV's share: the freed layer the next conversion takes, the stored copies
-    a conversion casts from (`cast` bytes) and the largest tensor. Layers in flight are priced apart."""
-    return layer + cast + largest
+def cache_allowance(layer: int, cast: int, largest: int, recycled: bool = False) -> int:
+    """MLX's buffer cache before the KV's share: the freed layer the next conversion takes (none where the reader
+    reads into it: `recycled`, tensors not cast), the stored copies a cast frees and the largest tensor."""
+    return (0 if recycled and not cast else layer) + cast + largest
 
 
 def live_allocation(p, others: int, runtime: int = 0) -> int:

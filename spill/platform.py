@@ -71,6 +71,14 @@ def read_slots() -> int:
     return config.read_slots() or (1 if small_cpu else 2)
 
 
+def recycles_layers(into_mlx: bool | None = None) -> bool:
+    """Whether the reader reads a layer into the MLX memory of one the compute thread released, so no freed
+    layer waits in MLX's cache: on the CPU, reading into MLX memory (on the H200's GPU it was not faster)."""
+    from spill import config
+    import mlx.core as mx
+    return mx.default_device() == mx.cpu and (config.read_into_mlx() if into_mlx is None else into_mlx)
+
+
 def set_blas_threads(n: int) -> bool:
     """Set the loaded OpenBLAS's thread count at run time (n > 0); False where none is loaded."""
     try:

@@ -30,7 +30,7 @@ import numpy as np
 
 from spill import config
 from spill.errors import SpillError
-from spill.platform import read_slots
+from spill.platform import read_slots, recycles_layers
 
 from .pages import FLOATS, MX_OF, NP_OF, UINT_OF, DIO, Span, aligned_buffer, layout, open_direct, open_file
 from .plan import ModelPlan, TensorSpec
@@ -63,15 +63,14 @@ class WeightReader:
         # a view's start: the item size on a CPU; a GPU's matmuls (cuBLASLt) refuse less than 256 bytes
         self._align = 256 if mx.default_device() == mx.gpu else 1
         self._views = [any(self._viewed(t, pos) for t, pos in lay[0]) for lay in layouts]   # per layer
-        # released layers' memory is read into again on the CPU; on the H200's GPU it was not faster (docs)
-        self._recycle = mx.default_device() == mx.cpu
+        self._recycle = recycles_layers(self.into_mlx)   # released layers' memory is read into again
         # a slot's buffer: (numpy view the reads fill, the MLX array owning it or None)
         self._size = size
         self._bufs = [(None, None) if self.into_mlx else (aligned_buffer(size), None)
                       for _ in range(read_slots() if read_ahead else 1)]
         self.slot_bytes = size * len(self._bufs)   # read into at once: the reader's own buffers or MLX memory
         self.buffer_bytes = 0 if self.into_mlx else self.slot_bytes   # the reader's own (MLX's is MLX memory)
-        _raise_cache_limit(plan, dtype)
+        _raise_cache_limit(plan, dtype, self._recycle)
         # pass state, guarded by _cv; positions index the pass's order
         self._cv = threading.Condition()
         self._gen = 0                 # bumped by start_pass and close: stale work is dropped
@@ -354,19 +353,22 @@ class WeightReader:
             self._stats["convert_s"] += time.perf_counter() - t0
         return out
 
+    def _aligned(self, spec: TensorSpec, pos: int) -> bool:
+        """Whether MLX can view a tensor at `pos` of a read buffer in place: a dtype it has, its bytes aligned."""
+        return spec.dtype in MX_OF and pos % max(np.dtype(NP_OF[spec.dtype]).itemsize, self._align) == 0
+
     def _viewed(self, spec: TensorSpec, pos: int) -> bool:
-        """Whether a tensor read into MLX memory stays a view of it: its bytes aligned, and not cast."""
-        item = np.dtype(NP_OF[spec.dtype]).itemsize
+        """Whether a tensor read into MLX memory stays a view of it: aligned, and not cast."""
         stored = mx.bfloat16 if spec.dtype == "BF16" else MX_OF.get(spec.dtype)
         cast = self.dtype is not None and spec.dtype in FLOATS and stored != self.dtype
-        return spec.dtype in MX_OF and pos % max(item, self._align) == 0 and not cast
+        return self._aligned(spec, pos) and not cast
 
     def _convert_tensor(self, spec: TensorSpec, buf: np.ndarray, pos: int, owner=None) -> mx.array:
         """An evaluated mx.array (nothing lazy is left for the compute thread): a view of the MLX memory
         `owner` (array, offset of buf in it) holding buf where its bytes are aligned, else a copy."""
         item = np.dtype(NP_OF[spec.dtype]).itemsize
         start = pos + (owner[1] if owner is not None else 0)   # buf[pos] lies at a multiple of DIO, plus pos
-        if owner is not None and spec.dtype in MX_OF and pos % max(item, self._align) == 0:
+        if owner is not None and self._aligned(spec, pos):
             a = owner[0][start:start + spec.nbytes].view(MX_OF[spec.dtype]).reshape(spec.shape)
         elif owner is not None and spec.dtype in MX_OF and item in UINT_OF:   # a GPU's copy, bitwise: x | 0
             a = (owner[0][start:start + spec.nbytes].view(UINT_OF[item]) | 0).view(MX_OF[spec.dtype]).reshape(spec.shape)
@@ -380,10 +382,11 @@ class WeightReader:
         return a
 
 
-def _raise_cache_limit(plan: ModelPlan, dtype) -> None:
+def _raise_cache_limit(plan: ModelPlan, dtype, recycled: bool) -> None:
     """Let MLX keep the buffers a pass recycles (its Linux CPU default is 32 MiB, and a fresh allocation
     there costs ~7x a reused one in page faults): admission's limit (policy.cache_allowance), the freed
-    layer the next conversion takes, the stored copies a cast frees and the largest tensor."""
+    layer the next conversion takes (none where the reader reads into it), the stored copies a cast frees
+    and the largest tensor."""
     def out_bytes(t: TensorSpec) -> int:
         if dtype is not None and t.dtype in FLOATS:
             return t.nbytes // np.dtype(NP_OF[t.dtype]).itemsize * dtype.size
@@ -391,7 +394,7 @@ def _raise_cache_limit(plan: ModelPlan, dtype) -> None:
     layer = max((sum(out_bytes(t) for t in ts) for ts in plan.layers), default=0)
     cast = max((sum(t.nbytes for t in ts if out_bytes(t) != t.nbytes) for ts in plan.layers), default=0)
     largest = max((out_bytes(t) for ts in plan.layers for t in ts), default=0)
-    need = layer + cast + largest
+    need = (0 if recycled and not cast else layer) + cast + largest
     previous = mx.set_cache_limit(need)
     if previous > need:
         mx.set_cache_limit(previous)
