@@ -120,6 +120,11 @@ class SlotCache:
                 new = mx.concatenate([new, mx.zeros((p.slots - new.shape[0], *new.shape[1:]), new.dtype)])
             return mx.put_along_axis(store, mx.broadcast_to(p.write_at, new.shape), new, axis=2)
         self.keys, self.values = put(self.keys, keys), put(self.values, values)
+        return self.fetched()
+
+    def fetched(self) -> tuple[mx.array, mx.array]:
+        """The live rows' K and V over the pool's span (a view: nothing holds it past the layer)."""
+        p = self.pool
         return self.keys[:p.used, :, :p.span, :], self.values[:p.used, :, :p.span, :]
 
     def make_mask(self, n: int, window_size: int | None = None, **_) -> mx.array:
@@ -241,13 +246,11 @@ class JointCache:
         return [c.values for c in self.parts]
 
     def update_and_fetch(self, keys: mx.array, values: mx.array):
-        """Each pool's K and V as one batch padded to the longest span (lazy: `pooled_attention` reads
-        `fetched`, each pool's own, and never evaluates the padded copy)."""
-        span, ks, vs, start, self.fetched = max(p.span for p in self.pools), [], [], 0, []
+        """Each pool's K and V as one batch padded to the longest span (lazy: `pooled_attention` reads each
+        pool's own from `parts` and never evaluates the padded copy)."""
+        span, ks, vs, start = max(p.span for p in self.pools), [], [], 0
         for p, c in zip(self.pools, self.parts):
             k, v = c.update_and_fetch(keys[start:start + p.used], values[start:start + p.used])
-            if len(self.pools) > 1:   # for `pooled_attention`, which takes them: kept, a slot's write copies the pool
-                self.fetched.append((k, v))
             pad = [(0, 0), (0, 0), (0, span - k.shape[2]), (0, 0)]
             ks.append(mx.pad(k, pad) if span > k.shape[2] else k)
             vs.append(mx.pad(v, pad) if span > v.shape[2] else v)
@@ -269,8 +272,9 @@ def pooled_attention(original):
         if (not isinstance(cache, JointCache) or len(cache.pools) < 2 or sinks is not None
                 or not isinstance(mask, mx.array)):
             return original(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
-        (out, start), (fetched, cache.fetched) = ([], 0), (cache.fetched, [])
-        for p, (k, v) in zip(cache.pools, fetched):   # the joint mask is each pool's, padded
+        out, start = [], 0
+        for p, c in zip(cache.pools, cache.parts):   # the joint mask is each pool's, padded
+            k, v = c.fetched()
             rows = slice(start, start + p.used)
             out.append(mx.fast.scaled_dot_product_attention(queries[rows], k, v, scale=scale,
                                                             mask=mask[rows, ..., :k.shape[2]]))

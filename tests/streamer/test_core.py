@@ -279,12 +279,13 @@ def test_rows_in_the_last_slots_move_into_the_slots_rows_left_so_a_pass_computes
     assert out["c"] == out["d"] == alone["c"][0]
 
 
-def test_rows_that_move_or_join_write_into_their_pools_kv_not_a_copy_of_it(make_tiny):
+@pytest.mark.parametrize("family", ["llama", "gemma2"])   # gemma2's attention is its own, not the pooled one
+def test_rows_that_move_or_join_write_into_their_pools_kv_not_a_copy_of_it(make_tiny, family):
     """The pass's decode group kept each layer's K and V it had fetched, and a row moved into a freed slot from a
     slice of the pool itself: either way a row moving or joining copied every layer's pool, 1-2 times. The
     three-tier job's live memory rose by 170-280 MiB at passes where rows ended, and it was preempted."""
     import mlx.core as mx
-    folder = make_tiny("llama", dtype="float32")
+    folder = make_tiny(family, dtype="float32")
     s = Streamer(folder, prefill_chunk=512)
     s.reserve([[8, 512], [2, 256]])
     for rid, n in (("a", 3), ("b", 3), *((f"r{i}", 12) for i in range(4))):   # a, b hold the first slots, end first
