@@ -158,8 +158,9 @@ def fit(prior: PassModel, passes: list[Observation], strength: float = 0.01) -> 
         return prior
     # a term the prior leaves at zero (a calibration stored before it existed) is scaled like the fixed one,
     # a prompt token's cached context like a decode row's
-    zero = dict(zip(TERMS, [max(prior.fixed_s, 1e-12)] * len(TERMS)), per_prefill_context_s=prior.per_context_token_s)
-    prior_terms = np.array([getattr(prior, t) if getattr(prior, t) > 0 else max(zero[t], 1e-12) for t in TERMS])
+    like = {"per_prefill_context_s": prior.per_context_token_s}
+    prior_terms = np.array([getattr(prior, t) if getattr(prior, t) > 0 else max(like.get(t, prior.fixed_s), 1e-12)
+                            for t in TERMS])
     raw = np.array([[1.0, p.batched, p.decode_rows, p.prefill_tokens, p.context_tokens, p.extra_products,
                      p.prefill_context] for p in passes])
     x, y = raw * prior_terms, np.array([p.compute_s for p in passes])

@@ -46,6 +46,7 @@ from itertools import islice
 
 import numpy as np
 
+from spill.memory import cache_allowance
 from spill.platform import read_slots, recycles_layers
 
 
@@ -382,12 +383,6 @@ def sheet_for(plan, working_set: int, itemsize: int, *, prefill_tokens: int, pre
     # room for what each decode layer frees beside the freed layer (with Streamer.step's emptied cache: ~0 faults)
     fixed["cache_kv"] = 0 if resident else min(2 * max(sheet.kv_budget, 0) // max(len(plan.layers), 1), layer)
     return sheet
-
-
-def cache_allowance(layer: int, cast: int, largest: int, recycled: bool = False) -> int:
-    """MLX's buffer cache before the KV's share: the freed layer the next conversion takes (none where the reader
-    reads into it: `recycled`, tensors not cast), the stored copies a cast frees and the largest tensor."""
-    return (0 if recycled and not cast else layer) + cast + largest
 
 
 def live_allocation(p, others: int, runtime: int = 0) -> int:

@@ -236,6 +236,13 @@ def describe_line(d: dict) -> str:
 
 
 # -- one process ------------------------------------------------------------------------------------
+def cache_allowance(layer: int, cast: int, largest: int, recycled: bool = False) -> int:
+    """MLX's buffer cache before the KV's share, as admission prices it and the reader sets it: the freed layer the
+    next conversion takes (none where the reader reads into it: `recycled`, tensors not cast), the stored copies a
+    cast frees and the largest tensor."""
+    return (0 if recycled and not cast else layer) + cast + largest
+
+
 def process_memory(pid: int | None = None, root: Path | str = "/") -> ProcessMemory:
     """Resident bytes and page faults so far of a process (this one by default)."""
     pid = os.getpid() if pid is None else pid

@@ -30,6 +30,7 @@ import numpy as np
 
 from spill import config
 from spill.errors import SpillError
+from spill.memory import cache_allowance
 from spill.platform import read_slots, recycles_layers
 
 from .pages import FLOATS, MX_OF, NP_OF, UINT_OF, DIO, Span, aligned_buffer, layout, open_direct, open_file
@@ -384,9 +385,7 @@ class WeightReader:
 
 def _raise_cache_limit(plan: ModelPlan, dtype, recycled: bool) -> None:
     """Let MLX keep the buffers a pass recycles (its Linux CPU default is 32 MiB, and a fresh allocation
-    there costs ~7x a reused one in page faults): admission's limit (policy.cache_allowance), the freed
-    layer the next conversion takes (none where the reader reads into it), the stored copies a cast frees
-    and the largest tensor."""
+    there costs ~7x a reused one in page faults): the limit admission prices (`memory.cache_allowance`)."""
     def out_bytes(t: TensorSpec) -> int:
         if dtype is not None and t.dtype in FLOATS:
             return t.nbytes // np.dtype(NP_OF[t.dtype]).itemsize * dtype.size
@@ -394,7 +393,7 @@ def _raise_cache_limit(plan: ModelPlan, dtype, recycled: bool) -> None:
     layer = max((sum(out_bytes(t) for t in ts) for ts in plan.layers), default=0)
     cast = max((sum(t.nbytes for t in ts if out_bytes(t) != t.nbytes) for ts in plan.layers), default=0)
     largest = max((out_bytes(t) for ts in plan.layers for t in ts), default=0)
-    need = (0 if recycled and not cast else layer) + cast + largest
+    need = cache_allowance(layer, cast, largest, recycled)
     previous = mx.set_cache_limit(need)
     if previous > need:
         mx.set_cache_limit(previous)
