@@ -260,9 +260,10 @@ def test_a_tensor_whose_bytes_are_misaligned_is_copied_whole(tmp_path):
 @pytest.mark.parametrize("code, dtype", [("F32", None), ("BF16", None), ("BF16", mx.float32)])
 def test_a_released_layer_s_memory_takes_a_later_layer_without_a_new_buffer(tmp_path, monkeypatch, read_ahead,
                                                                             code, dtype):
-    """A new MLX buffer is zero-filled (a 59 MB one: 4 ms from MLX's cache, 41 ms fresh, on 2 vCPUs): after the
-    first pass every layer is read into a released layer's memory, none new (the slot's, the ready and the
-    computing layer's: the memory of today's pipeline)."""
+    """A new MLX buffer is zero-filled (a 59 MB one: 4 ms from MLX's cache, 41 ms fresh, on 2 vCPUs): over four
+    passes every layer is read into a released layer's memory, none new beyond the pipeline's own (the slot's,
+    the ready and the computing layer's). A layer computes for 20 ms, so the ready one is converted meanwhile:
+    how many the first pass needs was a race when compute took no time (CI saw 2, then 3)."""
     tensors = make_model(tmp_path, layers=5, dtype=code)
     plan = load_plan(tmp_path)
     made, zeros = [], mx.zeros
@@ -272,10 +273,9 @@ def test_a_released_layer_s_memory_takes_a_later_layer_without_a_new_buffer(tmp_
             reader.start_pass()
             for i in range(5):
                 _check_layer(reader.take(i), tensors, [t.name for t in plan.layers[i]], dtype)
+                time.sleep(0.02)
                 reader.release(i)
-            if n == 0:
-                first = len(made)
-        assert len(made) == first <= len(reader._bufs) + 2
+        assert 1 <= len(made) <= len(reader._bufs) + 2 < 20
 
 
 def test_a_layer_not_released_keeps_its_bytes_while_later_passes_read(tmp_path):
