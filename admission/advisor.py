@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from spill.streamer.plan import ITEMSIZE, ModelPlan, TensorSpec
 
 from .passmodel import PassModel, PassShape
-from .policy import fmt, width_class
+from .policy import width_class
+from .prices import fmt
 from .schedule import budget_policy
 
 

@@ -1,16 +1,6 @@
 """Which rows join the batch at which pass, under a memory budget. Pure: no sockets, no model.
 
-The budget is a target for live allocation at the knee of the memory curve, not at its peak:
-
-    budget     = budget_fraction (0.78) x working set
-    fixed      = resident tensors + reader buffers + 2 converted layers in flight + MLX's buffer cache
-                 (its limit: 1 freed layer, the stored copies a cast frees, the largest tensor, a
-                 decode layer's freed KV)
-                 + activations of the largest chunk + prompts' KV before they join the pool
-                 + the other processes' resident memory
-    KV budget  = budget - fixed
-
-Resident (the advisor's choice, advisor.py), "resident tensors" are every layer's and none is in flight.
+The budget and its fixed prices are the price sheet's (prices.py).
 
 KV is reserved up front, in decode pools by width class: a row's class is its full length (prompt +
 max_tokens) rounded up to a multiple of 64 up to 512, past that of an eighth of the power of two at or
@@ -30,7 +20,8 @@ slot for each row. When a class with rows waiting has no pool (first made, or dr
 recomputed: pools above their new share stop refilling and shrink at once to the rows they hold (the
 streamer copies them), a new pool takes what is free, and a pool shrinks to its share once its rows drain
 to it. A full pool with rows waiting grows into the KV that is free (the streamer copies its rows a layer
-at a time, so the copy holds one layer of the old pool twice), never after a preemption shrank it. Rows
+at a time, so the copy holds one layer of the old pool twice); after a preemption shrank it, only once
+REGROW_PASSES passes in a row ran within the budget (twice as many after each later preemption). Rows
 join their class's pool in queue order while it has a free slot, else borrow a free slot of a wider pool
 whose class waits for none: a class's rows wait in order, never behind another class's.
 Backpressure is a guard on what the streamer reports: above the guard line (80% of the working set)
@@ -41,13 +32,14 @@ and they wait at the head of the queue.
 """
 
 from collections import Counter, deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from itertools import islice
 
 import numpy as np
 
-from spill.memory import cache_allowance
-from spill.platform import read_slots, recycles_layers
+from .prices import Sheet, fmt
+
+REGROW_PASSES = 20   # passes in a row within the budget before a preempted pool may grow (doubled per preemption)
 
 
 @dataclass
@@ -64,48 +56,6 @@ class Waiting:
         return len(self.prompt) + self.max_tokens
 
 
-@dataclass
-class Sheet:
-    """One model's prices on this machine."""
-    working_set: int
-    kv_per_token: int                        # bytes of K and V for one token in every layer
-    row_overhead: int = 0                    # per running row besides its KV (logits, hidden state)
-    layers: int = 0                          # attention's copy of one layer's KV is priced per slot (0: not)
-    fixed: dict[str, int] = field(default_factory=dict)
-    fraction: float = 0.78
-    guard: float = 0.80
-    hard: float = 0.90
-    hysteresis: float = 0.05
-
-    @property
-    def budget(self) -> int:
-        return int(self.fraction * self.working_set)
-
-    @property
-    def kv_budget(self) -> int:
-        return self.budget - sum(self.fixed.values())
-
-    @property
-    def cache_limit(self) -> int:
-        """MLX's buffer cache limit admission sets: the freed layer's share and the KV's."""
-        return self.fixed["cache"] + self.fixed.get("cache_kv", 0)
-
-    def line(self, share: float) -> int:
-        return int(share * self.working_set)
-
-    def cost(self, rows: int, longest: int) -> int:
-        """Bytes reserved for `rows` running rows whose longest full length is `longest` tokens."""
-        return rows * (longest * self.kv_per_token + self.row_overhead)
-
-    def slot(self, width: int, widest: int) -> int:
-        """A slot of `width` tokens and its row of one layer's KV padded to the widest pool (attention's copy)."""
-        return self.cost(1, width) + (widest * self.kv_per_token // self.layers if self.layers else 0)
-
-
-def fmt(n: int) -> str:
-    return f"{n / 2**30:.2f} GiB" if abs(n) >= 2**30 else f"{n / 2**20:.1f} MiB"
-
-
 def width_class(full_length: int) -> int:
     """A row's width class, its pool's width: its full length rounded up to a multiple of an eighth of the power of
     two at or above it, at least 64 (64, ..., 512, 640, ..., 1280, ...): a slot wastes < 64 tokens or 25%."""
@@ -119,7 +69,7 @@ class Reserved:
     slots: int
     width: int
     cap: int
-    preempted: bool = False   # shrunk above the hard line: it never grows again until it drains
+    preempted: bool = False   # shrunk above the hard line: it grows again only after a calm spell
 
 
 class BudgetPolicy:
@@ -134,6 +84,8 @@ class BudgetPolicy:
         self.live = 0                            # live allocation in the last pass report
         self.holding = False
         self.preempting: set[int] = set()        # sent to the streamer, not yet reported dropped
+        self.preemptions = 0                     # this job's: each doubles the calm a preempted pool waits
+        self.calm = 0                            # passes in a row within the budget since the last one
 
     @property
     def window(self) -> int:
@@ -181,6 +133,10 @@ class BudgetPolicy:
             self.holding = True
         elif live <= s.line(max(s.guard - s.hysteresis, s.fraction)):
             self.holding = False
+        self.calm = self.calm + 1 if live <= s.line(s.fraction) else 0
+        if self.preemptions and self.calm >= REGROW_PASSES << (self.preemptions - 1):
+            for p in self.pools.values():
+                p.preempted = False
 
     def reserved(self, widest: int = 0) -> int:
         """Bytes of every pool, each slot priced with attention's copy padded to `widest` or the widest pool."""
@@ -339,55 +295,11 @@ class BudgetPolicy:
             self.pools[c].slots = self.pools[c].cap = left[c]
             self.pools[c].preempted = True
         self.preempting.update(out)
+        self.preemptions, self.calm = self.preemptions + 1, 0
         return out
 
     def clear(self) -> None:
         self.queue.clear()
         self.running.clear()
         self.preempting.clear()
-        self.live, self.holding, self.pools = 0, False, {}
-
-
-# -- prices from the model's config and the plan's tensors ---------------------------------------------
-_FLOAT = {"F16": 2, "BF16": 2, "F32": 4, "F64": 8}
-
-
-def sheet_for(plan, working_set: int, itemsize: int, *, prefill_tokens: int, prefill_chunk: int = 512,
-              others: int = 0, resident: bool = False, **lines) -> Sheet:
-    """The price sheet of `plan` (a streamer ModelPlan) computed in `itemsize`-byte floats. `resident`:
-    every layer stays in memory after its first read (a fixed part), so no layer is in flight.
-    Each fixed price is what the streamer was measured to hold at its peak (docs/benchmarks.md, "Memory
-    under the budget"); the margin is the cache's largest tensor, which the peak did not always fill."""
-    def compute(t) -> int:
-        return t.nbytes // _FLOAT[t.dtype] * itemsize if t.dtype in _FLOAT else t.nbytes
-    c = plan.config
-    hidden, heads, (kv_heads, head_dim) = int(c["hidden_size"]), int(c["num_attention_heads"]), plan.kv_heads_and_dim
-    inter = int(c.get("intermediate_size") or 4 * hidden)
-    kv_per_token = len(plan.layers) * 2 * kv_heads * head_dim * itemsize
-    layer = max((sum(compute(t) for t in ts) for ts in plan.layers), default=0)
-    raw = max((sum(t.nbytes for t in ts) for ts in plan.layers), default=0)
-    cast = max((sum(t.nbytes for t in ts if t.dtype in _FLOAT and _FLOAT[t.dtype] != itemsize)
-                for ts in plan.layers), default=0)
-    largest = max((compute(t) for ts in plan.layers for t in ts), default=0)
-    kept = plan.resident + ([t for ts in plan.layers for t in ts] if resident else [])
-    fixed = {"resident": sum(compute(t) for t in kept),     # embeddings, norms, head (resident: every layer)
-             "reader": read_slots() * raw,              # the reader's read-ahead buffers, stored bytes (resident: pass 1)
-             "layers": 0 if resident else 2 * layer,    # converted weights alive: the layer computing and the next
-             "cache": cache_allowance(layer, cast, largest, recycles_layers()),   # MLX's buffer cache at its limit
-             "activations":   # hidden states, MLP intermediates and attention scores of the prefill tokens
-                 prefill_tokens * ((4 * hidden + 3 * inter) * itemsize + heads * prefill_chunk * 4),
-             "prefill_kv": 2 * prefill_tokens * kv_per_token,   # prompts' KV until they join the pool
-             "others": others}                          # the other processes' RSS and the streamer's runtime
-    sheet = Sheet(working_set, kv_per_token=kv_per_token, layers=len(plan.layers),
-                  row_overhead=(int(c.get("vocab_size", 0)) + 4 * hidden) * 4, fixed=fixed, **lines)
-    # room for what each decode layer frees beside the freed layer (with Streamer.step's emptied cache: ~0 faults)
-    fixed["cache_kv"] = 0 if resident else min(2 * max(sheet.kv_budget, 0) // max(len(plan.layers), 1), layer)
-    return sheet
-
-
-def live_allocation(p, others: int, runtime: int = 0) -> int:
-    """What a pass report says the group holds: the streamer's MLX memory and buffers or its RSS less its
-    runtime (`runtime`, priced in `others`), whichever is more, plus the other processes; the cgroup's
-    usage (active page cache included) where higher."""
-    engine = max(p.active_memory + p.cache_memory + p.reader_memory, p.rss - runtime)
-    return max(engine + others, p.cgroup_usage or 0)
+        self.live, self.holding, self.pools, self.preemptions, self.calm = 0, False, {}, 0, 0

@@ -14,7 +14,8 @@ from spill.wire import Mailbox
 
 from . import schedule
 from .calibration import Calibrator
-from .policy import Waiting, fmt, live_allocation
+from .policy import Waiting
+from .prices import fmt, live_allocation
 from .schedule import budget_policy
 
 

@@ -20,7 +20,8 @@ import numpy as np
 from spill import config, memory
 from spill.streamer.groups import chunk_for
 
-from .policy import BudgetPolicy, Waiting, sheet_for, width_class
+from .policy import BudgetPolicy, Waiting, width_class
+from .prices import sheet_for
 
 
 def budget_policy(plan, memory_arg=None, fraction: float | None = None, others: int = 0,

@@ -70,7 +70,8 @@ def child(spec: dict) -> None:
     width = prompt + passes + 2
     sheet = None
     if hasattr(s, "reserve"):   # the code with the budget: admission's prices, the pool, the cache limit
-        from spill.admission.policy import sheet_for, width_class
+        from spill.admission.policy import width_class
+        from spill.admission.prices import sheet_for
 
         def price(n):
             return sheet_for(s.plan, ws.bytes, 4, prefill_tokens=n * prompt, others=baseline)

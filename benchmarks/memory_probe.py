@@ -38,7 +38,7 @@ def main() -> None:
     a = p.parse_args()
     import mlx.core as mx
     from spill import memory
-    from spill.admission.policy import sheet_for
+    from spill.admission.prices import sheet_for
     from spill.streamer.core import Row, Streamer
     baseline = memory.process_memory().rss   # the interpreter and libraries: what the group prices as runtime
     s = Streamer(a.folder)

@@ -4,7 +4,7 @@ import pytest
 
 from spill.admission.advisor import advise, quantized
 from spill.admission.passmodel import PassModel
-from spill.admission.policy import fmt
+from spill.admission.prices import fmt
 from spill.admission.schedule import budget_policy
 from spill.admission.simulate import SimRow
 from spill.streamer.plan import load_plan

@@ -2,11 +2,9 @@
 
 import numpy as np
 
-from spill import messages as m
-from spill.admission.policy import BudgetPolicy, Sheet, Waiting, live_allocation, sheet_for
+from spill.admission.policy import BudgetPolicy, Waiting
 from spill.admission import policy as policy_mod
-from spill.platform import read_slots
-from spill.streamer.plan import load_plan
+from spill.admission.prices import Sheet
 
 MB = 2**20
 
@@ -111,6 +109,30 @@ def test_the_hard_line_preempts_the_newest_rows_shrinks_the_pool_and_they_later_
     assert not p.running and not p.queue
 
 
+def test_a_preempted_pool_grows_again_after_passes_within_the_budget_and_waits_twice_as_long_each_time():
+    """A preemption shrank the pool to the rows left, and it stayed shrunk until it drained: one spike cost a
+    job half its batch for ~15 minutes (the twelfth session's 200-row job). Now it may grow again once
+    REGROW_PASSES passes in a row ran within the budget; each later preemption doubles that wait."""
+    wait = policy_mod.REGROW_PASSES
+    p = BudgetPolicy(sheet(slots_mb=100), max_rows=8)
+    p.offer(rows(*[40] * 20))
+    assert run_pass(p, live=500 * MB) == ([], list(range(8)))
+    preempt, _ = run_pass(p, live=902 * MB)
+    assert preempt == [7, 6, 5, 4, 3, 2, 1] and p.shapes() == [[1, 64]]
+    assert run_pass(p, live=700 * MB, preempted=preempt) == ([], [])
+    for n in range(wait - 2):
+        assert run_pass(p, live=700 * MB) == ([], []), n         # within the budget (780 MiB), still waiting
+    assert run_pass(p, live=790 * MB) == ([], [])                # over the budget: the count starts again
+    for n in range(wait - 1):
+        assert run_pass(p, live=700 * MB) == ([], []), n
+    assert run_pass(p, live=700 * MB) == ([], list(range(1, 8))) and p.shapes() == [[8, 64]]
+    preempt, _ = run_pass(p, live=902 * MB)                      # a second spike: twice the wait
+    assert len(preempt) == 7
+    for n in range(2 * wait - 1):
+        assert run_pass(p, live=700 * MB, preempted=preempt if n == 0 else ())[1] == [], n
+    assert len(run_pass(p, live=700 * MB)[1]) == 7
+
+
 def test_the_oldest_row_is_never_preempted_so_no_row_starves():
     p = BudgetPolicy(sheet(slots_mb=10))
     p.offer(rows(40, 40, 40))
@@ -121,91 +143,3 @@ def test_the_oldest_row_is_never_preempted_so_no_row_starves():
         run_pass(p, live=950 * MB, preempted=preempt)
     run_pass(p, live=0, finished=[0])
     assert sorted(p.running) == [1, 2]                       # the preempted rows run next
-
-
-def test_live_allocation_takes_the_largest_view_of_memory():
-    p = m.Pass(0, 1, 1.0, 0.0, 1.0, 4, 0, 4, [], active_memory=300, peak_memory=400, bytes_streamed=0,
-               cache_memory=50, reader_memory=100, rss=420, cgroup_usage=None)
-    assert live_allocation(p, others=80) == 450 + 80
-    p.cgroup_usage = 900                           # page cache charged to the cgroup counts too
-    assert live_allocation(p, others=80) == 900
-
-
-def test_the_sheet_prices_kv_from_the_config_and_the_compute_dtype(make_tiny):
-    plan = load_plan(make_tiny("llama"))
-    c = plan.config
-    s = sheet_for(plan, 2**30, 4, prefill_tokens=64, others=5 * MB)
-    head_dim = c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"]
-    assert s.kv_per_token == c["num_hidden_layers"] * 2 * c["num_key_value_heads"] * head_dim * 4
-    assert s.fixed["resident"] == sum(t.nbytes // 2 * 4 for t in plan.resident)   # bf16 stored, f32 computed
-    assert s.fixed["reader"] == max(plan.layer_bytes(i) for i in range(len(plan.layers)))   # one buffer on a CPU
-    assert s.kv_budget == int(0.78 * 2**30) - sum(s.fixed.values())
-
-
-def test_resident_prices_every_layer_as_a_fixed_part_and_none_in_flight(make_tiny):
-    plan = load_plan(make_tiny("llama"))
-    streamed = sheet_for(plan, 2**30, 4, prefill_tokens=64)
-    resident = sheet_for(plan, 2**30, 4, prefill_tokens=64, resident=True)
-    assert resident.fixed["resident"] == plan.total_bytes // 2 * 4 and resident.fixed["layers"] == 0
-    assert streamed.fixed["layers"] > 0 and resident.kv_per_token == streamed.kv_per_token
-    assert resident.fixed["cache_kv"] == 0   # no layer freed, so none to keep in the cache
-    assert resident.kv_budget == streamed.kv_budget + streamed.fixed["cache_kv"] - (
-        plan.streamed_bytes * 2 - streamed.fixed["layers"])
-
-
-def _layer(plan, itemsize):
-    return max(sum(t.nbytes // 2 * itemsize if t.dtype == "BF16" else t.nbytes for t in ts) for ts in plan.layers)
-
-
-def test_a_float32_stored_plan_prices_a_freed_layer_in_the_cache_unless_the_reader_reads_into_it(make_tiny,
-                                                                                                  monkeypatch):
-    # measured: the streamer holds 2 converted layers and a cache of about 1 more (docs/benchmarks.md); on the
-    # CPU the reader reads into a released layer's memory (eea0258), so none waits in the cache
-    plan = load_plan(make_tiny("llama", dtype="float32"))
-    layer = max(plan.layer_bytes(i) for i in range(len(plan.layers)))
-    largest = max(t.nbytes for ts in plan.layers for t in ts)
-    s = sheet_for(plan, 2**30, 4, prefill_tokens=64)
-    assert s.fixed["reader"] == read_slots() * layer and s.fixed["layers"] == 2 * layer   # the read-ahead buffers
-    assert s.fixed["cache"] == largest                       # this machine's CPU: recycled
-    monkeypatch.setattr(policy_mod, "recycles_layers", lambda: False)   # a GPU's reader: a new buffer a layer
-    assert sheet_for(plan, 2**30, 4, prefill_tokens=64).fixed["cache"] == layer + largest
-
-
-def test_the_cache_keeps_room_for_what_a_decode_layer_frees_beside_the_freed_layer(make_tiny):
-    """lean45 at 23 rows with a cache of one freed layer: each layer's freed KV stores and attention copies
-    pushed the layer out, and every layer's memory was faulted in anew (651k faults a pass, passes 6.2 s)."""
-    for family in ("llama", "qwen2"):
-        plan = load_plan(make_tiny(family, dtype="float32"))
-        s = sheet_for(plan, 2**30, 4, prefill_tokens=64)
-        layer = max(plan.layer_bytes(i) for i in range(len(plan.layers)))
-        before = s.kv_budget + s.fixed["cache_kv"]
-        assert s.fixed["cache_kv"] == min(2 * before // len(plan.layers), layer) == layer
-        fixed = sum(s.fixed.values()) - s.fixed["cache_kv"]
-        small = sheet_for(plan, int((fixed + layer) / 0.78), 4, prefill_tokens=64)   # KV of one layer's size
-        assert 0 < small.fixed["cache_kv"] == 2 * (small.kv_budget + small.fixed["cache_kv"]) // len(plan.layers) < layer
-
-
-def test_a_cast_prices_the_stored_copies_it_frees_into_the_cache(make_tiny):
-    plan = load_plan(make_tiny("llama"))   # bf16 stored, computed in float32
-    s = sheet_for(plan, 2**30, 4, prefill_tokens=64)
-    stored = max(plan.layer_bytes(i) for i in range(len(plan.layers)))
-    largest = max(t.nbytes for ts in plan.layers for t in ts) * 2
-    assert s.fixed["layers"] == 2 * _layer(plan, 4) == 4 * stored
-    assert s.fixed["cache"] == _layer(plan, 4) + stored + largest
-
-
-def test_the_cache_and_the_layers_in_flight_are_not_counted_twice(make_tiny):
-    # a freed layer's buffers are the next conversion's: 3 converted layers at most, not 2 + a cache of 2
-    for dtype in ("float32", "bfloat16"):
-        plan = load_plan(make_tiny("llama", dtype=dtype))
-        s = sheet_for(plan, 2**30, 4, prefill_tokens=64)
-        assert s.fixed["layers"] + s.fixed["cache"] < 4 * _layer(plan, 4)
-        assert s.fixed["cache_kv"] <= _layer(plan, 4)   # what a layer frees beside it: at most another layer
-
-
-def test_the_streamers_runtime_in_its_rss_is_not_counted_again_with_the_others():
-    # others = the other processes + the streamer's runtime (its RSS at READY), which its RSS holds too
-    p = m.Pass(0, 1, 1.0, 0.0, 1.0, 4, 0, 4, [], active_memory=300, peak_memory=400, bytes_streamed=0,
-               cache_memory=50, reader_memory=100, rss=600, cgroup_usage=None)
-    assert live_allocation(p, others=80, runtime=50) == 600 + 80 - 50
-    assert live_allocation(p, others=80, runtime=200) == 450 + 80   # MLX and the reader, where more

@@ -67,7 +67,8 @@ SLOW = PassModel(bandwidth=0.7e9, fixed_s=2.0, per_row_s=0.029, per_prefill_toke
 def test_on_a_slow_disk_prompts_prefill_under_the_read_not_a_512_token_chunk_a_pass(monkeypatch):
     """Each prompt took a 512-token chunk a pass whatever the room (15 s passes against 3.8 s of
     read); the pace now shares out what the read hides, so the job is shorter."""
-    from spill.admission.policy import BudgetPolicy, Sheet
+    from spill.admission.policy import BudgetPolicy
+    from spill.admission.prices import Sheet
     def policy():   # 220 MiB of KV at 22 KiB a token: about 13 rows of the three tiers at once
         return BudgetPolicy(Sheet(220 * 2**20, kv_per_token=22 * 1024, fraction=1.0), prefill_tokens=1024)
     rows = [SimRow(r.row, r.prompt, 128, r.tier) for r in three_tiers(40)]

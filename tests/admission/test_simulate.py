@@ -7,7 +7,8 @@ import pytest
 
 from spill.admission.calibration import ContextTracker
 from spill.admission.passmodel import Observation, PassModel, PassShape, fit
-from spill.admission.policy import BudgetPolicy, Sheet, Waiting
+from spill.admission.policy import BudgetPolicy, Waiting
+from spill.admission.prices import Sheet
 from spill.admission import schedule
 from spill.admission.simulate import SimRow, simulate
 from spill.streamer.groups import bucket, chunk_for

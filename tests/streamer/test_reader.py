@@ -362,7 +362,7 @@ def test_control_without_drop_cache_stays_cached(tmp_path):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_without_admission_the_reader_sets_the_cache_limit_admission_prices(make_tiny, dtype):
-    from spill.admission.policy import sheet_for
+    from spill.admission.prices import sheet_for
     plan = load_plan(make_tiny("llama", dtype=dtype))
     previous = mx.set_cache_limit(0)
     try:

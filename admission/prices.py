@@ -1,0 +1,106 @@
+"""The price sheet: what a model costs in memory on this machine, and what a pass report says is live.
+
+The budget is a target for live allocation at the knee of the memory curve, not at its peak:
+
+    budget     = budget_fraction (0.78) x working set
+    fixed      = resident tensors + reader buffers + 2 converted layers in flight + MLX's buffer cache
+                 (its limit: 1 freed layer, the stored copies a cast frees, the largest tensor, a
+                 decode layer's freed KV)
+                 + activations of the largest chunk + prompts' KV before they join the pool
+                 + the other processes' resident memory
+    KV budget  = budget - fixed
+
+Resident (the advisor's choice, advisor.py), "resident tensors" are every layer's and none is in flight.
+"""
+
+from dataclasses import dataclass, field
+
+from spill.memory import cache_allowance
+from spill.platform import read_slots, recycles_layers
+
+
+@dataclass
+class Sheet:
+    """One model's prices on this machine."""
+    working_set: int
+    kv_per_token: int                        # bytes of K and V for one token in every layer
+    row_overhead: int = 0                    # per running row besides its KV (logits, hidden state)
+    layers: int = 0                          # attention's copy of one layer's KV is priced per slot (0: not)
+    fixed: dict[str, int] = field(default_factory=dict)
+    fraction: float = 0.78
+    guard: float = 0.80
+    hard: float = 0.90
+    hysteresis: float = 0.05
+
+    @property
+    def budget(self) -> int:
+        return int(self.fraction * self.working_set)
+
+    @property
+    def kv_budget(self) -> int:
+        return self.budget - sum(self.fixed.values())
+
+    @property
+    def cache_limit(self) -> int:
+        """MLX's buffer cache limit admission sets: the freed layer's share and the KV's."""
+        return self.fixed["cache"] + self.fixed.get("cache_kv", 0)
+
+    def line(self, share: float) -> int:
+        return int(share * self.working_set)
+
+    def cost(self, rows: int, longest: int) -> int:
+        """Bytes reserved for `rows` running rows whose longest full length is `longest` tokens."""
+        return rows * (longest * self.kv_per_token + self.row_overhead)
+
+    def slot(self, width: int, widest: int) -> int:
+        """A slot of `width` tokens and its row of one layer's KV padded to the widest pool (attention's copy)."""
+        return self.cost(1, width) + (widest * self.kv_per_token // self.layers if self.layers else 0)
+
+
+def fmt(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB" if abs(n) >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
+# -- prices from the model's config and the plan's tensors ---------------------------------------------
+_FLOAT = {"F16": 2, "BF16": 2, "F32": 4, "F64": 8}
+
+
+def sheet_for(plan, working_set: int, itemsize: int, *, prefill_tokens: int, prefill_chunk: int = 512,
+              others: int = 0, resident: bool = False, **lines) -> Sheet:
+    """The price sheet of `plan` (a streamer ModelPlan) computed in `itemsize`-byte floats. `resident`:
+    every layer stays in memory after its first read (a fixed part), so no layer is in flight.
+    Each fixed price is what the streamer was measured to hold at its peak (docs/benchmarks.md, "Memory
+    under the budget"); the margin is the cache's largest tensor, which the peak did not always fill."""
+    def compute(t) -> int:
+        return t.nbytes // _FLOAT[t.dtype] * itemsize if t.dtype in _FLOAT else t.nbytes
+    c = plan.config
+    hidden, heads, (kv_heads, head_dim) = int(c["hidden_size"]), int(c["num_attention_heads"]), plan.kv_heads_and_dim
+    inter = int(c.get("intermediate_size") or 4 * hidden)
+    kv_per_token = len(plan.layers) * 2 * kv_heads * head_dim * itemsize
+    layer = max((sum(compute(t) for t in ts) for ts in plan.layers), default=0)
+    raw = max((sum(t.nbytes for t in ts) for ts in plan.layers), default=0)
+    cast = max((sum(t.nbytes for t in ts if t.dtype in _FLOAT and _FLOAT[t.dtype] != itemsize)
+                for ts in plan.layers), default=0)
+    largest = max((compute(t) for ts in plan.layers for t in ts), default=0)
+    kept = plan.resident + ([t for ts in plan.layers for t in ts] if resident else [])
+    fixed = {"resident": sum(compute(t) for t in kept),     # embeddings, norms, head (resident: every layer)
+             "reader": read_slots() * raw,              # the reader's read-ahead buffers, stored bytes (resident: pass 1)
+             "layers": 0 if resident else 2 * layer,    # converted weights alive: the layer computing and the next
+             "cache": cache_allowance(layer, cast, largest, recycles_layers()),   # MLX's buffer cache at its limit
+             "activations":   # hidden states, MLP intermediates and attention scores of the prefill tokens
+                 prefill_tokens * ((4 * hidden + 3 * inter) * itemsize + heads * prefill_chunk * 4),
+             "prefill_kv": 2 * prefill_tokens * kv_per_token,   # prompts' KV until they join the pool
+             "others": others}                          # the other processes' RSS and the streamer's runtime
+    sheet = Sheet(working_set, kv_per_token=kv_per_token, layers=len(plan.layers),
+                  row_overhead=(int(c.get("vocab_size", 0)) + 4 * hidden) * 4, fixed=fixed, **lines)
+    # room for what each decode layer frees beside the freed layer (with Streamer.step's emptied cache: ~0 faults)
+    fixed["cache_kv"] = 0 if resident else min(2 * max(sheet.kv_budget, 0) // max(len(plan.layers), 1), layer)
+    return sheet
+
+
+def live_allocation(p, others: int, runtime: int = 0) -> int:
+    """What a pass report says the group holds: the streamer's MLX memory and buffers or its RSS less its
+    runtime (`runtime`, priced in `others`), whichever is more, plus the other processes; the cgroup's
+    usage (active page cache included) where higher."""
+    engine = max(p.active_memory + p.cache_memory + p.reader_memory, p.rss - runtime)
+    return max(engine + others, p.cgroup_usage or 0)
