@@ -28,6 +28,7 @@ class Sheet:
     layers: int = 0                          # attention's copy of one layer's KV is priced per slot (0: not)
     fixed: dict[str, int] = field(default_factory=dict)
     fraction: float = 0.78
+    source: str = "--memory"               # where the working set came from (cgroup, physical, --memory)
     guard: float = 0.80
     hard: float = 0.90
     hysteresis: float = 0.05
@@ -55,6 +56,16 @@ class Sheet:
     def slot(self, width: int, widest: int) -> int:
         """A slot of `width` tokens and its row of one layer's KV padded to the widest pool (attention's copy)."""
         return self.cost(1, width) + (widest * self.kv_per_token // self.layers if self.layers else 0)
+
+
+def shortfall(sheet: Sheet) -> str | None:
+    """The sentence a budget too small for the model's fixed part (no row's KV fits beside it) fails with."""
+    if sheet.kv_budget >= sheet.cost(1, 1):
+        return None
+    return (f"the budget is {fmt(sheet.budget)} ({sheet.fraction:.0%} of the {fmt(sheet.working_set)} working set, "
+            f"from {sheet.source}) but the model's weights, buffers and the other processes need "
+            f"{fmt(sum(sheet.fixed.values()))} before any KV cache; raise --memory or --budget-fraction, "
+            "or use a machine with more memory")
 
 
 def fmt(n: int) -> str:

@@ -15,7 +15,7 @@ from spill.wire import Mailbox
 from . import schedule
 from .calibration import Calibrator
 from .policy import Waiting
-from .prices import fmt, live_allocation
+from .prices import live_allocation, shortfall
 from .schedule import budget_policy
 
 
@@ -96,11 +96,8 @@ def _price(msg: m.Reset, args: dict, box, log):
     sheet = policy.sheet
     log.info("budget", mode="resident" if msg.resident else "streamed", working_set=ws.bytes, source=ws.source, budget=sheet.budget, kv_budget=sheet.kv_budget,
              kv_per_token=sheet.kv_per_token, **sheet.fixed)
-    if sheet.kv_budget < sheet.cost(1, 1):
-        box.send("coordinator", m.Error(msg.epoch, [m.MODEL_ROW], ["memory_budget_exceeded"], [
-            f"the budget is {fmt(sheet.budget)} ({sheet.fraction:.0%} of the {fmt(ws.bytes)} working set, from "
-            f"{ws.source}) but the model's weights, buffers and the other processes need {fmt(sum(sheet.fixed.values()))} "
-            "before any KV cache; raise --memory or --budget-fraction, or use a machine with more memory"], msg.job))
+    if (short := shortfall(sheet)) is not None:
+        box.send("coordinator", m.Error(msg.epoch, [m.MODEL_ROW], ["memory_budget_exceeded"], [short], msg.job))
         return None, others, 0
     return policy, others, sheet.cache_limit
 

@@ -33,7 +33,7 @@ def budget_policy(plan, memory_arg=None, fraction: float | None = None, others: 
     while True:   # on a small machine, price fewer prefill tokens a pass (down to a chunk) than KV gets
         sheet = sheet_for(plan, ws.bytes, compute_itemsize(plan), prefill_tokens=tokens,
                           prefill_chunk=prefill_chunk, others=others, resident=resident, fraction=fraction or config.BUDGET_FRACTION,
-                          guard=config.guard_line(), hard=config.hard_line())
+                          source=ws.source, guard=config.guard_line(), hard=config.hard_line())
         prefill = sheet.fixed["activations"] + sheet.fixed["prefill_kv"]
         if tokens <= prefill_chunk or sheet.kv_budget >= prefill:
             return BudgetPolicy(sheet, config.max_rows(), tokens), ws

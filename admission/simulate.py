@@ -61,10 +61,11 @@ class Estimate:
     at_max_tokens: bool = True
     stalled: bool = False     # the policy left rows waiting with nothing running
     mode: str = "streamed"    # or "resident": every pass after the first reads nothing
+    shortfall: str | None = None   # why no row can run: the budget cannot hold the model's fixed part
 
     def to_dict(self) -> dict:
         return {"total_seconds": round(self.total_seconds, 3), "ideal_seconds": round(self.ideal_seconds, 3),
-                "passes": self.passes, "mode": self.mode, "errors": self.errors, "priced_at_max_tokens": self.at_max_tokens,
+                "passes": self.passes, "mode": self.mode, "errors": self.errors, "priced_at_max_tokens": self.at_max_tokens, "shortfall": self.shortfall,
                 "tiers": [t.to_dict() for t in self.tiers]}
 
 

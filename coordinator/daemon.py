@@ -215,7 +215,7 @@ class Group:
         self.clients[job.id] = (str(args.get("client", "")), time.monotonic())
         self.last.pop(job.id, None)   # resumed in this group: its old ending is history
         self.next_job()
-        return {"job": job.id, "total": run.total, "done": run.total - len(run.pending),
+        return {"job": job.id, "total": run.total, "done": run.total - len(run.pending), "invalid": len(bad),
                 "output": str(job.output_path), "queued": len(self.queue), "warning": warning(model),
                 **({"estimate": run.estimate.first_line, "advice": run.estimate.advice.line} if run.estimate else {})}
 

@@ -14,6 +14,7 @@ from spill.memory import group_rss
 from spill.admission.advisor import Advice, advise
 from spill.admission.calibration import open_calibration
 from spill.admission.passmodel import PassModel
+from spill.admission.prices import shortfall
 from spill.admission.simulate import Estimate, SimRow, simulate
 from spill.streamer.plan import load_plan
 from spill.tokenizer_worker.core import TokenizerCore
@@ -103,8 +104,11 @@ def estimate_rows(folder: Path, rows: list[SimRow], *, errors: int = 0, memory: 
     model = model or cal.model
     policy, waiting, max_batch = schedule.policy_for(plan, memory, model, resident, fraction, others)
     streamed = 0 if resident else plan.streamed_bytes
-    est = simulate(rows, policy, waiting, model, streamed, max_batch=max_batch, errors=errors,
-                   read_once=0 if loaded else plan.streamed_bytes - streamed)
+    if (short := shortfall(policy.sheet)) is not None:   # admission fails such a job before its first pass
+        est = Estimate(0.0, 0.0, 0, [], errors=errors, shortfall=short)
+    else:
+        est = simulate(rows, policy, waiting, model, streamed, max_batch=max_batch, errors=errors,
+                       read_once=0 if loaded else plan.streamed_bytes - streamed)
     est.mode = "resident" if resident else "streamed"
     return est, {"key": cal.key, "passes": cal.seen, **model.to_dict()}
 
@@ -118,8 +122,12 @@ def duration(seconds: float) -> str:
 
 def estimate_line(est: Estimate) -> str:
     """The one line `spill run` prints before its first pass."""
+    if est.shortfall:
+        return "estimate: none, the memory budget cannot hold the model's fixed part (below: why, and the fix)"
     if est.stalled and not est.passes:
         return "estimate: none, no row fits the memory budget with nothing else running (the job says why)"
+    if not est.passes:
+        return "estimate: nothing to run" + (f", all {est.errors} rows cannot run (counted as errors)" if est.errors else "")
     ratio = est.total_seconds / est.ideal_seconds if est.ideal_seconds else float("nan")
     return (f"estimate: {duration(est.total_seconds)} in {est.passes} {est.mode} passes "
             f"(ideal {duration(est.ideal_seconds)}, {ratio:.2f}x)")
@@ -142,6 +150,8 @@ def format_estimate(est: Estimate, calibration: dict, advice: Advice | None = No
     for t in est.tiers:
         lines.append(f"{t.name:<16}{t.rows:>7}{t.prompt_tokens:>12,}{t.batch:>7.1f}{t.passes:>8}"
                      f"{duration(t.seconds):>10}{duration(t.ideal_seconds):>10}")
+    if est.shortfall:
+        lines.append(est.shortfall)
     if est.errors:
         lines.append(f"{est.errors} rows cannot run: counted as errors, not priced")
     if "group_memory" in calibration:

@@ -110,7 +110,10 @@ def run_job(*, model, input, output, max_tokens, temperature, resume, new, quiet
         client, group = _connect(listen, memory)
         info = client.request("submit", timeout_s=600, **args, client=os.getpid())
         job = info["job"]
-        typer.echo(f"job {job}: {info['total']} rows, {info['done']} already done; output {info['output']}")
+        bad = info.get("invalid", 0)   # written as error lines at submit, so counted in done
+        typer.echo(f"job {job}: {info['total']} rows, "
+                   + (f"{bad} invalid (an error line each in the output), " if bad else "")
+                   + f"{info['done'] - bad} already done; output {info['output']}")
         if info.get("warning"):
             typer.echo(f"warning: {info['warning']}")
         if info.get("advice"):
@@ -169,9 +172,9 @@ def _first_error(path) -> str:
     try:
         with open(path, "rb") as f:
             for raw in f:
-                if b'"error":{' in raw:
-                    line = json.loads(raw)
-                    return f"{line.get('custom_id')}: {line['error'].get('message')}"
+                if b'"error"' in raw and isinstance((line := json.loads(raw)).get("error"), dict):
+                    named = f"{line['custom_id']}: " if line.get("custom_id") is not None else ""
+                    return named + str(line["error"].get("message"))
     except (OSError, ValueError):
         pass
     return "?"

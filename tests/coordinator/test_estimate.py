@@ -181,6 +181,30 @@ def test_an_estimate_where_no_row_fits_says_so_instead_of_zero_seconds():
                                     "(the job says why)")
 
 
+def test_an_estimate_with_no_row_to_run_says_so_instead_of_a_ratio_of_nothing():
+    from spill.admission.simulate import Estimate
+    from spill.coordinator.estimate import estimate_line
+    nothing = Estimate(total_seconds=0.0, ideal_seconds=0.0, passes=0, tiers=[], errors=3)
+    assert estimate_line(nothing) == "estimate: nothing to run, all 3 rows cannot run (counted as errors)"
+    assert estimate_line(Estimate(0.0, 0.0, 0, [])) == "estimate: nothing to run"   # a job whose rows are all written
+
+
+def test_a_budget_below_the_models_fixed_part_is_named_by_the_estimate_with_its_fix(make_tiny, tmp_path, monkeypatch):
+    monkeypatch.setenv("SPILL_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(calibration, "read_probe", lambda files: 2e9)
+    args = ["estimate", str(make_tiny("llama")), str(_input(tmp_path, bad=False)), "--memory", "10MB"]
+    result = runner.invoke(app, args)
+    assert result.exit_code == 0, result.output
+    out = result.output.splitlines()
+    assert out[0] == "estimate: none, the memory budget cannot hold the model's fixed part (below: why, and the fix)"
+    why = [line for line in out if line.startswith("the budget is ")]
+    assert why and why[0].endswith("before any KV cache; raise --memory or --budget-fraction, "
+                                   "or use a machine with more memory"), out
+    assert not any("cannot run" in line for line in out)   # the rows are fine: the budget is not
+    est = json.loads(runner.invoke(app, [*args, "--json"]).output)
+    assert est["passes"] == 0 and est["errors"] == 0 and est["shortfall"].startswith("the budget is ")
+
+
 def test_the_live_eta_spends_at_most_a_twentieth_of_the_time_re_simulating(monkeypatch):
     from types import SimpleNamespace
 

@@ -53,6 +53,7 @@ def test_failed_rows_are_counted_exit_3_and_a_finished_command_is_not_rerun(make
     first = spill("run", make_tiny("llama"), tmp_path / "in.jsonl")
     assert first.returncode == 3, first.stdout + first.stderr
     job = _job_line(first.stdout)
+    assert f"job {job}: 4 rows, 1 invalid (an error line each in the output), 0 already done; output " in first.stdout
     assert f"job {job} done: 4/4 rows, 3 succeeded, 1 failed; output " in first.stdout
     assert 'their lines in the output carry "error"; the first: bad: line 4:' in first.stdout
     again = spill("run", make_tiny("llama"), tmp_path / "in.jsonl")
@@ -152,3 +153,12 @@ def test_two_runs_started_together_share_one_group(make_tiny, tmp_path, home):
         out, err = proc.communicate(timeout=300)
         assert proc.returncode == 0, out + err
     assert all(len(read_output(tmp_path / f"{name}.out")) == 8 for name in "xy")
+
+
+def test_the_first_error_of_a_row_with_no_custom_id_is_named_by_its_line(tmp_path):
+    from spill.coordinator.run import _first_error
+    out = tmp_path / "output.jsonl"
+    out.write_text(json.dumps({"custom_id": None, "response": None,
+                               "error": {"code": "invalid_request", "message": "line 1: custom_id is missing"}},
+                              separators=(",", ":")) + "\n")   # compact, as the output writes it
+    assert _first_error(out) == "line 1: custom_id is missing"
