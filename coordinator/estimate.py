@@ -181,6 +181,8 @@ class JobEstimate:
 
     def eta(self, pending: set[int], generated: dict[int, int]) -> float:
         """Seconds left: the rows still pending, less the tokens the running ones have generated."""
+        if not pending:
+            return 0.0   # every row is written: no count-down of the last simulation is left to show
         now = time.monotonic()
         wait = max(self.every, self.cost / self.share)
         if pending and now - self.at >= self.eta_s:   # rows left, the count-down at 0: at most half the time

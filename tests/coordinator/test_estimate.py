@@ -220,7 +220,7 @@ def test_the_live_eta_spends_at_most_a_twentieth_of_the_time_re_simulating(monke
     job = estimate.JobEstimate(None, [], errors=0)
     while clock[0] < 400:   # polled every second, as `spill run` does
         clock[0] += 1.0
-        job.eta(set(), {})
+        job.eta({0}, {})
     assert 2.0 * len(runs) <= 0.05 * 400 + 2.0, runs
 
 
@@ -353,3 +353,15 @@ def test_the_eta_counts_down_from_the_first_pass_not_from_the_submit(make_tiny, 
     job.at -= 30.0    # the submit, 30 s before the first pass
     job.started(time.monotonic())
     assert job.eta(set(range(64)), {}) == pytest.approx(job.first.total_seconds, abs=1.0)
+
+
+def test_the_eta_is_zero_once_every_row_is_written(make_tiny, tmp_path, monkeypatch):
+    """The live view's last line said "rows 20/20 ... ETA 0h00m04s": the count-down of the last simulation."""
+    from spill.admission.advisor import Advice
+    from spill.admission.simulate import SimRow
+    from spill.coordinator.estimate import JobEstimate
+    monkeypatch.setenv("SPILL_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(calibration, "read_probe", lambda files: 1e9)
+    job = JobEstimate(make_tiny("llama"), [SimRow(i, 20, 6) for i in range(4)], 0, advice=Advice(False, ""))
+    assert job.eta({3}, {}) > 0
+    assert job.eta(set(), {}) == 0.0
