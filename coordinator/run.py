@@ -205,10 +205,22 @@ def group_up(*, model, foreground, listen, memory: dict | None = None) -> str:
             f"`cancel` and `down` find it through {rundir.run_dir() / 'group.json'}")
 
 
+def _answering(client) -> int:
+    """The group's coordinator pid, or 0 when no group holds the run directory; one that holds it but is
+    slow to answer (reading a job's input) gets 10 s before that is an error."""
+    pid = client.ping()
+    if pid or (held := rundir.record()) is None:
+        return pid
+    if pid := client.ping(timeout_s=10):
+        return pid
+    raise SpillError(f"the spill group (coordinator pid {held.get('pid', '?')}) did not answer in 10 s; try again "
+                     f"in a moment, and if it stays silent stop it with kill {held.get('pid', 'PID')}")
+
+
 def group_down(listen) -> str:
     from .client import Client, endpoints
     client = Client(endpoints(_listen(listen)))
-    if not client.ping():
+    if not _answering(client):
         return "no spill group is running"
     stopped = client.request("down").get("stopped", [])
     deadline = time.monotonic() + 30
@@ -223,7 +235,7 @@ def cancel_job(job: str, listen) -> str:
     """Stop a running or queued job; with no group up, mark an unfinished job cancelled."""
     from .client import Client, endpoints
     client = Client(endpoints(_listen(listen)))
-    if client.ping():
+    if _answering(client):
         s = client.request("cancel", job=job)
         return f"job {job} cancelled ({s['was']}, {s['done']}/{s['total']} rows written); {RESUME.format(job)}"
     from .jobstore import Job
@@ -239,7 +251,7 @@ def group_status(job, listen) -> str:
     from .live import progress_line
     openblas_note()
     client = Client(endpoints(_listen(listen)))
-    if not client.ping():
+    if not _answering(client):
         if job:
             from .jobstore import Job
             j = Job.open(job)

@@ -101,3 +101,29 @@ def test_sigint_stops_at_a_pass_boundary_and_resume_finishes(job40, tmp_path):
     assert 3 <= len(read_output(out)) < 40
     spill("run", "--resume", job, check=True)
     assert texts(read_output(out)) == expected
+
+
+def _busy_group(monkeypatch, tmp_path, answers_after: float):
+    """A group that holds the run directory but answers only a request that waits `answers_after` s or more."""
+    from spill.coordinator import rundir
+    from spill.coordinator.client import Client
+    monkeypatch.setenv("SPILL_HOME", str(tmp_path))
+    monkeypatch.setattr(Client, "ping", lambda self, timeout_s=0.5: 4242 if timeout_s >= answers_after else 0)
+    monkeypatch.setattr(Client, "request", lambda self, kind, **kw: {"processes": {"coordinator": 4242}})
+    monkeypatch.setattr(rundir, "record", lambda: {"pid": 4242})
+
+
+def test_a_busy_group_is_waited_for_not_reported_as_not_running(monkeypatch, tmp_path):
+    """`spill status` just after two submits said "no spill group is running" while the group read a job."""
+    from spill.coordinator import run
+    _busy_group(monkeypatch, tmp_path, answers_after=5)
+    assert run.group_status(None, None).startswith("group: coordinator pid 4242")
+
+
+def test_a_group_that_holds_its_run_directory_but_never_answers_is_one_sentence(monkeypatch, tmp_path):
+    from spill.coordinator import run
+    from spill.errors import SpillError
+    _busy_group(monkeypatch, tmp_path, answers_after=float("inf"))
+    for call in (lambda: run.group_status(None, None), lambda: run.cancel_job("j1", None), lambda: run.group_down(None)):
+        with pytest.raises(SpillError, match=r"^the spill group \(coordinator pid 4242\) did not answer in 10 s"):
+            call()
