@@ -42,6 +42,17 @@ def test_status_shows_progress_and_the_latest_slots(tmp_path):
     assert s["slots"] == [("a", 3, "abc"), ("b", 4, "def")]
 
 
+def test_a_job_that_ended_with_rows_left_shows_no_eta(tmp_path):
+    """`spill status JOB` of a cancelled job said "ETA 0h18m30s"."""
+    run, _ = _run(tmp_path)
+    run.live_eta = lambda: 1110.0   # what the estimate says is left
+    run.job.set_status("running")
+    assert run.status()["eta_s"] == 1110.0
+    for ended in ("cancelled", "interrupted", "failed"):
+        run.job.set_status(ended)
+        assert run.status()["eta_s"] is None, ended
+
+
 
 def test_the_first_pass_starts_the_estimates_count_down(tmp_path):
     import time
