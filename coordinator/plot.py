@@ -36,6 +36,13 @@ def write_report(job: Job, out: Path | None = None, bandwidth: float | None = No
     passes = history.read(job.dir)
     if not passes:
         raise SpillError(f"job {job.id} has no passes recorded yet; run it (`spill run`) and report again")
+    out = Path(out) if out else job.dir / "report.png"
+    if out.is_dir():
+        raise SpillError(f"-o {out} is a folder; give a file path such as {out / 'report.png'}")
+    if not out.parent.is_dir():
+        raise SpillError(f"folder {out.parent} does not exist; create it or choose another -o path")
+    if out.suffix.lower() not in (".png", ".svg", ".pdf"):
+        raise SpillError(f"-o {out} is not an image name; end it in .png, .svg or .pdf")
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -89,7 +96,13 @@ def write_report(job: Job, out: Path | None = None, bandwidth: float | None = No
         a.grid(alpha=0.3)
         a.legend(loc="upper left")
     fig.tight_layout()
-    out = Path(out) if out else job.dir / "report.png"
-    fig.savefig(out, dpi=90)
-    plt.close(fig)
+    part = out.with_name(f".{out.name}.part")   # written whole, then renamed: never a half-drawn file at `out`
+    try:
+        fig.savefig(part, dpi=90, format=out.suffix[1:].lower())
+        part.replace(out)
+    except OSError as err:
+        raise SpillError(f"could not write {out} ({err.strerror or err}); choose another -o path") from None
+    finally:
+        plt.close(fig)
+        part.unlink(missing_ok=True)
     return out

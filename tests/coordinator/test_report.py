@@ -86,3 +86,36 @@ def test_report_of_a_job_without_passes_is_one_sentence(tmp_path):
     assert result.output.strip() == f"spill: job {run.job.id} has no passes recorded yet; run it (`spill run`) and report again"
     result = runner.invoke(app, ["report", "nope"])
     assert result.exit_code == 2 and "`spill status` lists the jobs" in result.output
+
+
+def test_a_report_path_it_cannot_write_is_one_sentence_and_leaves_no_file(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPILL_HOME", str(tmp_path / "home"))
+    run = _job(tmp_path, "demo")
+    for i in range(3):
+        run.on_pass(_pass(i))
+    cases = {str(tmp_path / "nope" / "r.png"): f"spill: folder {tmp_path / 'nope'} does not exist; create it or choose another -o path",
+             str(tmp_path / "r.txt"): "spill: -o " + str(tmp_path / "r.txt") + " is not an image name; end it in .png, .svg or .pdf",
+             str(tmp_path): f"spill: -o {tmp_path} is a folder; give a file path such as {tmp_path / 'report.png'}"}
+    for out, said in cases.items():
+        result = runner.invoke(app, ["report", run.job.id, "-o", out])
+        assert result.exit_code == 2 and result.output.strip() == said, result.output
+    assert not (tmp_path / "r.txt").exists()
+    result = runner.invoke(app, ["report", run.job.id, "-o", str(tmp_path / "r.svg")])
+    assert result.exit_code == 0 and (tmp_path / "r.svg").read_text().lstrip().startswith("<?xml")
+    assert [p.name for p in tmp_path.iterdir() if "r.svg" in p.name] == ["r.svg"]   # no temporary left
+
+
+def test_a_report_the_disk_refuses_is_one_sentence(tmp_path, monkeypatch):
+    from matplotlib.figure import Figure
+    monkeypatch.setenv("SPILL_HOME", str(tmp_path / "home"))
+    run = _job(tmp_path, "demo")
+    run.on_pass(_pass(0))
+
+    def refuse(self, path, **kw):
+        open(path, "wb").write(b"half")   # what a full disk leaves behind
+        raise PermissionError(13, "Permission denied")
+    monkeypatch.setattr(Figure, "savefig", refuse)
+    result = runner.invoke(app, ["report", run.job.id, "-o", str(tmp_path / "r.png")])
+    assert result.exit_code == 2, result.output
+    assert result.output.strip() == f"spill: could not write {tmp_path / 'r.png'} (Permission denied); choose another -o path"
+    assert not any("r.png" in p.name for p in tmp_path.iterdir())
