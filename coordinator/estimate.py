@@ -185,7 +185,7 @@ class JobEstimate:
             return 0.0   # every row is written: no count-down of the last simulation is left to show
         now = time.monotonic()
         wait = max(self.every, self.cost / self.share)
-        if pending and now - self.at >= self.eta_s:   # rows left, the count-down at 0: at most half the time
+        if now - self.at >= self.eta_s:   # rows left, the count-down at 0: at most half the time
             wait = min(wait, 2 * self.cost)
         if now - self.at >= wait:
             left = [SimRow(r.row, r.prompt, max(r.out - g, 1), r.tier, context=r.prompt + g if g else 0)

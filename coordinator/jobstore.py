@@ -270,12 +270,17 @@ def lock_held(path: Path) -> bool:
         os.close(fd)
 
 
-def check_output_free(out: Path) -> None:
-    """-o must be a new or empty file: spill appends, and never mixes its rows into someone else's file."""
+def check_output_path(out: Path, example: str) -> None:
+    """-o names a file in a folder that exists (`example`: a file name to suggest inside a folder given)."""
     if not out.parent.is_dir():
         raise SpillError(f"folder {out.parent} does not exist; create it or choose another -o path")
     if out.is_dir():
-        raise SpillError(f"-o {out} is a folder; give a file path such as {out / 'results.jsonl'}")
+        raise SpillError(f"-o {out} is a folder; give a file path such as {out / example}")
+
+
+def check_output_free(out: Path) -> None:
+    """-o must be a new or empty file: spill appends, and never mixes its rows into someone else's file."""
+    check_output_path(out, "results.jsonl")
     if out.exists():
         owner = next((m for m in list_jobs() if m.get("output") == str(out)), None)
         if owner is not None and owner.get("status") == "done" and out.stat().st_size > 0:

@@ -12,7 +12,7 @@ from pathlib import Path
 from spill.errors import SpillError
 
 from . import history
-from .jobstore import Job
+from .jobstore import Job, check_output_path
 
 GB = 1e9
 
@@ -37,10 +37,7 @@ def write_report(job: Job, out: Path | None = None, bandwidth: float | None = No
     if not passes:
         raise SpillError(f"job {job.id} has no passes recorded yet; run it (`spill run`) and report again")
     out = Path(out) if out else job.dir / "report.png"
-    if out.is_dir():
-        raise SpillError(f"-o {out} is a folder; give a file path such as {out / 'report.png'}")
-    if not out.parent.is_dir():
-        raise SpillError(f"folder {out.parent} does not exist; create it or choose another -o path")
+    check_output_path(out, "report.png")
     if out.suffix.lower() not in (".png", ".svg", ".pdf"):
         raise SpillError(f"-o {out} is not an image name; end it in .png, .svg or .pdf")
     import matplotlib
