@@ -30,6 +30,7 @@ from spill.memory import parse_size  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 PEERS = ("spill", "llama.cpp", "accelerate", "mlx-lm")
+OVER_CAP = 5   # peers_child's exit code for a peer whose GPU memory passed --gpu-cap
 
 
 def parse() -> argparse.Namespace:
@@ -41,8 +42,13 @@ def parse() -> argparse.Namespace:
     p.add_argument("--batches", default="1,16,64", help="the peers' batches")
     p.add_argument("--spill-rows", type=int, default=256, help="rows given to spill run (its budget picks the batch)")
     p.add_argument("--spill-cap", default="", help="also run spill at this cap (e.g. one its budget admits rows at)")
+    p.add_argument("--gpu-cap", default="", help="GPU memory each peer may hold where a GPU is (default: --cap)")
+    p.add_argument("--cgroup-parent", default="", help="make the capped cgroups under this one (cgroup v2 where "
+                   "this process's own cannot have children with a memory controller)")
+    p.add_argument("--marker", default="peers", help="the docs markers the table goes between (e.g. peers-gpu)")
     p.add_argument("--peers", default=",".join(PEERS))
     p.add_argument("--mlx-batches", default="1", help="mlx-lm's batches (it is expected to die at load)")
+    p.add_argument("--hf-batches", default="", help="accelerate's batches (default: --batches)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds one peer's run may take")
     p.add_argument("--spill-timeout", type=float, default=900.0, help="seconds spill's run may take (prefill included)")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 2)
@@ -93,7 +99,7 @@ def capped(a, name: str, cmd: list, env: dict, files, cap: str = "", timeout: fl
     """Run `cmd` in a fresh cgroup of `cap` (--cap) bytes; status ok / oom-killed / timeout / failed, with the facts."""
     drop_cache(files)
     try:
-        cg = ChildCgroup(f"spill-peers-{os.getpid()}-{name}", parse_size(cap or a.cap))
+        cg = ChildCgroup(f"spill-peers-{os.getpid()}-{name}", parse_size(cap or a.cap), a.cgroup_parent or None)
     except OSError as err:
         raise SystemExit(f"cannot make a child memory cgroup here ({err}); run as root on Linux")
     try:
@@ -115,11 +121,16 @@ def run_peer(a, peer: str, batch: int, spec: dict, files) -> dict:
     path.write_text(json.dumps(spec))
     r = capped(a, f"{peer}-{batch}", [sys.executable, HERE / "peers_child.py", peer, path], dict(os.environ), files)
     out = r.pop("stdout").strip().splitlines()
+    if r["status"] == "failed" and r["rc"] == OVER_CAP:
+        r["status"] = "over the GPU cap"
     if r["status"] == "ok":
         r.update(json.loads(out[-1]))
     else:   # what it got done before it died
         steps = [s for s in r["stages"] if s["stage"] == "step"]
         pre = next((s for s in r["stages"] if s["stage"] == "prefilled"), None)
+        over = next((s for s in r["stages"] if s["stage"] == "over-cap"), None)
+        if over:
+            r["gpu_peak"] = over["gpu_peak"]
         if pre:
             r.update(prefill_s=pre["seconds"], tokens=[pre["token"]] + [s["token"] for s in steps])
         r["steps"] = [s["seconds"] for s in steps]
@@ -167,6 +178,8 @@ def run_spill(a, folder: Path, texts: list[str], files, cap: str = "") -> dict:
         r["s_per_step"] = statistics.median(p["seconds"] for p in full)
         r["decode_tps"] = sum(p["emitted"] for p in decode) / sum(p["seconds"] for p in decode)
         r["bytes_per_pass"] = full[0]["bytes_streamed"]
+    if passes and gpu_name():
+        r["gpu_peak"] = max(p["peak_memory"] for p in passes)   # MLX's arrays live on the GPU there
     if (work / "out.jsonl").exists():
         rows = [json.loads(x) for x in (work / "out.jsonl").read_text().splitlines() if x.strip()]
         done = [x for x in rows if x.get("error") is None]
@@ -193,7 +206,18 @@ def machine() -> str:
     cpu = next((x.split(":", 1)[1].strip() for x in Path("/proc/cpuinfo").read_text().splitlines()
                 if x.startswith("model name")), "?")
     mem = int(Path("/proc/meminfo").read_text().split()[1]) * 1024
-    return f"{os.cpu_count()} x {cpu}, {mem / 2**30:.0f} GiB RAM"
+    gpu = gpu_name()
+    return f"{os.cpu_count()} x {cpu}, {mem / 2**30:.0f} GiB RAM" + (f", {gpu}" if gpu else "")
+
+
+def gpu_name() -> str:
+    """The NVIDIA GPU's name where nvidia-smi answers, else ''."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
+                             text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else ""
 
 
 def main() -> None:
@@ -201,7 +225,7 @@ def main() -> None:
     if a.table:
         lines = table([json.loads(x) for x in Path(a.table).read_text().splitlines()])
         print("\n".join(lines))
-        return write_doc(Path(a.doc), lines) if a.doc else None
+        return write_doc(Path(a.doc), lines, a.marker) if a.doc else None
     from peers_gguf import convert
     Path(a.work).mkdir(parents=True, exist_ok=True)
     out = Path(a.json or Path(a.work) / "results.jsonl")
@@ -220,15 +244,19 @@ def main() -> None:
     head = {"run": "peers", "time": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "machine": machine(),
             "cap": parse_size(a.cap), "model": folder.name, "model_bytes": size, "prompt": a.prompt, "new": a.new,
             "cold_gbps_before": read_all(shards)}
+    gpu_cap = parse_size(a.gpu_cap or a.cap) if gpu_name() else None
+    if gpu_cap:
+        head["gpu_cap"] = gpu_cap
     results = [head]
     out.write_text(json.dumps(head) + "\n")
     print(f"model {size / 1e9:.2f} GB, cap {a.cap}, cold read {head['cold_gbps_before']:.2f} GB/s", flush=True)
     spec = {"model": str(folder), "gguf": str(gguf), "prompts": ids, "new": a.new, "threads": a.threads,
-            "offload": str(Path(a.work) / "offload")}
+            "offload": str(Path(a.work) / "offload"), "hf_dtype": a.dtype, "gpu_cap": gpu_cap}
     plan = [("spill", a.spill_rows, "")] if "spill" in wanted else []
     for peer in ("mlx-lm", "accelerate", "llama.cpp"):
         if peer in wanted:
-            plan += [(peer, b, "") for b in map(int, (a.mlx_batches if peer == "mlx-lm" else a.batches).split(","))]
+            batches = {"mlx-lm": a.mlx_batches, "accelerate": a.hf_batches}.get(peer) or a.batches
+            plan += [(peer, b, "") for b in map(int, batches.split(","))]
     if a.spill_cap and "spill" in wanted:
         at = next((i for i, step in enumerate(plan) if step[0] == "llama.cpp"), len(plan))
         plan.insert(at, ("spill", a.spill_rows, a.spill_cap))
@@ -248,7 +276,7 @@ def main() -> None:
     print("\n".join(lines))
     print(f"results: {out}")
     if a.doc:
-        write_doc(Path(a.doc), lines)
+        write_doc(Path(a.doc), lines, a.marker)
 
 
 if __name__ == "__main__":

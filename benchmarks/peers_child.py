@@ -2,9 +2,11 @@
 
     python benchmarks/peers_child.py llama.cpp|accelerate|mlx-lm SPEC.json
 
-SPEC.json: {"model": folder, "gguf": file, "prompts": [[ids]...], "new": 32, "threads": 2, "offload": dir}.
+SPEC.json: {"model": folder, "gguf": file, "prompts": [[ids]...], "new": 32, "threads": 2, "offload": dir,
+"hf_dtype": "float32", "gpu_cap": bytes or null}.
 Every peer runs greedy: one prefill of the batch's prompts (timed apart), then `new` decode steps of
 one token per row, each step timed. Stage lines go to stderr, so a killed child still shows how far it got.
+Where a GPU is, a peer holding more GPU memory than gpu_cap exits with OVER_CAP (the cgroup caps host memory only).
 """
 
 import json
@@ -15,8 +17,17 @@ import time
 import numpy as np
 
 
+OVER_CAP = 5
+
+
 def stage(name: str, **kw) -> None:
     print(json.dumps({"stage": name, "t": time.time(), **kw}), file=sys.stderr, flush=True)
+
+
+def over_cap(peak: int, cap: int, when: str) -> None:
+    stage("over-cap", gpu_peak=int(peak), when=when)
+    print(f"GPU memory {peak / 2**30:.2f} GiB {when}, over the cap of {cap / 2**30:.2f} GiB", file=sys.stderr)
+    sys.exit(OVER_CAP)
 
 
 # -- llama.cpp through llama-cpp-python's low-level API, weights mmapped -----------------------------------
@@ -73,26 +84,38 @@ def llama_cpp(spec: dict) -> dict:
         steps.append(time.perf_counter() - t0)
         first.append(nxt[0])
         stage("step", i=i, seconds=steps[-1], token=first[-1])
-    version = getattr(L, "__version__", "?")
+    version = getattr(L, "__version__", "?") + ("" if L.llama_supports_gpu_offload() else " (CPU build)")
     L.llama_batch_free(batch)
     return {"prefill_s": prefill, "steps": steps, "tokens": first, "version": f"llama-cpp-python {version}"}
 
 
 # -- Hugging Face transformers + accelerate, every layer offloaded to disk --------------------------------------
 def accelerate(spec: dict) -> dict:
-    import accelerate as acc
     import torch
-    import transformers
     from transformers import AutoModelForCausalLM
     torch.set_num_threads(spec["threads"])
     dtype = getattr(torch, spec.get("hf_dtype", "float32"))
+    cap, gpu = spec.get("gpu_cap"), torch.cuda.is_available()
+    memory = {"cpu": spec.get("hf_cpu", "64MiB")}
+    if gpu and cap:   # torch refuses past the cap; half of it holds weights, the rest KV and activations
+        torch.cuda.set_per_process_memory_fraction(cap / torch.cuda.get_device_properties(0).total_memory)
+        memory[0] = cap // 2
     model = AutoModelForCausalLM.from_pretrained(
-        spec["model"], dtype=dtype, device_map="auto", max_memory={"cpu": spec.get("hf_cpu", "64MiB")},
+        spec["model"], dtype=dtype, device_map="auto", max_memory=memory,
         offload_folder=spec["offload"], offload_state_dict=True)
     model.eval()
     placed = sorted(set(getattr(model, "hf_device_map", {}).values()), key=str)
     stage("loaded", devices=[str(d) for d in placed])
-    ids = torch.tensor(spec["prompts"], dtype=torch.long)
+    ids = torch.tensor(spec["prompts"], dtype=torch.long, device="cuda" if gpu else "cpu")
+    try:
+        return _hf_generate(model, ids, spec, placed, torch)
+    except torch.OutOfMemoryError:
+        over_cap(torch.cuda.max_memory_allocated(), cap, "(torch refused an allocation)")
+
+
+def _hf_generate(model, ids, spec: dict, placed, torch) -> dict:
+    import accelerate as acc
+    import transformers
     with torch.inference_mode():
         t0 = time.perf_counter()
         out = model(input_ids=ids, use_cache=True)
@@ -107,8 +130,9 @@ def accelerate(spec: dict) -> dict:
             steps.append(time.perf_counter() - t0)
             first.append(int(nxt[0]))
             stage("step", i=i, seconds=steps[-1], token=first[-1])
+    gpu_peak = torch.cuda.max_memory_allocated() if torch.cuda.is_available() else None
     return {"prefill_s": prefill, "steps": steps, "tokens": first, "devices": [str(d) for d in placed],
-            "version": f"transformers {transformers.__version__}, accelerate {acc.__version__}, torch {torch.__version__}"}
+            "gpu_peak": gpu_peak, "version": f"transformers {transformers.__version__}, accelerate {acc.__version__}, torch {torch.__version__}"}
 
 
 # -- mlx-lm with the model resident (loaded whole) ---------------------------------------------------------------
@@ -119,6 +143,9 @@ def mlx_lm(spec: dict) -> dict:
     from mlx_lm.utils import load
     model, _ = load(spec["model"])   # not lazy: every weight in memory before the first token
     mx.eval(model.parameters())
+    gpu, cap = mx.default_device() == mx.gpu, spec.get("gpu_cap")
+    if gpu and cap and mx.get_peak_memory() > cap:
+        over_cap(mx.get_peak_memory(), cap, "at load")
     stage("loaded")
     cache = make_prompt_cache(model)
     t0 = time.perf_counter()
@@ -134,7 +161,9 @@ def mlx_lm(spec: dict) -> dict:
         steps.append(time.perf_counter() - t0)
         first.append(int(nxt[0]))
         stage("step", i=i, seconds=steps[-1], token=first[-1])
-    return {"prefill_s": prefill, "steps": steps, "tokens": first,
+    if gpu and cap and mx.get_peak_memory() > cap:
+        over_cap(mx.get_peak_memory(), cap, "decoding")
+    return {"prefill_s": prefill, "steps": steps, "tokens": first, "gpu_peak": mx.get_peak_memory() if gpu else None,
             "version": f"mlx-lm {mlx_lm.__version__}, mlx {mx.__version__}"}
 
 

@@ -2,7 +2,6 @@
 
 from pathlib import Path
 
-BEGIN, END = "<!-- peers:begin -->", "<!-- peers:end -->"
 MIB = 2**20
 
 
@@ -29,12 +28,14 @@ def table(results: list[dict]) -> list[str]:
     out = [f"Run {head['time']} on {head['machine']}; memory cap {head['cap'] / 2**30:.2f} GiB (child cgroup, page "
            f"cache charged); model {head['model']}, {head['model_bytes'] / 1e9:.2f} GB; prompt {head['prompt']} "
            f"tokens, {head['new']} new, greedy; cold read {head['cold_gbps_before']:.2f} GB/s before, "
-           f"{tail.get('cold_gbps_after', float('nan')):.2f} after (one model read: {roof:.2f} s).",
+           f"{tail.get('cold_gbps_after', float('nan')):.2f} after (one model read: {roof:.2f} s)."
+           + (f" GPU memory capped at {head['gpu_cap'] / 2**30:.2f} GiB a peer (torch's allocator refuses past it; "
+              "MLX's peak is checked)." if head.get("gpu_cap") else ""),
            "Versions: " + ", ".join(f"{k} {x}" for k, x in v.items() if x) + "; not installed: "
            + (", ".join(k for k, x in v.items() if not x) or "none") + ".", "",
            "| peer | batch | outcome | s/step | decode tok/s | x roofline | prefill s | cgroup peak MiB | RSS peak MiB "
-           "| row 0 tokens = accelerate's |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
+           "| GPU peak MiB | row 0 tokens = accelerate's |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in runs:
         step = r.get("s_per_step")
         io = r["bytes_per_pass"] / (gbps * 1e9) if r.get("bytes_per_pass") else roof
@@ -42,16 +43,16 @@ def table(results: list[dict]) -> list[str]:
         if r["status"] == "timeout":
             done = f"{r['passes']} passes" if r["peer"] == "spill" else f"{len(r.get('steps') or [])} steps"
             outcome += f" (>{r['wall_s']:.0f} s, {done} done)"
-        elif r["status"] in ("oom-killed", "failed"):
+        elif r["status"] in ("oom-killed", "failed", "over the GPU cap"):
             when = {"loaded": "in prefill", "prefilled": "after prefill", "step": "decoding"}.get(r.get("last_stage"), "at load")
             outcome += f" {when}" if r["peer"] != "spill" else ""
         tps, pre = r.get("decode_tps"), r.get("prefill_s")
-        peak, rss = r.get("cgroup_peak"), r.get("maxrss")
+        peak, rss, gpu = r.get("cgroup_peak"), r.get("maxrss"), r.get("gpu_peak")
         agree = "reference" if r["peer"] == "accelerate" else agreement(r.get("tokens"), ref)
         name = r["peer"] + (f" (cap {r['cap'] / 2**30:.2f} GiB)" if r.get("cap") else "")
         out.append(f"| {name} | {r['batch']} | {outcome} | {fmt(step)} | {fmt(tps, 1)} | "
                    f"{fmt(step and step / io)} | {fmt(pre, 1)} | {peak // MIB if peak else '-'} | "
-                   f"{rss // MIB if rss else '-'} | {agree} |")
+                   f"{rss // MIB if rss else '-'} | {gpu // MIB if gpu else '-'} | {agree} |")
     out += ["", verdict([r for r in runs if not r.get("cap")])]
     for r in runs:
         if r.get("cap") and r.get("decode_tps"):
@@ -61,7 +62,8 @@ def table(results: list[dict]) -> list[str]:
 
 
 def verdict(runs: list[dict]) -> str:
-    peers = [r for r in runs if r["peer"] != "spill" and r.get("decode_tps")]   # steps timed, finished or not
+    peers = [r for r in runs if r["peer"] != "spill" and r.get("decode_tps")   # steps timed, finished or not,
+             and r["status"] != "over the GPU cap"]                           # within the cap
     spill = next((r for r in runs if r["peer"] == "spill"), None)
     best = max(peers, key=lambda r: r["decode_tps"], default=None)
     line = (f"Best peer: {best['peer']} at batch {best['batch']}, {best['decode_tps']:.1f} tok/s ({best['status']}). " if best
@@ -75,14 +77,15 @@ def verdict(runs: list[dict]) -> str:
     return line + f"spill: {spill['decode_tps']:.1f} tok/s at batch {spill['batch']}, {ratio} (goal: >= 2x)."
 
 
-def write_doc(doc: Path, lines: list[str]) -> None:
-    """Replace what is between the peers markers (the section is appended once where they are missing)."""
+def write_doc(doc: Path, lines: list[str], marker: str = "peers") -> None:
+    """Replace what is between the `marker` markers (the section is appended once where they are missing)."""
+    begin, end = f"<!-- {marker}:begin -->", f"<!-- {marker}:end -->"
     text = doc.read_text() if doc.exists() else "# Benchmarks\n"
     body = "\n".join(lines)
-    if BEGIN in text and END in text:
-        pre, rest = text.split(BEGIN, 1)
-        text = pre + BEGIN + "\n" + body + "\n" + END + rest.split(END, 1)[1]
+    if begin in text and end in text:
+        pre, rest = text.split(begin, 1)
+        text = pre + begin + "\n" + body + "\n" + end + rest.split(end, 1)[1]
     else:
         text = text.rstrip("\n") + ("\n\n## spill against its peers under a memory cap (issue 12)\n\n"
-                                    f"{BEGIN}\n{body}\n{END}\n")
+                                    f"{begin}\n{body}\n{end}\n")
     doc.write_text(text)

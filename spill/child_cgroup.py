@@ -5,15 +5,17 @@ process that first reads a page, so drop a file from the cache before a command 
 import os
 import signal
 import time
+from pathlib import Path
 
 from .memory import own_cgroup
 
 
 class ChildCgroup:
-    def __init__(self, name: str, limit: int):
-        """Make `<own cgroup>/<name>` limited to `limit` bytes, swap off where the kernel lets us.
+    def __init__(self, name: str, limit: int, parent: Path | None = None):
+        """Make `<own cgroup>/<name>` (or `<parent>/<name>`: a v2 cgroup with no processes whose children
+        have the memory controller) limited to `limit` bytes, swap off where the kernel lets us.
         Raises OSError where it cannot be made (no memory cgroup: FileNotFoundError)."""
-        own = own_cgroup()
+        own = own_cgroup() if parent is None else (Path(parent), 2 if (Path(parent) / "cgroup.controllers").exists() else 1)
         if own is None:
             raise FileNotFoundError("this process has no memory cgroup (see /proc/self/cgroup)")
         parent, self.version = own

@@ -28,3 +28,16 @@ def test_page_cache_is_charged_and_an_allocation_over_the_limit_is_oom_killed(tm
         hog = cg.run([sys.executable, "-c", "b = bytearray(200 * 2**20); b[::4096] = b'x' * len(b[::4096])"],
                      capture_output=True)
         assert hog.returncode == -9 and cg.oom_kills() == 1
+
+
+def test_a_child_cgroup_can_be_made_under_a_given_parent():
+    from spill.child_cgroup import ChildCgroup
+    with child_cgroup(300 * MIB) as outer:
+        inner = ChildCgroup("inner", 100 * MIB, parent=outer.path)
+        try:
+            assert inner.path.parent == outer.path and inner.version == outer.version
+            limit = "memory.limit_in_bytes" if inner.version == 1 else "memory.max"
+            assert int((inner.path / limit).read_text()) == 100 * MIB
+        finally:
+            inner.remove()
+        assert not inner.path.exists()
