@@ -12,13 +12,16 @@
 #   bash h200.sh sweep STAGE OUT      set up; benchmarks/cpu_threads.py alone (SPILL_SWEEP as above)
 #   bash h200.sh ab-gpu|ab-cpu|ab STAGE OUT   pass_time.py at SPILL_BATCHES (8,32) reading into MLX
 #                                     memory, then into the reader's buffers (SPILL_AB), on one device or both
+#   bash h200.sh peers STAGE OUT      set up; benchmarks/peers.py (PEERS_ARGS) under a memory cap, with the
+#                                     wheels of STAGE/peers (pack.sh --peers) carried in a call of their own
 set -euo pipefail
-cmd=${1:?usage: h200.sh stage|setup|probe|check|test|gpu|cpu|sweep|ab-gpu|ab-cpu|ab STAGE [OUT]}
+cmd=${1:?usage: h200.sh stage|setup|probe|check|test|gpu|cpu|sweep|ab-gpu|ab-cpu|ab|peers STAGE [OUT]}
 stage=$(cd "${2:?STAGE}" && pwd)
 out=${3:-/tmp/spill-out}
 keep=/root/spill-stage site=/tmp/spill-site work=/tmp/spill-work
-mkdir -p "$keep" "$out" "$work"
+mkdir -p "$keep/peers" "$out" "$work"
 cp -n "$stage"/parts/* "$keep"/ 2>/dev/null || true
+cp -n "$stage"/peers/*.whl "$keep"/peers/ 2>/dev/null || true
 [ "$cmd" = stage ] && { ls -la "$keep"; exit 0; }
 export PYTHONUNBUFFERED=1 PYTHONPATH=$site SPILL_HOME=$work/home PATH=$site/bin:$PATH
 
@@ -73,6 +76,16 @@ case $cmd in
       SPILL_READ_INTO=$into python3 $src/benchmarks/pass_time.py --models "$models" --device $dev --reps 2 \
         --batches "${SPILL_BATCHES:-8,32}" --no-serial --doc "$out/pass-$dev-$into-$SECONDS.md" | tail -12
     done; done ;;
+  peers)   # the machine's cgroup (v2) lends its children no memory controller: move its processes to a leaf
+    python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$site" "$keep"/peers/*.whl
+    own=/sys/fs/cgroup$(cut -d: -f3 /proc/self/cgroup)
+    mkdir -p "$own/leaf" "$own/peers"
+    for p in $(cat "$own/cgroup.procs"); do echo "$p" > "$own/leaf/cgroup.procs" 2>/dev/null || true; done
+    echo +memory > "$own/cgroup.subtree_control" && echo +memory > "$own/peers/cgroup.subtree_control"
+    # run from $work: the source folder's spill/ would shadow the installed package in `spill run`
+    python3 $src/benchmarks/peers.py --models "$models" --work "$work/peers" --json "$out/peers.jsonl" --doc '' \
+      --cgroup-parent "$own/peers" --threads "$(nproc)" \
+      ${PEERS_ARGS:---size 3b --cap 4GiB --batches 64,128 --hf-batches 1,64 --new 16 --timeout 240} | tee "$out/peers.txt" ;;
   sweep)
     python3 $src/benchmarks/cpu_threads.py --models "$models" --batches "${SPILL_BATCHES:-8,128}" \
       --settings "${SPILL_SWEEP:-0:8,8:8,12:4}" | tee "$out/cpu-threads${OPENBLAS_THREAD_TIMEOUT:+-timeout$OPENBLAS_THREAD_TIMEOUT}.txt" ;;

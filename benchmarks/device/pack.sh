@@ -2,7 +2,9 @@
 # Here (a machine with PyPI): gather what the H200 machine lacks into DEST, in parts that each fit one
 # device call (64 MiB with the project): the small wheels, and the mlx-cuda-13 wheel (~90 MB, already
 # compressed) split in two, with its sha256. Then: bash benchmarks/device/h200.sh on the device (see there).
-#   bash benchmarks/device/pack.sh DEST
+#   bash benchmarks/device/pack.sh DEST [--peers]
+# --peers: also DEST/peers, the wheels `h200.sh peers` needs (llama-cpp-python built here from its sdist, a
+# few minutes, for this machine's CPU: build it on one of the same family; diskcache; gguf).
 set -euo pipefail
 dest=${1:?usage: pack.sh DEST}
 here=$(cd "$(dirname "$0")/../.." && pwd)
@@ -21,4 +23,9 @@ split -b 45M -d "$tmp/cuda/mlx-cuda-13.whl" "$dest/parts/mlx-cuda-13.whl.part"
 # the project as committed (the device call sends another checkout) and the script that runs there
 git -C "$here" archive --format=tar HEAD > "$dest/src.tar"
 cp "$here/benchmarks/device/h200.sh" "$dest/"
+if [ "${2:-}" = --peers ]; then
+  mkdir -p "$dest/peers"
+  python3 -m pip wheel -q --no-deps -w "$dest/peers" llama-cpp-python==0.3.36
+  python3 -m pip download -q --no-deps --only-binary=:all: -d "$dest/peers" diskcache gguf==0.19.0
+fi
 ls -la "$dest" "$dest/wheels" "$dest/parts"
