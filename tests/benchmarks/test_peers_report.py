@@ -1,0 +1,37 @@
+"""The peers table: a peer past its GPU cap is shown but never the best peer; tables live between their markers."""
+
+import importlib.util
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+spec = importlib.util.spec_from_file_location("peers_report", ROOT / "benchmarks" / "peers_report.py")
+peers_report = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(peers_report)
+
+HEAD = {"time": "t", "machine": "m", "cap": 2**32, "gpu_cap": 2**32, "model": "llama", "model_bytes": 6e9,
+        "prompt": 64, "new": 16, "cold_gbps_before": 2.0}
+
+
+def test_a_peer_over_its_gpu_cap_is_listed_but_not_the_best():
+    runs = [HEAD,
+            {"peer": "spill", "batch": 33, "status": "ok", "s_per_step": 4.0, "decode_tps": 8.0, "gpu_peak": 2**30},
+            {"peer": "mlx-lm", "batch": 1, "status": "over the GPU cap", "last_stage": None, "gpu_peak": 6 * 2**30},
+            {"peer": "accelerate", "batch": 64, "status": "over the GPU cap", "last_stage": "step", "s_per_step": 1.0,
+             "decode_tps": 64.0, "steps": [1.0]},
+            {"peer": "llama.cpp", "batch": 64, "status": "ok", "s_per_step": 5.0, "decode_tps": 12.0},
+            {"run": "peers-end", "cold_gbps_after": 2.0}]
+    lines = peers_report.table(runs)
+    assert "GPU memory capped at 4.00 GiB" in lines[0]
+    assert any(x.startswith("| mlx-lm | 1 | over the GPU cap at load |") and "| 6144 |" in x for x in lines)
+    assert lines[-1].startswith("Best peer: llama.cpp at batch 64, 12.0 tok/s")
+    assert "0.67x the best peer" in lines[-1]
+
+
+def test_each_table_replaces_only_what_is_between_its_own_markers(tmp_path):
+    doc = tmp_path / "benchmarks.md"
+    doc.write_text("# B\n\n<!-- peers:begin -->\nold VM\n<!-- peers:end -->\nafter\n")
+    peers_report.write_doc(doc, ["gpu table"], "peers-gpu")
+    peers_report.write_doc(doc, ["new VM"])
+    text = doc.read_text()
+    assert "new VM" in text and "old VM" not in text and "after" in text
+    assert "<!-- peers-gpu:begin -->\ngpu table\n<!-- peers-gpu:end -->" in text
