@@ -13,9 +13,8 @@ import platform
 from dataclasses import asdict
 from pathlib import Path
 
-import numpy as np
-
 from spill import config
+from spill.files import replaced
 from spill.streamer.groups import chunk_for
 
 from .passmodel import Observation, PassModel, fit, read_rate
@@ -93,9 +92,8 @@ class Calibration:
         path.parent.mkdir(parents=True, exist_ok=True)
         data = {"key": self.key, "model_name": self.name, "seen": self.seen, "prior": self.prior.to_dict(),
                 "fitted": self.model.to_dict(), "passes": [asdict(p) for p in self.passes]}
-        tmp = path.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps(data))
-        os.replace(tmp, path)
+        with replaced(path) as tmp:
+            tmp.write_text(json.dumps(data))
 
     @classmethod
     def load(cls, k: str) -> "Calibration | None":

@@ -21,6 +21,7 @@ from pathlib import Path
 from spill import config
 from spill.coordinator.batch_output import encode
 from spill.errors import SpillError
+from spill.files import replaced
 
 STATUSES = ("queued", "running", "interrupted", "cancelled", "done", "failed")
 LIVE = ("queued", "running")   # a job in one of these whose lock nobody holds lost its coordinator: interrupted
@@ -350,12 +351,10 @@ def _sha256(path: Path) -> str:
 
 
 def _write_json(path: Path, obj: dict) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600), "wb") as f:
+    with replaced(path) as tmp, open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600), "wb") as f:
         f.write(json.dumps(obj, indent=2, ensure_ascii=False).encode("utf-8") + b"\n")
         f.flush()
         _fsync(f.fileno())
-    os.replace(tmp, path)
     _fsync_dir(path.parent)
 
 

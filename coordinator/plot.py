@@ -10,6 +10,7 @@
 from pathlib import Path
 
 from spill.errors import SpillError
+from spill.files import replaced
 
 from . import history
 from .jobstore import Job, check_output_path
@@ -93,13 +94,11 @@ def write_report(job: Job, out: Path | None = None, bandwidth: float | None = No
         a.grid(alpha=0.3)
         a.legend(loc="upper left")
     fig.tight_layout()
-    part = out.with_name(f".{out.name}.part")   # written whole, then renamed: never a half-drawn file at `out`
     try:
-        fig.savefig(part, dpi=90, format=out.suffix[1:].lower())
-        part.replace(out)
+        with replaced(out) as part:   # never a half-drawn file at `out`
+            fig.savefig(part, dpi=90, format=out.suffix[1:].lower())
     except OSError as err:
         raise SpillError(f"could not write {out} ({err.strerror or err}); choose another -o path") from None
     finally:
         plt.close(fig)
-        part.unlink(missing_ok=True)
     return out

@@ -94,7 +94,7 @@ def run_job(*, model, input, output, max_tokens, temperature, resume, new, quiet
     def second_press(*_):
         if job:
             ask_to_stop(job)         # the first press's request may not have reached a stalled group
-        typer.echo(f"\nstopped at once; every row already written stays written"
+        typer.echo("\nstopped at once; every row already written stays written"
                    + (f"; {RESUME.format(job)}" if job else ""))
         os._exit(EXIT_INTERRUPTED)   # an embedded group sees its owner go and stops the job itself
 

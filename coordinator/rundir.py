@@ -13,6 +13,7 @@ from pathlib import Path
 
 from spill import config
 from spill.errors import SpillError
+from spill.files import replaced
 
 from .jobstore import lock_held
 
@@ -44,9 +45,8 @@ def held_by_sentence() -> str:
 
 
 def write_record(pid: int, control: str) -> None:
-    tmp = run_dir() / "group.json.tmp"
-    tmp.write_text(json.dumps({"pid": pid, "control": control}))
-    os.replace(tmp, run_dir() / "group.json")
+    with replaced(run_dir() / "group.json") as tmp:
+        tmp.write_text(json.dumps({"pid": pid, "control": control}))
 
 
 def clear_record() -> None:

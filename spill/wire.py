@@ -19,7 +19,6 @@ import structlog
 import zmq
 
 from . import config, messages
-from .errors import SpillError
 from .messages import Kind
 
 ROLES = ("coordinator", "tokenizer", "admission", "streamer")

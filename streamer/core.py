@@ -245,7 +245,6 @@ class Streamer:
         emitted = self._sample(emitting)
         compute_s += time.perf_counter() - c0
         # 5. prefill groups that finished their prompts join their decode pools
-        rows_before = len(self.rows)
         joined = [g for g in self.prefills if not g.prefilling]
         for g in joined:
             self.prefills.remove(g)

@@ -4,7 +4,6 @@ import numpy as np
 
 from spill import messages as m
 from spill.actor import Fault, inbox, run_actor
-from spill.errors import SpillError
 from spill.wire import Mailbox
 
 from .core import TokenizerCore

@@ -17,6 +17,7 @@ from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, proce
 
 from spill import config
 from spill.factory.families import Tokens
+from spill.files import replaced
 
 CACHE_VERSION = 1  # bump when the training code changes, so old cached tokenizers are not reused
 
@@ -93,9 +94,8 @@ def load_or_train(tokens: Tokens, vocab: int) -> Tokenizer:
         return Tokenizer.from_file(str(path))
     tok = train(tokens, vocab)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tok.save(str(tmp))
-    os.replace(tmp, path)  # atomic: parallel runs never read a half-written file
+    with replaced(path) as tmp:   # parallel runs never read a half-written file
+        tok.save(str(tmp))
     return tok
 
 

@@ -16,6 +16,7 @@ from spill.coordinator import jobstore
 from spill.coordinator.batch_output import error_line, success_line
 from spill.coordinator.jobstore import Job, list_jobs
 from spill.errors import SpillError
+from spill.files import temporary_for
 
 
 @pytest.fixture(autouse=True)
@@ -173,10 +174,11 @@ def test_output_option_is_never_mixed_with_another_file(tmp_path, batch):
 
 def test_job_json_is_replaced_atomically(batch):
     job = Job.create(batch, "m", {})
-    (job.dir / "job.json.tmp").write_text("{torn")   # what a crash in the middle of set_status leaves
+    torn = temporary_for(job.dir / "job.json")
+    torn.write_text("{torn")   # what a crash in the middle of set_status leaves
     assert Job.open(job.id).meta["status"] == "queued"
     job.set_status("failed", error="the group died")
-    assert not (job.dir / "job.json.tmp").exists()
+    assert not torn.exists()
     assert json.loads((job.dir / "job.json").read_text())["error"] == "the group died"
     with pytest.raises(ValueError):
         job.set_status("paused")

@@ -1,0 +1,24 @@
+"""Files written whole: the old file or the new one, never half of one, and no temporary left behind."""
+
+import pytest
+
+from spill.files import replaced, temporary_for
+
+
+def test_a_file_is_replaced_once_written(tmp_path):
+    path = tmp_path / "a.json"
+    path.write_text("old")
+    with replaced(path) as tmp:
+        tmp.write_text("new")
+        assert path.read_text() == "old"   # not yet: readers see the old file while it is written
+    assert path.read_text() == "new" and not temporary_for(path).exists()
+
+
+def test_an_error_while_writing_keeps_the_old_file_and_removes_the_temporary(tmp_path):
+    path = tmp_path / "a.json"
+    path.write_text("old")
+    with pytest.raises(OSError):
+        with replaced(path) as tmp:
+            tmp.write_text("half")
+            raise OSError("disk full")
+    assert path.read_text() == "old" and list(tmp_path.iterdir()) == [path]
