@@ -174,12 +174,13 @@ def _share(tiers, by_id, running: list[int], seconds: float) -> dict[str, int]:
 
 def _ideal(tier: Tier, rows: list[SimRow], model: PassModel, bytes_streamed: int, max_batch) -> float:
     """rows x output tokens / the largest batch the budget fits, times the roofline pass at that batch
-    (its decode rows, their mean context, and the prefill that batch needs a pass on average)."""
+    (its decode rows, their mean context, and the prefill that batch needs a pass on average). The prompts'
+    own products are left out: a few passes can carry every prompt, not each pass one group."""
     if not rows:
         return 0.0
     batch = max(1, min(len(rows), max_batch(rows[0]) if max_batch else len(rows)))
     out = sum(r.out for r in rows) / len(rows)
     prompt = sum(r.prompt for r in rows) / len(rows)
     tokens = int(batch * prompt / max(out, 1))   # what that batch prefills a pass, as one group
-    shape = PassShape(batch, tokens, int(batch * (prompt + out / 2)), bytes_streamed, prefill_groups=int(tokens > 0))
+    shape = PassShape(batch, tokens, int(batch * (prompt + out / 2)), bytes_streamed)
     return len(rows) * out / batch * model.roofline_s(shape)
