@@ -25,7 +25,8 @@ git -C "$here" archive --format=tar HEAD > "$dest/src.tar"
 cp "$here/benchmarks/device/h200.sh" "$dest/"
 if [ "${2:-}" = --peers ]; then
   mkdir -p "$dest/peers"
-  python3 -m pip wheel -q --no-deps -w "$dest/peers" llama-cpp-python==0.3.36
+  CMAKE_ARGS=${CMAKE_ARGS:-"-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF"} \
+    python3 -m pip wheel -q --no-deps -w "$dest/peers" llama-cpp-python==0.3.36   # a wheel pip built before is reused
   python3 -m pip download -q --no-deps --only-binary=:all: -d "$dest/peers" diskcache gguf==0.19.0
 fi
 ls -la "$dest" "$dest/wheels" "$dest/parts"
