@@ -251,7 +251,8 @@ def main() -> None:
     out.write_text(json.dumps(head) + "\n")
     print(f"model {size / 1e9:.2f} GB, cap {a.cap}, cold read {head['cold_gbps_before']:.2f} GB/s", flush=True)
     spec = {"model": str(folder), "gguf": str(gguf), "prompts": ids, "new": a.new, "threads": a.threads,
-            "offload": str(Path(a.work) / "offload"), "hf_dtype": a.dtype, "gpu_cap": gpu_cap}
+            "offload": str(Path(a.work) / "offload"), "gpu_cap": gpu_cap,
+            "hf_dtype": a.dtype if gpu_cap else "float32"}   # computed as spill computes: stored on a GPU, f32 on a CPU
     plan = [("spill", a.spill_rows, "")] if "spill" in wanted else []
     for peer in ("mlx-lm", "accelerate", "llama.cpp"):
         if peer in wanted:
