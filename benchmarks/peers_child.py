@@ -95,9 +95,10 @@ def accelerate(spec: dict) -> dict:
     from transformers import AutoModelForCausalLM
     torch.set_num_threads(spec["threads"])
     dtype = getattr(torch, spec.get("hf_dtype", "float32"))
-    cap, gpu = spec.get("gpu_cap"), torch.cuda.is_available()
+    cap = spec.get("gpu_cap")
+    gpu = bool(cap) and torch.cuda.is_available()   # peers.py sets a GPU cap wherever it sees a GPU
     memory = {"cpu": spec.get("hf_cpu", "64MiB")}
-    if gpu and cap:   # torch refuses past the cap; half of it holds weights, the rest KV and activations
+    if gpu:   # torch refuses past the cap; half of it holds weights, the rest KV and activations
         torch.cuda.set_per_process_memory_fraction(cap / torch.cuda.get_device_properties(0).total_memory)
         memory[0] = cap // 2
     model = AutoModelForCausalLM.from_pretrained(
@@ -130,7 +131,7 @@ def _hf_generate(model, ids, spec: dict, placed, torch) -> dict:
             steps.append(time.perf_counter() - t0)
             first.append(int(nxt[0]))
             stage("step", i=i, seconds=steps[-1], token=first[-1])
-    gpu_peak = torch.cuda.max_memory_allocated() if torch.cuda.is_available() else None
+    gpu_peak = torch.cuda.max_memory_allocated() if ids.is_cuda else None
     return {"prefill_s": prefill, "steps": steps, "tokens": first, "devices": [str(d) for d in placed],
             "gpu_peak": gpu_peak, "version": f"transformers {transformers.__version__}, accelerate {acc.__version__}, torch {torch.__version__}"}
 
