@@ -13,9 +13,10 @@
 #   bash h200.sh ab-gpu|ab-cpu|ab STAGE OUT   pass_time.py at SPILL_BATCHES (8,32) reading into MLX
 #                                     memory, then into the reader's buffers (SPILL_AB), on one device or both
 #   bash h200.sh peers STAGE OUT      set up; benchmarks/peers.py (PEERS_ARGS) under a memory cap, with the
-#                                     wheels of STAGE/peers (pack.sh --peers) carried in a call of their own
+#                                     wheels of STAGE/peers (pack.sh --peers) carried in a call of their own;
+#                                     it runs on past the call: `peers-wait` waits again (PEERS_WAIT s each)
 set -euo pipefail
-cmd=${1:?usage: h200.sh stage|setup|probe|check|test|gpu|cpu|sweep|ab-gpu|ab-cpu|ab|peers STAGE [OUT]}
+cmd=${1:?usage: h200.sh stage|setup|probe|check|test|gpu|cpu|sweep|ab-gpu|ab-cpu|ab|peers|peers-wait STAGE [OUT]}
 stage=$(cd "${2:?STAGE}" && pwd)
 out=${3:-/tmp/spill-out}
 keep=/root/spill-stage site=/tmp/spill-site work=/tmp/spill-work
@@ -36,6 +37,13 @@ setup() {
   rm -rf "$work/src" && mkdir -p "$work/src" && tar -C "$work/src" -xf "$stage/src.tar"
   python3 -m pip install -q --no-index --no-deps --no-build-isolation --upgrade --target "$site" "$work/src"
   touch "$site/.done"
+}
+
+wait_peers() {   # up to PEERS_WAIT seconds (540), then what the run wrote so far comes back in OUT
+  local pid; pid=$(cat "$work/peers/pid")
+  for _ in $(seq $(( ${PEERS_WAIT:-540} / 10 ))); do kill -0 "$pid" 2>/dev/null || break; sleep 10; done
+  cp "$work/peers/log.txt" "$work/peers/results.jsonl" "$out"/ 2>/dev/null || true
+  kill -0 "$pid" 2>/dev/null && echo "peers.py still running: call h200.sh peers-wait again" || tail -20 "$work/peers/log.txt"
 }
 
 setup
@@ -79,13 +87,19 @@ case $cmd in
   peers)   # the machine's cgroup (v2) lends its children no memory controller: move its processes to a leaf
     python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$site" "$keep"/peers/*.whl
     own=/sys/fs/cgroup$(cut -d: -f3 /proc/self/cgroup)
-    mkdir -p "$own/leaf" "$own/peers"
+    mkdir -p "$own/leaf" "$own/peers" "$work/peers"
     for p in $(cat "$own/cgroup.procs"); do echo "$p" > "$own/leaf/cgroup.procs" 2>/dev/null || true; done
     echo +memory > "$own/cgroup.subtree_control" && echo +memory > "$own/peers/cgroup.subtree_control"
-    # run from $work: the source folder's spill/ would shadow the installed package in `spill run`
-    python3 $src/benchmarks/peers.py --models "$models" --work "$work/peers" --json "$out/peers.jsonl" --doc '' \
-      --cgroup-parent "$own/peers" --threads "$(nproc)" \
-      ${PEERS_ARGS:---size 3b --cap 4GiB --batches 64,128 --hf-batches 1,64 --new 16 --timeout 240} | tee "$out/peers.txt" ;;
+    # in its own session, so it outlives this call (10 minutes at most); from $work: the source folder's
+    # spill/ would shadow the installed package in `spill run`
+    setsid nohup python3 $src/benchmarks/peers.py --models "$models" --work "$work/peers" --doc '' \
+      --json "$work/peers/results.jsonl" --cgroup-parent "$own/peers" --threads "$(nproc)" \
+      ${PEERS_ARGS:---size 3b --cap 4GiB --batches 64,128 --hf-batches 1,64 --new 16 --timeout 240} \
+      > "$work/peers/log.txt" 2>&1 < /dev/null &
+    echo $! > "$work/peers/pid"
+    wait_peers ;;
+  peers-wait)   # a later call: wait again for the run `peers` started, and bring back what it wrote
+    wait_peers ;;
   sweep)
     python3 $src/benchmarks/cpu_threads.py --models "$models" --batches "${SPILL_BATCHES:-8,128}" \
       --settings "${SPILL_SWEEP:-0:8,8:8,12:4}" | tee "$out/cpu-threads${OPENBLAS_THREAD_TIMEOUT:+-timeout$OPENBLAS_THREAD_TIMEOUT}.txt" ;;
