@@ -180,6 +180,8 @@ def run_spill(a, folder: Path, texts: list[str], files, cap: str = "") -> dict:
         r["bytes_per_pass"] = full[0]["bytes_streamed"]
     if passes and gpu_name():
         r["gpu_peak"] = max(p["peak_memory"] for p in passes)   # MLX's arrays live on the GPU there
+        if r["gpu_peak"] > parse_size(a.gpu_cap or cap or a.cap):   # the peers' rule holds for spill too
+            r["status"] = "over the GPU cap"
     if (work / "out.jsonl").exists():
         rows = [json.loads(x) for x in (work / "out.jsonl").read_text().splitlines() if x.strip()]
         done = [x for x in rows if x.get("error") is None]

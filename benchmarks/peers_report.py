@@ -70,6 +70,8 @@ def verdict(runs: list[dict]) -> str:
             else "No peer finished at this cap. ")
     if spill is None:
         return line + "spill was not run."
+    if spill["status"] == "over the GPU cap":
+        return line + f"spill held {spill['gpu_peak'] / 2**30:.2f} GiB on the GPU, over the cap: no figure."
     if not spill.get("decode_tps"):
         why = spill.get("first_error") or " ".join(spill.get("stdout_tail") or []) or spill["status"]
         return line + f"spill did not decode at this cap ({spill['status']}): {why}"

@@ -35,3 +35,11 @@ def test_each_table_replaces_only_what_is_between_its_own_markers(tmp_path):
     text = doc.read_text()
     assert "new VM" in text and "old VM" not in text and "after" in text
     assert "<!-- peers-gpu:begin -->\ngpu table\n<!-- peers-gpu:end -->" in text
+
+
+def test_spill_past_the_gpu_cap_gets_no_figure():
+    runs = [HEAD, {"peer": "spill", "batch": 90, "status": "over the GPU cap", "s_per_step": 4.0, "decode_tps": 22.0,
+                   "gpu_peak": 5 * 2**30},
+            {"peer": "llama.cpp", "batch": 64, "status": "ok", "s_per_step": 5.0, "decode_tps": 12.0},
+            {"run": "peers-end", "cold_gbps_after": 2.0}]
+    assert peers_report.table(runs)[-1].endswith("spill held 5.00 GiB on the GPU, over the cap: no figure.")
