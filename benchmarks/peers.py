@@ -12,6 +12,7 @@ end. Writes one JSON line per run to --json and the table into docs/benchmarks.m
 """
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -212,8 +213,9 @@ def machine() -> str:
     return f"{os.cpu_count()} x {cpu}, {mem / 2**30:.0f} GiB RAM" + (f", {gpu}" if gpu else "")
 
 
+@functools.cache
 def gpu_name() -> str:
-    """The NVIDIA GPU's name where nvidia-smi answers, else ''."""
+    """The NVIDIA GPU's name where nvidia-smi answers, else '' (asked once)."""
     try:
         out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True,
                              text=True, timeout=30)

@@ -11,7 +11,7 @@ from spill import messages as m
 from . import history
 from .batch_input import Request
 from .batch_output import error_line, success_line
-from .jobstore import Job
+from .jobstore import LIVE, Job
 
 SUBMIT_BATCH = 64
 
@@ -139,7 +139,7 @@ class JobRun:
         done = self.total - len(self.pending)
         rate = self.generated / elapsed
         p = self.last_pass
-        eta = self.live_eta() if self.job.meta.get("status") in ("queued", "running", "done") else None   # ended early: none
+        eta = self.live_eta() if self.job.meta.get("status") in (*LIVE, "done") else None   # ended early: none
         slots = [(self.requests[r].custom_id, n, tail) for r, (n, tail) in list(self.tails.items())[-8:]]
         return {"job": self.job.id, "status": self.job.meta.get("status"), "done": done, "total": self.total,
                 "tokens_per_s": rate, "pass_s": p.seconds if p else None, "peak_memory": self.peak_memory,

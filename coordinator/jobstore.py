@@ -351,10 +351,12 @@ def _sha256(path: Path) -> str:
 
 
 def _write_json(path: Path, obj: dict) -> None:
-    with replaced(path) as tmp, open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600), "wb") as f:
-        f.write(json.dumps(obj, indent=2, ensure_ascii=False).encode("utf-8") + b"\n")
-        f.flush()
-        _fsync(f.fileno())
+    with replaced(path) as tmp:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        with open(fd, "wb") as f:
+            f.write(json.dumps(obj, indent=2, ensure_ascii=False).encode("utf-8") + b"\n")
+            f.flush()
+            _fsync(f.fileno())
     _fsync_dir(path.parent)
 
 

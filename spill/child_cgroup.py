@@ -15,7 +15,10 @@ class ChildCgroup:
         """Make `<own cgroup>/<name>` (or `<parent>/<name>`: a v2 cgroup with no processes whose children
         have the memory controller) limited to `limit` bytes, swap off where the kernel lets us.
         Raises OSError where it cannot be made (no memory cgroup: FileNotFoundError)."""
-        own = own_cgroup() if parent is None else (Path(parent), 2 if (Path(parent) / "cgroup.controllers").exists() else 1)
+        if parent is None:
+            own = own_cgroup()
+        else:   # v2 cgroups list their controllers in cgroup.controllers; v1 has no such file
+            own = Path(parent), 2 if (Path(parent) / "cgroup.controllers").exists() else 1
         if own is None:
             raise FileNotFoundError("this process has no memory cgroup (see /proc/self/cgroup)")
         parent, self.version = own

@@ -361,7 +361,8 @@ class WeightReader:
     def _viewed(self, spec: TensorSpec, pos: int) -> bool:
         """Whether a tensor read into MLX memory stays a view of it: aligned, and not cast."""
         stored = mx.bfloat16 if spec.dtype == "BF16" else MX_OF.get(spec.dtype)
-        return self._aligned(spec, pos) and not (self.dtype is not None and spec.dtype in FLOATS and stored != self.dtype)
+        cast = self.dtype is not None and spec.dtype in FLOATS and stored != self.dtype
+        return self._aligned(spec, pos) and not cast
 
     def _convert_tensor(self, spec: TensorSpec, buf: np.ndarray, pos: int, owner=None) -> mx.array:
         """An evaluated mx.array (nothing lazy is left for the compute thread): a view of the MLX memory
@@ -370,8 +371,7 @@ class WeightReader:
         start = pos + (owner[1] if owner is not None else 0)   # buf[pos] lies at a multiple of DIO, plus pos
         if owner is not None and self._aligned(spec, pos):
             a = owner[0][start:start + spec.nbytes].view(MX_OF[spec.dtype]).reshape(spec.shape)
-        elif owner is not None and spec.dtype in MX_OF and item in UINT_OF:   # a GPU's bitwise copy (x | 0), on the host:
-            # on the GPU it gave wrong values (MLX CUDA; tiny models' teacher-forced logits 2-5 off, test_check.py)
+        elif owner is not None and spec.dtype in MX_OF and item in UINT_OF:   # x | 0 on the host (wrong on a GPU)
             a = mx.bitwise_or(owner[0][start:start + spec.nbytes].view(UINT_OF[item]), 0, stream=mx.cpu)
             a = a.view(MX_OF[spec.dtype]).reshape(spec.shape)
         else:

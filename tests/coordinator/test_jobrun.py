@@ -53,7 +53,6 @@ def test_a_job_that_ended_with_rows_left_shows_no_eta(tmp_path):
         assert run.status()["eta_s"] is None, ended
 
 
-
 def test_the_first_pass_starts_the_estimates_count_down(tmp_path):
     import time
     from types import SimpleNamespace
