@@ -6,6 +6,7 @@
 #   bash h200.sh probe STAGE OUT      set up; `spill check` on the GPU (bf16); each read-path step's GB/s
 #   bash h200.sh check STAGE OUT      set up; `spill check` on the GPU (bf16) on every factory family
 #   bash h200.sh test STAGE           set up; the GPU tests (tests/streamer/test_check.py)
+#   bash h200.sh group STAGE OUT      set up; benchmarks/group_memory.py: each process's memory
 #   bash h200.sh gpu|cpu STAGE OUT    set up; benchmarks/pass_time.py on the GPU or on the CPU cores
 #                                     (cpu: then benchmarks/cpu_threads.py, BLAS:convert threads in
 #                                     SPILL_SWEEP; reader knobs in spill/config.py)
@@ -16,7 +17,7 @@
 #                                     wheels of STAGE/peers (pack.sh --peers) carried in a call of their own;
 #                                     it runs on past the call: `peers-wait` waits again (PEERS_WAIT s each)
 set -euo pipefail
-cmd=${1:?usage: h200.sh stage|setup|probe|check|test|gpu|cpu|sweep|ab-gpu|ab-cpu|ab|peers|peers-wait STAGE [OUT]}
+cmd=${1:?usage: h200.sh stage|setup|probe|check|test|group|gpu|cpu|sweep|ab-gpu|ab-cpu|ab|peers|peers-wait STAGE [OUT]}
 stage=$(cd "${2:?STAGE}" && pwd)
 out=${3:-/tmp/spill-out}
 keep=/root/spill-stage site=/tmp/spill-site work=/tmp/spill-work
@@ -69,6 +70,10 @@ case $cmd in
       echo "== spill check $f small on the GPU (bf16)"
       spill check "$models/$f-small" --rows 20 --max-tokens 16 2>&1 | tee "$out/check-$f.txt" | tail -4 || true
     done ;;
+  group)   # what MLX's first steps cost a process here, and each actor's memory while a job runs
+    make llama-small llama small
+    head -8 "$src/examples/sample.jsonl" > "$work/eight.jsonl"
+    python3 $src/benchmarks/group_memory.py "$models/llama-small" "$work/eight.jsonl" --json "$out/group-memory.json" ;;
   test)   # the tests that need a GPU (they skip elsewhere); importlib mode: src/spill must not shadow
     python3 -m pytest -q -p no:cacheprovider --import-mode=importlib -rs "$src/tests/streamer/test_check.py" ;;
   gpu)    # every batch on the GPU in the stored dtype
