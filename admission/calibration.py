@@ -15,7 +15,8 @@ from pathlib import Path
 
 from spill import config
 from spill.files import replaced
-from spill.streamer.groups import chunk_for
+from spill.platform import default_dtype, device, on_cpu
+from spill.streamer.shares import chunk_for
 
 from .passmodel import Observation, PassModel, fit, read_rate
 from .probes import _stored_dtype, compute_probe, pass_probe, priced_by_passes, read_probe, weight_files
@@ -38,18 +39,6 @@ def model_key(folder: str | Path) -> str:
     return h.hexdigest()[:20]
 
 
-def device_key() -> str:
-    import mlx.core as mx
-    dev = mx.default_device()
-    if dev == mx.cpu:
-        return "cpu"
-    try:
-        name = mx.device_info().get("device_name", "gpu")
-    except Exception:   # an MLX without device_info: the kind is still a key
-        name = "gpu"
-    return f"gpu-{name}"
-
-
 def machine_key() -> str:
     """Host name, architecture, CPU model and memory size: a rate measured here applies here."""
     cpu = platform.processor()
@@ -63,7 +52,7 @@ def machine_key() -> str:
 
 
 def key(folder: str | Path, dtype: str) -> str:
-    return "|".join((model_key(folder), dtype, device_key(), machine_key()))
+    return "|".join((model_key(folder), dtype, device(), machine_key()))
 
 
 def store_path(k: str) -> Path:
@@ -111,12 +100,13 @@ class Calibration:
 def open_calibration(folder: str | Path, dtype=None) -> Calibration:
     """The calibration of this model on this machine, probing and storing it at first use.
     `dtype` is the compute dtype (default: the streamer's for this device)."""
-    import mlx.core as mx
     from spill.streamer.plan import load_plan
     plan = load_plan(folder)
-    k, dtype = _key_of(folder, plan, dtype)
+    k = _key_of(folder, plan, dtype)
     cal = Calibration.load(k)
-    if cal is None:
+    if cal is None:   # the probes compute: MLX is loaded here alone (the lengths child, a benchmark)
+        import mlx.core as mx
+        dtype = dtype or default_dtype()
         prior, passes = compute_probe(plan, dtype or mx.bfloat16), []
         try:
             passes = pass_probe(folder, dtype)
@@ -139,14 +129,16 @@ def open_calibration(folder: str | Path, dtype=None) -> Calibration:
 def stored_calibration(folder: str | Path) -> Calibration | None:
     """The calibration of this model on this machine if one was made; never probes."""
     from spill.streamer.plan import load_plan
-    return Calibration.load(_key_of(folder, load_plan(folder), None)[0])
+    return Calibration.load(_key_of(folder, load_plan(folder), None))
 
 
-def _key_of(folder, plan, dtype) -> tuple[str, object]:
-    from spill.platform import default_dtype
-    dtype = dtype or default_dtype()
-    name = str(dtype).replace("mlx.core.", "") if dtype is not None else f"stored-{_stored_dtype(plan)}"
-    return key(folder, name), dtype
+def _key_of(folder, plan, dtype) -> str:
+    """The key for computing in `dtype` (an MLX dtype), else in the streamer's default for this device."""
+    if dtype is not None:
+        name = str(dtype).replace("mlx.core.", "")
+    else:
+        name = "float32" if on_cpu() else f"stored-{_stored_dtype(plan)}"
+    return key(folder, name)
 
 
 class ContextTracker:

@@ -90,7 +90,7 @@ def _price(msg: m.Reset, args: dict, box, log):
         plan = load_plan(msg.model)
     except SpillError:
         return None, 0, 0   # the streamer fails the job with the loader's sentence
-    others = _others_rss() + msg.runtime   # the other processes now, and the streamer's own runtime
+    others = _others_rss(runtime=(msg.runtime, msg.runtime_file))   # the other processes now, and the streamer's runtime
     policy, ws = budget_policy(plan, args.get("memory"), args.get("budget_fraction"), others,
                                args.get("prefill_chunk", 512), resident=msg.resident)
     sheet = policy.sheet
@@ -102,10 +102,10 @@ def _price(msg: m.Reset, args: dict, box, log):
     return policy, others, sheet.cache_limit
 
 
-def _others_rss(parent: int | None = None) -> int:
+def _others_rss(parent: int | None = None, runtime: tuple = (0, 0)) -> int:
     """Resident memory of the group's processes other than the streamer: the coordinator (our parent)
-    and its children, measured when a model is priced (spill/memory.py group_rss)."""
-    return memory.group_rss(os.getppid() if parent is None else parent)
+    and its children, measured when a model is priced, with the streamer's `runtime` (spill/memory.py group_rss)."""
+    return memory.group_rss(os.getppid() if parent is None else parent, runtime=runtime)
 
 
 def _waiting(msg: m.Tokenized) -> list[Waiting]:

@@ -18,7 +18,8 @@ from itertools import islice
 import numpy as np
 
 from spill import config, memory
-from spill.streamer.groups import chunk_for
+from spill.platform import on_cpu
+from spill.streamer.shares import chunk_for
 
 from .policy import BudgetPolicy, Waiting, width_class
 from .prices import sheet_for
@@ -42,8 +43,7 @@ def budget_policy(plan, memory_arg=None, fraction: float | None = None, others: 
 
 def compute_itemsize(plan) -> int:
     """Bytes per float the streamer computes in: float32 on the CPU, the stored dtype on a GPU."""
-    import mlx.core as mx
-    if mx.default_device() == mx.cpu:
+    if on_cpu():
         return 4
     stored = [t.dtype for ts in plan.layers for t in ts if t.dtype in ("BF16", "F16", "F32")]
     return 4 if stored and stored[0] == "F32" else 2

@@ -12,7 +12,7 @@ Rows whose output length is unknown are priced at max_tokens (`Estimate.at_max_t
 from collections import deque
 from dataclasses import dataclass, field, replace
 
-from spill.streamer.groups import bucket, chunk_for
+from spill.streamer.shares import bucket, chunk_for
 
 from . import schedule
 from .passmodel import PassModel, PassShape

@@ -52,7 +52,7 @@ class Group:
         self.crashes: dict[str, int] = {}         # actor restarts during the running job
         self.waiting: set[str] = set(ACTORS)     # actors not READY yet
         self.waiting_since = time.monotonic()
-        self.ready_rss: dict[str, int] = {}       # each actor's resident memory at its READY
+        self.ready_rss: dict[str, tuple] = {}     # each actor's resident memory at its READY: (all, file pages)
         self.running = True
         self.stop_at: float | None = None        # `spill down`, or an embedded group left idle: stop then
         self.clients: dict[str, tuple[str, float]] = {}   # job -> (its client, when it last asked); until it saw the end
@@ -78,7 +78,7 @@ class Group:
             self.sup.beat(msg.role, msg.pid)
         if isinstance(msg, m.Ready):
             self.waiting.discard(msg.role)
-            self.ready_rss[msg.role] = msg.rss
+            self.ready_rss[msg.role] = (msg.rss, msg.file)
             if not self.waiting and self.current is not None:
                 self._restart_rows()
             return
@@ -147,7 +147,7 @@ class Group:
     def _broadcast_reset(self, model: str = "") -> None:
         for role in ACTORS:
             self.box.send(role, m.Reset(self.epoch, model, self.current.job.id if self.current else "",
-                                        runtime=self.ready_rss.get("streamer", 0),
+                                        *self.ready_rss.get("streamer", (0, 0)),
                                         resident=bool(model) and self.current.resident))   # a model: a job runs
 
     def _restart_rows(self) -> None:

@@ -248,7 +248,7 @@ def summary_lines(s: dict) -> list[str]:
 def job_estimate(folder: Path, input: Path, pending: set[int], defaults: dict, args: dict, log,
                  actors_rss: dict | None = None) -> "JobEstimate | None":
     """The advice and estimate of a submitted job's pending rows of `input` (`args`: the submit's memory,
-    budget_fraction, stream and model; `actors_rss`: each actor's RSS at READY), their tokens counted in a
+    budget_fraction, stream and model; `actors_rss`: each actor's (RSS, file pages) at READY), their tokens counted in a
     child process (lengths.py). The group's own memory is priced as admission prices it: this process and
     its children less the streamer, plus the streamer's runtime; before the streamer is READY, as the last
     job here measured it. A failure costs the estimate, never the job."""
@@ -259,7 +259,7 @@ def job_estimate(folder: Path, input: Path, pending: set[int], defaults: dict, a
             rows, errors = sim_rows(folder, read_batch(input)[0], sorted(pending), defaults) if pending else ([], 0)
         memory, fraction = args.get("memory"), args.get("budget_fraction")
         runtime = (actors_rss or {}).get("streamer")
-        others = group_rss(os.getpid()) + runtime if runtime else remembered_others() or group_rss(os.getpid())
+        others = group_rss(os.getpid(), runtime=runtime) if runtime else remembered_others() or group_rss(os.getpid())
         advice = advise_rows(folder, rows, memory=memory, stream=bool(args.get("stream")), name=args.get("model", ""),
                              others=others, fraction=fraction)
         return JobEstimate(folder, rows, errors, memory, advice=advice, others=others, fraction=fraction)

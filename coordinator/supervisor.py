@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 
-from spill.platform import preload_env
+from spill.platform import learn_device, preload_env
 
 ACTORS = {"tokenizer": "spill.tokenizer_worker.process", "admission": "spill.admission.process",
           "streamer": "spill.streamer.process"}
@@ -43,6 +43,7 @@ class Supervisor:
             self.log.info("started", role=role, actor_pid=self.procs[role].pid)
 
     def start_all(self) -> None:
+        learn_device()   # in a child, into SPILL_DEVICE: this process and the actors that never compute load no MLX
         for role in ACTORS:
             self.start(role)
 

@@ -175,7 +175,8 @@ def inbox(box, role: str, log, busy=lambda: False):
     from .messages import Ready, Shutdown
     heartbeat(box.endpoints, role)
     from .memory import process_memory
-    box.send("coordinator", Ready(role, os.getpid(), process_memory().rss))
+    now = process_memory()
+    box.send("coordinator", Ready(role, os.getpid(), now.rss, now.file))
     log.info("ready")
     gate = EpochGate()
     while True:

@@ -270,16 +270,16 @@ def _ps_memory(pid: int) -> ProcessMemory:
 STREAMER = b"spill.streamer.process"   # the streamer's module, as its command line names it
 
 
-def group_rss(parent: int, skip: bytes = STREAMER) -> int:
+def group_rss(parent: int, skip: bytes = STREAMER, runtime: tuple = (0, 0)) -> int:
     """Resident memory of `parent` and its children (on Linux, from /proc), shared library pages once,
-    leaving out any whose command line names the module `skip` (the streamer, priced apart from its
-    runtime). Admission prices the group with it, and the coordinator's estimate does the same."""
+    leaving out any whose command line names the module `skip` (the streamer), and adding its `runtime`
+    (RSS, of it file pages) at READY. Admission prices the group with it, and the coordinator's estimate."""
     pids = {parent}
     try:
         pids |= {int(p) for p in Path(f"/proc/{parent}/task/{parent}/children").read_text().split()}
     except OSError:
         pass
-    own, shared = 0, 0
+    own, shared = runtime[0] - runtime[1], runtime[1]
     for pid in pids:
         try:   # every actor's arguments name the streamer's endpoint: match its module, not a substring
             if skip and skip in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0"):

@@ -57,6 +57,7 @@ class Ready:
     role: str
     pid: int
     rss: int = 0             # resident memory once set up, before any model: the budget prices it
+    file: int = 0            # of rss, pages mapped from files (libraries other processes may map too)
 
 
 @dataclass
@@ -71,6 +72,7 @@ class Reset:
     model: str = ""          # model folder; "" keeps the current one
     job: str = ""
     runtime: int = 0         # the streamer's RSS at its READY (interpreter, libraries): admission prices it
+    runtime_file: int = 0    # of runtime, library pages: counted once with the other processes' own
     resident: bool = False   # keep every layer in memory after its first read (the advisor's choice)
 
 

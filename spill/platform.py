@@ -6,6 +6,7 @@ MLX's Linux CPU wheel links a slow reference BLAS (~4 GFLOP/s here); Debian's Op
 
 import ctypes
 import os
+import subprocess
 import sys
 
 OPENBLAS = "/usr/lib/x86_64-linux-gnu/libopenblas.so.0"
@@ -52,11 +53,44 @@ def openblas_missing() -> bool:
     return not any(os.path.exists(p) for p in _CANDIDATES)
 
 
+DEVICE_ENV = "SPILL_DEVICE"   # the coordinator's answer of device(), for the processes it starts
+
+
+def device() -> str:
+    """MLX's default device: "cpu" or "gpu-<name>". From SPILL_DEVICE where the coordinator set it, so a
+    process that never computes does not load MLX (its CUDA backend costs each process ~140 MB)."""
+    if os.environ.get(DEVICE_ENV):
+        return os.environ[DEVICE_ENV]
+    import mlx.core as mx
+    if mx.default_device() == mx.cpu:
+        return "cpu"
+    try:
+        name = mx.device_info().get("device_name", "gpu")
+    except Exception:   # noqa: BLE001 - an MLX without device_info: the kind is still known
+        name = "gpu"
+    return f"gpu-{name}"
+
+
+def learn_device() -> str:
+    """device(), asked of MLX in a short-lived child and kept in SPILL_DEVICE for this process and those
+    it starts: the coordinator learns it without loading MLX itself."""
+    if not os.environ.get(DEVICE_ENV):
+        done = subprocess.run([sys.executable, "-c", "from spill.platform import device; print(device())"],
+                              capture_output=True, text=True, timeout=300)
+        answer = done.stdout.strip().splitlines()
+        os.environ[DEVICE_ENV] = answer[-1] if done.returncode == 0 and answer else device()
+    return os.environ[DEVICE_ENV]
+
+
+def on_cpu() -> bool:
+    return device() == "cpu"
+
+
 def default_dtype():
     """The streamer's compute dtype: float32 on the CPU (MLX's bf16 matmul is slow there), None (the
     stored dtype) on a GPU. Here, not in the streamer, so pricing a model imports no mlx-lm."""
     import mlx.core as mx
-    return mx.float32 if mx.default_device() == mx.cpu else None
+    return mx.float32 if on_cpu() else None
 
 
 def read_slots() -> int:
@@ -66,8 +100,7 @@ def read_slots() -> int:
     H200's 16 cores, llama 3b, batches 8/32/128: 2.89/3.53/3.63 s a pass with two, 4.16/4.25/5.10 with
     one; 2 vCPUs, lean45: a pass 1.02-1.05x its read with two, 1.10-1.15x with one, and 57 MiB less KV."""
     from spill import config
-    import mlx.core as mx
-    small_cpu = mx.default_device() == mx.cpu and (os.cpu_count() or 1) < 8
+    small_cpu = on_cpu() and (os.cpu_count() or 1) < 8
     return config.read_slots() or (1 if small_cpu else 2)
 
 
@@ -75,8 +108,7 @@ def recycles_layers(into_mlx: bool | None = None) -> bool:
     """Whether the reader reads a layer into the MLX memory of one the compute thread released, so no freed
     layer waits in MLX's cache: on the CPU, reading into MLX memory (on the H200's GPU it was not faster)."""
     from spill import config
-    import mlx.core as mx
-    return mx.default_device() == mx.cpu and (config.read_into_mlx() if into_mlx is None else into_mlx)
+    return on_cpu() and (config.read_into_mlx() if into_mlx is None else into_mlx)
 
 
 def set_blas_threads(n: int) -> bool:

@@ -25,7 +25,8 @@ from spill.errors import SpillError
 from spill.platform import blas_threads_for, default_dtype, release_heap, set_blas_threads
 
 from .families import adapter_for
-from .groups import Decode, Group, Pool, RowState, bucket, chunk_for
+from .groups import Decode, Group, Pool, RowState
+from .shares import bucket, chunk_for
 from .plan import load_plan
 from .reader import WeightReader
 from .sampling import RowSampler, SamplingParams, sample

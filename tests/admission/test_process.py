@@ -52,14 +52,15 @@ def test_a_resident_reset_prices_every_layer_as_fixed_and_leaves_less_kv(make_ti
 
 
 def test_the_streamers_runtime_from_its_ready_is_priced_with_the_others(make_tiny, monkeypatch):
-    """The streamer's interpreter and libraries (its RSS at READY, before any model) are memory no KV gets."""
-    monkeypatch.setattr(process, "_others_rss", lambda: 50 * 2**20)
+    """The streamer's interpreter and libraries (its RSS at READY, before any model) are memory no KV gets;
+    its library pages are counted once with the others' (memory.group_rss, test_memory.py)."""
+    monkeypatch.setattr(process.memory, "group_rss", lambda parent, runtime: 50 * 2**20 + runtime[0] - runtime[1])
     sent = []
     box = type("Box", (), {"send": lambda self, peer, msg: sent.append(msg)})()
     log = type("Log", (), {"info": lambda *a, **k: None})()
-    reset = m.Reset(1, str(make_tiny("llama")), "job", runtime=120 * 2**20)
+    reset = m.Reset(1, str(make_tiny("llama")), "job", runtime=120 * 2**20, runtime_file=20 * 2**20)
     policy, others, _ = process._price(reset, {"memory": "2GB"}, box, log)
-    assert others == 170 * 2**20 and policy.sheet.fixed["others"] == 170 * 2**20 and not sent
+    assert others == 150 * 2**20 and policy.sheet.fixed["others"] == 150 * 2**20 and not sent
 
 
 def test_the_report_carries_the_lines_the_hold_and_the_rows_preempted():

@@ -11,7 +11,7 @@ from spill.admission.policy import BudgetPolicy, Waiting
 from spill.admission.prices import Sheet
 from spill.admission import schedule
 from spill.admission.simulate import SimRow, simulate
-from spill.streamer.groups import bucket, chunk_for
+from spill.streamer.shares import bucket, chunk_for
 
 TRUE = PassModel(bandwidth=2e9, fixed_s=0.5, per_row_s=0.01, per_prefill_token_s=0.002,
                  per_context_token_s=1e-5, per_product_s=0.3, per_prefill_context_s=2e-6, overlap=0.6, overhead_s=0.05)

@@ -5,6 +5,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -48,6 +49,24 @@ def test_up_run_status_down(job40, tmp_path, make_tiny):
     status = spill("status", check=True).stdout.splitlines()
     assert status[0] == "no spill group is running" and status[1] == "jobs (newest first):"
     assert any(line.split()[1] == "done" and line.split()[2] == str(other) for line in status[2:])
+
+
+@pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads /proc")
+def test_the_coordinator_and_admission_never_load_mlx(make_tiny, tmp_path):
+    """Importing MLX's CUDA backend costs a process ~140 MB of its own memory (docs/benchmarks.md): the
+    coordinator and admission, which never compute, load no MLX (the tokenizer's mlx-lm does)."""
+    apart = {"SPILL_ESTIMATE_APART": "1"}   # the default: a job's tokens are counted in a child
+    try:
+        spill("up", check=True, env=apart)
+        write_input(tmp_path / "in.jsonl", 3)
+        spill("run", make_tiny("llama"), tmp_path / "in.jsonl", "-o", tmp_path / "out.jsonl", check=True, env=apart)
+        words = spill("status", check=True).stdout.splitlines()[0].split()
+        pids = {words[i - 1]: int(words[i + 1]) for i, w in enumerate(words) if w == "pid"}
+        for role in ("coordinator", "admission"):
+            assert "libmlx" not in Path(f"/proc/{pids[role]}/maps").read_text(), f"the {role} loaded MLX"
+        assert "libmlx" in Path(f"/proc/{pids['streamer']}/maps").read_text()
+    finally:
+        spill("down")
 
 
 # each actor once, early to late (the job has ~8 passes: the old grid's 11 never crashed anything)

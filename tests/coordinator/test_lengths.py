@@ -33,7 +33,7 @@ def test_a_submitted_jobs_estimate_leaves_no_tokenizer_in_the_coordinator(make_t
             "from pathlib import Path\n"
             "from spill.coordinator.estimate import job_estimate\n"
             f"job = job_estimate(Path({str(folder)!r}), Path({str(path)!r}), set(range(6)), {{}}, {{}},"
-            " structlog.get_logger(), {'streamer': 1})\n"
+            " structlog.get_logger(), {'streamer': (1, 0)})\n"
             "print(len(job.rows), sorted(m for m in ('transformers', 'tokenizers', 'mlx_lm') if m in sys.modules))\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                           env={**os.environ, "SPILL_ESTIMATE_APART": "1"})   # the default (the suite sets 0)

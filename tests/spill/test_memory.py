@@ -173,3 +173,14 @@ def test_a_job_naming_other_memory_than_its_group_is_refused():
         memory.check_same(group, {"memory": 2 * GIB})
     with pytest.raises(SpillError, match=r"started with --budget-fraction 0.5; run without --budget-fraction"):
         memory.check_same(group, {"budget_fraction": 0.7})
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads /proc")
+def test_the_streamers_library_pages_are_counted_once_with_the_groups():
+    """The streamer's runtime maps the libraries the other processes map: its file pages join theirs
+    (counted once), and only its own pages add (MLX's CUDA libraries: ~225 MB counted twice before)."""
+    alone = memory.group_rss(os.getpid(), skip=b"")
+    file = memory.process_memory(os.getpid()).file
+    assert file > 0
+    runtime = (file // 2 + (64 << 20), file // 2)   # 64 MiB of its own, and library pages we map too
+    assert memory.group_rss(os.getpid(), skip=b"", runtime=runtime) == pytest.approx(alone + (64 << 20), abs=4 << 20)

@@ -1,4 +1,5 @@
-"""OpenBLAS's thread count set by the engine (SPILL_BLAS_THREADS), in a process with it preloaded."""
+"""The platform layer: OpenBLAS's thread count set by the engine (SPILL_BLAS_THREADS), and the device as
+the processes that never compute learn it (SPILL_DEVICE)."""
 
 import os
 import subprocess
@@ -78,3 +79,22 @@ def test_openblas_threads_sleep_after_a_gemm_unless_the_user_chose_otherwise():
     assert preload_env({**base, "OPENBLAS_THREAD_TIMEOUT": "20"})["OPENBLAS_THREAD_TIMEOUT"] == "20"
     assert "OPENBLAS_THREAD_TIMEOUT" not in preload_env({**base, "SPILL_NO_OPENBLAS": "1"})
 
+
+
+def _fresh(code: str, **env) -> str:
+    base = {k: v for k, v in os.environ.items() if k != "SPILL_DEVICE"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**base, **env}, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def test_the_device_the_coordinator_learned_is_read_without_loading_mlx():
+    code = ("import sys; from spill.platform import device, on_cpu, read_slots, recycles_layers\n"
+            "print(device(), on_cpu(), read_slots(), recycles_layers(), 'mlx.core' in sys.modules)")
+    assert _fresh(code, SPILL_DEVICE="gpu-NVIDIA H200") == "gpu-NVIDIA H200 False 2 False False"
+
+
+def test_learn_device_asks_mlx_in_a_child_and_keeps_the_answer():
+    code = ("import os, sys; from spill.platform import learn_device\n"
+            "print(learn_device(), os.environ['SPILL_DEVICE'], 'mlx.core' in sys.modules)")
+    assert _fresh(code) == "cpu cpu False"   # this machine's MLX has no GPU
