@@ -103,7 +103,7 @@ def test_spill_estimate_prices_the_groups_processes_as_the_last_job_here_measure
     unknown = json.loads(runner.invoke(app, [*args, "--json"]).output)
     assert unknown["calibration"]["group_memory"] is None
     job = estimate.job_estimate(make_tiny("llama"), tmp_path / "none.jsonl", set(), {}, {}, structlog.get_logger(),
-                                {"streamer": 1})
+                                {"streamer": (1, 0)})
     job.priced(40 * 2**20)   # admission priced the job
     assert estimate.remembered_others() > 1
     estimate.remember_others(12 * 2**20)
@@ -278,10 +278,10 @@ def test_a_jobs_estimate_and_eta_price_the_groups_budget_fraction(make_tiny, tmp
     from spill.coordinator import estimate
     monkeypatch.setenv("SPILL_HOME", str(tmp_path / "home"))
     monkeypatch.setattr(calibration, "read_probe", lambda files: 2e9)
-    monkeypatch.setattr(estimate, "group_rss", lambda pid: 1 << 20)   # not pytest's own memory
+    monkeypatch.setattr(estimate, "group_rss", lambda pid, runtime=(0, 0): 1 << 20)   # not pytest's own memory
     folder = make_tiny("llama")
     batch = _batch(tmp_path, 64)
-    log, ready = structlog.get_logger(), {"streamer": 1 << 20}
+    log, ready = structlog.get_logger(), {"streamer": (1 << 20, 0)}
     full = estimate.job_estimate(folder, batch, set(range(64)), {}, {"memory": "48MiB"}, log, ready)
     half = estimate.job_estimate(folder, batch, set(range(64)), {}, {"memory": "48MiB", "budget_fraction": 0.4},
                                  log, ready)
@@ -314,10 +314,11 @@ def test_before_the_streamer_is_ready_the_estimate_prices_the_group_as_the_last_
     job = estimate.job_estimate(make_tiny("llama"), tmp_path / "none.jsonl", set(), {}, {}, structlog.get_logger(),
                                 {"tokenizer": 1})
     assert job.others == 300 * 2**20
-    monkeypatch.setattr(estimate, "group_rss", lambda pid: 7 * 2**20 if pid == os.getpid() else 0)
+    monkeypatch.setattr(estimate, "group_rss", lambda pid, runtime=(0, 0): (7 * 2**20 if pid == os.getpid() else 0)
+                        + runtime[0] - runtime[1])
     job = estimate.job_estimate(make_tiny("llama"), tmp_path / "none.jsonl", set(), {}, {}, structlog.get_logger(),
-                                {"streamer": 5})
-    assert job.others == 7 * 2**20 + 5   # measured: this process and its children, and the streamer's runtime
+                                {"streamer": (5, 2)})
+    assert job.others == 7 * 2**20 + 3   # measured: this process and its children, and the streamer's runtime
 
 
 def _batch(tmp_path, n: int):
