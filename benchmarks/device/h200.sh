@@ -7,6 +7,7 @@
 #   bash h200.sh check STAGE OUT      set up; `spill check` on the GPU (bf16) on every factory family
 #   bash h200.sh test STAGE           set up; the GPU tests (tests/streamer/test_check.py)
 #   bash h200.sh group STAGE OUT      set up; benchmarks/group_memory.py: each process's memory
+#   bash h200.sh repeat STAGE OUT     set up; benchmarks/check_repeat.py: the GPU check again and again
 #   bash h200.sh gpu|cpu STAGE OUT    set up; benchmarks/pass_time.py on the GPU or on the CPU cores
 #                                     (cpu: then benchmarks/cpu_threads.py, BLAS:convert threads in
 #                                     SPILL_SWEEP; reader knobs in spill/config.py)
@@ -17,7 +18,7 @@
 #                                     wheels of STAGE/peers (pack.sh --peers) carried in a call of their own;
 #                                     it runs on past the call: `peers-wait` waits again (PEERS_WAIT s each)
 set -euo pipefail
-cmd=${1:?usage: h200.sh stage|setup|probe|check|test|group|gpu|cpu|sweep|ab-gpu|ab-cpu|ab|peers|peers-wait STAGE [OUT]}
+cmd=${1:?usage: h200.sh stage|setup|probe|check|test|group|repeat|gpu|cpu|sweep|ab-gpu|ab-cpu|ab|peers|peers-wait STAGE [OUT]}
 stage=$(cd "${2:?STAGE}" && pwd)
 out=${3:-/tmp/spill-out}
 keep=/root/spill-stage site=/tmp/spill-site work=/tmp/spill-work
@@ -74,6 +75,8 @@ case $cmd in
     make llama-small llama small
     head -8 "$src/examples/sample.jsonl" > "$work/eight.jsonl"
     python3 $src/benchmarks/group_memory.py "$models/llama-small" "$work/eight.jsonl" --json "$out/group-memory.json" ;;
+  repeat)   # the tiny models' GPU check, SPILL_REPS times under each reader setting
+    python3 $src/benchmarks/check_repeat.py --reps "${SPILL_REPS:-5}" --json "$out/check-repeat.jsonl" ;;
   test)   # the tests that need a GPU (they skip elsewhere); importlib mode: src/spill must not shadow
     python3 -m pytest -q -p no:cacheprovider --import-mode=importlib -rs "$src/tests/streamer/test_check.py" ;;
   gpu)    # every batch on the GPU in the stored dtype
