@@ -86,10 +86,10 @@ def direct_io() -> bool:
     return os.environ.get("SPILL_DIRECT_IO", "1") != "0"
 
 
-def read_into_mlx() -> bool:
-    """Read each layer straight into MLX-owned memory, its tensors views of it (SPILL_READ_INTO=mlx,
-    the default), or into the reader's own buffers and copy out (SPILL_READ_INTO=buffers)."""
-    return os.environ.get("SPILL_READ_INTO", "mlx") != "buffers"
+def read_into() -> str | None:
+    """SPILL_READ_INTO: "mlx" (each layer read straight into MLX-owned memory, its tensors views of it) or
+    "buffers" (into the reader's own buffers, then copied out); None: the device's default (platform.py)."""
+    return os.environ.get("SPILL_READ_INTO") or None
 
 
 def max_message_bytes() -> int:

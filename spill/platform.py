@@ -104,11 +104,21 @@ def read_slots() -> int:
     return config.read_slots() or (1 if small_cpu else 2)
 
 
+def reads_into_mlx() -> bool:
+    """Whether the reader reads each layer straight into MLX memory (config.read_into): yes, except on a CUDA
+    GPU, where O_DIRECT reads into MLX's managed memory now and then left tensors wrong (4 of 12 tiny-model
+    checks failed on the H200, 0 of 12 into the reader's buffers: docs/benchmarks.md, sixteenth session)."""
+    from spill import config
+    chosen = config.read_into()
+    if chosen is not None:
+        return chosen != "buffers"
+    return not (device().startswith("gpu") and sys.platform != "darwin")
+
+
 def recycles_layers(into_mlx: bool | None = None) -> bool:
     """Whether the reader reads a layer into the MLX memory of one the compute thread released, so no freed
     layer waits in MLX's cache: on the CPU, reading into MLX memory (on the H200's GPU it was not faster)."""
-    from spill import config
-    return on_cpu() and (config.read_into_mlx() if into_mlx is None else into_mlx)
+    return on_cpu() and (reads_into_mlx() if into_mlx is None else into_mlx)
 
 
 def set_blas_threads(n: int) -> bool:

@@ -31,7 +31,7 @@ import numpy as np
 from spill import config
 from spill.errors import SpillError
 from spill.memory import cache_allowance
-from spill.platform import read_slots, recycles_layers
+from spill.platform import read_slots, reads_into_mlx, recycles_layers
 
 from .pages import FLOATS, MX_OF, NP_OF, UINT_OF, DIO, Span, aligned_buffer, layout, open_direct, open_file
 from .plan import ModelPlan, TensorSpec
@@ -60,7 +60,7 @@ class WeightReader:
         # per layer, where each tensor goes in a buffer: (tensor, its position), spans, bytes
         self._layout = layouts = [layout(layer) for layer in plan.layers]
         size = max((end for _, _, end in layouts), default=0)   # buffers fit the largest layer
-        self.into_mlx = config.read_into_mlx() if into_mlx is None else into_mlx
+        self.into_mlx = reads_into_mlx() if into_mlx is None else into_mlx
         # a view's start: the item size on a CPU; a GPU's matmuls (cuBLASLt) refuse less than 256 bytes
         self._align = 256 if mx.default_device() == mx.gpu else 1
         self._views = [any(self._viewed(t, pos) for t, pos in lay[0]) for lay in layouts]   # per layer
