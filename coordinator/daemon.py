@@ -147,7 +147,7 @@ class Group:
     def _broadcast_reset(self, model: str = "") -> None:
         for role in ACTORS:
             self.box.send(role, m.Reset(self.epoch, model, self.current.job.id if self.current else "",
-                                        *self.ready_rss.get("streamer", (0, 0)),
+                                        *self.ready_rss.get("streamer", (0, 0)),   # runtime, runtime_file
                                         resident=bool(model) and self.current.resident))   # a model: a job runs
 
     def _restart_rows(self) -> None:

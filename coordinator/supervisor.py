@@ -25,6 +25,7 @@ class Supervisor:
         self._pipes: dict[str, int] = {}
         self.restarts = {role: 0 for role in ACTORS}
         self.seen: dict[str, float] = {}      # role -> when it last said READY or beat its heart
+        learn_device()   # in a child, into SPILL_DEVICE: this process and the actors that never compute load no MLX
 
     def start(self, role: str) -> None:
         read_end, write_end = os.pipe()
@@ -43,7 +44,6 @@ class Supervisor:
             self.log.info("started", role=role, actor_pid=self.procs[role].pid)
 
     def start_all(self) -> None:
-        learn_device()   # in a child, into SPILL_DEVICE: this process and the actors that never compute load no MLX
         for role in ACTORS:
             self.start(role)
 

@@ -1,8 +1,8 @@
 """How much memory this machine gives us, and what a process holds of it.
 
 The working set is the first of: `--memory`, Metal's recommended working set (Apple silicon),
-the limit of our own cgroup (v2 `memory.max`, v1 `memory.limit_in_bytes`, the tightest of our
-cgroup and its ancestors), physical memory. Every reader takes `root`, the filesystem root, so
+the least of the limit of our own cgroup (v2 `memory.max`, v1 `memory.limit_in_bytes`, the tightest
+of our cgroup and its ancestors), physical memory and a CUDA GPU's memory. Every reader takes `root`, the filesystem root, so
 tests point it at a fake /proc and /sys tree.
 """
 
@@ -15,6 +15,7 @@ from pathlib import Path, PurePosixPath
 
 from .config import BUDGET_FRACTION
 from .errors import SpillError
+from .platform import device_memory
 
 NO_LIMIT = 1 << 60     # a cgroup limit at or above this means none (v1 writes 2**63 - 4096)
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
@@ -24,7 +25,7 @@ _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 
 @dataclass(frozen=True)
 class WorkingSet:
     bytes: int
-    source: str        # "--memory", "metal", "cgroup" or "physical"
+    source: str        # "--memory", "metal", "cgroup", "physical" or "cuda"
 
 
 @dataclass(frozen=True)
@@ -186,8 +187,10 @@ def metal_working_set() -> int | None:
     return int(size) if size else None
 
 
-def working_set(override: int | str | None = None, root: Path | str = "/", metal=metal_working_set) -> WorkingSet:
-    """The memory spill plans for: --memory, else Metal's, else the cgroup's limit, else physical."""
+def working_set(override: int | str | None = None, root: Path | str = "/", metal=metal_working_set,
+                cuda=device_memory) -> WorkingSet:
+    """The memory spill plans for: --memory, else Metal's, else the least of the cgroup's limit, physical
+    memory and a CUDA GPU's memory (KV and layers live there: one budget, as on unified memory)."""
     if override is not None:
         return WorkingSet(parse_size(override) if isinstance(override, str) else int(override), "--memory")
     size = metal()
@@ -195,9 +198,9 @@ def working_set(override: int | str | None = None, root: Path | str = "/", metal
         return WorkingSet(size, "metal")
     physical = physical_memory(root)
     limit = cgroup_limit(root)
-    if limit is not None and limit < physical:
-        return WorkingSet(limit, "cgroup")
-    return WorkingSet(physical, "physical")
+    found = WorkingSet(limit, "cgroup") if limit is not None and limit < physical else WorkingSet(physical, "physical")
+    gpu = cuda()
+    return WorkingSet(gpu, "cuda") if gpu and gpu < found.bytes else found
 
 
 # -- the group's settings --------------------------------------------------------------------------

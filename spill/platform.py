@@ -54,6 +54,7 @@ def openblas_missing() -> bool:
 
 
 DEVICE_ENV = "SPILL_DEVICE"   # the coordinator's answer of device(), for the processes it starts
+MEMORY_ENV = "SPILL_DEVICE_MEMORY"   # and of device_memory() (0: none)
 
 
 def device() -> str:
@@ -71,14 +72,32 @@ def device() -> str:
     return f"gpu-{name}"
 
 
+def device_memory() -> int | None:
+    """A CUDA GPU's memory, which MLX's arrays there must fit; None on a CPU and on Apple silicon (whose
+    working set Metal gives). From SPILL_DEVICE_MEMORY where the coordinator set it."""
+    if not device().startswith("gpu") or sys.platform == "darwin":
+        return None
+    if os.environ.get(MEMORY_ENV):
+        return int(os.environ[MEMORY_ENV]) or None
+    import mlx.core as mx
+    info = mx.device_info()
+    return int(info.get("total_memory") or info.get("memory_size") or 0) or None
+
+
 def learn_device() -> str:
-    """device(), asked of MLX in a short-lived child and kept in SPILL_DEVICE for this process and those
-    it starts: the coordinator learns it without loading MLX itself."""
+    """device() and device_memory(), asked of MLX in a short-lived child and kept in SPILL_DEVICE and
+    SPILL_DEVICE_MEMORY for this process and those it starts: the coordinator learns them without loading MLX."""
     if not os.environ.get(DEVICE_ENV):
-        done = subprocess.run([sys.executable, "-c", "from spill.platform import device; print(device())"],
-                              capture_output=True, text=True, timeout=300)
-        answer = done.stdout.strip().splitlines()
-        os.environ[DEVICE_ENV] = answer[-1] if done.returncode == 0 and answer else device()
+        code = "from spill.platform import device, device_memory; print(device()); print(device_memory() or 0)"
+        try:
+            done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+            answer = done.stdout.strip().splitlines()[-2:] if done.returncode == 0 else []
+        except (OSError, subprocess.SubprocessError):
+            answer = []
+        if len(answer) == 2:
+            os.environ[DEVICE_ENV], os.environ[MEMORY_ENV] = answer
+        else:   # asked here, loading MLX
+            os.environ[DEVICE_ENV], os.environ[MEMORY_ENV] = device(), str(device_memory() or 0)
     return os.environ[DEVICE_ENV]
 
 

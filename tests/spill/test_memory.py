@@ -76,6 +76,14 @@ def test_v1_huge_limit_means_none_and_physical_is_used(tmp_path):
     assert memory.working_set(root=tmp_path, metal=lambda: None) == memory.WorkingSet(24 * GIB, "physical")
 
 
+def test_a_cuda_gpu_smaller_than_the_machine_is_the_working_set(tmp_path):
+    """MLX's KV and layers live in the GPU's memory there: planning for the RAM would overrun it."""
+    v1(tmp_path, limits={"/jobs/a": 6 * GIB})
+    assert memory.working_set(root=tmp_path, metal=lambda: None, cuda=lambda: 4 * GIB) == memory.WorkingSet(4 * GIB, "cuda")
+    assert memory.working_set(root=tmp_path, metal=lambda: None, cuda=lambda: 80 * GIB) == memory.WorkingSet(6 * GIB, "cgroup")
+    assert memory.working_set("2GiB", root=tmp_path, cuda=lambda: GIB).source == "--memory"
+
+
 def test_a_limit_above_physical_memory_is_no_limit(tmp_path):
     v1(tmp_path, limits={"/jobs/a": 64 * GIB})
     assert memory.working_set(root=tmp_path, metal=lambda: None).source == "physical"

@@ -96,8 +96,18 @@ def test_the_device_the_coordinator_learned_is_read_without_loading_mlx():
 
 def test_learn_device_asks_mlx_in_a_child_and_keeps_the_answer():
     code = ("import os, sys; from spill.platform import learn_device\n"
-            "print(learn_device(), os.environ['SPILL_DEVICE'], 'mlx.core' in sys.modules)")
-    assert _fresh(code) == "cpu cpu False"   # this machine's MLX has no GPU
+            "print(learn_device(), os.environ['SPILL_DEVICE'], os.environ['SPILL_DEVICE_MEMORY'], 'mlx.core' in sys.modules)")
+    assert _fresh(code) == "cpu cpu 0 False"   # this machine's MLX has no GPU
+
+
+@pytest.mark.parametrize("device,platform_name,memory", [("gpu-NVIDIA H200", "linux", 150 * 2**30),
+                                                         ("gpu-Apple M3 Max", "darwin", None), ("cpu", "linux", None)])
+def test_a_cuda_gpus_memory_is_read_from_the_coordinators_answer(device, platform_name, memory, monkeypatch):
+    from spill import platform
+    monkeypatch.setenv("SPILL_DEVICE", device)
+    monkeypatch.setenv("SPILL_DEVICE_MEMORY", str(150 * 2**30))
+    monkeypatch.setattr(platform.sys, "platform", platform_name)
+    assert platform.device_memory() == memory
 
 
 @pytest.mark.parametrize("device,chosen,into", [("cpu", None, True), ("gpu-NVIDIA H200", None, False),
