@@ -20,6 +20,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disa
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics import MetricWrapperBase
 
+from .platform import device
+
 REGISTRY = CollectorRegistry(auto_describe=True)
 disable_created_metrics()   # no `_created` series: Prometheus does not need them
 
@@ -160,16 +162,10 @@ def _version() -> str:
 
 @functools.cache
 def _backend() -> str:
-    """The device MLX computes on in the streamer, known without importing MLX here."""
-    if sys.platform == "darwin":
-        return "metal"
-    for name in ("mlx-cuda-13", "mlx-cuda-12", "mlx-cuda"):
-        try:
-            metadata.distribution(name)
-            return "cuda"
-        except metadata.PackageNotFoundError:
-            pass
-    return "cpu"
+    """The device MLX computes on in the streamer, as the supervisor learned it (no MLX imported here)."""
+    if device() == "cpu":
+        return "cpu"
+    return "metal" if sys.platform == "darwin" else "cuda"
 
 
 # -- processes (read by pid at scrape time) -------------------------------------------------------

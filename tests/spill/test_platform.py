@@ -123,3 +123,16 @@ def test_a_cuda_gpus_reader_reads_into_its_own_buffers_unless_told(device, chose
     else:
         monkeypatch.setenv("SPILL_READ_INTO", chosen)
     assert platform.reads_into_mlx() is into
+
+
+@pytest.mark.parametrize("device,platform_name,backend", [("cpu", "linux", "cpu"), ("cpu", "darwin", "cpu"),
+                                                          ("gpu-NVIDIA H200", "linux", "cuda"),
+                                                          ("gpu-Apple M3 Max", "darwin", "metal")])
+def test_the_build_metric_names_the_device_the_supervisor_learned(device, platform_name, backend, monkeypatch):
+    """Not the installed wheels: MLX's CUDA build on a machine without a GPU computes on the CPU."""
+    from spill import metrics
+    monkeypatch.setenv("SPILL_DEVICE", device)
+    monkeypatch.setattr(metrics.sys, "platform", platform_name)
+    metrics._backend.cache_clear()
+    assert metrics._backend() == backend
+    metrics._backend.cache_clear()
