@@ -102,7 +102,7 @@ case $cmd in
     # spill/ would shadow the installed package in `spill run`
     setsid nohup python3 $src/benchmarks/peers.py --models "$models" --work "$work/peers" --doc '' \
       --json "$work/peers/results.jsonl" --cgroup-parent "$own/peers" --threads "$(nproc)" \
-      ${PEERS_ARGS:---size 3b --cap 4GiB --batches 64,128 --hf-batches 1,64 --new 16 --timeout 240} \
+      ${PEERS_ARGS:---size 3b --cap 3GiB --spill-cap 4GiB --batches 64,128 --hf-batches 64 --new 16 --timeout 90 --spill-timeout 150} \
       > "$work/peers/log.txt" 2>&1 < /dev/null &
     echo $! > "$work/peers/pid"
     wait_peers ;;
