@@ -21,7 +21,6 @@ STEPS = ["import mlx.core as mx", "mx.default_device()", "mx.device_info()",
          "mx.eval(mx.zeros((4,)))", "mx.eval(mx.ones((256, 256)) @ mx.ones((256, 256)))"]
 ON_CPU = ["import mlx.core as mx", "mx.set_default_device(mx.cpu)", "mx.eval(mx.zeros((4,)))",
           "mx.eval(mx.ones((256, 256)) @ mx.ones((256, 256)))"]
-ROLES = ("coordinator", "tokenizer_worker", "admission", "streamer")
 
 
 def status_kb(pid: int) -> dict:
@@ -45,19 +44,10 @@ def steps(seq: list[str]) -> list[dict]:
 
 
 def actors() -> dict:
-    """Resident memory of each spill process now, by its module's role."""
-    found = {}
-    for p in Path("/proc").iterdir():
-        if not p.name.isdigit():
-            continue
-        try:
-            cmd = (p / "cmdline").read_bytes().split(b"\0")
-            role = next((r for r in ROLES if f"spill.{r}".encode() in b" ".join(cmd)), None)
-            if role and b"-m" in cmd:
-                found[f"{role}:{p.name}"] = status_kb(int(p.name))
-        except OSError:
-            continue
-    return found
+    """Resident memory of each actor now, found by the pids `spill status` names."""
+    words = subprocess.run(["spill", "status"], capture_output=True, text=True, check=True).stdout.split("\n")[0].split()
+    pids = {words[i - 1]: int(words[i + 1]) for i, w in enumerate(words) if w == "pid"}   # "ROLE pid N"
+    return {f"{role}:{pid}": status_kb(pid) for role, pid in pids.items()}
 
 
 def main() -> None:

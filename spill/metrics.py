@@ -12,7 +12,6 @@ labels from small fixed sets (tier, phase, kind, reason, actor, state), never a 
 
 import functools
 import os
-import sys
 import time
 from importlib import metadata
 
@@ -20,7 +19,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disa
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics import MetricWrapperBase
 
-from .platform import device
+from .platform import on_cpu, on_cuda
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 disable_created_metrics()   # no `_created` series: Prometheus does not need them
@@ -163,9 +162,7 @@ def _version() -> str:
 @functools.cache
 def _backend() -> str:
     """The device MLX computes on in the streamer, as the supervisor learned it (no MLX imported here)."""
-    if device() == "cpu":
-        return "cpu"
-    return "metal" if sys.platform == "darwin" else "cuda"
+    return "cuda" if on_cuda() else "cpu" if on_cpu() else "metal"
 
 
 # -- processes (read by pid at scrape time) -------------------------------------------------------

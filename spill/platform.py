@@ -75,7 +75,7 @@ def device() -> str:
 def device_memory() -> int | None:
     """A CUDA GPU's memory, which MLX's arrays there must fit; None on a CPU and on Apple silicon (whose
     working set Metal gives). From SPILL_DEVICE_MEMORY where the coordinator set it."""
-    if not device().startswith("gpu") or sys.platform == "darwin":
+    if not on_cuda():
         return None
     if os.environ.get(MEMORY_ENV):
         return int(os.environ[MEMORY_ENV]) or None
@@ -105,6 +105,11 @@ def on_cpu() -> bool:
     return device() == "cpu"
 
 
+def on_cuda() -> bool:
+    """A GPU that is not Apple's: MLX's CUDA backend, its own memory and managed memory for host arrays."""
+    return device().startswith("gpu") and sys.platform != "darwin"
+
+
 def default_dtype():
     """The streamer's compute dtype: float32 on the CPU (MLX's bf16 matmul is slow there), None (the
     stored dtype) on a GPU. Here, not in the streamer, so pricing a model imports no mlx-lm."""
@@ -131,7 +136,7 @@ def reads_into_mlx() -> bool:
     chosen = config.read_into()
     if chosen is not None:
         return chosen != "buffers"
-    return not (device().startswith("gpu") and sys.platform != "darwin")
+    return not on_cuda()
 
 
 def recycles_layers(into_mlx: bool | None = None) -> bool:

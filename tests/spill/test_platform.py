@@ -132,7 +132,7 @@ def test_the_build_metric_names_the_device_the_supervisor_learned(device, platfo
     """Not the installed wheels: MLX's CUDA build on a machine without a GPU computes on the CPU."""
     from spill import metrics
     monkeypatch.setenv("SPILL_DEVICE", device)
-    monkeypatch.setattr(metrics.sys, "platform", platform_name)
+    monkeypatch.setattr(sys, "platform", platform_name)
     metrics._backend.cache_clear()
     assert metrics._backend() == backend
     metrics._backend.cache_clear()

@@ -221,6 +221,21 @@ def test_buffers_are_reused_not_reallocated(tmp_path, monkeypatch, cores, slots,
         assert [b.ctypes.data for b, _ in reader._bufs] == bufs
 
 
+def test_on_a_cuda_gpu_the_reader_reads_into_its_own_buffers(tmp_path, monkeypatch):
+    """O_DIRECT into MLX's CUDA (managed) memory left weights wrong now and then (platform.reads_into_mlx)."""
+    monkeypatch.setenv("SPILL_DEVICE", "gpu-NVIDIA H200")   # as the supervisor passes it down there
+    monkeypatch.delenv("SPILL_READ_INTO", raising=False)
+    monkeypatch.setattr(sys, "platform", "linux")
+    tensors = make_model(tmp_path, layers=2)
+    with WeightReader(load_plan(tmp_path)) as reader:   # the stored dtype: bytes compared as they are
+        assert not reader.into_mlx and reader.buffer_bytes > 0
+        reader.start_pass()
+        got = [reader.take(i) for i in range(2)][1]
+    name = "model.layers.1.self_attn.q_proj.weight"
+    a = got[name]
+    assert np.asarray(a.view(mx.uint16) if a.dtype == mx.bfloat16 else a).tobytes() == tensors[name][1].tobytes()
+
+
 def _address(a: mx.array) -> int:
     return np.asarray(memoryview(a.view(mx.uint16) if a.dtype == mx.bfloat16 else a)).ctypes.data
 
