@@ -14,7 +14,7 @@ import tempfile
 import time
 from pathlib import Path
 
-SETTINGS = "default;SPILL_DIRECT_IO=0;SPILL_READ_INTO=buffers"
+SETTINGS = "default;SPILL_READ_INTO=buffers"
 
 
 def main() -> None:

@@ -1,13 +1,13 @@
 """Each step of the read path alone, in GB/s, on this machine: where a pass's time can go.
 
     python benchmarks/read_path.py MODEL_FOLDER [--threads 4] [--json out.json]
-    python benchmarks/read_path.py MODEL_FOLDER --reader 2     # the reader's passes, old buffers and new
+    python benchmarks/read_path.py MODEL_FOLDER --reader 2 [--into pinned,buffers]   # the reader's passes
 
 Disk (every read from cold, over all the model's shards): buffered reads dropping behind, on 1 and
 N threads; O_DIRECT into shared anonymous memory (4 KiB pages), on 1 and N threads, into huge pages
 as the reader reads, and into MLX-owned memory. Memory (a 512 MiB buffer, no disk): numpy ->
 mx.array copy, bf16 -> f32 in MLX and in numpy on N threads; on a GPU, the first kernel that reads
-host-written arrays (the page migration a layer pays).
+host-written arrays (the page migration a layer pays), and the copy engine's copy out of pinned memory.
 """
 
 import argparse
@@ -70,34 +70,50 @@ def timed(fn, nbytes, reps=3) -> float:
     return nbytes / best / GB
 
 
-def reader_passes(folder, reps: int) -> dict:
-    """The reader's passes alone (read + convert in the compute dtype, no layer math), from cold, with
-    its old buffers (shared anonymous memory: 4 KiB pages) and its huge-page buffers, alternating."""
-    import numpy as np
-    from spill.streamer import reader
+def reader_passes(folder, reps: int, settings: str) -> dict:
+    """The reader's passes alone from cold under each `into` setting (read, convert, a kernel reading every
+    tensor, release), alternating: where a pass's seconds go, the copy engine's and new MLX buffers' apart."""
+    import mlx.core as mx
+    from spill.streamer import gpu_copy, mlx_buffers, reader
     from spill.streamer.core import default_dtype
     from spill.streamer.plan import load_plan
+    plan, files, out, spent = load_plan(folder), sorted(Path(folder).glob("*.safetensors")), {}, {}
 
-    def shared(size):
-        buf = np.frombuffer(mmap.mmap(-1, max(size, 1)), np.uint8)[:size]
-        buf.fill(0)
-        return buf
-    plan, files, out = load_plan(folder), sorted(Path(folder).glob("*.safetensors")), {}
+    def timing(name, fn):
+        def timed_fn(*args):
+            t0 = time.perf_counter()
+            try:
+                return fn(*args)
+            finally:
+                spent[name] = spent.get(name, 0.0) + time.perf_counter() - t0
+        return timed_fn
+    engine = gpu_copy.engine()
+    if engine is not None:
+        engine.copy = timing("copy", engine.copy)
+    reader.gpu_buffer = timing("new GPU buffers", mlx_buffers.gpu_buffer)
     for _ in range(reps):
-        for name, alloc in (("4 KiB pages (shared memory)", shared), ("huge pages", aligned_buffer)):
-            reader.aligned_buffer = alloc
-            with reader.WeightReader(plan, dtype=default_dtype()) as rd:
-                drop_cache(files)
-                t0 = time.perf_counter()
-                rd.start_pass()
-                for i in range(len(plan.layers)):
-                    rd.take(i)
-                dt, st = time.perf_counter() - t0, rd.stats()
-            key = f"reader pass into {name}: pass GB/s, reads GB/s"
-            out.setdefault(key, []).append([round(plan.streamed_bytes / dt / GB, 2),
-                                            round(st["bytes_read"] / st["read_s"] / GB, 2)])
-            print(f"{key}: {out[key][-1]}", flush=True)
-    reader.aligned_buffer = aligned_buffer
+        for into in settings.split(","):
+            with reader.WeightReader(plan, dtype=default_dtype(), into=into, engine=engine) as rd:
+                for k in range(2):                    # the second pass recycles what the first made
+                    drop_cache(files)
+                    spent.clear()
+                    t0, s0, kernel = time.perf_counter(), rd.stats(), 0.0
+                    rd.start_pass()
+                    for i in range(len(plan.layers)):
+                        weights = rd.take(i)
+                        k0 = time.perf_counter()
+                        mx.eval([w.sum() for w in weights.values()])
+                        kernel += time.perf_counter() - k0
+                        del weights
+                        rd.release(i)
+                    dt, st = time.perf_counter() - t0, rd.stats()
+                made = rd.buffers_made
+            line = {"pass GB/s": plan.streamed_bytes / dt / GB,
+                    "reads GB/s": (st["bytes_read"] - s0["bytes_read"]) / (st["read_s"] - s0["read_s"]) / GB,
+                    "convert s": st["convert_s"] - s0["convert_s"], "kernels s": kernel,
+                    **{f"{k} s": v for k, v in spent.items()}, "MLX buffers made (2 passes)": made}
+            out.setdefault(f"reader pass, into {into}", []).append({k: round(v, 3) for k, v in line.items()})
+            print(f"into {into}: {out[f'reader pass, into {into}'][-1]}", flush=True)
     return out
 
 
@@ -106,10 +122,11 @@ def main() -> None:
     p.add_argument("model")
     p.add_argument("--threads", type=int, default=4)
     p.add_argument("--json", default="")
-    p.add_argument("--reader", type=int, default=0, help="only the reader's passes, old buffers against new, N times")
+    p.add_argument("--reader", type=int, default=0, help="only the reader's passes under each --into, N times")
+    p.add_argument("--into", default="pinned,buffers", help="the reader's settings for --reader (spill/config.py)")
     a = p.parse_args()
     if a.reader:
-        out = reader_passes(a.model, a.reader)
+        out = reader_passes(a.model, a.reader, a.into)
         if a.json:
             Path(a.json).write_text(json.dumps(out, indent=1))
         return
@@ -186,6 +203,31 @@ def main() -> None:
         resident = mx.array(src).view(mx.bfloat16)
         mx.eval(resident.sum())
         out["GPU: kernel on memory already on the GPU"] = round(timed(lambda: mx.eval(resident.sum()), size), 2)
+        from spill.streamer import gpu_copy, mlx_buffers
+        engine = gpu_copy.engine()
+        host = aligned_buffer(size)
+        host[:] = src.view(np.uint8)
+        engine.pin(host)
+        raw, skip, addr = mlx_buffers.gpu_buffer(size)
+        copied = raw[skip:skip + size]
+        out["GPU: copy engine, pinned buffer -> MLX memory (the reader's default)"] = round(
+            timed(lambda: engine.copy(addr, host.ctypes.data, size), size), 2)
+        out["GPU: copy engine's bytes equal the buffer's"] = bool(mx.array_equal(copied, mx.array(host)).item())
+
+        def copy_then_kernel():
+            engine.copy(addr, host.ctypes.data, size)
+            mx.eval(copied.view(mx.bfloat16).sum())
+        out["GPU: copy engine + first kernel reading it"] = round(timed(copy_then_kernel, size), 2)
+        pinned = aligned_buffer(n * (16 << 20))   # a chunk a thread
+        engine.pin(pinned)
+
+        def pinned_chunks():
+            it = iter(range(n))
+            return lambda size: memoryview(pinned[next(it) * size:][:size])
+        out[f"O_DIRECT {n} threads 16 MiB into pinned huge pages"] = [round(disk(
+            files, threads=n, chunk=16 << 20, direct=True, into=pinned_chunks()), 2) for _ in range(2)]
+        engine.unpin(pinned)
+        engine.unpin(host)
     for k, v in out.items():
         print(f"{k}: {v}")
     if a.json:

@@ -87,9 +87,15 @@ def direct_io() -> bool:
 
 
 def read_into() -> str | None:
-    """SPILL_READ_INTO: "mlx" (each layer read straight into MLX-owned memory, its tensors views of it) or
-    "buffers" (into the reader's own buffers, then copied out); None: the device's default (platform.py)."""
-    return os.environ.get("SPILL_READ_INTO") or None
+    """SPILL_READ_INTO: "mlx" (each layer read straight into MLX-owned memory, its tensors views of it),
+    "buffers" (into the reader's own buffers, then copied out) or "pinned" (into its own page-locked buffers,
+    then copied by a CUDA GPU's copy engine; "buffers" without one); None: the device's default (platform.py)."""
+    chosen = os.environ.get("SPILL_READ_INTO") or None
+    if chosen not in (None, "mlx", "buffers", "pinned"):
+        from .errors import SpillError
+        raise SpillError(f"SPILL_READ_INTO={chosen} is not a reader setting: use mlx, buffers or pinned, "
+                         "or unset it for the device's default")
+    return chosen
 
 
 def max_message_bytes() -> int:

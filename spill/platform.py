@@ -128,21 +128,20 @@ def read_slots() -> int:
     return config.read_slots() or (1 if small_cpu else 2)
 
 
-def reads_into_mlx() -> bool:
-    """Whether the reader reads each layer straight into MLX memory (config.read_into): yes, except on a CUDA
-    GPU, where O_DIRECT reads into MLX's managed memory now and then left tensors wrong (4 of 12 tiny-model
-    checks failed on the H200, 0 of 12 into the reader's buffers: docs/benchmarks.md, sixteenth session)."""
+def read_into() -> str:
+    """Where the reader reads each layer (config.read_into): "mlx", straight into MLX memory; on a CUDA GPU
+    "pinned", into its own page-locked buffers that the GPU's copy engine copies out. O_DIRECT into MLX's
+    managed memory there now and then left tensors wrong (4 of 12 tiny-model checks failed on the H200), and
+    a host copy into it ("buffers") cost a pass 1.35x its read (docs/benchmarks.md, sixteenth session)."""
     from spill import config
-    chosen = config.read_into()
-    if chosen is not None:
-        return chosen != "buffers"
-    return not on_cuda()
+    return config.read_into() or ("pinned" if on_cuda() else "mlx")
 
 
-def recycles_layers(into_mlx: bool | None = None) -> bool:
-    """Whether the reader reads a layer into the MLX memory of one the compute thread released, so no freed
-    layer waits in MLX's cache: on the CPU, reading into MLX memory (on the H200's GPU it was not faster)."""
-    return on_cpu() and (reads_into_mlx() if into_mlx is None else into_mlx)
+def recycles_layers(into: str | None = None) -> bool:
+    """Whether the reader fills the MLX memory of a layer the compute thread released, so no freed layer waits
+    in MLX's cache: reading into MLX memory on the CPU (on the H200's GPU it was not faster), and "pinned"."""
+    into = into or read_into()
+    return into == "pinned" or (on_cpu() and into == "mlx")
 
 
 def set_blas_threads(n: int) -> bool:

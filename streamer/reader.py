@@ -1,9 +1,7 @@
 """The weight reader: streams each layer's bytes from disk with explicit positional reads into reusable
 buffers (two below; one on the CPU, `platform.read_slots`), turns them into finished mx.arrays, and
 hands them to the compute thread in the pass's order. Never mmap: the page cache must not compete
-with the engine for memory.
-
-With read_ahead, two threads work ahead of the compute thread (layers in pass order):
+with the engine for memory. With read_ahead, two threads work ahead of the compute thread:
 
     read thread     read 0 > buf0 | read 1 > buf1 | read 2 > buf0 | read 3 > buf1 | ...
     convert thread        conv 0  |         conv 1 |         conv 2 |    ...
@@ -11,9 +9,10 @@ With read_ahead, two threads work ahead of the compute thread (layers in pass or
 
 A buffer is refilled only once its layer is converted; a layer is converted only once the previous
 one was taken, so at most two layers of mx.arrays are alive (the one computing, the one ready).
-By default a buffer is MLX-owned memory and a tensor stored as computed is a view of it (no copy): the
-buffer is lent to its layer until the compute thread `release`s it, then read into again on the CPU (a new
-one costs a zero fill). With SPILL_READ_INTO=buffers it is the reader's own and conversion copies out.
+Where the buffers go (`into`, platform.read_into): "mlx", MLX-owned memory, a tensor stored as computed a view
+of it, lent to its layer until the compute thread `release`s it, then read into again; "buffers", the reader's
+own, conversion copying out; "pinned" (a CUDA GPU), its own, page-locked, each layer copied at once by the GPU's
+copy engine into MLX memory lent and recycled as with "mlx" (gpu_copy.py).
 When `dtype` is given, floating tensors are cast in MLX: faster than numpy here, exact for bf16 -> f32.
 A layer is read as runs of whole pages, in chunks on `read_threads` at once (O_DIRECT where allowed:
 no page cache at all; pages.py), and its tensors converted on `convert_threads` at once.
@@ -30,10 +29,11 @@ import numpy as np
 
 from spill import config
 from spill.errors import SpillError
-from spill.memory import cache_allowance
-from spill.platform import read_slots, reads_into_mlx, recycles_layers
+from spill.platform import read_into, read_slots, recycles_layers
 
-from .pages import FLOATS, MX_OF, NP_OF, UINT_OF, DIO, Span, aligned_buffer, layout, open_direct, open_file
+from . import gpu_copy
+from .mlx_buffers import gpu_buffer, host_buffer, raise_cache_limit
+from .pages import FLOATS, MX_OF, NP_OF, UINT_OF, Span, aligned_buffer, layout, open_direct, open_file
 from .plan import ModelPlan, TensorSpec
 
 _CHUNK = 16 << 20       # bytes per read call; the page cache holds at most a few of these
@@ -42,7 +42,7 @@ _CHUNK = 16 << 20       # bytes per read call; the page cache holds at most a fe
 class WeightReader:
     def __init__(self, plan: ModelPlan, *, dtype: "mx.Dtype | None" = None, read_ahead: bool = True,
                  drop_cache: bool = True, read_threads: int | None = None, convert_threads: int | None = None,
-                 direct: bool | None = None, into_mlx: bool | None = None):
+                 direct: bool | None = None, into: str | None = None, engine=None):
         self.plan = plan
         self.dtype = dtype
         self.read_ahead = read_ahead
@@ -60,18 +60,21 @@ class WeightReader:
         # per layer, where each tensor goes in a buffer: (tensor, its position), spans, bytes
         self._layout = layouts = [layout(layer) for layer in plan.layers]
         size = max((end for _, _, end in layouts), default=0)   # buffers fit the largest layer
-        self.into_mlx = reads_into_mlx() if into_mlx is None else into_mlx
+        self.into = into or read_into()     # "mlx", "buffers" or "pinned" (spill/config.py)
+        self._engine = (engine or gpu_copy.engine()) if self.into == "pinned" else None
+        self.into = "buffers" if self.into == "pinned" and self._engine is None else self.into   # no CUDA driver
         # a view's start: the item size on a CPU; a GPU's matmuls (cuBLASLt) refuse less than 256 bytes
         self._align = 256 if mx.default_device() == mx.gpu else 1
         self._views = [any(self._viewed(t, pos) for t, pos in lay[0]) for lay in layouts]   # per layer
-        self._recycle = recycles_layers(self.into_mlx)   # released layers' memory is read into again
-        # a slot's buffer: (numpy view the reads fill, the MLX array owning it or None)
-        self._size = size
-        self._bufs = [(None, None) if self.into_mlx else (aligned_buffer(size), None)
+        self._recycle = recycles_layers(self.into)   # released layers' memory is read (or copied) into again
+        self._size = size   # a slot's buffer: (numpy view the reads fill, the MLX array owning it or None)
+        self._bufs = [(None, None) if self.into == "mlx" else (aligned_buffer(size), None)
                       for _ in range(read_slots() if read_ahead else 1)]
+        for buf, _ in self._bufs if self._engine else ():
+            self._engine.pin(buf)
         self.slot_bytes = size * len(self._bufs)   # read into at once: the reader's own buffers or MLX memory
-        self.buffer_bytes = 0 if self.into_mlx else self.slot_bytes   # the reader's own (MLX's is MLX memory)
-        _raise_cache_limit(plan, dtype, self._recycle)
+        self.buffer_bytes = 0 if self.into == "mlx" else self.slot_bytes   # the reader's own (MLX's is MLX memory)
+        raise_cache_limit(plan, dtype, self._recycle)
         # pass state, guarded by _cv; positions index the pass's order
         self._cv = threading.Condition()
         self._gen = 0                 # bumped by start_pass and close: stale work is dropped
@@ -153,7 +156,7 @@ class WeightReader:
         if not self.read_ahead:          # serial IO: read and convert here
             self._bufs[0] = self._buffer(self._bufs[0])
             self._read_layer(i, self._bufs[0][0], gen=None)
-            out = self._convert_layer(i, self._bufs[0], gen=None)
+            out = self._convert_layer(i, 0, gen=None)
             self._renew(0, self._taken, i)
             self._taken += 1
             if self._taken == len(self._order):
@@ -193,6 +196,8 @@ class WeightReader:
         self._drop_files()
         for fd in self._fds.values():
             os.close(fd)
+        for buf, _ in self._bufs if self._engine else ():
+            self._engine.unpin(buf)
         self._fds, self._bufs = {}, []
 
     def __enter__(self) -> "WeightReader":
@@ -240,7 +245,7 @@ class WeightReader:
                 gen, pos = self._gen, self._next_conv
                 slot, layer = self._filled.pop(pos), self._order[pos]
                 self._busy += 1
-            out = self._job(gen, pos, lambda: self._convert_layer(layer, self._bufs[slot], gen))
+            out = self._job(gen, pos, lambda: self._convert_layer(layer, slot, gen))
             if out is not None:
                 self._renew(slot, pos, layer)   # not under the lock: start_pass waits for this job before reusing slots
             with self._cv:
@@ -315,23 +320,26 @@ class WeightReader:
 
     def _buffer(self, held: tuple) -> tuple:
         """The buffer a slot's next layer is read into: the one it holds, a released layer's, else new
-        MLX memory (zero-filled: 59 MB took 4 ms from MLX's cache, 41 ms fresh; 2 vCPUs)."""
+        MLX memory (mlx_buffers.py)."""
         if held[0] is not None:
             return held
         with self._cv:
             if self._spare:
                 return self._spare.pop()
             self.buffers_made += 1
-        raw = mx.zeros((self._size + DIO,), mx.uint8, stream=mx.cpu)   # filled on the host, also on a GPU
-        mx.eval(raw)
-        view = np.asarray(memoryview(raw))
-        skip = -view.ctypes.data % DIO
-        return view[skip:skip + self._size], (raw, skip)
+        return host_buffer(self._size)
 
     def _renew(self, slot: int, pos: int, layer: int) -> None:
         """A slot once its layer is converted: the reader's own buffer is kept. MLX memory its tensors view
         is lent to the layer until `release`; the slot takes another buffer here, off the reads' path."""
-        if self.into_mlx:
+        if self._engine:                      # the copy's target: lent to the layer's views, else taken again
+            target, self._bufs[slot] = self._bufs[slot][1], (self._bufs[slot][0], None)
+            with self._cv:
+                if self._views[layer]:
+                    self._lent[pos] = target
+                else:
+                    self._spare.append(target)
+        elif self.into == "mlx":
             held, self._bufs[slot] = self._bufs[slot], (None, None)
             if self._recycle and self._views[layer]:
                 with self._cv:
@@ -340,11 +348,18 @@ class WeightReader:
                 self._bufs[slot] = held
             self._bufs[slot] = self._buffer(self._bufs[slot])
 
-    def _convert_layer(self, i: int, held: tuple, gen: int | None) -> dict | None:
+    def _convert_layer(self, i: int, slot: int, gen: int | None) -> dict | None:
         t0 = time.perf_counter()
         if gen is not None and gen != self._gen:
             return None
-        buf, owner = held
+        buf, owner = self._bufs[slot]
+        if self._engine:                      # the layer's bytes at once into MLX memory on the GPU
+            with self._cv:
+                owner = self._spare.pop() if self._spare else None
+                self.buffers_made += owner is None
+            owner = owner or gpu_buffer(self._size)
+            self._engine.copy(owner[2], buf.ctypes.data, self._layout[i][2])
+            self._bufs[slot] = (buf, owner)
         work = sorted(self._layout[i][0], key=lambda sp: -sp[0].nbytes)   # largest first: none left at the end
         convert = lambda sp: self._convert_tensor(sp[0], buf, sp[1], owner)    # noqa: E731
         arrays = map(convert, work) if self._conv_pool is None else self._conv_pool.map(convert, work)
@@ -371,7 +386,7 @@ class WeightReader:
         start = pos + (owner[1] if owner is not None else 0)   # buf[pos] lies at a multiple of DIO, plus pos
         if owner is not None and self._aligned(spec, pos):
             a = owner[0][start:start + spec.nbytes].view(MX_OF[spec.dtype]).reshape(spec.shape)
-        elif owner is not None and spec.dtype in MX_OF and item in UINT_OF:   # x | 0 on the host (wrong on a GPU)
+        elif self.into == "mlx" and owner is not None and spec.dtype in MX_OF and item in UINT_OF:   # x | 0, host
             a = mx.bitwise_or(owner[0][start:start + spec.nbytes].view(UINT_OF[item]), 0, stream=mx.cpu)
             a = a.view(MX_OF[spec.dtype]).reshape(spec.shape)
         else:
@@ -383,18 +398,3 @@ class WeightReader:
         mx.eval(a)
         return a
 
-
-def _raise_cache_limit(plan: ModelPlan, dtype, recycled: bool) -> None:
-    """Let MLX keep the buffers a pass recycles (its Linux CPU default is 32 MiB, and a fresh allocation
-    there costs ~7x a reused one in page faults): the limit admission prices (`memory.cache_allowance`)."""
-    def out_bytes(t: TensorSpec) -> int:
-        if dtype is not None and t.dtype in FLOATS:
-            return t.nbytes // np.dtype(NP_OF[t.dtype]).itemsize * dtype.size
-        return t.nbytes
-    layer = max((sum(out_bytes(t) for t in ts) for ts in plan.layers), default=0)
-    cast = max((sum(t.nbytes for t in ts if out_bytes(t) != t.nbytes) for ts in plan.layers), default=0)
-    largest = max((out_bytes(t) for ts in plan.layers for t in ts), default=0)
-    need = cache_allowance(layer, cast, largest, recycled)
-    previous = mx.set_cache_limit(need)
-    if previous > need:
-        mx.set_cache_limit(previous)

@@ -12,8 +12,8 @@
 #                                     (cpu: then benchmarks/cpu_threads.py, BLAS:convert threads in
 #                                     SPILL_SWEEP; reader knobs in spill/config.py)
 #   bash h200.sh sweep STAGE OUT      set up; benchmarks/cpu_threads.py alone (SPILL_SWEEP as above)
-#   bash h200.sh ab-gpu|ab-cpu|ab STAGE OUT   pass_time.py at SPILL_BATCHES (8,32) reading into MLX
-#                                     memory, then into the reader's buffers (SPILL_AB), on one device or both
+#   bash h200.sh ab-gpu|ab-cpu|ab STAGE OUT   pass_time.py at SPILL_BATCHES (8,32) reading into pinned
+#                                     buffers the GPU copies out, then host-copied ones (SPILL_AB), on one device or both
 #   bash h200.sh peers STAGE OUT      set up; benchmarks/peers.py (PEERS_ARGS) under a memory cap, with the
 #                                     wheels of STAGE/peers (pack.sh --peers) carried in a call of their own;
 #                                     it runs on past the call: `peers-wait` waits again (PEERS_WAIT s each)
@@ -87,7 +87,7 @@ case $cmd in
       --settings "${SPILL_SWEEP:-0:8,8:8,12:4}" | tee "$out/cpu-threads.txt" ;;
   ab-gpu|ab-cpu|ab)
     devs=${cmd#ab-}; [ "$devs" = ab ] && devs="gpu cpu"
-    for dev in $devs; do for into in ${SPILL_AB:-mlx buffers}; do
+    for dev in $devs; do for into in ${SPILL_AB:-pinned buffers}; do
       echo "== SPILL_READ_INTO=$into on the $dev"
       SPILL_READ_INTO=$into python3 $src/benchmarks/pass_time.py --models "$models" --device $dev --reps 2 \
         --batches "${SPILL_BATCHES:-8,32}" --no-serial --doc "$out/pass-$dev-$into-$SECONDS.md" | tail -12

@@ -1,3 +1,4 @@
+import ctypes
 import sys
 import threading
 import time
@@ -9,7 +10,7 @@ from ._safetensors_util import cached_pages, drop_from_cache, make_model, model_
 
 from spill.errors import SpillError
 from spill.streamer.plan import load_plan
-from spill.streamer import pages
+from spill.streamer import mlx_buffers, pages
 from spill.streamer import reader as reader_mod
 from spill.streamer.reader import WeightReader
 
@@ -53,11 +54,29 @@ def model(request, tmp_path):
     return load_plan(tmp_path), tensors
 
 
-@pytest.mark.parametrize("into_mlx", [True, False])
+class HostCopy:
+    """A copy engine's part done by the host (gpu_copy.CopyEngine's interface): the reader's "pinned" path
+    where no CUDA GPU is. It records what was pinned, and the copies."""
+    def __init__(self):
+        self.pinned, self.copies = set(), 0
+
+    def pin(self, buf):
+        self.pinned.add(buf.ctypes.data)
+
+    def unpin(self, buf):
+        self.pinned.remove(buf.ctypes.data)
+
+    def copy(self, dst, src, n):
+        assert src in self.pinned, "copies come from the reader's pinned buffers"
+        ctypes.memmove(dst, src, n)
+        self.copies += 1
+
+
+@pytest.mark.parametrize("into", ["mlx", "buffers", "pinned"])
 @pytest.mark.parametrize("read_ahead", [True, False])
-def test_layers_and_resident_are_the_file_bytes(model, read_ahead, into_mlx):
+def test_layers_and_resident_are_the_file_bytes(model, read_ahead, into):
     plan, tensors = model
-    with WeightReader(plan, read_ahead=read_ahead, into_mlx=into_mlx) as reader:
+    with WeightReader(plan, read_ahead=read_ahead, into=into, engine=HostCopy()) as reader:
         res = reader.read_resident()
         _check_layer(res, tensors, [t.name for t in plan.resident])
         for _ in range(3):
@@ -206,7 +225,7 @@ def test_buffers_are_reused_not_reallocated(tmp_path, monkeypatch, cores, slots,
     monkeypatch.setenv("SPILL_READ_SLOTS", slots)
     make_model(tmp_path, layers=3)
     plan = load_plan(tmp_path)
-    with WeightReader(plan, into_mlx=False) as reader:
+    with WeightReader(plan, into="buffers") as reader:
         bufs = [b.ctypes.data for b, _ in reader._bufs]
         assert all(a % (2 << 20) == 0 for a in bufs)   # huge-page aligned: large O_DIRECT requests
         def pages(layer):   # one file, tensors back to back: one span of whole pages
@@ -221,16 +240,22 @@ def test_buffers_are_reused_not_reallocated(tmp_path, monkeypatch, cores, slots,
         assert [b.ctypes.data for b, _ in reader._bufs] == bufs
 
 
-def test_on_a_cuda_gpu_the_reader_reads_into_its_own_buffers(tmp_path, monkeypatch):
-    """O_DIRECT into MLX's CUDA (managed) memory left weights wrong now and then (platform.reads_into_mlx)."""
+@pytest.mark.parametrize("driver", [True, False])
+def test_on_a_cuda_gpu_the_reader_reads_into_pinned_buffers_the_gpu_copies_out(tmp_path, monkeypatch, driver):
+    """O_DIRECT into MLX's CUDA (managed) memory left weights wrong now and then, and a host copy out of the
+    reader's buffers cost a pass 1.35x its read (platform.read_into). Without a CUDA driver: its own buffers."""
     monkeypatch.setenv("SPILL_DEVICE", "gpu-NVIDIA H200")   # as the supervisor passes it down there
     monkeypatch.delenv("SPILL_READ_INTO", raising=False)
     monkeypatch.setattr(sys, "platform", "linux")
+    engine = HostCopy()
+    monkeypatch.setattr(reader_mod.gpu_copy, "engine", lambda: engine if driver else None)
     tensors = make_model(tmp_path, layers=2)
     with WeightReader(load_plan(tmp_path)) as reader:   # the stored dtype: bytes compared as they are
-        assert not reader.into_mlx and reader.buffer_bytes > 0
+        assert reader.into == ("pinned" if driver else "buffers") and reader.buffer_bytes > 0
+        assert len(engine.pinned) == (len(reader._bufs) if driver else 0)
         reader.start_pass()
         got = [reader.take(i) for i in range(2)][1]
+    assert engine.copies == (2 if driver else 0) and not engine.pinned   # one copy a layer; unpinned at close
     name = "model.layers.1.self_attn.q_proj.weight"
     a = got[name]
     assert np.asarray(a.view(mx.uint16) if a.dtype == mx.bfloat16 else a).tobytes() == tensors[name][1].tobytes()
@@ -273,8 +298,9 @@ def test_a_tensor_whose_bytes_are_misaligned_is_copied_whole(tmp_path):
 
 @pytest.mark.parametrize("read_ahead", [True, False])
 @pytest.mark.parametrize("code, dtype", [("F32", None), ("BF16", None), ("BF16", mx.float32)])
+@pytest.mark.parametrize("into", ["mlx", "pinned"])
 def test_a_released_layer_s_memory_takes_a_later_layer_without_a_new_buffer(tmp_path, monkeypatch, read_ahead,
-                                                                            code, dtype):
+                                                                            code, dtype, into):
     """A new MLX buffer is zero-filled (a 59 MB one: 4 ms from MLX's cache, 41 ms fresh, on 2 vCPUs): over four
     passes every layer is read into a released layer's memory, none new beyond the pipeline's own (the slot's,
     the ready and the computing layer's). A layer computes for 20 ms, so the ready one is converted meanwhile:
@@ -282,8 +308,8 @@ def test_a_released_layer_s_memory_takes_a_later_layer_without_a_new_buffer(tmp_
     tensors = make_model(tmp_path, layers=5, dtype=code)
     plan = load_plan(tmp_path)
     made, zeros = [], mx.zeros
-    monkeypatch.setattr(reader_mod.mx, "zeros", lambda *a, **k: made.append(a) or zeros(*a, **k))
-    with WeightReader(plan, dtype=dtype, read_ahead=read_ahead, into_mlx=True) as reader:
+    monkeypatch.setattr(mlx_buffers.mx, "zeros", lambda *a, **k: made.append(a) or zeros(*a, **k))
+    with WeightReader(plan, dtype=dtype, read_ahead=read_ahead, into=into, engine=HostCopy()) as reader:
         for n in range(4):
             reader.start_pass()
             for i in range(5):
@@ -293,11 +319,12 @@ def test_a_released_layer_s_memory_takes_a_later_layer_without_a_new_buffer(tmp_
         assert 1 <= len(made) <= len(reader._bufs) + 2 < 20
 
 
-def test_a_layer_not_released_keeps_its_bytes_while_later_passes_read(tmp_path):
+@pytest.mark.parametrize("into", ["mlx", "pinned"])
+def test_a_layer_not_released_keeps_its_bytes_while_later_passes_read(tmp_path, into):
     tensors = make_model(tmp_path, layers=4)
     plan = load_plan(tmp_path)
     names = [[t.name for t in layer] for layer in plan.layers]
-    with WeightReader(plan, into_mlx=True) as reader:
+    with WeightReader(plan, into=into, engine=HostCopy()) as reader:
         reader.start_pass()
         held = [reader.take(i) for i in range(4)]
         reader.release(0)                           # not the layer taken last: ignored
