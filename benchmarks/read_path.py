@@ -93,7 +93,9 @@ def reader_passes(folder, reps: int, settings: str) -> dict:
     reader.gpu_buffer = timing("new GPU buffers", mlx_buffers.gpu_buffer)
     for _ in range(reps):
         for into in settings.split(","):
-            with reader.WeightReader(plan, dtype=default_dtype(), into=into, engine=engine) as rd:
+            with reader.WeightReader(plan, dtype=default_dtype(), into=into.split("/")[0], engine=engine) as rd:
+                if into == "pinned/gpu-views":        # the tensors' views made on the GPU's stream, as before
+                    rd._view_stream = None
                 for k in range(2):                    # the second pass recycles what the first made
                     drop_cache(files)
                     spent.clear()
@@ -123,7 +125,8 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=4)
     p.add_argument("--json", default="")
     p.add_argument("--reader", type=int, default=0, help="only the reader's passes under each --into, N times")
-    p.add_argument("--into", default="pinned,buffers", help="the reader's settings for --reader (spill/config.py)")
+    p.add_argument("--into", default="pinned,pinned/gpu-views,buffers",
+                   help="the reader's settings for --reader (spill/config.py)")
     a = p.parse_args()
     if a.reader:
         out = reader_passes(a.model, a.reader, a.into)

@@ -9,13 +9,11 @@ with the engine for memory. With read_ahead, two threads work ahead of the compu
 
 A buffer is refilled only once its layer is converted; a layer is converted only once the previous
 one was taken, so at most two layers of mx.arrays are alive (the one computing, the one ready).
-Where the buffers go (`into`, platform.read_into): "mlx", MLX-owned memory, a tensor stored as computed a view
-of it, lent to its layer until the compute thread `release`s it, then read into again; "buffers", the reader's
-own, conversion copying out; "pinned" (a CUDA GPU), its own, page-locked, each layer copied at once by the GPU's
-copy engine into MLX memory lent and recycled as with "mlx" (gpu_copy.py).
-When `dtype` is given, floating tensors are cast in MLX: faster than numpy here, exact for bf16 -> f32.
-A layer is read as runs of whole pages, in chunks on `read_threads` at once (O_DIRECT where allowed:
-no page cache at all; pages.py), and its tensors converted on `convert_threads` at once.
+Buffers (`into`, platform.read_into): "mlx", MLX memory, a tensor stored as computed a view of it, lent to its
+layer until the compute thread `release`s it, then read into again; "buffers", the reader's own, copied out;
+"pinned" (a CUDA GPU), its own, page-locked, each layer copied by the GPU into MLX memory lent as with "mlx".
+Floating tensors are cast to `dtype` in MLX. A layer is read as runs of whole pages, in chunks on `read_threads`
+(O_DIRECT where allowed: no page cache at all; pages.py), and its tensors converted on `convert_threads`.
 """
 
 import os
@@ -65,6 +63,7 @@ class WeightReader:
         self.into = "buffers" if self.into == "pinned" and self._engine is None else self.into   # no CUDA driver
         # a view's start: the item size on a CPU; a GPU's matmuls (cuBLASLt) refuse less than 256 bytes
         self._align = 256 if mx.default_device() == mx.gpu else 1
+        self._view_stream = mx.cpu if self._engine else None
         self._views = [any(self._viewed(t, pos) for t, pos in lay[0]) for lay in layouts]   # per layer
         self._recycle = recycles_layers(self.into)   # released layers' memory is read (or copied) into again
         self._size = size   # a slot's buffer: (numpy view the reads fill, the MLX array owning it or None)
@@ -382,19 +381,20 @@ class WeightReader:
     def _convert_tensor(self, spec: TensorSpec, buf: np.ndarray, pos: int, owner=None) -> mx.array:
         """An evaluated mx.array (nothing lazy is left for the compute thread): a view of the MLX memory
         `owner` (array, offset of buf in it) holding buf where its bytes are aligned, else a copy."""
-        item = np.dtype(NP_OF[spec.dtype]).itemsize
+        item, s = np.dtype(NP_OF[spec.dtype]).itemsize, None
         start = pos + (owner[1] if owner is not None else 0)   # buf[pos] lies at a multiple of DIO, plus pos
         if owner is not None and self._aligned(spec, pos):
-            a = owner[0][start:start + spec.nbytes].view(MX_OF[spec.dtype]).reshape(spec.shape)
+            s = self._view_stream   # "pinned": made on the host's stream, a view waits for no GPU work
+            a = mx.as_strided(owner[0], (spec.nbytes,), (1,), start, stream=s)
+            a = mx.reshape(mx.view(a, MX_OF[spec.dtype], stream=s), spec.shape, stream=s)
         elif self.into == "mlx" and owner is not None and spec.dtype in MX_OF and item in UINT_OF:   # x | 0, host
             a = mx.bitwise_or(owner[0][start:start + spec.nbytes].view(UINT_OF[item]), 0, stream=mx.cpu)
             a = a.view(MX_OF[spec.dtype]).reshape(spec.shape)
         else:
             a = mx.array(buf[pos:pos + spec.nbytes].view(NP_OF[spec.dtype]).reshape(spec.shape))
         if spec.dtype == "BF16":
-            a = a.view(mx.bfloat16)
+            a = mx.view(a, mx.bfloat16, stream=s)
         if self.dtype is not None and spec.dtype in FLOATS and a.dtype != self.dtype:
             a = a.astype(self.dtype)
         mx.eval(a)
         return a
-
