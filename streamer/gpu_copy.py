@@ -70,3 +70,12 @@ def engine() -> "CopyEngine | None":
             _engine = None
     return _engine
 
+
+def placed(tensors: list[tuple], align: int = 256) -> list[tuple]:
+    """(tensor, position as read, position in the MLX memory it is copied into) of a layer's (tensor, position)s:
+    each at a multiple of `align`, so each is a view there (a GPU's matmuls refuse less than 256 bytes)."""
+    out, end = [], 0
+    for spec, pos in tensors:
+        out.append((spec, pos, end))
+        end = -(-(end + spec.nbytes) // align) * align
+    return out

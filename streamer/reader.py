@@ -62,9 +62,10 @@ class WeightReader:
         self._engine = (engine or gpu_copy.engine()) if self.into == "pinned" else None
         self.into = "buffers" if self.into == "pinned" and self._engine is None else self.into   # no CUDA driver
         # a view's start: the item size on a CPU; a GPU's matmuls (cuBLASLt) refuse less than 256 bytes
-        self._align = 256 if mx.default_device() == mx.gpu else 1
-        self._view_stream = mx.cpu if self._engine else None
-        self._views = [any(self._viewed(t, pos) for t, pos in lay[0]) for lay in layouts]   # per layer
+        self._align, self._view_stream = 256 if mx.default_device() == mx.gpu else 1, mx.cpu if self._engine else None
+        # per layer, (tensor, position read, position viewed): "pinned" places each at 256 bytes (gpu_copy.placed)
+        self._placed = [gpu_copy.placed(lay[0]) if self._engine else [(t, p, p) for t, p in lay[0]] for lay in layouts]
+        self._views = [any(self._viewed(t, at) for t, _, at in placed) for placed in self._placed]   # per layer
         self._recycle = recycles_layers(self.into)   # released layers' memory is read (or copied) into again
         self._size = size   # a slot's buffer: (numpy view the reads fill, the MLX array owning it or None)
         self._bufs = [(None, None) if self.into == "mlx" else (aligned_buffer(size), None)
@@ -87,8 +88,7 @@ class WeightReader:
         self.buffers_made = 0                      # MLX buffers allocated (and zero-filled) for reads
         self._busy = 0                # IO-side threads inside a job
         self._error: tuple[int, BaseException] | None = None   # (position, error) for take() to raise
-        self._closed = False
-        self._threads: list[threading.Thread] = []
+        self._closed, self._threads = False, []   # the read and convert threads, once started
         self._stats = {"bytes_read": 0, "read_s": 0.0, "wait_s": 0.0, "convert_s": 0.0, "layers": 0}
 
     # -- the interface ------------------------------------------------------------------------------
@@ -175,8 +175,7 @@ class WeightReader:
                 self._cv.notify_all()
 
     def stats(self) -> dict:
-        """Cumulative: bytes_read, read_s (in read calls), wait_s (take() blocked, or reading and
-        converting when read_ahead is off), convert_s, layers (taken)."""
+        """Cumulative: bytes_read, read_s (in reads), wait_s (in take()), convert_s, layers (taken)."""
         with self._cv:
             return dict(self._stats)
 
@@ -356,11 +355,12 @@ class WeightReader:
             with self._cv:
                 owner = self._spare.pop() if self._spare else None
                 self.buffers_made += owner is None
-            owner = owner or gpu_buffer(self._size)
-            self._engine.copy(owner[2], buf.ctypes.data, self._layout[i][2])
+            owner = owner or gpu_buffer(max(at + t.nbytes for t, _, at in sum(self._placed, [])))
+            for spec, pos, at in self._placed[i]:
+                self._engine.copy(owner[2] + at, buf.ctypes.data + pos, spec.nbytes)
             self._bufs[slot] = (buf, owner)
-        work = sorted(self._layout[i][0], key=lambda sp: -sp[0].nbytes)   # largest first: none left at the end
-        convert = lambda sp: self._convert_tensor(sp[0], buf, sp[1], owner)    # noqa: E731
+        work = sorted(self._placed[i], key=lambda sp: -sp[0].nbytes)   # largest first: none left at the end
+        convert = lambda sp: self._convert_tensor(sp[0], buf, sp[1], owner, sp[2])    # noqa: E731
         arrays = map(convert, work) if self._conv_pool is None else self._conv_pool.map(convert, work)
         done = {sp[0].name: a for sp, a in zip(work, arrays)}
         out = {spec.name: done[spec.name] for spec, _ in self._layout[i][0]}
@@ -378,12 +378,12 @@ class WeightReader:
         cast = self.dtype is not None and spec.dtype in FLOATS and stored != self.dtype
         return self._aligned(spec, pos) and not cast
 
-    def _convert_tensor(self, spec: TensorSpec, buf: np.ndarray, pos: int, owner=None) -> mx.array:
-        """An evaluated mx.array (nothing lazy is left for the compute thread): a view of the MLX memory
-        `owner` (array, offset of buf in it) holding buf where its bytes are aligned, else a copy."""
-        item, s = np.dtype(NP_OF[spec.dtype]).itemsize, None
-        start = pos + (owner[1] if owner is not None else 0)   # buf[pos] lies at a multiple of DIO, plus pos
-        if owner is not None and self._aligned(spec, pos):
+    def _convert_tensor(self, spec: TensorSpec, buf: np.ndarray, pos: int, owner=None, at=None) -> mx.array:
+        """An evaluated mx.array (nothing lazy is left for the compute thread): a view of the MLX memory `owner`
+        (array, offset of a DIO boundary in it), `at` bytes past that boundary, where aligned; else a copy of buf."""
+        item, s, at = np.dtype(NP_OF[spec.dtype]).itemsize, None, pos if at is None else at
+        start = at + (owner[1] if owner is not None else 0)
+        if owner is not None and self._aligned(spec, at):
             s = self._view_stream   # "pinned": made on the host's stream, a view waits for no GPU work
             a = mx.as_strided(owner[0], (spec.nbytes,), (1,), start, stream=s)
             a = mx.reshape(mx.view(a, MX_OF[spec.dtype], stream=s), spec.shape, stream=s)

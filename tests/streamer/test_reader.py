@@ -58,16 +58,16 @@ class HostCopy:
     """A copy engine's part done by the host (gpu_copy.CopyEngine's interface): the reader's "pinned" path
     where no CUDA GPU is. It records what was pinned, and the copies."""
     def __init__(self):
-        self.pinned, self.copies = set(), 0
+        self.pinned, self.copies = {}, 0
 
     def pin(self, buf):
-        self.pinned.add(buf.ctypes.data)
+        self.pinned[buf.ctypes.data] = buf.nbytes
 
     def unpin(self, buf):
-        self.pinned.remove(buf.ctypes.data)
+        del self.pinned[buf.ctypes.data]
 
     def copy(self, dst, src, n):
-        assert src in self.pinned, "copies come from the reader's pinned buffers"
+        assert any(a <= src and src + n <= a + size for a, size in self.pinned.items()), "from pinned buffers only"
         ctypes.memmove(dst, src, n)
         self.copies += 1
 
@@ -255,7 +255,8 @@ def test_on_a_cuda_gpu_the_reader_reads_into_pinned_buffers_the_gpu_copies_out(t
         assert len(engine.pinned) == (len(reader._bufs) if driver else 0)
         reader.start_pass()
         got = [reader.take(i) for i in range(2)][1]
-    assert engine.copies == (2 if driver else 0) and not engine.pinned   # one copy a layer; unpinned at close
+    tensors_read = sum(len(layer) for layer in load_plan(tmp_path).layers)
+    assert engine.copies == (tensors_read if driver else 0) and not engine.pinned   # one a tensor; unpinned at close
     name = "model.layers.1.self_attn.q_proj.weight"
     a = got[name]
     assert np.asarray(a.view(mx.uint16) if a.dtype == mx.bfloat16 else a).tobytes() == tensors[name][1].tobytes()
@@ -263,6 +264,24 @@ def test_on_a_cuda_gpu_the_reader_reads_into_pinned_buffers_the_gpu_copies_out(t
 
 def _address(a: mx.array) -> int:
     return np.asarray(memoryview(a.view(mx.uint16) if a.dtype == mx.bfloat16 else a)).ctypes.data
+
+
+def test_pinned_tensors_are_views_at_256_bytes_where_the_file_s_are_not(tmp_path, monkeypatch):
+    """A GPU's matmuls refuse a view not at 256 bytes, and a safetensors file places tensors at any even byte:
+    copied out of the pinned buffers, each tensor is placed at 256 bytes (gpu_copy.placed) and viewed there."""
+    tensors = make_model(tmp_path, layers=2, dtype="BF16")
+    plan = load_plan(tmp_path)
+    monkeypatch.setattr(reader_mod.mx, "default_device", lambda: mx.gpu)   # the reader's alignment on a GPU
+    with WeightReader(plan, into="pinned", engine=HostCopy()) as reader:
+        assert reader._align == 256
+        assert any(pos % 256 for spec, pos in reader._layout[1][0])   # the file's positions: some off 256
+        reader.start_pass()
+        got = [reader.take(i) for i in range(2)][1]
+        owner = reader._lent[1][0]
+        base = _address(owner)
+        for spec, _, at in reader._placed[1]:
+            assert at % 256 == 0 and _address(got[spec.name]) == base + reader._lent[1][1] + at   # a view
+        _check_layer(got, tensors, [t.name for t in plan.layers[1]])
 
 
 @pytest.mark.parametrize("read_ahead", [True, False])
