@@ -60,6 +60,21 @@ class CopyEngine:
 _engine: "CopyEngine | None | bool" = False
 
 
+def pinned(engine: "CopyEngine | None", bufs: list[tuple]) -> "CopyEngine | None":
+    """`engine` once every buffer of `bufs` ((array, owner) pairs) is pinned; None, none pinned, where there is no
+    engine or the driver refuses one (page-locked memory is the machine's to give)."""
+    done = []
+    try:
+        for buf, _ in bufs if engine else ():
+            engine.pin(buf)
+            done.append(buf)
+        return engine
+    except RuntimeError:
+        for buf in done:
+            engine.unpin(buf)
+        return None
+
+
 def engine() -> "CopyEngine | None":
     """The copy engine of the GPU MLX computes on, or None where there is no CUDA driver (made once)."""
     global _engine

@@ -59,19 +59,18 @@ class WeightReader:
         self._layout = layouts = [layout(layer) for layer in plan.layers]
         size = max((end for _, _, end in layouts), default=0)   # buffers fit the largest layer
         self.into = into or read_into()     # "mlx", "buffers" or "pinned" (spill/config.py)
-        self._engine = (engine or gpu_copy.engine()) if self.into == "pinned" else None
-        self.into = "buffers" if self.into == "pinned" and self._engine is None else self.into   # no CUDA driver
+        self._size = size   # a slot's buffer: (numpy view the reads fill, the MLX array owning it or None)
+        self._bufs = [(None, None) if self.into == "mlx" else (aligned_buffer(size), None)
+                      for _ in range(read_slots() if read_ahead else 1)]
+        # "pinned" without a CUDA driver, or buffers it would not pin: the host copies out ("buffers")
+        self._engine = gpu_copy.pinned(engine or gpu_copy.engine(), self._bufs) if self.into == "pinned" else None
+        self.into = "buffers" if self.into == "pinned" and self._engine is None else self.into
         # a view's start: the item size on a CPU; a GPU's matmuls (cuBLASLt) refuse less than 256 bytes
         self._align, self._view_stream = 256 if mx.default_device() == mx.gpu else 1, mx.cpu if self._engine else None
         # per layer, (tensor, position read, position viewed): "pinned" places each at 256 bytes (gpu_copy.placed)
         self._placed = [gpu_copy.placed(lay[0]) if self._engine else [(t, p, p) for t, p in lay[0]] for lay in layouts]
         self._views = [any(self._viewed(t, at) for t, _, at in placed) for placed in self._placed]   # per layer
         self._recycle = recycles_layers(self.into)   # released layers' memory is read (or copied) into again
-        self._size = size   # a slot's buffer: (numpy view the reads fill, the MLX array owning it or None)
-        self._bufs = [(None, None) if self.into == "mlx" else (aligned_buffer(size), None)
-                      for _ in range(read_slots() if read_ahead else 1)]
-        for buf, _ in self._bufs if self._engine else ():
-            self._engine.pin(buf)
         self.slot_bytes = size * len(self._bufs)   # read into at once: the reader's own buffers or MLX memory
         self.buffer_bytes = 0 if self.into == "mlx" else self.slot_bytes   # the reader's own (MLX's is MLX memory)
         raise_cache_limit(plan, dtype, self._recycle)

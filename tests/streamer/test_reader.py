@@ -266,6 +266,27 @@ def _address(a: mx.array) -> int:
     return np.asarray(memoryview(a.view(mx.uint16) if a.dtype == mx.bfloat16 else a)).ctypes.data
 
 
+def test_buffers_the_driver_will_not_pin_are_copied_out_by_the_host(tmp_path, monkeypatch):
+    """Page-locked memory is the machine's to give: where the driver refuses a buffer, none stays pinned and the
+    reader copies out on the host, as with SPILL_READ_INTO=buffers, rather than failing the streamer."""
+    monkeypatch.setenv("SPILL_READ_SLOTS", "2")
+    engine = HostCopy()
+    pin = engine.pin
+    def pin_one_only(buf):
+        if engine.pinned:
+            raise RuntimeError("CUDA cuMemHostRegister_v2 failed: out of memory")
+        pin(buf)
+    engine.pin = pin_one_only
+    tensors = make_model(tmp_path, layers=2)
+    plan = load_plan(tmp_path)
+    with WeightReader(plan, into="pinned", engine=engine) as reader:
+        assert reader.into == "buffers" and not engine.pinned
+        reader.start_pass()
+        for i in range(2):
+            _check_layer(reader.take(i), tensors, [t.name for t in plan.layers[i]])
+    assert engine.copies == 0
+
+
 def test_pinned_tensors_are_views_at_256_bytes_where_the_file_s_are_not(tmp_path, monkeypatch):
     """A GPU's matmuls refuse a view not at 256 bytes, and a safetensors file places tensors at any even byte:
     copied out of the pinned buffers, each tensor is placed at 256 bytes (gpu_copy.placed) and viewed there."""
