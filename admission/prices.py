@@ -11,6 +11,8 @@ The budget is a target for live allocation at the knee of the memory curve, not 
     KV budget  = budget - fixed
 
 Resident (the advisor's choice, advisor.py), "resident tensors" are every layer's and none is in flight.
+On a CUDA GPU the working set is the GPU's, and what lives in the host's memory (the reader's buffers, the other
+processes) is priced apart against the host's (`host`, `host_set`).
 """
 
 from dataclasses import dataclass, field
@@ -27,6 +29,8 @@ class Sheet:
     row_overhead: int = 0                    # per running row besides its KV (logits, hidden state)
     layers: int = 0                          # attention's copy of one layer's KV is priced per slot (0: not)
     fixed: dict[str, int] = field(default_factory=dict)
+    host: dict[str, int] = field(default_factory=dict)   # a CUDA GPU's: what the host holds, against host_set
+    host_set: int = 0
     fraction: float = 0.78
     source: str = "--memory"               # where the working set came from (cgroup, physical, --memory)
     guard: float = 0.80
@@ -60,6 +64,11 @@ class Sheet:
 
 def shortfall(sheet: Sheet) -> str | None:
     """The sentence a budget too small for the model's fixed part (no row's KV fits beside it) fails with."""
+    host = sum(sheet.host.values())
+    if sheet.host_set and host > sheet.fraction * sheet.host_set:
+        return (f"the host's budget is {fmt(int(sheet.fraction * sheet.host_set))} ({sheet.fraction:.0%} of its "
+                f"{fmt(sheet.host_set)}) but the reader's buffers and the other processes need {fmt(host)}; give "
+                "the process more memory (raise its cgroup's limit) or use a machine with more")
     if sheet.kv_budget >= sheet.cost(1, 1):
         return None
     return (f"the budget is {fmt(sheet.budget)} ({sheet.fraction:.0%} of the {fmt(sheet.working_set)} working set, "
@@ -77,7 +86,7 @@ _FLOAT = {"F16": 2, "BF16": 2, "F32": 4, "F64": 8}
 
 
 def sheet_for(plan, working_set: int, itemsize: int, *, prefill_tokens: int, prefill_chunk: int = 512,
-              others: int = 0, resident: bool = False, **lines) -> Sheet:
+              others: int = 0, resident: bool = False, host_set: int = 0, **lines) -> Sheet:
     """The price sheet of `plan` (a streamer ModelPlan) computed in `itemsize`-byte floats. `resident`:
     every layer stays in memory after its first read (a fixed part), so no layer is in flight.
     Each fixed price is what the streamer was measured to hold at its peak (docs/benchmarks.md, "Memory
@@ -102,16 +111,21 @@ def sheet_for(plan, working_set: int, itemsize: int, *, prefill_tokens: int, pre
                  prefill_tokens * ((4 * hidden + 3 * inter) * itemsize + heads * prefill_chunk * 4),
              "prefill_kv": 2 * prefill_tokens * kv_per_token,   # prompts' KV until they join the pool
              "others": others}                          # the other processes' RSS and the streamer's runtime
-    sheet = Sheet(working_set, kv_per_token=kv_per_token, layers=len(plan.layers),
+    host = {k: fixed.pop(k) for k in ("reader", "others")} if host_set else {}   # a CUDA GPU: the host's apart
+    sheet = Sheet(working_set, kv_per_token=kv_per_token, layers=len(plan.layers), host=host, host_set=host_set,
                   row_overhead=(int(c.get("vocab_size", 0)) + 4 * hidden) * 4, fixed=fixed, **lines)
     # room for what each decode layer frees beside the freed layer (with Streamer.step's emptied cache: ~0 faults)
     fixed["cache_kv"] = 0 if resident else min(2 * max(sheet.kv_budget, 0) // max(len(plan.layers), 1), layer)
     return sheet
 
 
-def live_allocation(p, others: int, runtime: int = 0) -> int:
+def live_allocation(p, others: int, runtime: int = 0, sheet: Sheet | None = None) -> int:
     """What a pass report says the group holds: the streamer's MLX memory and buffers or its RSS less its
     runtime (`runtime`, priced in `others`), whichever is more, plus the other processes; the cgroup's
-    usage (active page cache included) where higher."""
+    usage (active page cache included) where higher. With a host's budget apart (a CUDA GPU): MLX's memory,
+    or the host's share of its own memory as the same share of the GPU's, whichever is more."""
+    if sheet is not None and sheet.host_set:
+        host = max(p.rss - runtime + others, p.cgroup_usage or 0)
+        return max(p.active_memory + p.cache_memory, host * sheet.working_set // sheet.host_set)
     engine = max(p.active_memory + p.cache_memory + p.reader_memory, p.rss - runtime)
     return max(engine + others, p.cgroup_usage or 0)

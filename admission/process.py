@@ -50,7 +50,7 @@ def run_admission_process(endpoints, args, log) -> None:
             elif isinstance(msg, m.Pass):
                 policy.finished(msg.finished)
                 requeued += policy.preempted(msg.preempted)
-                policy.observe(live_allocation(msg, others, runtime))
+                policy.observe(live_allocation(msg, others, runtime, policy.sheet))
                 calibrator.passed(msg)
                 in_flight, reported = False, msg
                 fault.tick("pass")
@@ -95,7 +95,8 @@ def _price(msg: m.Reset, args: dict, box, log):
                                args.get("prefill_chunk", 512), resident=msg.resident)
     sheet = policy.sheet
     log.info("budget", mode="resident" if msg.resident else "streamed", working_set=ws.bytes, source=ws.source, budget=sheet.budget, kv_budget=sheet.kv_budget,
-             kv_per_token=sheet.kv_per_token, **sheet.fixed)
+             kv_per_token=sheet.kv_per_token, **sheet.fixed, **{f"host_{k}": v for k, v in sheet.host.items()},
+             **({"host_set": sheet.host_set} if sheet.host_set else {}))
     if (short := shortfall(sheet)) is not None:
         box.send("coordinator", m.Error(msg.epoch, [m.MODEL_ROW], ["memory_budget_exceeded"], [short], msg.job))
         return None, others, 0

@@ -164,6 +164,8 @@ def run_spill(a, folder: Path, texts: list[str], files, cap: str = "") -> dict:
     env = {**os.environ, "SPILL_HOME": str(home), "SPILL_METRICS_PORT": "0"}
     cmd = [sys.executable, "-m", "spill.coordinator.cli", "run", folder, inp, "-o", work / "out.jsonl", "--new",
            "--quiet"]
+    if gpu_name():   # the GPU cap every peer gets is spill's working set there; the cgroup caps the host's memory
+        cmd += ["--memory", str(parse_size(a.gpu_cap or cap or a.cap))]
     r = capped(a, "spill", cmd, env, files, cap, a.spill_timeout)
     r["stdout_tail"] = r.pop("stdout").strip().splitlines()[-4:]
     r.pop("stages")

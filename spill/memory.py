@@ -189,18 +189,22 @@ def metal_working_set() -> int | None:
 
 def working_set(override: int | str | None = None, root: Path | str = "/", metal=metal_working_set,
                 cuda=device_memory) -> WorkingSet:
-    """The memory spill plans for: --memory, else Metal's, else the least of the cgroup's limit, physical
-    memory and a CUDA GPU's memory (KV and layers live there: one budget, as on unified memory)."""
+    """The memory spill plans its arrays in: --memory, else Metal's, else a CUDA GPU's (weights in flight, KV and
+    activations live there; the host's own memory is budgeted apart: host_set), else the host's."""
     if override is not None:
         return WorkingSet(parse_size(override) if isinstance(override, str) else int(override), "--memory")
     size = metal()
     if size:
         return WorkingSet(size, "metal")
+    gpu = cuda()
+    return WorkingSet(gpu, "cuda") if gpu else host_set(root)
+
+
+def host_set(root: Path | str = "/") -> WorkingSet:
+    """The host's memory: the least of the cgroup's limit and physical memory."""
     physical = physical_memory(root)
     limit = cgroup_limit(root)
-    found = WorkingSet(limit, "cgroup") if limit is not None and limit < physical else WorkingSet(physical, "physical")
-    gpu = cuda()
-    return WorkingSet(gpu, "cuda") if gpu and gpu < found.bytes else found
+    return WorkingSet(limit, "cgroup") if limit is not None and limit < physical else WorkingSet(physical, "physical")
 
 
 # -- the group's settings --------------------------------------------------------------------------
@@ -217,10 +221,13 @@ def memory_args(memory: str | None = None, budget_fraction: float | None = None)
 
 
 def describe(args: dict) -> dict:
-    """What a group plans for: working_set, source, budget_fraction, budget (bytes)."""
+    """What a group plans for: working_set, source, budget_fraction, budget (bytes); on a CUDA GPU also the host's
+    memory (host, host_source), which its buffers and processes are budgeted against."""
     ws = working_set(args.get("memory"))
     fraction = args.get("budget_fraction") or BUDGET_FRACTION
-    return {"working_set": ws.bytes, "source": ws.source, "budget_fraction": fraction, "budget": int(ws.bytes * fraction)}
+    host = host_set() if device_memory() else None
+    return {"working_set": ws.bytes, "source": ws.source, "budget_fraction": fraction, "budget": int(ws.bytes * fraction),
+            **({"host": host.bytes, "host_source": host.source} if host else {})}
 
 
 def check_same(group: dict, asked: dict) -> None:
@@ -234,8 +241,9 @@ def check_same(group: dict, asked: dict) -> None:
 
 
 def describe_line(d: dict) -> str:
+    host = f"; the host's {format_size(d['host'])} ({d['host_source']}) apart" if d.get("host") else ""
     return (f"memory: working set {format_size(d['working_set'])} ({d['source']}), "
-            f"budget {d['budget_fraction']:.0%} = {format_size(d['budget'])}")
+            f"budget {d['budget_fraction']:.0%} = {format_size(d['budget'])}{host}")
 
 
 # -- one process ------------------------------------------------------------------------------------

@@ -95,3 +95,28 @@ def test_the_streamers_runtime_in_its_rss_is_not_counted_again_with_the_others()
                cache_memory=50, reader_memory=100, rss=600, cgroup_usage=None)
     assert live_allocation(p, others=80, runtime=50) == 600 + 80 - 50
     assert live_allocation(p, others=80, runtime=200) == 450 + 80   # MLX and the reader, where more
+
+
+def test_on_a_cuda_gpu_the_hosts_buffers_and_processes_are_priced_against_the_hosts_memory(make_tiny):
+    """MLX's arrays live in the GPU's memory there, the reader's pinned buffers and the other processes in the
+    host's: one budget priced both against the least of the two (3 GiB caps on the H200: 31 rows of llama 3b)."""
+    plan = load_plan(make_tiny("llama"))
+    one = sheet_for(plan, 2**30, 2, prefill_tokens=64, others=100 * MB)
+    two = sheet_for(plan, 2**30, 2, prefill_tokens=64, others=100 * MB, host_set=2**30)
+    assert set(two.host) == {"reader", "others"} and two.host["others"] == 100 * MB
+    assert not set(two.host) & set(two.fixed)
+    assert two.kv_budget > one.kv_budget >= two.kv_budget - sum(two.host.values())   # cache_kv grows with it
+    from spill.admission.prices import shortfall
+    assert shortfall(two) is None
+    crowded = sheet_for(plan, 2**30, 2, prefill_tokens=64, others=900 * MB, host_set=2**30)
+    assert "the host's budget is" in shortfall(crowded) and "cgroup" in shortfall(crowded)
+
+
+def test_on_a_cuda_gpu_the_live_allocation_is_the_larger_share_of_either_memory(make_tiny):
+    plan = load_plan(make_tiny("llama"))
+    s = sheet_for(plan, 4 * 2**30, 2, prefill_tokens=64, host_set=2**30)   # a 4 GiB GPU, a 1 GiB host
+    p = m.Pass(0, 1, 1.0, 0.0, 1.0, 4, 0, 4, [], active_memory=1000 * MB, peak_memory=0, bytes_streamed=0,
+               cache_memory=24 * MB, reader_memory=200 * MB, rss=200 * MB, cgroup_usage=None)
+    assert live_allocation(p, others=100 * MB, runtime=100 * MB, sheet=s) == 1024 * MB   # MLX's, on the GPU
+    p.cgroup_usage = 512 * MB                                 # half the host's: as half the GPU's
+    assert live_allocation(p, others=100 * MB, runtime=100 * MB, sheet=s) == 2048 * MB

@@ -143,3 +143,23 @@ def test_the_budget_shrinks_the_prefill_allowance_it_prices_to_leave_room_for_kv
     s = tight.sheet
     assert 64 <= tight.prefill_tokens < 4096
     assert s.kv_budget >= s.fixed["activations"] + s.fixed["prefill_kv"] or tight.prefill_tokens == 64
+
+
+def test_a_cuda_gpus_budget_is_its_memory_with_the_hosts_apart(make_tiny, monkeypatch):
+    """As the supervisor passes the device down there: the GPU's memory is the working set (--memory sets it),
+    the host's (a cgroup's limit, else physical memory) holds the reader's buffers and the other processes."""
+    from spill import memory, platform
+    from spill.streamer.plan import load_plan
+    monkeypatch.setenv("SPILL_DEVICE", "gpu-NVIDIA H200")
+    monkeypatch.setenv("SPILL_DEVICE_MEMORY", str(4 << 30))
+    monkeypatch.setattr(platform.sys, "platform", "linux")
+    plan = load_plan(make_tiny("llama"))
+    policy, ws = schedule.budget_policy(plan, others=1 << 20)
+    assert (ws.bytes, ws.source) == (4 << 30, "cuda") and policy.sheet.host_set == memory.host_set().bytes
+    assert policy.sheet.host["others"] == 1 << 20 and "others" not in policy.sheet.fixed
+    capped = schedule.budget_policy(plan, "1GiB")[0].sheet
+    assert capped.working_set == 1 << 30 and capped.host_set == memory.host_set().bytes
+    line = memory.describe_line(memory.describe({"memory": None}))
+    assert "working set 4.0 GiB (cuda)" in line and "the host's" in line
+    monkeypatch.setenv("SPILL_DEVICE", "cpu")
+    assert schedule.budget_policy(plan, "1GiB")[0].sheet.host_set == 0   # one budget elsewhere

@@ -76,11 +76,13 @@ def test_v1_huge_limit_means_none_and_physical_is_used(tmp_path):
     assert memory.working_set(root=tmp_path, metal=lambda: None) == memory.WorkingSet(24 * GIB, "physical")
 
 
-def test_a_cuda_gpu_smaller_than_the_machine_is_the_working_set(tmp_path):
-    """MLX's KV and layers live in the GPU's memory there: planning for the RAM would overrun it."""
+def test_a_cuda_gpus_memory_is_the_working_set_and_the_hosts_is_apart(tmp_path):
+    """MLX's KV and layers live in the GPU's memory there, larger or smaller than the host's (a cgroup's limit
+    does not hold them); the host's buffers and processes are budgeted against the host's memory (host_set)."""
     v1(tmp_path, limits={"/jobs/a": 6 * GIB})
     assert memory.working_set(root=tmp_path, metal=lambda: None, cuda=lambda: 4 * GIB) == memory.WorkingSet(4 * GIB, "cuda")
-    assert memory.working_set(root=tmp_path, metal=lambda: None, cuda=lambda: 80 * GIB) == memory.WorkingSet(6 * GIB, "cgroup")
+    assert memory.working_set(root=tmp_path, metal=lambda: None, cuda=lambda: 80 * GIB) == memory.WorkingSet(80 * GIB, "cuda")
+    assert memory.host_set(tmp_path) == memory.WorkingSet(6 * GIB, "cgroup")
     assert memory.working_set("2GiB", root=tmp_path, cuda=lambda: GIB).source == "--memory"
 
 
