@@ -461,3 +461,19 @@ def test_on_a_gpu_tensors_not_at_256_bytes_are_copied_bit_for_bit(model):
         reader.start_pass()
         for i, layer in enumerate(plan.layers):
             _check_layer(reader.take(i), tensors, [t.name for t in layer])
+
+
+@pytest.mark.skipif(not (mx.is_available(mx.gpu) and sys.platform == "linux"), reason="no CUDA GPU here")
+def test_on_a_cuda_gpu_the_copy_engine_delivers_the_file_s_bytes_pass_after_pass(tmp_path):
+    """The real copy engine (gpu_copy.py, the CUDA driver): every tensor a view at 256 bytes, the stored bytes,
+    over passes that copy into released layers' memory."""
+    tensors = make_model(tmp_path, layers=3, dtype="BF16")
+    plan = load_plan(tmp_path)
+    with WeightReader(plan, into="pinned") as reader:
+        assert reader.into == "pinned"
+        for _ in range(3):
+            reader.start_pass()
+            for i in range(3):
+                _check_layer(reader.take(i), tensors, [t.name for t in plan.layers[i]])
+                reader.release(i)
+        assert reader.buffers_made <= 3
