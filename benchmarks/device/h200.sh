@@ -5,7 +5,7 @@
 #   bash h200.sh setup STAGE          reassemble, check and install only
 #   bash h200.sh probe STAGE OUT      set up; `spill check` on the GPU (bf16); each read-path step's GB/s
 #   bash h200.sh check STAGE OUT      set up; `spill check` on the GPU (bf16) on every factory family
-#   bash h200.sh test STAGE           set up; the GPU tests (test_check.py, and test_reader.py's copy engine)
+#   bash h200.sh test STAGE           set up; the GPU tests (test_check.py, and test_gpu_copy.py's real copy engine)
 #   bash h200.sh group STAGE OUT      set up; benchmarks/group_memory.py: each process's memory
 #   bash h200.sh repeat STAGE OUT     set up; benchmarks/check_repeat.py: the GPU check again and again
 #   bash h200.sh gpu|cpu STAGE OUT    set up; benchmarks/pass_time.py on the GPU or on the CPU cores
@@ -79,7 +79,7 @@ case $cmd in
     python3 $src/benchmarks/check_repeat.py --reps "${SPILL_REPS:-5}" --json "$out/check-repeat.jsonl" ;;
   test)   # the tests that need a GPU (they skip elsewhere); importlib mode: src/spill must not shadow
     python3 -m pytest -q -p no:cacheprovider --import-mode=importlib -rs "$src/tests/streamer/test_check.py" \
-      "$src/tests/streamer/test_reader.py::test_on_a_cuda_gpu_the_copy_engine_delivers_the_file_s_bytes_pass_after_pass" ;;
+      "$src/tests/streamer/test_gpu_copy.py::test_on_a_cuda_gpu_the_copy_engine_delivers_the_file_s_bytes_pass_after_pass" ;;
   gpu)    # every batch on the GPU in the stored dtype
     python3 $src/benchmarks/pass_time.py --models "$models" --device gpu --doc "$out/pass-gpu.md" --reps 2 ;;
   cpu)     # every batch on the CPU cores in float32, then OpenBLAS threads against convert threads

@@ -1,4 +1,3 @@
-import ctypes
 import sys
 import threading
 import time
@@ -6,6 +5,7 @@ import time
 import mlx.core as mx
 import numpy as np
 import pytest
+from ._reader_util import HostCopy, address, check_layer
 from ._safetensors_util import cached_pages, drop_from_cache, make_model, model_tensors
 
 from spill.errors import SpillError
@@ -14,62 +14,10 @@ from spill.streamer import mlx_buffers, pages
 from spill.streamer import reader as reader_mod
 from spill.streamer.reader import WeightReader
 
-MX_OF = {"BF16": mx.bfloat16, "F16": mx.float16, "F32": mx.float32, "I32": mx.int32, "U8": mx.uint8}
-
-
-def _bits(a: mx.array) -> np.ndarray:
-    """The raw bytes of an mx.array (bf16 through its uint16 view)."""
-    if a.dtype == mx.bfloat16:
-        a = a.view(mx.uint16)
-    return np.array(a).view(np.uint8)
-
-
-def _expected_f32(code: str, arr: np.ndarray) -> np.ndarray:
-    if code == "BF16":                               # exact: the bf16 bits are the high half of an f32
-        return (arr.astype(np.uint32) << 16).view(np.float32)
-    return arr.astype(np.float32)
-
-
-def _check_layer(got: dict, tensors: dict, names: list[str], dtype=None):
-    assert list(got) == names
-    for name in names:
-        code, arr = tensors[name]
-        a = got[name]
-        assert a.shape == arr.shape
-        if dtype is None or code in ("I32", "U8"):   # stored as is; integer tensors are never cast
-            assert a.dtype == MX_OF[code]
-            assert _bits(a).tobytes() == arr.tobytes()
-        else:
-            assert a.dtype == dtype
-            got_f32, want = np.array(a), _expected_f32(code, arr)
-            if code == "F16":   # f16 NaNs come out quieted (MLX sets the quiet bit); all else bitwise
-                assert np.array_equal(np.isnan(got_f32), np.isnan(want))
-                got_f32, want = np.nan_to_num(got_f32, nan=0.0), np.nan_to_num(want, nan=0.0)
-            assert got_f32.tobytes() == want.tobytes()
-
-
 @pytest.fixture(params=["BF16", "F16", "F32"])
 def model(request, tmp_path):
     tensors = make_model(tmp_path, shards=2, layers=4, dtype=request.param)
     return load_plan(tmp_path), tensors
-
-
-class HostCopy:
-    """A copy engine's part done by the host (gpu_copy.CopyEngine's interface): the reader's "pinned" path
-    where no CUDA GPU is. It records what was pinned, and the copies."""
-    def __init__(self):
-        self.pinned, self.copies = {}, 0
-
-    def pin(self, buf):
-        self.pinned[buf.ctypes.data] = buf.nbytes
-
-    def unpin(self, buf):
-        del self.pinned[buf.ctypes.data]
-
-    def copy(self, dst, src, n):
-        assert any(a <= src and src + n <= a + size for a, size in self.pinned.items()), "from pinned buffers only"
-        ctypes.memmove(dst, src, n)
-        self.copies += 1
 
 
 @pytest.mark.parametrize("into", ["mlx", "buffers", "pinned"])
@@ -78,11 +26,11 @@ def test_layers_and_resident_are_the_file_bytes(model, read_ahead, into):
     plan, tensors = model
     with WeightReader(plan, read_ahead=read_ahead, into=into, engine=HostCopy()) as reader:
         res = reader.read_resident()
-        _check_layer(res, tensors, [t.name for t in plan.resident])
+        check_layer(res, tensors, [t.name for t in plan.resident])
         for _ in range(3):
             reader.start_pass()
             for i, layer in enumerate(plan.layers):
-                _check_layer(reader.take(i), tensors, [t.name for t in layer])
+                check_layer(reader.take(i), tensors, [t.name for t in layer])
         stats = reader.stats()
     assert stats["bytes_read"] == 3 * plan.streamed_bytes + sum(t.nbytes for t in plan.resident)
     assert stats["layers"] == 3 * len(plan.layers)
@@ -93,10 +41,10 @@ def test_layers_and_resident_are_the_file_bytes(model, read_ahead, into):
 def test_cast_to_float32_is_exact(model, read_ahead):
     plan, tensors = model
     with WeightReader(plan, dtype=mx.float32, read_ahead=read_ahead) as reader:
-        _check_layer(reader.read_resident(), tensors, [t.name for t in plan.resident], mx.float32)
+        check_layer(reader.read_resident(), tensors, [t.name for t in plan.resident], mx.float32)
         reader.start_pass()
         for i, layer in enumerate(plan.layers):
-            _check_layer(reader.take(i), tensors, [t.name for t in layer], mx.float32)
+            check_layer(reader.take(i), tensors, [t.name for t in layer], mx.float32)
 
 
 @pytest.mark.parametrize("direct,threads", [(False, 3), (True, 1), (True, 3)])
@@ -108,12 +56,12 @@ def test_threads_and_o_direct_give_the_same_bytes(model, direct, threads, monkey
     assert any(t.offset % pages.DIO for layer in plan.layers for t in layer)
     with WeightReader(plan, direct=direct, read_threads=threads, convert_threads=threads) as reader:
         assert reader.direct == (direct and sys.platform.startswith("linux"))
-        _check_layer(reader.read_resident(), tensors, [t.name for t in plan.resident])
+        check_layer(reader.read_resident(), tensors, [t.name for t in plan.resident])
         for dtype in (None, mx.float32):
             reader.dtype = dtype
             reader.start_pass()
             for i, layer in enumerate(plan.layers):
-                _check_layer(reader.take(i), tensors, [t.name for t in layer], dtype)
+                check_layer(reader.take(i), tensors, [t.name for t in layer], dtype)
     assert reader.stats()["bytes_read"] == 2 * plan.streamed_bytes + sum(t.nbytes for t in plan.resident)
 
 
@@ -124,7 +72,7 @@ def test_o_direct_falls_back_to_plain_reads_where_refused(tmp_path, monkeypatch)
     with WeightReader(plan, direct=True) as reader:
         assert not reader.direct
         reader.start_pass()
-        _check_layer(reader.take(0), tensors, [t.name for t in plan.layers[0]])
+        check_layer(reader.take(0), tensors, [t.name for t in plan.layers[0]])
 
 
 def _bytes_read_reaches(reader, want: int, timeout: float = 10.0) -> bool:
@@ -144,7 +92,7 @@ def test_read_ahead_reads_the_next_layers_before_they_are_taken(tmp_path):
             # both buffers fill before the first take(): the order's first two layers
             assert _bytes_read_reaches(reader, base + sum(plan.layer_bytes(i) for i in order[:2]))
             for k, i in enumerate(order):
-                _check_layer(reader.take(i), tensors, [t.name for t in plan.layers[i]])
+                check_layer(reader.take(i), tensors, [t.name for t in plan.layers[i]])
                 # and once a layer is taken, the one after the next is on its way
                 assert _bytes_read_reaches(reader, base + sum(plan.layer_bytes(j) for j in order[:k + 3]))
             with pytest.raises(RuntimeError, match="no layer left in this pass"):
@@ -184,7 +132,7 @@ def test_abandoned_pass_leaves_the_next_one_correct(tmp_path):
             reader.take(0)
             reader.start_pass([2, 3])          # abandons layers 1-3 of the first pass
             for i in (2, 3):
-                _check_layer(reader.take(i), tensors, [t.name for t in plan.layers[i]])
+                check_layer(reader.take(i), tensors, [t.name for t in plan.layers[i]])
 
 
 def test_file_truncated_after_the_plan_is_a_spill_error(tmp_path):
@@ -240,71 +188,6 @@ def test_buffers_are_reused_not_reallocated(tmp_path, monkeypatch, cores, slots,
         assert [b.ctypes.data for b, _ in reader._bufs] == bufs
 
 
-@pytest.mark.parametrize("driver", [True, False])
-def test_on_a_cuda_gpu_the_reader_reads_into_pinned_buffers_the_gpu_copies_out(tmp_path, monkeypatch, driver):
-    """O_DIRECT into MLX's CUDA (managed) memory left weights wrong now and then, and a host copy out of the
-    reader's buffers cost a pass 1.35x its read (platform.read_into). Without a CUDA driver: its own buffers."""
-    monkeypatch.setenv("SPILL_DEVICE", "gpu-NVIDIA H200")   # as the supervisor passes it down there
-    monkeypatch.delenv("SPILL_READ_INTO", raising=False)
-    monkeypatch.setattr(sys, "platform", "linux")
-    engine = HostCopy()
-    monkeypatch.setattr(reader_mod.gpu_copy, "engine", lambda: engine if driver else None)
-    tensors = make_model(tmp_path, layers=2)
-    with WeightReader(load_plan(tmp_path)) as reader:   # the stored dtype: bytes compared as they are
-        assert reader.into == ("pinned" if driver else "buffers") and reader.buffer_bytes > 0
-        assert len(engine.pinned) == (len(reader._bufs) if driver else 0)
-        reader.start_pass()
-        got = [reader.take(i) for i in range(2)][1]
-    tensors_read = sum(len(layer) for layer in load_plan(tmp_path).layers)
-    assert engine.copies == (tensors_read if driver else 0) and not engine.pinned   # one a tensor; unpinned at close
-    name = "model.layers.1.self_attn.q_proj.weight"
-    a = got[name]
-    assert np.asarray(a.view(mx.uint16) if a.dtype == mx.bfloat16 else a).tobytes() == tensors[name][1].tobytes()
-
-
-def _address(a: mx.array) -> int:
-    return np.asarray(memoryview(a.view(mx.uint16) if a.dtype == mx.bfloat16 else a)).ctypes.data
-
-
-def test_buffers_the_driver_will_not_pin_are_copied_out_by_the_host(tmp_path, monkeypatch):
-    """Page-locked memory is the machine's to give: where the driver refuses a buffer, none stays pinned and the
-    reader copies out on the host, as with SPILL_READ_INTO=buffers, rather than failing the streamer."""
-    monkeypatch.setenv("SPILL_READ_SLOTS", "2")
-    engine = HostCopy()
-    pin = engine.pin
-    def pin_one_only(buf):
-        if engine.pinned:
-            raise RuntimeError("CUDA cuMemHostRegister_v2 failed: out of memory")
-        pin(buf)
-    engine.pin = pin_one_only
-    tensors = make_model(tmp_path, layers=2)
-    plan = load_plan(tmp_path)
-    with WeightReader(plan, into="pinned", engine=engine) as reader:
-        assert reader.into == "buffers" and not engine.pinned
-        reader.start_pass()
-        for i in range(2):
-            _check_layer(reader.take(i), tensors, [t.name for t in plan.layers[i]])
-    assert engine.copies == 0
-
-
-def test_pinned_tensors_are_views_at_256_bytes_where_the_file_s_are_not(tmp_path, monkeypatch):
-    """A GPU's matmuls refuse a view not at 256 bytes, and a safetensors file places tensors at any even byte:
-    copied out of the pinned buffers, each tensor is placed at 256 bytes (gpu_copy.placed) and viewed there."""
-    tensors = make_model(tmp_path, layers=2, dtype="BF16")
-    plan = load_plan(tmp_path)
-    monkeypatch.setattr(reader_mod.mx, "default_device", lambda: mx.gpu)   # the reader's alignment on a GPU
-    with WeightReader(plan, into="pinned", engine=HostCopy()) as reader:
-        assert reader._align == 256
-        assert any(pos % 256 for spec, pos in reader._layout[1][0])   # the file's positions: some off 256
-        reader.start_pass()
-        got = [reader.take(i) for i in range(2)][1]
-        owner = reader._lent[1][0]
-        base = _address(owner)
-        for spec, _, at in reader._placed[1]:
-            assert at % 256 == 0 and _address(got[spec.name]) == base + reader._lent[1][1] + at   # a view
-        _check_layer(got, tensors, [t.name for t in plan.layers[1]])
-
-
 @pytest.mark.parametrize("read_ahead", [True, False])
 def test_a_layer_stored_as_computed_is_views_of_the_memory_it_was_read_into(tmp_path, read_ahead):
     make_model(tmp_path, layers=3, dtype="BF16")
@@ -316,9 +199,9 @@ def test_a_layer_stored_as_computed_is_views_of_the_memory_it_was_read_into(tmp_
             got = reader.take(i)
             # tensors whose bytes sit at a multiple of their item size (the factory packs others unaligned)
             placed = [(spec, pos) for spec, pos in reader._layout[i][0] if pos % got[spec.name].itemsize == 0]
-            base = _address(got[placed[0][0].name]) - placed[0][1]
+            base = address(got[placed[0][0].name]) - placed[0][1]
             assert len(placed) > 1 or i == 1
-            assert all(_address(got[spec.name]) - pos == base for spec, pos in placed)   # one read, no copies
+            assert all(address(got[spec.name]) - pos == base for spec, pos in placed)   # one read, no copies
 
 
 def test_a_tensor_whose_bytes_are_misaligned_is_copied_whole(tmp_path):
@@ -353,7 +236,7 @@ def test_a_released_layer_s_memory_takes_a_later_layer_without_a_new_buffer(tmp_
         for n in range(4):
             reader.start_pass()
             for i in range(5):
-                _check_layer(reader.take(i), tensors, [t.name for t in plan.layers[i]], dtype)
+                check_layer(reader.take(i), tensors, [t.name for t in plan.layers[i]], dtype)
                 time.sleep(0.02)
                 reader.release(i)
         assert 1 <= len(made) <= len(reader._bufs) + 2 < 20
@@ -379,7 +262,7 @@ def test_a_layer_not_released_keeps_its_bytes_while_later_passes_read(tmp_path, 
                 reader.take(i)
                 reader.release(i)
     for i, got in enumerate(held):
-        _check_layer(got, tensors, names[i if i < 4 else 2])
+        check_layer(got, tensors, names[i if i < 4 else 2])
 
 
 @pytest.mark.parametrize("release", [True, False])
@@ -460,20 +343,5 @@ def test_on_a_gpu_tensors_not_at_256_bytes_are_copied_bit_for_bit(model):
         reader._align = 256   # what a GPU's matmuls need (set at start from the default device)
         reader.start_pass()
         for i, layer in enumerate(plan.layers):
-            _check_layer(reader.take(i), tensors, [t.name for t in layer])
+            check_layer(reader.take(i), tensors, [t.name for t in layer])
 
-
-@pytest.mark.skipif(not (mx.is_available(mx.gpu) and sys.platform == "linux"), reason="no CUDA GPU here")
-def test_on_a_cuda_gpu_the_copy_engine_delivers_the_file_s_bytes_pass_after_pass(tmp_path):
-    """The real copy engine (gpu_copy.py, the CUDA driver): every tensor a view at 256 bytes, the stored bytes,
-    over passes that copy into released layers' memory."""
-    tensors = make_model(tmp_path, layers=3, dtype="BF16")
-    plan = load_plan(tmp_path)
-    with WeightReader(plan, into="pinned") as reader:
-        assert reader.into == "pinned"
-        for _ in range(3):
-            reader.start_pass()
-            for i in range(3):
-                _check_layer(reader.take(i), tensors, [t.name for t in plan.layers[i]])
-                reader.release(i)
-        assert reader.buffers_made <= 3
