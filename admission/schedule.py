@@ -18,7 +18,7 @@ from itertools import islice
 import numpy as np
 
 from spill import config, memory
-from spill.platform import on_cpu, on_cuda
+from spill.platform import on_cpu
 from spill.streamer.shares import chunk_for
 
 from .policy import BudgetPolicy, Waiting, width_class
@@ -30,11 +30,12 @@ def budget_policy(plan, memory_arg=None, fraction: float | None = None, others: 
     """The budget policy for `plan` on this machine (`memory_arg`: --memory, else detected);
     `resident`: every layer's weights priced as kept in memory."""
     ws = memory.working_set(memory_arg)
-    host = memory.host_set().bytes if on_cuda() else 0   # a CUDA GPU: the host's memory budgeted apart
+    host = memory.host_apart()   # a CUDA GPU's: the host's memory, budgeted apart
     tokens = config.prefill_tokens()
     while True:   # on a small machine, price fewer prefill tokens a pass (down to a chunk) than KV gets
         sheet = sheet_for(plan, ws.bytes, compute_itemsize(plan), prefill_tokens=tokens,
-                          prefill_chunk=prefill_chunk, others=others, resident=resident, host_set=host,
+                          prefill_chunk=prefill_chunk, others=others, resident=resident,
+                          host_set=host.bytes if host else 0,
                           fraction=fraction or config.BUDGET_FRACTION,
                           source=ws.source, guard=config.guard_line(), hard=config.hard_line())
         prefill = sheet.fixed["activations"] + sheet.fixed["prefill_kv"]

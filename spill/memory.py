@@ -1,9 +1,9 @@
 """How much memory this machine gives us, and what a process holds of it.
 
-The working set is the first of: `--memory`, Metal's recommended working set (Apple silicon),
-the least of the limit of our own cgroup (v2 `memory.max`, v1 `memory.limit_in_bytes`, the tightest
-of our cgroup and its ancestors), physical memory and a CUDA GPU's memory. Every reader takes `root`, the filesystem root, so
-tests point it at a fake /proc and /sys tree.
+The working set is the first of: `--memory`, Metal's recommended working set (Apple silicon), a CUDA GPU's
+memory (with the host's budgeted apart: host_apart), the least of the limit of our own cgroup (v2 `memory.max`,
+v1 `memory.limit_in_bytes`, the tightest of our cgroup and its ancestors) and physical memory. Every reader
+takes `root`, the filesystem root, so tests point it at a fake /proc and /sys tree.
 """
 
 import os
@@ -200,6 +200,11 @@ def working_set(override: int | str | None = None, root: Path | str = "/", metal
     return WorkingSet(gpu, "cuda") if gpu else host_set(root)
 
 
+def host_apart(root: Path | str = "/") -> WorkingSet | None:
+    """The host's memory where it is budgeted apart from the working set (a CUDA GPU's), else None."""
+    return host_set(root) if device_memory() else None
+
+
 def host_set(root: Path | str = "/") -> WorkingSet:
     """The host's memory: the least of the cgroup's limit and physical memory."""
     physical = physical_memory(root)
@@ -225,7 +230,7 @@ def describe(args: dict) -> dict:
     memory (host, host_source), which its buffers and processes are budgeted against."""
     ws = working_set(args.get("memory"))
     fraction = args.get("budget_fraction") or BUDGET_FRACTION
-    host = host_set() if device_memory() else None
+    host = host_apart()
     return {"working_set": ws.bytes, "source": ws.source, "budget_fraction": fraction, "budget": int(ws.bytes * fraction),
             **({"host": host.bytes, "host_source": host.source} if host else {})}
 

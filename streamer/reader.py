@@ -70,6 +70,7 @@ class WeightReader:
         # per layer, (tensor, position read, position viewed): "pinned" places each at 256 bytes (gpu_copy.placed)
         self._placed = [gpu_copy.placed(lay[0]) if self._engine else [(t, p, p) for t, p in lay[0]] for lay in layouts]
         self._views = [any(self._viewed(t, at) for t, _, at in placed) for placed in self._placed]   # per layer
+        self._placed_size = max((at + t.nbytes for placed in self._placed for t, _, at in placed), default=0)
         self._recycle = recycles_layers(self.into)   # released layers' memory is read (or copied) into again
         self.slot_bytes = size * len(self._bufs)   # read into at once: the reader's own buffers or MLX memory
         self.buffer_bytes = 0 if self.into == "mlx" else self.slot_bytes   # the reader's own (MLX's is MLX memory)
@@ -316,15 +317,16 @@ class WeightReader:
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
 
     def _buffer(self, held: tuple) -> tuple:
-        """The buffer a slot's next layer is read into: the one it holds, a released layer's, else new
-        MLX memory (mlx_buffers.py)."""
-        if held[0] is not None:
-            return held
+        """The buffer a slot's next layer is read into: the one it holds, else MLX memory (_recycled)."""
+        return held if held[0] is not None else self._recycled(lambda: host_buffer(self._size))
+
+    def _recycled(self, make):
+        """A released layer's MLX memory, else `make()`'s new one (mlx_buffers.py)."""
         with self._cv:
             if self._spare:
                 return self._spare.pop()
             self.buffers_made += 1
-        return host_buffer(self._size)
+        return make()
 
     def _renew(self, slot: int, pos: int, layer: int) -> None:
         """A slot once its layer is converted: the reader's own buffer is kept. MLX memory its tensors view
@@ -350,11 +352,8 @@ class WeightReader:
         if gen is not None and gen != self._gen:
             return None
         buf, owner = self._bufs[slot]
-        if self._engine:                      # the layer's bytes at once into MLX memory on the GPU
-            with self._cv:
-                owner = self._spare.pop() if self._spare else None
-                self.buffers_made += owner is None
-            owner = owner or gpu_buffer(max(at + t.nbytes for t, _, at in sum(self._placed, [])))
+        if self._engine:                      # each tensor to its place in MLX memory on the GPU
+            owner = self._recycled(lambda: gpu_buffer(self._placed_size))
             for spec, pos, at in self._placed[i]:
                 self._engine.copy(owner[2] + at, buf.ctypes.data + pos, spec.nbytes)
             self._bufs[slot] = (buf, owner)
