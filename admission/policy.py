@@ -3,9 +3,9 @@
 The budget and its fixed prices are the price sheet's (prices.py).
 
 KV is reserved up front, in decode pools by width class: a row's class is its full length (prompt +
-max_tokens) rounded up to a multiple of 64 up to 512, past that of an eighth of the power of two at or
-above it (640, 768, ..., 1280, ..., `width_class`), and each class with rows has its own pool in the
-streamer, `slots` rows of that width, all of them run through every layer in the same pass:
+max_tokens) rounded up to a multiple of 16 up to 128, past that of an eighth of the power of two at or
+above it (160, 192, ..., 640, 768, ..., 1280, ..., `width_class`), and each class with rows has its own
+pool in the streamer, `slots` rows of that width, all of them run through every layer in the same pass:
 
     pool = slots x (width x KV bytes per token + per-row overhead
                     + widest pool's width x KV bytes per token / layers);  sum of pools <= KV budget
@@ -58,8 +58,8 @@ class Waiting:
 
 def width_class(full_length: int) -> int:
     """A row's width class, its pool's width: its full length rounded up to a multiple of an eighth of the power of
-    two at or above it, at least 64 (64, ..., 512, 640, ..., 1280, ...): a slot wastes < 64 tokens or 25%."""
-    step = max(64, (1 << (max(full_length, 1) - 1).bit_length()) // 8)
+    two at or above it, at least 16 (16, ..., 128, 160, ..., 512, 640, ...): a slot wastes < 16 tokens or 25%."""
+    step = max(16, (1 << (max(full_length, 1) - 1).bit_length()) // 8)
     return -(-max(full_length, 1) // step) * step
 
 

@@ -9,7 +9,7 @@ from spill.admission.schedule import budget_policy
 from spill.admission.simulate import SimRow
 from spill.streamer.plan import load_plan
 
-ROWS = [SimRow(i, 20, 10) for i in range(4)]          # 30 tokens each: width class 64
+ROWS = [SimRow(i, 20, 44) for i in range(4)]          # 64 tokens each: width class 64
 
 
 def memory_for(plan, slots: float, resident=True) -> str:

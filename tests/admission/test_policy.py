@@ -30,8 +30,8 @@ def run_pass(p: BudgetPolicy, live: int, finished=(), preempted=()):
 
 def test_the_pool_is_sized_from_the_budget_and_never_exceeds_it():
     p = BudgetPolicy(sheet(slots_mb=1.25))
-    p.offer(rows(*[10] * 7))
-    assert [w.row for w in p.admit()] == [0, 1, 2, 3, 4]     # 20 tokens: 5 slots of 64 tokens, 1/4 MiB each
+    p.offer(rows(*[54] * 7))
+    assert [w.row for w in p.admit()] == [0, 1, 2, 3, 4]     # 64 tokens: 5 slots of 64 tokens, 1/4 MiB each
     assert p.shapes() == [[5, 64]] and p.reserved() == 5 * MB // 4 <= p.sheet.kv_budget
     assert p.admit() == []
     p.finished([0])
@@ -41,9 +41,9 @@ def test_the_pool_is_sized_from_the_budget_and_never_exceeds_it():
 
 def test_each_row_joins_the_pool_of_its_width_class_and_a_full_class_holds_only_its_own_rows():
     p = BudgetPolicy(sheet(slots_mb=6))
-    p.offer(rows(600, 10))                                   # 610 tokens: width 640 (2.5 MiB a slot); 20: 64
+    p.offer(rows(600, 54))                                   # 610 tokens: width 640 (2.5 MiB a slot); 64: 64
     assert [(w.row, w.width) for w in p.admit()] == [(0, 640), (1, 64)] and p.shapes() == [[1, 640], [1, 64]]
-    p.offer(rows(600, 10, start=2))
+    p.offer(rows(600, 54, start=2))
     assert [w.row for w in p.admit()] == [3]                 # 3.25 MiB free: the 64 pool grows (1 + 2 fit), 640 not
     assert p.shapes() == [[1, 640], [2, 64]]
     p.finished([0])
@@ -52,7 +52,7 @@ def test_each_row_joins_the_pool_of_its_width_class_and_a_full_class_holds_only_
 
 def test_a_pool_that_took_the_budget_before_other_widths_came_shrinks_at_once_to_its_rows():
     p = BudgetPolicy(sheet(slots_mb=8))
-    p.offer(rows(*[10] * 40))                                # the job's first rows: all short (width 64)
+    p.offer(rows(*[10] * 40, max_tokens=54))                 # the job's first rows: all short (width 64)
     p.prefill_tokens = 80                                    # the pass's prompt allowance: 8 of them
     assert len(p.admit()) == 8 and p.shapes() == [[32, 64]]
     p.offer(rows(*[600] * 20, max_tokens=100, start=40))     # then the long rows, far more to generate

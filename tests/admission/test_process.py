@@ -83,7 +83,7 @@ def test_the_report_carries_the_lines_the_hold_and_the_rows_preempted():
 
 def test_an_admit_names_each_rows_pool_and_every_pools_shape():
     p = BudgetPolicy(sheet(slots_mb=20))
-    p.offer(rows(20, 600, 30, max_tokens=100))               # 120 tokens: width 128; 700: 768; 130: 192
+    p.offer(rows(20, 600, 70, max_tokens=100))               # 120 tokens: width 128; 700: 768; 170: 192
     admitted = p.admit()
     msg = m.decode(m.encode(process._admit(1, admitted, [2], 0, p.shapes())))
     assert (msg.rows, msg.widths) == ([0, 1, 2], [128, 768, 192])

@@ -30,8 +30,9 @@ def run(rows, monkeypatch=None, interleave=True):
 
 
 def tiers_at_the_end(est) -> set[str]:
-    """Tiers with rows running in the last 10% of the job's time."""
-    return set().union(*[r for (t, _), r in zip(est.timeline, est.running) if t >= 0.9 * est.total_seconds])
+    """Tiers with rows running in the last 15% of the job's time (with no pace, the short tier's last row
+    ends at 89% interleaved, at 80% in file order)."""
+    return set().union(*[r for (t, _), r in zip(est.timeline, est.running) if t >= 0.85 * est.total_seconds])
 
 
 def test_interleave_spreads_each_length_bucket_through_the_queue():

@@ -92,17 +92,18 @@ def test_attentions_copy_of_one_layer_padded_to_the_widest_pool_is_priced_per_sl
     assert len(p.shapes()) == 2 and p.reserved() == kv + copy <= s.kv_budget < kv + copy + s.slot(192, 1280)
 
 
-def test_a_class_is_the_length_rounded_to_an_eighth_of_its_doubling_and_never_finer_than_64():
-    # step = max(64, P // 8), P the power of two at or above the length
-    assert [width_class(n) for n in (1, 64, 65, 64 + 32, 45 + 128)] == [64, 64, 128, 128, 192]
-    assert [width_class(n) for n in (513, 420 + 128, 1025, 900 + 128)] == [640, 640, 1280, 1280]
+def test_a_class_is_the_length_rounded_to_an_eighth_of_its_doubling_and_never_finer_than_16():
+    # step = max(16, P // 8), P the power of two at or above the length
+    assert [width_class(n) for n in (1, 16, 17, 64 + 16, 64 + 32, 45 + 128)] == [16, 16, 32, 80, 96, 192]
+    assert [width_class(n) for n in (129, 300, 513, 420 + 128, 1025, 900 + 128)] == [160, 320, 640, 640, 1280, 1280]
     assert [width_class(n) for n in (2048, 2049, 4096, 4097)] == [2048, 2560, 4096, 5120]   # as before
 
 
-def test_short_rows_fit_about_twice_the_rows_they_did_in_256_token_slots():
+def test_rows_of_a_short_prompt_and_few_new_tokens_reserve_their_length_not_the_next_64():
+    """A 64 + 16-token row held a slot of 128 tokens, which capped the H200 peers run at 66 rows where ~100 fit."""
     p = BudgetPolicy(sheet(slots_mb=40), prefill_tokens=100_000)   # 40 slots of 256 tokens
-    p.offer([Waiting(i, np.zeros(64, np.int32), 32, []) for i in range(100)])   # 96 tokens: class 128
-    assert len(p.admit()) == 80 and pools(p) == {128: 80} and p.reserved() == 40 * MB
+    p.offer([Waiting(i, np.zeros(64, np.int32), 16, []) for i in range(200)])   # 80 tokens: class 80
+    assert len(p.admit()) == 128 and pools(p) == {80: 128} and p.reserved() == 40 * MB
 
 
 def test_a_full_pool_grows_into_the_kv_a_drained_class_leaves_with_only_a_layer_copied_twice():
