@@ -169,9 +169,12 @@ PROBE_ROWS = 16   # the pass probe's decode batch
 
 def pass_probe(folder, dtype) -> list[Observation]:
     """Real passes of the streamer, the weights dropped from the page cache first: 16 short prompts
-    prefilled together, two decode steps of all 16 (the first warms up: on the demo model it cost 2.5x
-    the second), then one of a single row; all but the warm-up returned. They hold what a pass costs
-    beyond its layers' math (loading each layer, the head and sampling, products over weights just read)."""
+    prefilled together, two decode steps of all 16, then one of a single row. The first decode warms up and is
+    not returned (on the demo model it cost 2.5x the second); on a GPU a prefill of rows that end with it goes
+    first (a fresh H200's first prefill cost ~100x the next: MLX compiles its kernels at first use; on the CPU
+    the two cost the same). They hold what a pass costs beyond its layers' math (loading each layer, the head
+    and sampling, products over weights just read)."""
+    from spill.platform import on_cpu
     from spill.streamer.core import Row, Streamer
     for path in weight_files(folder):
         fd = os.open(path, os.O_RDONLY)
@@ -181,6 +184,10 @@ def pass_probe(folder, dtype) -> list[Observation]:
             os.close(fd)
     streamer = Streamer(folder, dtype=dtype, prefill_chunk=64)
     try:
+        if not on_cpu():   # the warm-up prefill: the same shapes, rows that end with it
+            for i in range(PROBE_ROWS):
+                streamer.add(Row(PROBE_ROWS + i, list(range(1 + i, 17 + i)), 1))
+            streamer.step()
         for i in range(PROBE_ROWS):   # row 0, in the first slot, outlives the others: it decodes alone
             streamer.add(Row(i, list(range(1 + i, 17 + i)), 4 if i == 0 else 3))
         out = []
