@@ -15,6 +15,7 @@ import argparse
 import functools
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -173,6 +174,8 @@ def run_spill(a, folder: Path, texts: list[str], files, cap: str = "") -> dict:
         r["status"] = "ok, some rows failed"
     jobs = sorted((home / "jobs").glob("*/passes.jsonl"), key=lambda p: p.stat().st_mtime)
     passes = [json.loads(x) for x in jobs[-1].read_text().splitlines()] if jobs else []
+    if jobs:   # every pass's memory and timings, beside the results (the job's folder goes with the machine)
+        shutil.copy(jobs[-1], Path(a.work) / f"passes-spill-{cap or a.cap}.jsonl")
     decode = [p for p in passes if p["prefill_tokens"] == 0 and p["decode_rows"] > 0]
     r["batch"] = max((p["decode_rows"] for p in passes), default=0)
     r["passes"] = len(passes)

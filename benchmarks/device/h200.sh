@@ -44,7 +44,7 @@ setup() {
 wait_peers() {   # up to PEERS_WAIT seconds (540), then what the run wrote so far comes back in OUT
   local pid; pid=$(cat "$work/peers/pid")
   for _ in $(seq $(( ${PEERS_WAIT:-540} / 10 ))); do kill -0 "$pid" 2>/dev/null || break; sleep 10; done
-  cp "$work/peers/log.txt" "$work/peers/results.jsonl" "$out"/ 2>/dev/null || true
+  cp "$work/peers/log.txt" "$work/peers/results.jsonl" "$work/peers/"passes-*.jsonl "$out"/ 2>/dev/null || true
   kill -0 "$pid" 2>/dev/null && echo "peers.py still running: call h200.sh peers-wait again" || tail -20 "$work/peers/log.txt"
 }
 
@@ -103,7 +103,7 @@ case $cmd in
     # spill/ would shadow the installed package in `spill run`
     setsid nohup python3 $src/benchmarks/peers.py --models "$models" --work "$work/peers" --doc '' \
       --json "$work/peers/results.jsonl" --cgroup-parent "$own/peers" --threads "$(nproc)" \
-      ${PEERS_ARGS:---size 3b --cap 3GiB --spill-cap 4GiB --batches 64,128 --hf-batches 64 --new 16 --timeout 90 --spill-timeout 150} \
+      ${PEERS_ARGS:---size 3b --cap 3GiB --batches 64 --hf-batches 64,128,192 --new 16 --timeout 90 --spill-timeout 150} \
       > "$work/peers/log.txt" 2>&1 < /dev/null &
     echo $! > "$work/peers/pid"
     wait_peers ;;
