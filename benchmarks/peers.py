@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from pass_time import drop_cache, model_args, model_folder, read_all  # noqa: E402
-from peers_report import write_doc, table  # noqa: E402
+from peers_report import table, text_agreement, write_doc  # noqa: E402
 
 from spill.child_cgroup import ChildCgroup  # noqa: E402
 from spill.memory import parse_size  # noqa: E402
@@ -193,6 +193,7 @@ def run_spill(a, folder: Path, texts: list[str], files, cap: str = "") -> dict:
         done = [x for x in rows if x.get("error") is None]
         r["rows_ok"], r["rows_error"] = len(done), len(rows) - len(done)
         r["completion_tokens"] = sum(x["response"]["body"]["usage"]["completion_tokens"] for x in done)
+        r["text0"] = next((x["response"]["body"]["choices"][0]["text"] for x in done if x["custom_id"] == "r0"), None)
         if rows and rows[0].get("error"):
             r["first_error"] = rows[0]["error"].get("message", str(rows[0]["error"]))[:300]
     r.update(budget_log(home / "run" / "logs" / "admission.log"))
@@ -227,6 +228,17 @@ def gpu_name() -> str:
     except (OSError, subprocess.TimeoutExpired):
         return ""
     return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else ""
+
+
+def agree_with_text(folder: Path, results: list[dict]) -> None:
+    """Row 0 of each spill run against accelerate's greedy tokens, through spill's own tokenizer's decode."""
+    ref = next((r.get("tokens") for r in results if r.get("peer") == "accelerate" and r.get("tokens")), None)
+    spills = [r for r in results if r.get("peer") == "spill" and r.get("text0") is not None]
+    if ref and spills:
+        from spill.tokenizer_worker.core import TokenizerCore
+        tok = TokenizerCore(folder).tokenizer
+        for r in spills:
+            r["agree"] = text_agreement(r["text0"], ref, lambda ids: tok.decode(ids, skip_special_tokens=True))
 
 
 def main() -> None:
@@ -278,6 +290,7 @@ def main() -> None:
             f.write(json.dumps(r) + "\n")
         print(f"  {r['status']}: " + (f"{r['s_per_step']:.2f} s/step, {r['decode_tps']:.1f} tok/s at batch {r['batch']}"
                                       if "decode_tps" in r else f"after {r['wall_s']} s ({r.get('last_stage')})"), flush=True)
+    agree_with_text(folder, results)
     tail = {"run": "peers-end", "cold_gbps_after": read_all(shards), "versions": versions()}
     results.append(tail)
     with open(out, "a") as f:

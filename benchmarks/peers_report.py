@@ -14,6 +14,15 @@ def agreement(tokens: list[int] | None, ref: list[int] | None) -> str:
     return f"{same}/{n}" if same == n else f"first {same}/{n}"
 
 
+def text_agreement(text: str | None, ref: list[int] | None, decode) -> str:
+    """agreement() for a peer that wrote text (spill's output file): the most of the reference's tokens whose
+    text starts it (its ids are not re-encoded: random weights' text need not round-trip)."""
+    if text is None or not ref:
+        return "-"
+    same = next((k - 1 for k in range(1, len(ref) + 1) if not text.startswith(decode(ref[:k]))), len(ref))
+    return f"{same}/{len(ref)}" if same == len(ref) else f"first {same}/{len(ref)}"
+
+
 def fmt(x: float | None, digits: int = 2) -> str:
     return f"{x:.{digits}f}" if x else "-"
 
@@ -48,7 +57,7 @@ def table(results: list[dict]) -> list[str]:
             outcome += f" {when}" if r["peer"] != "spill" else ""
         tps, pre = r.get("decode_tps"), r.get("prefill_s")
         peak, rss, gpu = r.get("cgroup_peak"), r.get("maxrss"), r.get("gpu_peak")
-        agree = "reference" if r["peer"] == "accelerate" else agreement(r.get("tokens"), ref)
+        agree = "reference" if r["peer"] == "accelerate" else r.get("agree") or agreement(r.get("tokens"), ref)
         name = r["peer"] + (f" (cap {r['cap'] / 2**30:.2f} GiB)" if r.get("cap") else "")
         out.append(f"| {name} | {r['batch']} | {outcome} | {fmt(step)} | {fmt(tps, 1)} | "
                    f"{fmt(step and step / io)} | {fmt(pre, 1)} | {peak // MIB if peak else '-'} | "

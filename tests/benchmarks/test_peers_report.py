@@ -43,3 +43,16 @@ def test_spill_past_the_gpu_cap_gets_no_figure():
             {"peer": "llama.cpp", "batch": 64, "status": "ok", "s_per_step": 5.0, "decode_tps": 12.0},
             {"run": "peers-end", "cold_gbps_after": 2.0}]
     assert peers_report.table(runs)[-1].endswith("spill held 5.00 GiB on the GPU, over the cap: no figure.")
+
+
+def test_spills_row_0_is_compared_by_the_reference_tokens_text_it_starts_with():
+    pieces = {1: "ab", 2: "c", 3: "d", 4: "x"}
+    decode = lambda ids: "".join(pieces[i] for i in ids)   # noqa: E731
+    assert peers_report.text_agreement("abcd", [1, 2, 3], decode) == "3/3"
+    assert peers_report.text_agreement("abcx", [1, 2, 3], decode) == "first 2/3"
+    assert peers_report.text_agreement("", [1, 2, 3], decode) == "first 0/3"
+    assert peers_report.text_agreement(None, [1], decode) == "-"
+    runs = [HEAD, {"peer": "spill", "batch": 8, "status": "ok", "s_per_step": 1.0, "decode_tps": 8.0, "agree": "first 2/3"},
+            {"peer": "accelerate", "batch": 8, "status": "ok", "s_per_step": 1.0, "decode_tps": 8.0, "tokens": [1, 2, 3]},
+            {"run": "peers-end", "cold_gbps_after": 2.0}]
+    assert any(x.startswith("| spill | 8 |") and x.endswith("| first 2/3 |") for x in peers_report.table(runs))
