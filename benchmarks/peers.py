@@ -182,7 +182,9 @@ def run_spill(a, folder: Path, texts: list[str], files, cap: str = "") -> dict:
     if decode:
         full = [p for p in decode if p["decode_rows"] == r["batch"]] or decode
         r["s_per_step"] = statistics.median(p["seconds"] for p in full)
-        r["decode_tps"] = sum(p["emitted"] for p in decode) / sum(p["seconds"] for p in decode)
+        # as each peer's: its batch over its mean step; and over every decode pass, a wave's tail included
+        r["decode_tps"] = r["batch"] * len(full) / sum(p["seconds"] for p in full)
+        r["decode_tps_all"] = sum(p["emitted"] for p in decode) / sum(p["seconds"] for p in decode)
         r["bytes_per_pass"] = full[0]["bytes_streamed"]
     if passes and gpu_name():
         r["gpu_peak"] = max(p["peak_memory"] for p in passes)   # MLX's arrays live on the GPU there
@@ -291,10 +293,10 @@ def main() -> None:
         print(f"  {r['status']}: " + (f"{r['s_per_step']:.2f} s/step, {r['decode_tps']:.1f} tok/s at batch {r['batch']}"
                                       if "decode_tps" in r else f"after {r['wall_s']} s ({r.get('last_stage')})"), flush=True)
     agree_with_text(folder, results)
-    tail = {"run": "peers-end", "cold_gbps_after": read_all(shards), "versions": versions()}
-    results.append(tail)
-    with open(out, "a") as f:
-        f.write(json.dumps(tail) + "\n")
+    results.append({"run": "peers-end", "cold_gbps_after": read_all(shards), "versions": versions()})
+    tmp = out.with_suffix(".tmp")   # the lines again, spill's with their agreement, then the tail
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in results))
+    tmp.replace(out)
     lines = table(results)
     print("\n".join(lines))
     print(f"results: {out}")

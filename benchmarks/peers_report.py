@@ -59,7 +59,8 @@ def table(results: list[dict]) -> list[str]:
         peak, rss, gpu = r.get("cgroup_peak"), r.get("maxrss"), r.get("gpu_peak")
         agree = "reference" if r["peer"] == "accelerate" else r.get("agree") or agreement(r.get("tokens"), ref)
         name = r["peer"] + (f" (cap {r['cap'] / 2**30:.2f} GiB)" if r.get("cap") else "")
-        out.append(f"| {name} | {r['batch']} | {outcome} | {fmt(step)} | {fmt(tps, 1)} | "
+        every = f" ({r['decode_tps_all']:.1f} every pass)" if r.get("decode_tps_all") else ""
+        out.append(f"| {name} | {r['batch']} | {outcome} | {fmt(step)} | {fmt(tps, 1)}{every} | "
                    f"{fmt(step and step / io)} | {fmt(pre, 1)} | {peak // MIB if peak else '-'} | "
                    f"{rss // MIB if rss else '-'} | {gpu // MIB if gpu else '-'} | {agree} |")
     out += ["", verdict([r for r in runs if not r.get("cap")])]

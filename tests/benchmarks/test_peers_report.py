@@ -45,14 +45,18 @@ def test_spill_past_the_gpu_cap_gets_no_figure():
     assert peers_report.table(runs)[-1].endswith("spill held 5.00 GiB on the GPU, over the cap: no figure.")
 
 
-def test_spills_row_0_is_compared_by_the_reference_tokens_text_it_starts_with():
+def test_spills_row_0_is_compared_by_the_text_of_the_reference_tokens_and_its_rate_shown_both_ways():
     pieces = {1: "ab", 2: "c", 3: "d", 4: "x"}
     decode = lambda ids: "".join(pieces[i] for i in ids)   # noqa: E731
     assert peers_report.text_agreement("abcd", [1, 2, 3], decode) == "3/3"
     assert peers_report.text_agreement("abcx", [1, 2, 3], decode) == "first 2/3"
     assert peers_report.text_agreement("", [1, 2, 3], decode) == "first 0/3"
     assert peers_report.text_agreement(None, [1], decode) == "-"
-    runs = [HEAD, {"peer": "spill", "batch": 8, "status": "ok", "s_per_step": 1.0, "decode_tps": 8.0, "agree": "first 2/3"},
+    runs = [HEAD, {"peer": "spill", "batch": 8, "status": "ok", "s_per_step": 1.0, "decode_tps": 8.0, "agree": "first 2/3",
+                   "decode_tps_all": 5.0},
             {"peer": "accelerate", "batch": 8, "status": "ok", "s_per_step": 1.0, "decode_tps": 8.0, "tokens": [1, 2, 3]},
             {"run": "peers-end", "cold_gbps_after": 2.0}]
-    assert any(x.startswith("| spill | 8 |") and x.endswith("| first 2/3 |") for x in peers_report.table(runs))
+    lines = peers_report.table(runs)
+    assert any(x.startswith("| spill | 8 | ok | 1.00 | 8.0 (5.0 every pass) |") and x.endswith("| first 2/3 |")
+               for x in lines)
+    assert lines[-1].endswith("spill: 8.0 tok/s at batch 8, 1.00x the best peer (goal: >= 2x).")
