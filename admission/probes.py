@@ -9,6 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
+from spill.platform import on_cpu
+
 from .passmodel import Observation, PassModel, read_tail
 
 PROBE_BYTES = 1 << 30          # the cold read probe reads at most this much of the weights
@@ -174,7 +176,6 @@ def pass_probe(folder, dtype) -> list[Observation]:
     first (a fresh H200's first prefill cost ~100x the next: MLX compiles its kernels at first use; on the CPU
     the two cost the same). They hold what a pass costs beyond its layers' math (loading each layer, the head
     and sampling, products over weights just read)."""
-    from spill.platform import on_cpu
     from spill.streamer.core import Row, Streamer
     for path in weight_files(folder):
         fd = os.open(path, os.O_RDONLY)

@@ -10,7 +10,10 @@ def agreement(tokens: list[int] | None, ref: list[int] | None) -> str:
     if not tokens or not ref:
         return "-"
     n = min(len(tokens), len(ref))
-    same = next((i for i in range(n) if tokens[i] != ref[i]), n)
+    return _agreed(next((i for i in range(n) if tokens[i] != ref[i]), n), n)
+
+
+def _agreed(same: int, n: int) -> str:
     return f"{same}/{n}" if same == n else f"first {same}/{n}"
 
 
@@ -19,8 +22,8 @@ def text_agreement(text: str | None, ref: list[int] | None, decode) -> str:
     text starts it (its ids are not re-encoded: random weights' text need not round-trip)."""
     if text is None or not ref:
         return "-"
-    same = next((k - 1 for k in range(1, len(ref) + 1) if not text.startswith(decode(ref[:k]))), len(ref))
-    return f"{same}/{len(ref)}" if same == len(ref) else f"first {same}/{len(ref)}"
+    return _agreed(next((k - 1 for k in range(1, len(ref) + 1) if not text.startswith(decode(ref[:k]))), len(ref)),
+                   len(ref))
 
 
 def fmt(x: float | None, digits: int = 2) -> str:

@@ -10,10 +10,12 @@ COLD, WARM = 10.0, 0.01   # a kernel's first use (on CUDA, compiled then) agains
 
 class ColdStartStreamer:
     """Rows prefill in the pass after they are added, then decode once a pass until max_tokens; each kind's first
-    pass costs COLD seconds of compute, later ones WARM."""
+    pass costs COLD seconds of compute, later ones WARM. `ran`: (rows prefilled, rows decoded) of each pass."""
+    ran: list = []
 
     def __init__(self, folder, *, dtype=None, prefill_chunk=512):
         self.new, self.live, self.seen = [], {}, set()
+        ColdStartStreamer.ran = []
 
     def add(self, row):
         self.new.append(row)
@@ -26,12 +28,12 @@ class ColdStartStreamer:
         for entry in self.live.values():
             entry[1] += 1
         self.live = {k: e for k, e in self.live.items() if e[1] < e[0].max_tokens}
+        self.ran.append((len(prefill), len(decode)))
         kind = "prefill" if prefill else "decode"
         compute = WARM if kind in self.seen else COLD
         self.seen.add(kind)
         return SimpleNamespace(prefill_tokens=sum(len(r.prompt) for r in prefill), bytes_streamed=1, seconds=compute,
-                               wait_s=0.0, compute_s=compute, read_s=0.0, prefill_groups=1 if prefill else 0,
-                               decode_rows=len(decode))
+                               wait_s=0.0, compute_s=compute, read_s=0.0, prefill_groups=1 if prefill else 0)
 
     def close(self):
         pass
@@ -43,20 +45,18 @@ def test_the_pass_probe_times_a_prefill_that_is_not_the_first(monkeypatch, tmp_p
     monkeypatch.setattr(core, "Streamer", ColdStartStreamer)
     monkeypatch.setenv("SPILL_DEVICE", "gpu-Fake CUDA")
     prefill, many, one = probes.pass_probe(tmp_path, None)
-    assert prefill.prefill_tokens == probes.PROBE_ROWS * 16 and prefill.compute_s == WARM
-    assert (many.decode_rows, many.compute_s) == (probes.PROBE_ROWS, WARM)
+    n = probes.PROBE_ROWS   # the warm-up's rows end with their pass: the decode passes are the probe's rows alone
+    assert ColdStartStreamer.ran == [(n, 0), (n, 0), (0, n), (0, n), (0, 1)]
+    assert prefill.prefill_tokens == n * 16 and prefill.compute_s == WARM
+    assert (many.decode_rows, many.compute_s) == (n, WARM)
     assert (one.decode_rows, one.compute_s) == (1, WARM)
 
 
 def test_on_the_cpu_the_probe_spends_no_pass_warming_up_a_prefill(monkeypatch, tmp_path):
     """A first prefill costs what the next does there (3.82 s and 3.79 s, the factory's small llama, 2 vCPUs)."""
-    steps = []
-
-    class Counted(ColdStartStreamer):
-        def step(self):
-            steps.append(1)
-            return super().step()
-    monkeypatch.setattr(core, "Streamer", Counted)
+    monkeypatch.setattr(core, "Streamer", ColdStartStreamer)
     monkeypatch.setenv("SPILL_DEVICE", "cpu")
     prefill, many, one = probes.pass_probe(tmp_path, None)
-    assert len(steps) == 4 and prefill.prefill_tokens == probes.PROBE_ROWS * 16 and many.decode_rows == 16
+    n = probes.PROBE_ROWS
+    assert ColdStartStreamer.ran == [(n, 0), (0, n), (0, n), (0, 1)]
+    assert prefill.prefill_tokens == n * 16 and (many.decode_rows, one.decode_rows) == (n, 1)
