@@ -66,7 +66,8 @@ class WeightReader:
         self._engine = gpu_copy.pinned(engine or gpu_copy.engine(), self._bufs) if self.into == "pinned" else None
         self.into = "buffers" if self.into == "pinned" and self._engine is None else self.into
         # a view's start: the item size on a CPU; a GPU's matmuls (cuBLASLt) refuse less than 256 bytes
-        self._align, self._view_stream = 256 if mx.default_device() == mx.gpu else 1, mx.cpu if self._engine else None
+        self._align = 256 if mx.default_device() == mx.gpu else 1
+        self._view_stream = mx.cpu if self._engine else None   # read_path.py's gpu-views sets None
         # per layer, (tensor, position read, position viewed): "pinned" places each at 256 bytes (gpu_copy.placed)
         self._placed = [gpu_copy.placed(lay[0]) if self._engine else [(t, p, p) for t, p in lay[0]] for lay in layouts]
         self._views = [any(self._viewed(t, at) for t, _, at in placed) for placed in self._placed]   # per layer
