@@ -206,11 +206,12 @@ class Calibrator:
         """The cold read probe's bytes/s for this model and machine, 0.0 without a calibration."""
         return self.cal.prior.bandwidth if self.cal is not None else 0.0
 
-    def pace(self, need: int) -> int:
-        """Prompt tokens the next pass may prefill in all (schedule.pace); `need`: what keeps the slots fed."""
+    def pace(self, need: int, most: int | None = None) -> int:
+        """Prompt tokens the next pass may prefill in all (schedule.pace); `need`: what keeps the slots fed,
+        `most`: what the budget priced."""
         t = self.context
         t.budget = pace(self.cal.model if self.cal else None, self.streamed, len(t.decoding),
-                        sum(t.decoding.values()), need, cached([n - left for left, n in t.prefilling.values()]))
+                        sum(t.decoding.values()), need, cached([n - left for left, n in t.prefilling.values()]), most)
         return t.budget
 
     def allowance(self) -> int:

@@ -37,6 +37,7 @@ from itertools import islice
 
 import numpy as np
 
+from . import allowance
 from .prices import Sheet, fmt
 
 REGROW_PASSES = 20   # passes in a row within the budget before a preempted pool may grow (doubled per preemption)
@@ -73,8 +74,10 @@ class Reserved:
 
 
 class BudgetPolicy:
-    def __init__(self, sheet: Sheet, max_rows: int = 256, prefill_tokens: int = 4096):
+    def __init__(self, sheet: Sheet, max_rows: int = 256, prefill_tokens: int = 4096, price=None, least: int = 512):
         self.sheet = sheet
+        self.price = price                       # tokens -> the sheet with that prefill allowance priced (None: fixed)
+        self.most, self.least = prefill_tokens, least   # the allowances `price` may choose between
         self.max_rows = max_rows                 # slots of all pools together, at most
         self.pools: dict[int, Reserved] = {}     # width class -> its decode pool in the streamer
         self.prefill_tokens = prefill_tokens     # prompt tokens the next pass may start
@@ -94,7 +97,9 @@ class BudgetPolicy:
 
     # -- rows in and out ---------------------------------------------------------------------
     def offer(self, rows: list[Waiting]) -> list[tuple[Waiting, str]]:
-        """Queue rows; returns those that can never fit, each with its sentence."""
+        """Queue rows; returns those that can never fit, each with its sentence. With a `price`, the pass's
+        prompt allowance is chosen again from every row known (allowance.py)."""
+        self._retune(rows)
         refused = []
         for w in rows:
             if self.sheet.slot(w.full_length, w.full_length) > self.sheet.kv_budget:
@@ -102,6 +107,17 @@ class BudgetPolicy:
             else:
                 self.queue.append(w)
         return refused
+
+    def _retune(self, new: list[Waiting]) -> None:
+        """The prompt tokens a pass may carry, priced, for the rows known: never a sheet the pools outgrow."""
+        if self.price is None or not new:
+            return
+        known = [*self.running.values(), *self.queue, *new]
+        rows = [(len(w.prompt), w.max_tokens, self.sheet.slot(width_class(w.full_length), width_class(w.full_length)))
+                for w in known]
+        self.priced_prefill, self.sheet = allowance.choose(rows, self.price, self.most, self.least, self.max_rows,
+                                                           self.reserved())
+        self.prefill_tokens = min(self.prefill_tokens, self.priced_prefill)
 
     def too_big(self, w: Waiting) -> str:
         s = self.sheet

@@ -23,7 +23,7 @@ def run_admission_process(endpoints, args, log) -> None:
     box = Mailbox(endpoints, "admission", sends_to=("streamer", "coordinator"))
     fault = Fault("admission")
     calibrator = Calibrator(log, chunk=args.get("prefill_chunk", 512))
-    policy, others, limit, runtime = None, 0, 0, 0   # runtime: the streamer's RSS at READY, in others
+    policy, others, runtime = None, 0, 0   # runtime: the streamer's RSS at READY, in others
     epoch, job, eos, in_flight = -1, "", [], False   # in_flight: an ADMIT the streamer has not reported on
     paced = None                                     # the last PACE sent
     for batch in inbox(box, "admission", log):
@@ -33,15 +33,18 @@ def run_admission_process(endpoints, args, log) -> None:
                 epoch, job, in_flight, paced = msg.epoch, msg.job, False, None
                 calibrator.reset(msg.model, msg.resident)
                 if msg.model:
-                    policy, others, limit = _price(msg, args, box, log)
+                    policy, others = _price(msg, args, box, log)
                     runtime = msg.runtime
                 elif policy is not None:
                     policy.clear()
             elif policy is None:
                 continue
             elif isinstance(msg, m.Tokenized):
-                eos = msg.eos
+                eos, priced = msg.eos, policy.priced_prefill
                 refused = policy.offer(_waiting(msg))
+                if policy.priced_prefill != priced:
+                    log.info("allowance", prefill_tokens=policy.priced_prefill, was=priced, kv_budget=policy.sheet.kv_budget,
+                             activations=policy.sheet.fixed["activations"], prefill_kv=policy.sheet.fixed["prefill_kv"])
                 schedule.interleave(policy.queue, schedule.prompt_length)
                 if refused:
                     box.send("coordinator", m.Error(epoch, [w.row for w, _ in refused],
@@ -59,12 +62,12 @@ def run_admission_process(endpoints, args, log) -> None:
         preempt = policy.to_preempt()
         if preempt:
             box.send("streamer", m.Preempt(epoch, preempt, policy.shapes()))
-        if (budget := calibrator.pace(schedule.need(policy))) != paced:
+        if (budget := calibrator.pace(schedule.need(policy), policy.priced_prefill)) != paced:
             box.send("streamer", m.Pace(epoch, budget))
             paced = budget
         admitted = [] if in_flight else schedule.admit(policy, calibrator.allowance(), bool(calibrator.context.prefilling))
         if admitted:
-            box.send("streamer", _admit(epoch, admitted, eos, limit, policy.shapes()))
+            box.send("streamer", _admit(epoch, admitted, eos, policy.sheet.cache_limit, policy.shapes()))
             calibrator.admitted([w.row for w in admitted], [len(w.prompt) for w in admitted])
             in_flight = True
         if reported is not None:
@@ -85,11 +88,11 @@ def report(epoch: int, index: int, policy, others: int, requeued: int, calibrato
 
 
 def _price(msg: m.Reset, args: dict, box, log):
-    """The budget for the job's model: (policy, other processes' RSS, MLX cache limit)."""
+    """The budget for the job's model: (policy, other processes' RSS)."""
     try:
         plan = load_plan(msg.model)
     except SpillError:
-        return None, 0, 0   # the streamer fails the job with the loader's sentence
+        return None, 0   # the streamer fails the job with the loader's sentence
     others = _others_rss(runtime=(msg.runtime, msg.runtime_file))   # the other processes now, and the streamer's runtime
     policy, ws = budget_policy(plan, args.get("memory"), args.get("budget_fraction"), others,
                                args.get("prefill_chunk", 512), resident=msg.resident)
@@ -99,8 +102,8 @@ def _price(msg: m.Reset, args: dict, box, log):
              **({"host_set": sheet.host_set} if sheet.host_set else {}))
     if (short := shortfall(sheet)) is not None:
         box.send("coordinator", m.Error(msg.epoch, [m.MODEL_ROW], ["memory_budget_exceeded"], [short], msg.job))
-        return None, others, 0
-    return policy, others, sheet.cache_limit
+        return None, others
+    return policy, others
 
 
 def _others_rss(parent: int | None = None, runtime: tuple = (0, 0)) -> int:

@@ -21,6 +21,7 @@ from spill import config, memory
 from spill.platform import on_cpu
 from spill.streamer.shares import chunk_for
 
+from . import allowance
 from .policy import BudgetPolicy, Waiting, width_class
 from .prices import sheet_for
 
@@ -31,16 +32,18 @@ def budget_policy(plan, memory_arg=None, fraction: float | None = None, others: 
     `resident`: every layer's weights priced as kept in memory."""
     ws = memory.working_set(memory_arg)
     host = memory.host_apart()   # a CUDA GPU's: the host's memory, budgeted apart
+
+    def price(tokens: int):
+        return sheet_for(plan, ws.bytes, compute_itemsize(plan), prefill_tokens=tokens, prefill_chunk=prefill_chunk,
+                         others=others, resident=resident, host_set=host.bytes if host else 0,
+                         fraction=fraction or config.BUDGET_FRACTION,
+                         source=ws.source, guard=config.guard_line(), hard=config.hard_line())
     tokens = config.prefill_tokens()
     while True:   # on a small machine, price fewer prefill tokens a pass (down to a chunk) than KV gets
-        sheet = sheet_for(plan, ws.bytes, compute_itemsize(plan), prefill_tokens=tokens,
-                          prefill_chunk=prefill_chunk, others=others, resident=resident,
-                          host_set=host.bytes if host else 0,
-                          fraction=fraction or config.BUDGET_FRACTION,
-                          source=ws.source, guard=config.guard_line(), hard=config.hard_line())
-        prefill = sheet.fixed["activations"] + sheet.fixed["prefill_kv"]
-        if tokens <= prefill_chunk or sheet.kv_budget >= prefill:
-            return BudgetPolicy(sheet, config.max_rows(), tokens), ws
+        sheet = price(tokens)
+        if tokens <= prefill_chunk or sheet.kv_budget >= sheet.fixed["activations"] + sheet.fixed["prefill_kv"]:
+            # the most a pass may carry; the policy chooses fewer where the job's rows advance faster (allowance.py)
+            return BudgetPolicy(sheet, config.max_rows(), tokens, price, min(allowance.LEAST, tokens)), ws
         tokens = max(tokens // 2, prefill_chunk)
 
 
@@ -57,13 +60,12 @@ def policy_for(plan, memory_arg: str | None, model, resident: bool = False, frac
     """(policy, SimRow -> its waiting record, SimRow -> the largest batch that fits rows like it);
     `others`: the group's other processes' memory, priced as admission prices it."""
     policy, _ = budget_policy(plan, memory_arg, fraction, others=others, resident=resident)
-    s = policy.sheet
 
     def waiting(r) -> Waiting:   # only the prompt's length matters to the policy: a view of no size
         return Waiting(r.row, np.broadcast_to(np.int32(0), (r.prompt,)), r.out, [])
 
-    def max_batch(r) -> int:   # the whole budget in slots of the row's width class
-        width = width_class(r.prompt + r.out)
+    def max_batch(r) -> int:   # the whole budget in slots of the row's width class, as the job's rows priced it
+        s, width = policy.sheet, width_class(r.prompt + r.out)
         return max(1, min(policy.max_rows, s.kv_budget // s.slot(width, width)))
     return policy, waiting, max_batch
 
@@ -84,16 +86,20 @@ def interleave(queue: deque, length) -> None:
     queue.extend(k[3] for k in keyed)
 
 
-def pace(model, bytes_streamed: int, decode_rows: int, context: int, need: int, offset: float = 0.0) -> int:
+def pace(model, bytes_streamed: int, decode_rows: int, context: int, need: int, offset: float = 0.0,
+         most: int | None = None) -> int:
     """Prompt tokens the next pass may prefill in all: what its compute can add under its read time,
     or `need` if more, when that read time hides at least half of `need`. A pass with less room is
     compute-bound whatever it carries: prompts go at full speed (SPILL_PREFILL_TOKENS), so their
     slots fill at once. With nothing read (resident), or no pass model, SPILL_PREFILL_TOKENS.
-    `offset`: the prompt the pass's prompt tokens find cached, on average (`cached`)."""
+    `offset`: the prompt the pass's prompt tokens find cached, on average (`cached`); `most`: what the
+    budget priced (the policy's `priced_prefill`), never exceeded."""
     if model is None or not bytes_streamed:
-        return config.prefill_tokens()
-    room = model.prefill_allowance(bytes_streamed, decode_rows, context, offset)
-    return max(room, need) if 2 * room >= need else config.prefill_tokens()
+        out = config.prefill_tokens()
+    else:
+        room = model.prefill_allowance(bytes_streamed, decode_rows, context, offset)
+        out = max(room, need) if 2 * room >= need else config.prefill_tokens()
+    return min(out, most) if most else out
 
 
 def need(policy) -> int:

@@ -44,8 +44,8 @@ def test_the_other_processes_are_priced_though_their_arguments_name_the_streamer
 def test_a_resident_reset_prices_every_layer_as_fixed_and_leaves_less_kv(make_tiny):
     folder = str(make_tiny("llama"))
     args, log = {"memory": "2GB"}, structlog.get_logger()
-    streamed, _, _ = process._price(m.Reset(1, folder, "job"), args, None, log)
-    resident, _, _ = process._price(m.Reset(1, folder, "job", resident=True), args, None, log)
+    streamed, _ = process._price(m.Reset(1, folder, "job"), args, None, log)
+    resident, _ = process._price(m.Reset(1, folder, "job", resident=True), args, None, log)
     assert resident.sheet.fixed["resident"] == 2 * load_plan(folder).total_bytes   # bf16, computed in float32
     assert resident.sheet.fixed["layers"] == 0 < streamed.sheet.fixed["layers"]
     assert resident.sheet.kv_budget < streamed.sheet.kv_budget
@@ -59,7 +59,7 @@ def test_the_streamers_runtime_from_its_ready_is_priced_with_the_others(make_tin
     box = type("Box", (), {"send": lambda self, peer, msg: sent.append(msg)})()
     log = type("Log", (), {"info": lambda *a, **k: None})()
     reset = m.Reset(1, str(make_tiny("llama")), "job", runtime=120 * 2**20, runtime_file=20 * 2**20)
-    policy, others, _ = process._price(reset, {"memory": "2GB"}, box, log)
+    policy, others = process._price(reset, {"memory": "2GB"}, box, log)
     assert others == 150 * 2**20 and policy.sheet.fixed["others"] == 150 * 2**20 and not sent
 
 

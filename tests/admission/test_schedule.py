@@ -45,7 +45,7 @@ def test_no_tier_is_left_as_a_wall_at_the_end(monkeypatch):
     est = run(three_tiers())
     assert tiers_at_the_end(est) == {"short", "summarize", "doc_qa"}
     # prompts at full speed (no pace), file order leaves the long tier alone at the end; interleaved, not
-    monkeypatch.setattr(schedule, "pace", lambda *a: 4096)
+    monkeypatch.setattr(schedule, "pace", lambda *a, **k: 4096)
     assert tiers_at_the_end(run(three_tiers())) == {"short", "summarize", "doc_qa"}
     fifo = run(three_tiers(), monkeypatch, interleave=False)
     assert "doc_qa" in tiers_at_the_end(fifo) and "short" not in tiers_at_the_end(fifo)
@@ -77,7 +77,7 @@ def test_on_a_slow_disk_prompts_prefill_under_the_read_not_a_512_token_chunk_a_p
     carried = [p for p in est.prefill if p]
     assert sorted(carried)[len(carried) // 2] < 200               # under the read: ~60 tokens a pass
     assert sum(p >= 512 for p in carried) < 0.05 * len(carried)   # full speed only once nothing waits
-    monkeypatch.setattr(schedule, "pace", lambda *a: 1024)       # the old schedule: prompts at full speed
+    monkeypatch.setattr(schedule, "pace", lambda *a, **k: 1024)       # the old schedule: prompts at full speed
     full = simulate(rows, policy(), waiting, SLOW, 2_670_000_000)
     assert max(full.prefill) >= 512
     assert est.total_seconds < 0.98 * full.total_seconds        # 3% shorter here; 6% on the 200-row job

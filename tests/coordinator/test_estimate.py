@@ -85,7 +85,8 @@ def test_the_jobs_estimate_leaves_the_groups_other_processes_out_of_the_kv_as_ad
     folder, rows = make_tiny("llama"), [SimRow(i, 200, 64) for i in range(64)]
     alone = JobEstimate(folder, rows, 0, memory="48MiB", advice=Advice(False, ""))
     beside = JobEstimate(folder, rows, 0, memory="48MiB", advice=Advice(False, ""), others=12 * 2**20)
-    policy, _, max_batch = schedule.policy_for(load_plan(folder), "48MiB", None, others=12 * 2**20)
+    policy, waiting, max_batch = schedule.policy_for(load_plan(folder), "48MiB", None, others=12 * 2**20)
+    policy.offer([waiting(r) for r in rows])   # the job's rows choose the prompt allowance, as in the estimate
     assert beside.first.tiers[0].batch < alone.first.tiers[0].batch
     assert beside.first.tiers[0].batch <= max_batch(rows[0]) < alone.first.tiers[0].batch
     assert beside.first.total_seconds > alone.first.total_seconds
