@@ -33,6 +33,8 @@ class Sheet:
     host_set: int = 0
     fraction: float = 0.78
     source: str = "--memory"               # where the working set came from (cgroup, physical, --memory)
+    cgroup_binds: bool = True                # a cgroup's limit at or under the working set (the host's, on a CUDA GPU):
+                                             # its usage presses on the budget; else it is other processes' too
     guard: float = 0.80
     hard: float = 0.90
     hysteresis: float = 0.05
@@ -122,10 +124,12 @@ def sheet_for(plan, working_set: int, itemsize: int, *, prefill_tokens: int, pre
 def live_allocation(p, others: int, runtime: int = 0, sheet: Sheet | None = None) -> int:
     """What a pass report says the group holds: the streamer's MLX memory and buffers or its RSS less its
     runtime (`runtime`, priced in `others`), whichever is more, plus the other processes; the cgroup's
-    usage (active page cache included) where higher. With a host's budget apart (a CUDA GPU): MLX's memory,
-    or the host's share of its own memory as the same share of the GPU's, whichever is more."""
+    usage (active page cache included) where higher and its limit binds (`Sheet.cgroup_binds`). With a host's
+    budget apart (a CUDA GPU): MLX's memory, or the host's share of its own memory as the same share of the
+    GPU's, whichever is more."""
+    cgroup = (p.cgroup_usage or 0) if sheet is None or sheet.cgroup_binds else 0
     if sheet is not None and sheet.host_set:
-        host = max(p.rss - runtime + others, p.cgroup_usage or 0)
+        host = max(p.rss - runtime + others, cgroup)
         return max(p.active_memory + p.cache_memory, host * sheet.working_set // sheet.host_set)
     engine = max(p.active_memory + p.cache_memory + p.reader_memory, p.rss - runtime)
-    return max(engine + others, p.cgroup_usage or 0)
+    return max(engine + others, cgroup)

@@ -32,12 +32,14 @@ def budget_policy(plan, memory_arg=None, fraction: float | None = None, others: 
     `resident`: every layer's weights priced as kept in memory."""
     ws = memory.working_set(memory_arg)
     host = memory.host_apart()   # a CUDA GPU's: the host's memory, budgeted apart
+    limit = memory.cgroup_limit()   # its usage counts as live only where it binds (prices.live_allocation)
+    binds = limit is not None and limit <= (host or ws).bytes
 
     def price(tokens: int):
         return sheet_for(plan, ws.bytes, compute_itemsize(plan), prefill_tokens=tokens, prefill_chunk=prefill_chunk,
                          others=others, resident=resident, host_set=host.bytes if host else 0,
                          fraction=fraction or config.BUDGET_FRACTION,
-                         source=ws.source, guard=config.guard_line(), hard=config.hard_line())
+                         source=ws.source, cgroup_binds=binds, guard=config.guard_line(), hard=config.hard_line())
     tokens = config.prefill_tokens()
     while True:   # on a small machine, price fewer prefill tokens a pass (down to a chunk) than KV gets
         sheet = price(tokens)

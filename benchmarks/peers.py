@@ -145,13 +145,17 @@ def run_peer(a, peer: str, batch: int, spec: dict, files) -> dict:
 
 
 def budget_log(path: Path) -> dict:
-    """What admission priced (its `budget` line) and the largest decode pool it sized (its `pass` lines)."""
+    """What admission priced (its `budget` line, and its last `allowance` line: the prompt tokens a pass may
+    carry, chosen from the job's rows) and the most slots its decode pools held (its `pass` lines)."""
     lines = [json.loads(x) for x in path.read_text().splitlines() if x.startswith("{")] if path.exists() else []
-    budget = [x for x in lines if x.get("event") == "budget"]
-    pools = [x["pool"] for x in lines if x.get("event") == "pass" and x.get("pool")]
-    out = {"budget": {k: v for k, v in budget[-1].items() if k not in ("actor", "pid", "level", "timestamp")}} if budget else {}
-    if pools:
-        out["pool_slots"], out["pool_width"] = max(pools)
+    out = {}
+    for event in ("budget", "allowance"):
+        last = [x for x in lines if x.get("event") == event][-1:]
+        if last:
+            out[event] = {k: v for k, v in last[0].items() if k not in ("actor", "pid", "level", "timestamp", "event")}
+    slots = [sum(n for n, _ in x["pools"]) for x in lines if x.get("event") == "pass" and x.get("pools")]
+    if slots:
+        out["pool_slots"] = max(slots)
     return out
 
 

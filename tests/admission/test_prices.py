@@ -17,6 +17,20 @@ def test_live_allocation_takes_the_largest_view_of_memory():
     assert live_allocation(p, others=80) == 900
 
 
+def test_a_cgroups_usage_counts_only_where_its_limit_binds(make_tiny, monkeypatch):
+    """--memory 600 MiB in a cgroup with no limit of its own (a container's, a desktop session's): its usage was
+    every process's in it, 675 MiB, above the guard line, so admission held and the job ran a row at a time."""
+    from spill.admission import schedule
+    p = m.Pass(0, 1, 1.0, 0.0, 1.0, 4, 0, 4, [], active_memory=300 * MB, peak_memory=400 * MB, bytes_streamed=0,
+               cache_memory=0, reader_memory=0, rss=320 * MB, cgroup_usage=675 * MB)
+    plan = load_plan(make_tiny("llama"))
+    for limit, binds in ((None, False), (2**30, False), (600 * MB, True), (500 * MB, True)):
+        monkeypatch.setattr(schedule.memory, "cgroup_limit", lambda root="/", limit=limit: limit)
+        sheet = schedule.budget_policy(plan, "600MiB")[0].sheet
+        assert sheet.cgroup_binds is binds
+        assert live_allocation(p, others=80 * MB, sheet=sheet) == (675 * MB if binds else 400 * MB)   # else its RSS and the others
+
+
 def test_the_sheet_prices_kv_from_the_config_and_the_compute_dtype(make_tiny):
     plan = load_plan(make_tiny("llama"))
     c = plan.config
