@@ -25,8 +25,9 @@ REGROW_PASSES passes in a row ran within the budget (twice as many after each la
 join their class's pool in queue order while it has a free slot, else borrow a free slot of a wider pool
 whose class waits for none: a class's rows wait in order, never behind another class's.
 Backpressure is a guard on what the streamer reports: above the guard line (80% of the working set)
-nothing is admitted until live allocation is back within the budget (or below guard - hysteresis, if that
-is higher: a job whose pools fill the budget lives just under it); above the hard line (90%) the newest
+no KV is reserved anew (no pool made or grown; rows fill only the slots the streamer holds already) until
+live allocation is back within the budget (or below guard - hysteresis, if that is higher: a job whose pools
+fill the budget lives just under it); above the hard line (90%) the newest
 rows are preempted (never the oldest, so the batch always moves), their pools shrink to the rows left,
 and they wait at the head of the queue.
 """
@@ -254,9 +255,9 @@ class BudgetPolicy:
         the row fits its width, else into a free slot of the narrowest wider pool whose class waits for
         none (a drained class's slots run other rows), while the pass's prompt tokens allow. `alone`: no
         earlier prompt is still prefilling, so one prompt longer than the allowance may start."""
-        if self.holding and self.running:
-            return []
-        self._resize()
+        held_back = self.holding and bool(self.running)   # above the guard: rows fill only slots already reserved
+        if not held_back:
+            self._resize()
         window = list(islice(self.queue, self.window))
         wanted = {width_class(w.full_length) for w in window}
         held, out, picked, tokens, blocked = self._held(), [], [], 0, set()
@@ -276,7 +277,7 @@ class BudgetPolicy:
             w.width, w.pool, held[c], tokens = self.pools[c].width, c, held[c] + 1, tokens + len(w.prompt)
             out.append(w)
             picked.append(i)
-            if self.holding:
+            if self.holding and not held_back:
                 break   # above the guard with nothing running: one row, so the job still moves
         for i in reversed(picked):
             del self.queue[i]

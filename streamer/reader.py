@@ -56,24 +56,11 @@ class WeightReader:
         self._read_pool = ThreadPoolExecutor(n_read, "spill-read") if n_read > 1 else None
         self._conv_pool = ThreadPoolExecutor(n_conv, "spill-convert") if n_conv > 1 else None
         # per layer, where each tensor goes in a buffer: (tensor, its position), spans, bytes
-        self._layout = layouts = [layout(layer) for layer in plan.layers]
-        size = max((end for _, _, end in layouts), default=0)   # buffers fit the largest layer
-        self.into = into or read_into()     # "mlx", "buffers" or "pinned" (spill/config.py)
-        self._size = size   # a slot's buffer: (numpy view the reads fill, the MLX array owning it or None)
-        self._bufs = [(None, None) if self.into == "mlx" else (aligned_buffer(size), None)
-                      for _ in range(read_slots() if read_ahead else 1)]
-        # "pinned" without a CUDA driver, or buffers it would not pin: the host copies out ("buffers")
-        self._engine = gpu_copy.pinned(engine or gpu_copy.engine(), self._bufs) if self.into == "pinned" else None
-        self.into = "buffers" if self.into == "pinned" and self._engine is None else self.into
-        # a view's start: the item size on a CPU; a GPU's matmuls (cuBLASLt) refuse less than 256 bytes
-        self._align = 256 if mx.default_device() == mx.gpu else 1
-        self._view_stream = mx.cpu if self._engine else None   # read_path.py's gpu-views sets None
-        # per layer, (tensor, position read, position viewed): "pinned" places each at 256 bytes (gpu_copy.placed)
-        self._placed = [gpu_copy.placed(lay[0]) if self._engine else [(t, p, p) for t, p in lay[0]] for lay in layouts]
-        self._views = [any(self._viewed(t, at) for t, _, at in placed) for placed in self._placed]   # per layer
-        self._placed_size = max((at + t.nbytes for placed in self._placed for t, _, at in placed), default=0)
+        self._layout = [layout(layer) for layer in plan.layers]
+        self._size = max((end for _, _, end in self._layout), default=0)   # buffers fit the largest layer
+        self._place(into or read_into(), engine, read_ahead)
         self._recycle = recycles_layers(self.into)   # released layers' memory is read (or copied) into again
-        self.slot_bytes = size * len(self._bufs)   # read into at once: the reader's own buffers or MLX memory
+        self.slot_bytes = self._size * len(self._bufs)   # read into at once: the reader's own buffers or MLX memory
         self.buffer_bytes = 0 if self.into == "mlx" else self.slot_bytes   # the reader's own (MLX's is MLX memory)
         raise_cache_limit(plan, dtype, self._recycle)
         # pass state, guarded by _cv; positions index the pass's order
@@ -91,6 +78,20 @@ class WeightReader:
         self._error: tuple[int, BaseException] | None = None   # (position, error) for take() to raise
         self._closed, self._threads = False, []   # the read and convert threads, once started
         self._stats = {"bytes_read": 0, "read_s": 0.0, "wait_s": 0.0, "convert_s": 0.0, "layers": 0}
+
+    def _place(self, into: str, engine, read_ahead: bool) -> None:
+        """The read slots' buffers and where each layer's tensors sit; "pinned" is "buffers" where CUDA will not pin."""
+        self._bufs = [(None, None) if into == "mlx" else (aligned_buffer(self._size), None)   # (numpy view, its MLX owner)
+                      for _ in range(read_slots() if read_ahead else 1)]
+        self._engine = gpu_copy.pinned(engine or gpu_copy.engine(), self._bufs) if into == "pinned" else None
+        self.into = "buffers" if into == "pinned" and self._engine is None else into
+        # a view's start: the item size on a CPU; a GPU's matmuls (cuBLASLt) refuse less than 256 bytes
+        self._align = 256 if mx.default_device() == mx.gpu else 1
+        self._view_stream = mx.cpu if self._engine else None   # read_path.py's gpu-views sets None
+        # per layer, (tensor, position read, position viewed): "pinned" places each at 256 bytes (gpu_copy.placed)
+        self._placed = [gpu_copy.placed(lay[0]) if self._engine else [(t, p, p) for t, p in lay[0]] for lay in self._layout]
+        self._views = [any(self._viewed(t, at) for t, _, at in placed) for placed in self._placed]   # per layer
+        self._placed_size = max((at + t.nbytes for placed in self._placed for t, _, at in placed), default=0)
 
     # -- the interface ------------------------------------------------------------------------------
     def read_resident(self) -> dict[str, mx.array]:

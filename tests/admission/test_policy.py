@@ -87,10 +87,24 @@ def test_the_guard_line_holds_admission_with_hysteresis():
 
 def test_above_the_guard_with_nothing_running_one_row_still_runs():
     p = BudgetPolicy(sheet(slots_mb=10))
-    p.offer(rows(5, 5))
-    assert run_pass(p, live=990 * MB) == ([], [0])
-    assert run_pass(p, live=990 * MB) == ([], [])
-    assert run_pass(p, live=990 * MB, finished=[0]) == ([], [1])
+    p.offer(rows(5, 5, 5))
+    assert run_pass(p, live=990 * MB) == ([], [0]) and p.shapes() == [[3, 16]]
+    assert run_pass(p, live=990 * MB) == ([], [1, 2])   # the slots the pool holds already
+
+
+def test_above_the_guard_rows_fill_the_slots_already_reserved_but_no_pool_grows():
+    """A pool of 178 slots held 72 rows when live memory passed the guard line by 10 MiB (memory the sheet did not
+    price): admission held the other 106 slots empty until the pool drained, a lifetime of the rows, though the
+    streamer held their memory already. Now they fill; only new reservations (a pool made or grown) wait."""
+    p = BudgetPolicy(sheet(slots_mb=10), prefill_tokens=40)
+    p.offer(rows(*[8] * 100))
+    assert run_pass(p, live=500 * MB) == ([], [0, 1, 2, 3, 4]) and p.shapes() == [[80, 32]]
+    assert run_pass(p, live=810 * MB) == ([], [5, 6, 7, 8, 9])   # above the guard, under the hard line
+    p.offer(rows(*[200] * 3, start=100))
+    while len(p.running) < 80:
+        assert run_pass(p, live=810 * MB)[1]
+    assert p.shapes() == [[80, 32]]                              # full, and no pool for the 210-token rows
+    assert run_pass(p, live=700 * MB, finished=list(range(80)))[1][0] == 80 and len(p.pools) == 2
 
 
 def test_the_hard_line_preempts_the_newest_rows_shrinks_the_pool_and_they_later_finish():
