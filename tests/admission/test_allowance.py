@@ -28,8 +28,8 @@ def job(n, prompt, out):
 
 
 def test_the_allowance_that_advances_the_most_rows_is_chosen_not_the_most():
-    """Rows of 64 + 16 tokens (a slot of 80 tokens: 0.31 MiB): 25 rows' KV at 2,048 tokens, 128 at 1,024,
-    179 at 512. A pass advances min(fit / 16, tokens / (1.25 x 64)) rows: 1.6, 8 and 6.4."""
+    """1,000 rows of 64 + 16 tokens (a slot of 80 tokens: 0.31 MiB): 25 rows' KV at 2,048 tokens, 128 at 1,024,
+    179 at 512. The job takes max(1000 x 80 / tokens, 1000 x 16 / fit) + fit x 80 / tokens passes: 641, 135, 184."""
     p = BudgetPolicy(price()(2048), max_rows=1000, prefill_tokens=2048, price=price(), least=128)
     p.offer(job(1000, 64, 16))
     assert p.priced_prefill == 1024 and p.sheet.fixed["activations"] == 1024 * MB // 32
@@ -45,7 +45,8 @@ def test_a_job_whose_rows_all_fit_keeps_the_most_so_they_start_at_once():
 def test_long_outputs_want_room_for_rows_short_ones_want_prompts_started():
     rows = lambda n, prompt, out: [(prompt, out, 80 * MB // 256)] * n
     tokens, _ = allowance.choose(rows(1000, 64, 256), price(), 2048, 128, 1000)
-    assert tokens == 128                      # a row holds its slot for 256 passes: room for rows wins
+    assert tokens == 128                      # a row holds its slot for 256 passes: room for rows wins (1,316 passes
+    #                                           against 1,319 at 256 and 2,049 at 2,048)
     tokens, _ = allowance.choose(rows(1000, 64, 1), price(), 2048, 128, 1000)
     assert tokens == 2048                     # rows leave after their prompt: starting prompts wins
 
