@@ -75,7 +75,8 @@ class Reserved:
 
 
 class BudgetPolicy:
-    def __init__(self, sheet: Sheet, max_rows: int = 256, prefill_tokens: int = 4096, price=None, least: int = 512):
+    def __init__(self, sheet: Sheet, max_rows: int = 256, prefill_tokens: int = 4096, price=None,
+                 least: int = allowance.LEAST):
         self.sheet = sheet
         self.price = price                       # tokens -> the sheet with that prefill allowance priced (None: fixed)
         self.most, self.least = prefill_tokens, least   # the allowances `price` may choose between
