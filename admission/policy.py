@@ -111,12 +111,13 @@ class BudgetPolicy:
         return refused
 
     def _retune(self, new: list[Waiting]) -> None:
-        """The prompt tokens a pass may carry, priced, for the rows known: never a sheet the pools outgrow."""
+        """The prompt tokens a pass may carry, priced, for the rows known (a running row's prompt has started: 0, as
+        the live estimate offers it): never a sheet the pools outgrow."""
         if self.price is None or not new:
             return
         known = [*self.running.values(), *self.queue, *new]
-        rows = [(len(w.prompt), w.max_tokens, self.sheet.slot(width_class(w.full_length), width_class(w.full_length)))
-                for w in known]
+        rows = [(0 if w.row in self.running else len(w.prompt), w.max_tokens,
+                 self.sheet.slot(width_class(w.full_length), width_class(w.full_length))) for w in known]
         self.priced_prefill, self.sheet = allowance.choose(rows, self.price, self.most, self.least, self.max_rows,
                                                            self.reserved())
         self.prefill_tokens = min(self.prefill_tokens, self.priced_prefill)

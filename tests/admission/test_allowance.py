@@ -101,3 +101,19 @@ def test_the_actor_paces_the_streamer_within_what_the_sheet_priced(monkeypatch):
     assert cal.pace(0, most=256) == 256 and cal.allowance() == 256
     cal.admitted([0], [900])
     assert cal.pace(0, most=256) == 256 and cal.allowance() == 0   # the long prompt takes it all
+
+
+def test_running_rows_have_no_prompt_left_to_start_as_the_live_estimate_offers_them():
+    """Mid-job, the live estimate offers each running row with no prompt (it is prefilled); admission's own choice
+    counts its running rows the same way, so the two choose alike: here 512, where their prompts counted gave 1,024."""
+    sheet = price(kv_at_zero=200 * MB)
+    p = BudgetPolicy(sheet(2048), max_rows=1000, prefill_tokens=2048, price=sheet, least=128)
+    p.offer([Waiting(i, np.zeros(300, np.int32), 200, []) for i in range(100)])
+    for _ in range(30):
+        p.admit()
+    assert len(p.running) == 84
+    p.offer([Waiting(1000 + i, np.zeros(64, np.int32), 16, []) for i in range(100)])
+    slot = lambda w: p.sheet.slot(*[schedule.width_class(w.full_length)] * 2)
+    live = [(0, w.max_tokens, slot(w)) for w in p.running.values()] + [(len(w.prompt), w.max_tokens, slot(w))
+                                                                       for w in p.queue]
+    assert p.priced_prefill == allowance.choose(live, sheet, 2048, 128, 1000, p.reserved())[0] == 512
