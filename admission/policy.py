@@ -115,9 +115,8 @@ class BudgetPolicy:
         the live estimate offers it): never a sheet the pools outgrow."""
         if self.price is None or not new:
             return
-        known = [*self.running.values(), *self.queue, *new]
-        rows = [(0 if w.row in self.running else len(w.prompt), w.max_tokens,
-                 self.sheet.slot(width_class(w.full_length), width_class(w.full_length))) for w in known]
+        known = [(0, w) for w in self.running.values()] + [(len(w.prompt), w) for w in (*self.queue, *new)]
+        rows = [(prompt, w.max_tokens, self.sheet.slot(c := width_class(w.full_length), c)) for prompt, w in known]
         self.priced_prefill, self.sheet = allowance.choose(rows, self.price, self.most, self.least, self.max_rows,
                                                            self.reserved())
         self.prefill_tokens = min(self.prefill_tokens, self.priced_prefill)
