@@ -206,12 +206,13 @@ class Calibrator:
         """The cold read probe's bytes/s for this model and machine, 0.0 without a calibration."""
         return self.cal.prior.bandwidth if self.cal is not None else 0.0
 
-    def pace(self, need: int, most: int | None = None) -> int:
+    def pace(self, need: int, most: int | None = None, empty: float = 0.0) -> int:
         """Prompt tokens the next pass may prefill in all (schedule.pace); `need`: what keeps the slots fed,
-        `most`: what the budget priced."""
+        `most`: what the budget priced, `empty`: the share of the slots free while rows wait."""
         t = self.context
         t.budget = pace(self.cal.model if self.cal else None, self.streamed, len(t.decoding),
-                        sum(t.decoding.values()), need, cached([n - left for left, n in t.prefilling.values()]), most)
+                        sum(t.decoding.values()), need, cached([n - left for left, n in t.prefilling.values()]), most,
+                        empty)
         return t.budget
 
     def allowance(self) -> int:

@@ -62,7 +62,7 @@ def run_admission_process(endpoints, args, log) -> None:
         preempt = policy.to_preempt()
         if preempt:
             box.send("streamer", m.Preempt(epoch, preempt, policy.shapes()))
-        if (budget := calibrator.pace(schedule.need(policy), policy.priced_prefill)) != paced:
+        if (budget := calibrator.pace(schedule.need(policy), policy.priced_prefill, schedule.empty(policy))) != paced:
             box.send("streamer", m.Pace(epoch, budget))
             paced = budget
         admitted = [] if in_flight else schedule.admit(policy, calibrator.allowance(), bool(calibrator.context.prefilling))

@@ -7,8 +7,8 @@ the admission actor and by the estimate alike, so the estimate simulates the sch
   short-first, long-last runs mixed, and no tier is left as a wall at the end.
 - Pace: a pass carries every running row's decode step plus prompt tokens up to what keeps its
   compute under its weight-read time (the calibrated pass model), or what keeps the slots fed if
-  more (`need`); each prefilling row advances an equal share (`chunk_for`), and new prompts start
-  only within what the rows still prefilling leave. Without a calibration, or resident (no read to
+  more (`need`), or full speed where empty slots wait (`fill_now`); each prefilling row advances an
+  equal share (`chunk_for`), and new prompts start only within what the rows still prefilling leave. Without a calibration, or resident (no read to
   hide under), the fixed SPILL_PREFILL_TOKENS.
 """
 
@@ -22,6 +22,7 @@ from spill.platform import on_cpu
 from spill.streamer.shares import chunk_for
 
 from . import allowance
+from .passmodel import PassShape
 from .policy import BudgetPolicy, Waiting, width_class
 from .prices import sheet_for
 
@@ -89,19 +90,34 @@ def interleave(queue: deque, length) -> None:
 
 
 def pace(model, bytes_streamed: int, decode_rows: int, context: int, need: int, offset: float = 0.0,
-         most: int | None = None) -> int:
+         most: int | None = None, empty: float = 0.0) -> int:
     """Prompt tokens the next pass may prefill in all: what its compute can add under its read time,
     or `need` if more, when that read time hides at least half of `need`. A pass with less room is
     compute-bound whatever it carries: prompts go at full speed (SPILL_PREFILL_TOKENS), so their
-    slots fill at once. With nothing read (resident), or no pass model, SPILL_PREFILL_TOKENS.
+    slots fill at once; so do slots left empty (`empty`, their share) where they cost more (`fill_now`).
+    With nothing read (resident), or no pass model, SPILL_PREFILL_TOKENS.
     `offset`: the prompt the pass's prompt tokens find cached, on average (`cached`); `most`: what the
     budget priced (the policy's `priced_prefill`), never exceeded."""
     if model is None or not bytes_streamed:
         out = config.prefill_tokens()
     else:
         room = model.prefill_allowance(bytes_streamed, decode_rows, context, offset)
-        out = max(room, need) if 2 * room >= need else config.prefill_tokens()
+        read = fill_now(empty, room * model.per_prefill_token_s / model.io_s(PassShape(0, 0, 0, bytes_streamed)))
+        out = max(room, need) if 2 * room >= need and not read else config.prefill_tokens()
     return min(out, most) if most else out
+
+
+def fill_now(empty: float, spare: float) -> bool:
+    """Empty slots fill at full speed, not within what the read hides (`spare`: its share of the pass), where
+    the wait costs more: F slots filled over F x prompt / room passes wait half that each, a row-step at t / n
+    a pass, against F x prompt x a prompt token's compute at once: F / n > 2 x room x per token / t."""
+    return empty > 2 * spare
+
+
+def empty(policy) -> float:
+    """The share of the slots free while rows wait: a new pool, or the end of a wave of like rows."""
+    slots = max(sum(p.cap for p in policy.pools.values()), len(policy.running))
+    return (slots - len(policy.running)) / slots if slots and policy.queue else 0.0
 
 
 def need(policy) -> int:

@@ -98,7 +98,8 @@ def simulate(rows: list[SimRow], policy, waiting, model: PassModel, bytes_stream
     group: dict[int, tuple] = {}             # row -> its prefill group (rows admitted together, of like length)
     decoding: dict[int, list[int]] = {}      # row -> [context, tokens left]
     clock, done = 0.0, 0
-    allowed = schedule.pace(model, bytes_streamed, 0, 0, schedule.need(policy), most=policy.priced_prefill)
+    allowed = schedule.pace(model, bytes_streamed, 0, 0, schedule.need(policy), most=policy.priced_prefill,
+                             empty=schedule.empty(policy))
     admitted = schedule.admit(policy, allowed)
     while admitted or prefilling or decoding:
         for w in admitted:
@@ -146,7 +147,7 @@ def simulate(rows: list[SimRow], policy, waiting, model: PassModel, bytes_stream
         policy.finished(finished)
         allowed = schedule.pace(model, bytes_streamed, len(decoding), sum(c for c, _ in decoding.values()),
                                 schedule.need(policy), schedule.cached([by_id[r].prompt - n for r, n in prefilling.items()]),
-                                policy.priced_prefill)
+                                policy.priced_prefill, schedule.empty(policy))
         left = schedule.outstanding(list(prefilling.values()), allowed, chunk)
         admitted = schedule.admit(policy, allowed - left, bool(prefilling))
         if not (admitted or prefilling or decoding) and done + len(refused) < len(rows):

@@ -115,6 +115,24 @@ def test_the_need_keeps_the_slots_fed_and_is_unbounded_once_nothing_waits_for_a_
     assert schedule.need(p) == 4096
 
 
+def test_slots_left_empty_fill_at_full_speed_where_waiting_for_the_read_costs_more(monkeypatch):
+    """A new pool (or one a wave of like rows left empty) with rows waiting: the prompts go at full speed, not
+    within the read (on the VM, lean45 32 + 96, a 32-token row a pass into 64 empty slots for 24 passes); a
+    slot or two free: within the read, as the slow disk's job wants (below)."""
+    monkeypatch.setenv("SPILL_PREFILL_TOKENS", "4096")
+    room = schedule.pace(MODEL, BYTES, 100, 0, 0)             # (2 - 0.5 - 100 x 0.01) / 0.0015 = 333: a quarter of the read
+    p = FifoPolicy(max_rows=8)
+    p.offer([waiting(SimRow(i, 100, 50)) for i in range(20)])
+    schedule.admit(p, 200)
+    assert len(p.running) == 2 and schedule.empty(p) == 6 / 8
+    assert schedule.pace(MODEL, BYTES, 100, 0, schedule.need(p), empty=schedule.empty(p)) == 4096
+    schedule.admit(p, 500)
+    assert len(p.running) == 7 and schedule.empty(p) == 1 / 8
+    assert schedule.pace(MODEL, BYTES, 100, 0, schedule.need(p), empty=schedule.empty(p)) == room
+    p.queue.clear()
+    assert schedule.empty(p) == 0                             # nobody waits: no slot is empty for want of a start
+
+
 def test_a_resident_pass_reads_nothing_so_its_pace_is_the_fixed_prefill_tokens(monkeypatch):
     monkeypatch.setenv("SPILL_PREFILL_TOKENS", "3000")
     assert schedule.pace(MODEL, 0, 10, 1000, 300) == 3000
