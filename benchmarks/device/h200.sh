@@ -45,6 +45,7 @@ wait_peers() {   # up to PEERS_WAIT seconds (540), then what the run wrote so fa
   local pid; pid=$(cat "$work/peers/pid")
   for _ in $(seq $(( ${PEERS_WAIT:-540} / 10 ))); do kill -0 "$pid" 2>/dev/null || break; sleep 10; done
   cp "$work/peers/log.txt" "$work/peers/results.jsonl" "$work/peers/"passes-*.jsonl "$out"/ 2>/dev/null || true
+  for d in "$work"/peers/spill-*/; do cp "$d/home/run/logs/admission.log" "$out/admission-$(basename "$d").log" 2>/dev/null || true; done
   kill -0 "$pid" 2>/dev/null && echo "peers.py still running: call h200.sh peers-wait again" || tail -20 "$work/peers/log.txt"
 }
 
