@@ -155,12 +155,13 @@ class ContextTracker:
     def admitted(self, rows: list[int], lengths: list[int]) -> None:
         self.prefilling.update((r, [n, n]) for r, n in zip(rows, lengths))
 
-    def passed(self, finished: list[int]) -> tuple[int, int]:
-        """(decoding rows, their context) of the pass just reported; then each grows by one token."""
+    def passed(self, finished: list[int], pace: int = 0) -> tuple[int, int]:
+        """(decoding rows, their context) of the pass just reported; then each grows by one token. `pace`: the
+        PACE the pass ran with, as the streamer reports it (0: none, the last one sent)."""
         rows, context = len(self.decoding), sum(self.decoding.values())
         for r in self.decoding:
             self.decoding[r] += 1
-        step = chunk_for(self.budget, len(self.prefilling), self.chunk)
+        step = chunk_for(pace or self.budget, len(self.prefilling), self.chunk)
         for r, state in list(self.prefilling.items()):
             state[0] -= min(step, state[0])
             if state[0] == 0:
@@ -221,7 +222,7 @@ class Calibrator:
         return t.budget - outstanding([left for left, _ in t.prefilling.values()], t.budget, t.chunk)
 
     def passed(self, msg) -> None:
-        rows, context = self.context.passed(msg.finished)   # the rows that decoded in it, not after it
+        rows, context = self.context.passed(msg.finished, msg.pace)   # the rows that decoded in it, not after it
         if self.cal is not None:   # a resident pass reads nothing, yet prices compute and overhead
             self.cal.observe(Observation(rows, msg.prefill_tokens, context, msg.bytes_streamed, msg.seconds,
                                          msg.wait_s, msg.compute_s, msg.read_s, prefill_groups=msg.prefill_groups,

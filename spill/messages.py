@@ -142,6 +142,7 @@ class Pass:
     read_s: float = 0.0               # seconds the reader spent in read calls (they run beside the compute)
     prefill_groups: int = 0           # prefill groups that ran (each its own attention, priced apart)
     prefill_context: int = 0          # prompt tokens x the tokens of their prompt cached before this pass's chunk
+    pace: int = 0                     # the prompt tokens it could prefill in all, as PACE set it (0: a chunk a row)
 
 
 @dataclass

@@ -75,6 +75,7 @@ class PassReport:
     read_s: float = 0.0                             # the reader's seconds in read calls (beside the compute)
     prefill_groups: int = 0                         # prefill groups that ran: each its own attention (families run_layer)
     prefill_context: int = 0                        # prompt tokens this pass x the prompt before its chunk (cached)
+    pace: int = 0                                   # the prefill budget it ran with (admission's PACE; 0: a chunk a row)
 
 
 def _free_cache() -> None:
@@ -345,7 +346,7 @@ class Streamer:
             cache_memory=mx.get_cache_memory(), reader_memory=self.reader.buffer_bytes if self.reader else 0,
             rss=now.rss,
             cgroup_usage=memory.cgroup_usage(), minor_faults=now.minor_faults - before.minor_faults,
-            major_faults=now.major_faults - before.major_faults)
+            major_faults=now.major_faults - before.major_faults, pace=self.prefill_budget or 0)
 
     def close(self) -> None:
         if self.reader is not None:

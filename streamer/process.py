@@ -88,7 +88,8 @@ class StreamerActor:
                        preempted=r.preempted, cache_memory=r.cache_memory, reader_memory=r.reader_memory,
                        rss=r.rss, cgroup_usage=r.cgroup_usage, minor_faults=r.minor_faults,
                        major_faults=r.major_faults, read_bandwidth=r.bytes_streamed / max(r.seconds, 1e-9),
-                       read_s=r.read_s, prefill_groups=r.prefill_groups, prefill_context=r.prefill_context)
+                       read_s=r.read_s, prefill_groups=r.prefill_groups, prefill_context=r.prefill_context,
+                       pace=r.pace)
         return out, stats
 
 

@@ -79,6 +79,21 @@ def test_context_tracker_counts_the_decode_rows_kv():
     assert [long_.passed([]) for _ in range(4)] == [(0, 0), (0, 0), (0, 0), (1, 11)]   # prefilled 4 + 4 + 2
 
 
+def test_the_tracker_advances_prompts_by_the_pace_the_reported_pass_ran_with():
+    """On the H200 the allowance fell from 2,048 to 1,024 while the job's first pass ran at 2,048: the tracker
+    shared the new PACE out, took the 32 prompts (64 tokens) as half done, left no allowance, and passes 2 and 3
+    started nothing. The streamer reports the PACE each pass ran with."""
+    t = ContextTracker(chunk=512)
+    t.admitted(list(range(32)), [64] * 32)
+    t.budget = 1024                        # the PACE sent while the pass ran at 2,048
+    assert t.passed([], pace=2048) == (0, 0)
+    assert not t.prefilling and len(t.decoding) == 32
+    t.admitted([40], [64])
+    t.budget = 32
+    t.passed([])                           # no PACE reported (the streamer's chunk a row): the last one sent
+    assert t.prefilling == {40: [32, 64]}
+
+
 def test_the_hook_refits_and_stores_after_each_pass_and_survives_a_bad_model(make_tiny, monkeypatch, tmp_path):
     monkeypatch.setenv("SPILL_HOME", str(tmp_path))
     monkeypatch.setattr(cal, "read_probe", lambda files: 2e9)

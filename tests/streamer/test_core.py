@@ -92,6 +92,7 @@ def test_a_pace_shares_a_passs_prefill_tokens_out_and_changes_no_token(make_tiny
     assert max(carried) == 32 * 3 and len(carried) >= 4   # 3 rows at 32 tokens (the least a row takes), not 512
     # a and b (of like length) came together: one group (its own attention); c came a pass later
     assert [r.prefill_groups for r in steps if r.prefill_tokens] == [1, 2, 2, 1]
+    assert {r.pace for r in steps} == {64}   # each pass reports the PACE it ran with (admission's tracker uses it)
 
 
 def test_max_tokens_ends_a_row_with_length(make_tiny):
