@@ -119,11 +119,22 @@ def test_on_a_cuda_gpu_the_hosts_buffers_and_processes_are_priced_against_the_ho
     two = sheet_for(plan, 2**30, 2, prefill_tokens=64, others=100 * MB, host_set=2**30)
     assert set(two.host) == {"reader", "others"} and two.host["others"] == 100 * MB
     assert not set(two.host) & set(two.fixed)
-    assert two.kv_budget > one.kv_budget >= two.kv_budget - sum(two.host.values())   # cache_kv grows with it
+    once = one.fixed["prefill_kv"] - two.fixed["prefill_kv"]   # the prompts' KV priced once there (below)
+    assert two.kv_budget > one.kv_budget >= two.kv_budget - sum(two.host.values()) - once   # cache_kv grows with it
     from spill.admission.prices import shortfall
     assert shortfall(two) is None
     crowded = sheet_for(plan, 2**30, 2, prefill_tokens=64, others=900 * MB, host_set=2**30)
     assert "the host's budget is" in shortfall(crowded) and "cgroup" in shortfall(crowded)
+
+
+def test_on_a_cuda_gpu_the_prompts_kv_is_priced_once(make_tiny):
+    """The H200's prefill passes held 425 MiB above decode for 2,048 prompt tokens of llama 3b, where the sheet
+    priced 688 MiB (their KV twice); the CPU's price stays as it was."""
+    plan = load_plan(make_tiny("llama"))
+    cpu = sheet_for(plan, 2**30, 2, prefill_tokens=256)
+    gpu = sheet_for(plan, 2**30, 2, prefill_tokens=256, host_set=2**30)
+    assert cpu.fixed["prefill_kv"] == 2 * 256 * cpu.kv_per_token
+    assert gpu.fixed["prefill_kv"] == 256 * gpu.kv_per_token
 
 
 def test_on_a_cuda_gpu_the_live_allocation_is_the_larger_share_of_either_memory(make_tiny):
