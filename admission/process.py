@@ -62,14 +62,18 @@ def run_admission_process(endpoints, args, log) -> None:
         preempt = policy.to_preempt()
         if preempt:
             box.send("streamer", m.Preempt(epoch, preempt, policy.shapes()))
-        if (budget := calibrator.pace(schedule.need(policy), policy.priced_prefill, schedule.empty(policy))) != paced:
-            box.send("streamer", m.Pace(epoch, budget))
-            paced = budget
+        budget = calibrator.pace(schedule.need(policy), policy.priced_prefill, schedule.empty(policy))
+        pace = m.Pace(epoch, budget, -1 if reported is None else reported.index)
+        if reported is None and budget != paced:
+            box.send("streamer", pace)   # before the rows: an idle streamer starts them as they come
         admitted = [] if in_flight else schedule.admit(policy, calibrator.allowance(), bool(calibrator.context.prefilling))
         if admitted:
             box.send("streamer", _admit(epoch, admitted, eos, policy.sheet.cache_limit, policy.shapes()))
             calibrator.admitted([w.row for w in admitted], [len(w.prompt) for w in admitted])
             in_flight = True
+        if reported is not None:
+            box.send("streamer", pace)   # the report's answer, last: the streamer's next pass waits for it
+        paced = budget
         if reported is not None:
             told = report(epoch, reported.index, policy, others, requeued, calibrator, job)
             box.send("coordinator", told)

@@ -169,9 +169,10 @@ def heartbeat(endpoints: Endpoints, role: str) -> None:
     threading.Thread(target=beat, name="heartbeat", daemon=True).start()
 
 
-def inbox(box, role: str, log, busy=lambda: False):
+def inbox(box, role: str, log, busy=lambda: False, wait=lambda: None):
     """Say READY, then yield each batch of arrived messages (epoch-gated) until SHUTDOWN.
-    While `busy()` it does not block: a loop with work to do only drains what came."""
+    While `busy()` it does not block: a loop with work to do only drains what came; else it waits
+    `wait()` seconds at most (None: until a message), and may yield an empty batch."""
     from .messages import Ready, Shutdown
     heartbeat(box.endpoints, role)
     from .memory import process_memory
@@ -180,7 +181,11 @@ def inbox(box, role: str, log, busy=lambda: False):
     log.info("ready")
     gate = EpochGate()
     while True:
-        arrived = box.drain() if busy() else [box.recv(), *box.drain()]
+        if busy():
+            arrived = box.drain()
+        else:
+            first = box.recv(None if (w := wait()) is None else int(w * 1000) + 1)
+            arrived = ([] if first is None else [first]) + box.drain()
         if any(isinstance(msg, Shutdown) for msg in arrived):
             return
         batch = [msg for a in arrived for msg in gate(a)]

@@ -156,6 +156,7 @@ class Preempt:
 class Pace:
     epoch: int
     prefill_tokens: int      # over all prefilling rows of a pass (each advances streamer/groups.py chunk_for)
+    answers: int = -1        # the pass report this answers, after its ADMIT: the streamer's next pass waits for it
 
 
 @dataclass

@@ -15,6 +15,8 @@ without_torch()   # here, not only in run_actor: .core imports mlx-lm, whose tra
 from .core import Row, Streamer  # noqa: E402
 from .sampling import SamplingParams  # noqa: E402
 
+ANSWER_WAIT = (0.05, 0.5)   # seconds the next pass waits at most for admission's answer: a fifth of the last pass, within these
+
 
 class StreamerActor:
     """The streamer core behind the group's messages (no sockets: tests drive it directly)."""
@@ -93,6 +95,29 @@ class StreamerActor:
         return out, stats
 
 
+class Answer:
+    """The pass report admission has not answered yet (its PACE names it, after its ADMIT): the next pass waits
+    for it a fifth of the last pass at most (ANSWER_WAIT), so rows admitted after pass k start in pass k+1."""
+
+    def __init__(self):
+        self.index, self.until = -1, 0.0
+
+    def awaited(self, index: int, seconds: float) -> None:
+        least, most = ANSWER_WAIT
+        self.index, self.until = index, time.monotonic() + min(max(seconds / 5, least), most)
+
+    def took(self, msg) -> None:
+        if isinstance(msg, m.Reset) or (isinstance(msg, m.Pace) and msg.answers >= self.index >= 0):
+            self.index = -1
+
+    def left(self) -> float | None:
+        """Seconds still to wait; None when nothing is awaited (or the wait is over)."""
+        if self.index >= 0 and (left := self.until - time.monotonic()) > 0:
+            return left
+        self.index = -1
+        return None
+
+
 def run_streamer_process(endpoints, args, log) -> None:
     box = Mailbox(endpoints, "streamer", sends_to=("tokenizer", "admission", "coordinator"))
     actor = StreamerActor(prefill_chunk=args.get("prefill_chunk", 512))
@@ -107,12 +132,19 @@ def run_streamer_process(endpoints, args, log) -> None:
             box.send("coordinator", m.Error(msg.epoch, [m.MODEL_ROW], ["model_error"], [why], msg.job))
 
     handlers = {m.Reset: reset, m.Admit: actor.admit, m.Stop: actor.stop, m.Preempt: actor.preempt, m.Pace: actor.pace}
-    # 1. what arrived during the last pass (blocking only when there is nothing to run)
-    for batch in inbox(box, "streamer", log, busy=lambda: actor.busy):
+    answer = Answer()
+    def ready() -> bool:
+        return actor.busy and answer.left() is None
+    def wait() -> float | None:   # rows to run and the wait just over: look, do not block
+        left = answer.left()
+        return 0.0 if left is None and actor.busy else left
+    # 1. what arrived during the last pass (blocking only when there is nothing to run, or for admission's answer)
+    for batch in inbox(box, "streamer", log, busy=ready, wait=wait):
         for msg in batch:
+            answer.took(msg)
             handlers.get(type(msg), lambda _msg: None)(msg)
         # 2. one pass, then its tokens and its report
-        if actor.busy:
+        if ready():
             tokens, stats = actor.step()
             if actor.refused:
                 rows, why = zip(*actor.refused)
@@ -122,6 +154,7 @@ def run_streamer_process(endpoints, args, log) -> None:
             box.send("tokenizer", tokens)
             box.send("admission", stats)
             box.send("coordinator", stats)
+            answer.awaited(stats.index, stats.seconds)
             fault.tick("pass")
             time.sleep(delay)
     if actor.engine is not None:

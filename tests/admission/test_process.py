@@ -1,9 +1,10 @@
-"""The admission actor's process wrapper: what it measures of the machine when it prices a model, and
-what it tells the coordinator after a pass (its report, no sockets)."""
+"""The admission actor's process wrapper: what it measures of the machine when it prices a model, what it
+tells the coordinator after a pass (its report, no sockets), and its answer to each report (over mailboxes)."""
 
 import os
 import subprocess
 import sys
+import threading
 import time
 from types import SimpleNamespace
 
@@ -16,6 +17,7 @@ from spill.admission.calibration import Calibration, Calibrator
 from spill.admission.passmodel import PassModel
 from spill.admission.policy import BudgetPolicy
 from spill.streamer.plan import load_plan
+from spill.wire import Endpoints, Mailbox
 
 from .test_policy import MB, rows, run_pass, sheet
 
@@ -113,3 +115,37 @@ def test_pricing_a_model_with_its_calibration_stored_imports_no_mlx_lm(make_tiny
                          env={**os.environ, "SPILL_HOME": str(tmp_path)})
     assert out.returncode == 0, out.stderr
     assert out.stdout.split()[-1] == "none"
+
+
+def test_each_pass_report_is_answered_by_a_pace_that_names_it_after_the_rows_admitted(make_tiny, tmp_path):
+    ends = Endpoints.in_dir(tmp_path)
+    streamer, coordinator = Mailbox(ends, "streamer", ("admission",)), Mailbox(ends, "coordinator", ("admission",))
+    tokenizer = Mailbox(ends, "tokenizer", ("admission",))
+    loop = threading.Thread(target=process.run_admission_process, args=(ends, {"memory": "2GB"}, structlog.get_logger()),
+                            daemon=True)
+    loop.start()
+
+    def told(until) -> list:
+        got = []
+        while not (got and until(got[-1])):
+            msg = streamer.recv(timeout_ms=60_000)
+            assert msg is not None, f"admission sent only {got}"
+            got.append(msg)
+        return got
+    try:
+        coordinator.send("admission", m.Reset(1, str(make_tiny("llama")), "job"))
+        tokenizer.send("admission", m.Tokenized(1, list(range(4)), *m.pack_tokens([[5, 6, 7]] * 4), [8] * 4,
+                                                [[0.0, 1.0, 0, None]] * 4))
+        first = told(lambda msg: isinstance(msg, m.Admit))
+        assert not [msg for msg in first if isinstance(msg, m.Pace) and msg.answers >= 0]
+        tokenizer.send("admission", m.Tokenized(1, [4, 5], *m.pack_tokens([[1, 2]] * 2), [8] * 2, [[0.0, 1.0, 0, None]] * 2))
+        time.sleep(0.2)
+        for index in (1, 2):
+            streamer.send("admission", m.Pass(1, index, 0.5, 0.1, 0.2, 4, 12, 4, [], 1 << 20, 1 << 20, 1 << 20, "job"))
+            answer = told(lambda msg: isinstance(msg, m.Pace) and msg.answers >= 0)
+            assert answer[-1].answers == index
+    finally:
+        coordinator.send("admission", m.Shutdown())
+        loop.join(10)
+        for box in (streamer, coordinator, tokenizer):
+            box.close()
