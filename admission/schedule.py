@@ -115,9 +115,12 @@ def fill_now(empty: float, spare: float) -> bool:
 
 
 def empty(policy) -> float:
-    """The share of the slots free while rows wait: a new pool, or the end of a wave of like rows."""
+    """The share of the slots free while rows wait: a new pool, the end of a wave of like rows, or a job's
+    first pass (no pool yet: every slot)."""
+    if not policy.queue:
+        return 0.0
     slots = max(sum(p.cap for p in policy.pools.values()), len(policy.running))
-    return (slots - len(policy.running)) / slots if slots and policy.queue else 0.0
+    return (slots - len(policy.running)) / slots if slots else 1.0
 
 
 def need(policy) -> int:

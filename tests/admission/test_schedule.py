@@ -2,6 +2,7 @@
 
 import random
 from collections import deque
+from dataclasses import replace
 
 import pytest
 
@@ -123,6 +124,9 @@ def test_slots_left_empty_fill_at_full_speed_where_waiting_for_the_read_costs_mo
     room = schedule.pace(MODEL, BYTES, 100, 0, 0)             # (2 - 0.5 - 100 x 0.01) / 0.0015 = 333: a quarter of the read
     p = FifoPolicy(max_rows=8)
     p.offer([waiting(SimRow(i, 100, 50)) for i in range(20)])
+    assert schedule.empty(p) == 1.0                           # a job's first pass: no pool yet, every slot free
+    busy = replace(MODEL, fixed_s=1.8)                        # compute-bound: its read hides 133 prompt tokens
+    assert schedule.pace(busy, BYTES, 0, 0, schedule.need(p), empty=schedule.empty(p)) == 4096
     schedule.admit(p, 200)
     assert len(p.running) == 2 and schedule.empty(p) == 6 / 8
     assert schedule.pace(MODEL, BYTES, 100, 0, schedule.need(p), empty=schedule.empty(p)) == 4096
