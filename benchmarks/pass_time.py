@@ -97,7 +97,7 @@ def read_direct(files, threads, chunk=16 << 20) -> float:
     call on `threads` threads at once (the engine's reader, without its layer boundaries)."""
     import queue
     from concurrent.futures import ThreadPoolExecutor
-    from spill.streamer.pages import DIO, aligned_buffer
+    from spill.streamer.pages import aligned_buffer
     drop_cache(files)
     free = queue.SimpleQueue()
     for _ in range(threads):

@@ -15,7 +15,7 @@ without_torch()   # here, not only in run_actor: .core imports mlx-lm, whose tra
 from .core import Row, Streamer  # noqa: E402
 from .sampling import SamplingParams  # noqa: E402
 
-ANSWER_WAIT = (0.05, 0.5)   # seconds the next pass waits at most for admission's answer: a fifth of the last pass, within these
+ANSWER_WAIT = (0.05, 0.5)   # the most the next pass waits for admission's answer: a fifth of the last pass, within these (s)
 
 
 class StreamerActor:
@@ -96,8 +96,9 @@ class StreamerActor:
 
 
 class Answer:
-    """The pass report admission has not answered yet (its PACE names it, after its ADMIT): the next pass waits
-    for it a fifth of the last pass at most (ANSWER_WAIT), so rows admitted after pass k start in pass k+1."""
+    """The pass report admission has not answered yet (its PACE names it, after its ADMIT): while a slot is free,
+    the next pass waits for it a fifth of the last pass at most (ANSWER_WAIT), so rows admitted after pass k
+    start in pass k+1."""
 
     def __init__(self):
         self.index, self.until = -1, 0.0
@@ -138,7 +139,7 @@ def run_streamer_process(endpoints, args, log) -> None:
     def wait() -> float | None:   # rows to run and the wait just over: look, do not block
         left = answer.left()
         return 0.0 if left is None and actor.busy else left
-    # 1. what arrived during the last pass (blocking only when there is nothing to run, or for admission's answer)
+    # 1. what arrived during the last pass (blocking only with nothing to run, or for admission's answer)
     for batch in inbox(box, "streamer", log, busy=ready, wait=wait):
         for msg in batch:
             answer.took(msg)
@@ -154,7 +155,8 @@ def run_streamer_process(endpoints, args, log) -> None:
             box.send("tokenizer", tokens)
             box.send("admission", stats)
             box.send("coordinator", stats)
-            answer.awaited(stats.index, stats.seconds)
+            if not actor.engine.full:   # else no ADMIT could start a row: nothing to wait for
+                answer.awaited(stats.index, stats.seconds)
             fault.tick("pass")
             time.sleep(delay)
     if actor.engine is not None:

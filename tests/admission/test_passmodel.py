@@ -16,7 +16,7 @@ def fake_passes(model: PassModel, n: int, bytes_=4_000_000_000, seed=0) -> list[
     out = []
     for _ in range(n):
         shape = PassShape(rnd.randint(1, 128), rnd.choice([0, 0, 64, 512, 2048]), rnd.randint(0, 60000), bytes_)
-        c, io = model.compute_s(shape), model.io_s(shape)
+        c = model.compute_s(shape)
         seconds = model.pass_s(shape)
         out.append(Observation(**vars(shape), seconds=seconds, wait_s=seconds - model.overhead_s - c, compute_s=c))
     return out

@@ -5,7 +5,6 @@ import random
 import numpy as np
 
 from spill.admission.policy import BudgetPolicy, Waiting, width_class
-from spill.admission.prices import Sheet
 
 from .test_policy import MB, run_pass, sheet
 

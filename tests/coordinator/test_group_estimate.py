@@ -1,7 +1,6 @@
 """The estimate through the front door: `spill run` prints it before its first pass, job.json keeps it
 and the end-of-job summary, and `spill report` plots the job."""
 
-import json
 
 from spill.coordinator.jobstore import Job
 

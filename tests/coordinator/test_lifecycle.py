@@ -5,7 +5,6 @@ command, queued jobs, `spill cancel`, `spill down`, statuses after a crash, one 
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import time

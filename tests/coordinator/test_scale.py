@@ -5,7 +5,6 @@ Minutes long on two cores (most of it the model's own prefill of 50,000 prompts)
 run it with `python -m pytest -m slow tests/coordinator/test_scale.py -s`."""
 
 import json
-import os
 import subprocess
 import sys
 import time

@@ -203,7 +203,7 @@ def test_rows_join_and_leave_the_reserved_pool_without_copying_it(make_tiny):
     s = Streamer(folder, prefill_chunk=8)
     s.reserve([[4, 256]])
     schedule = {0: [("a", PROMPTS[0]), ("b", PROMPTS[1])], 2: [("c", PROMPTS[2])], 3: [("d", PROMPTS[3])]}
-    out, passes, shapes, keys = {}, 0, set(), set()
+    out, passes, shapes = {}, 0, set()
     while passes <= max(schedule) or not s.idle:
         for rid, prompt in schedule.get(passes, []):
             s.add(Row(rid, prompt, 6 + 3 * len(out), width=256))   # rows of different lengths leave at different passes
