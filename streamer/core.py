@@ -186,12 +186,6 @@ class Streamer:
     def idle(self) -> bool:
         return not self.rows
 
-    @property
-    def full(self) -> bool:
-        """Every reserved slot holds a row that runs on: an ADMIT could start none."""
-        held = sum(s.finish is None for s in self.rows.values())
-        return bool(self.reservation) and held >= sum(self.reservation.values())
-
     # -- one pass ----------------------------------------------------------------------------
     def step(self) -> PassReport:
         t0 = time.perf_counter()

@@ -13,8 +13,8 @@ from spill.wire import Endpoints, Mailbox
 GREEDY = [0.0, 1.0, 0, None]
 
 
-def _group(tmp_path, folder, slots: int = 2):
-    """The streamer in a thread, one row running in a pool of `slots`, with the mailboxes of the actors it
+def _group(tmp_path, folder):
+    """The streamer in a thread, one row running in a pool of two slots, with the mailboxes of the actors it
     talks to: (coordinator, admission, stop)."""
     ends = Endpoints.in_dir(tmp_path)
     coordinator = Mailbox(ends, "coordinator", ("streamer",))
@@ -23,7 +23,7 @@ def _group(tmp_path, folder, slots: int = 2):
     loop.start()
     coordinator.send("streamer", m.Reset(1, folder, "job"))
     admission.send("streamer", m.Admit(1, [0], *m.pack_tokens([[5, 6, 7]]), [40], [GREEDY], [],
-                                               widths=[64], pools=[[slots, 64]]))
+                                               widths=[64], pools=[[2, 64]]))
 
     def stop():
         coordinator.send("streamer", m.Shutdown())
@@ -67,15 +67,3 @@ def test_a_report_admission_does_not_answer_holds_the_next_pass_only_a_short_whi
     finally:
         stop()
 
-
-def test_with_every_slot_held_the_next_pass_does_not_wait(make_tiny, tmp_path, monkeypatch):
-    """No ADMIT could start a row: admission's answer is not waited for (a compute-bound CPU loses nothing)."""
-    monkeypatch.setattr(process, "ANSWER_WAIT", (5.0, 5.0))
-    _, admission, stop = _group(tmp_path, str(make_tiny("llama")), slots=1)
-    try:
-        _report(admission, 1)
-        started = time.monotonic()
-        _report(admission, 2)
-        assert time.monotonic() - started < 4
-    finally:
-        stop()
