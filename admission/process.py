@@ -71,10 +71,9 @@ def run_admission_process(endpoints, args, log) -> None:
             box.send("streamer", _admit(epoch, admitted, eos, policy.sheet.cache_limit, policy.shapes()))
             calibrator.admitted([w.row for w in admitted], [len(w.prompt) for w in admitted])
             in_flight = True
-        if reported is not None:
-            box.send("streamer", pace)   # the report's answer, last: the streamer's next pass waits for it
         paced = budget
         if reported is not None:
+            box.send("streamer", pace)   # the report's answer, last: the streamer's next pass waits for it
             told = report(epoch, reported.index, policy, others, requeued, calibrator, job)
             box.send("coordinator", told)
             log.info("pass", index=reported.index, budget=policy.sheet.budget, kv_budget=policy.sheet.kv_budget,

@@ -15,7 +15,7 @@ GREEDY = [0.0, 1.0, 0, None]
 
 def _group(tmp_path, folder):
     """The streamer in a thread, one row running in a pool of two slots, with the mailboxes of the actors it
-    talks to: (coordinator, admission, stop)."""
+    talks to: (admission, stop)."""
     ends = Endpoints.in_dir(tmp_path)
     coordinator = Mailbox(ends, "coordinator", ("streamer",))
     admission, tokenizer = Mailbox(ends, "admission", ("streamer",)), Mailbox(ends, "tokenizer", ())
@@ -30,7 +30,7 @@ def _group(tmp_path, folder):
         loop.join(10)
         for box in (coordinator, admission, tokenizer):
             box.close()
-    return coordinator, admission, stop
+    return admission, stop
 
 
 def _report(box, index: int) -> m.Pass:
@@ -43,7 +43,7 @@ def _report(box, index: int) -> m.Pass:
 
 def test_rows_admitted_in_answer_to_a_report_start_in_the_next_pass(make_tiny, tmp_path, monkeypatch):
     monkeypatch.setattr(process, "ANSWER_WAIT", (5.0, 5.0))   # however slow this machine answers
-    _, admission, stop = _group(tmp_path, str(make_tiny("llama")))
+    admission, stop = _group(tmp_path, str(make_tiny("llama")))
     try:
         assert _report(admission, 1).prefill_tokens == 3
         time.sleep(0.3)   # admission takes its time: without the wait, pass 2 has long started
@@ -57,13 +57,12 @@ def test_rows_admitted_in_answer_to_a_report_start_in_the_next_pass(make_tiny, t
 
 def test_a_report_admission_does_not_answer_holds_the_next_pass_only_a_short_while(make_tiny, tmp_path, monkeypatch):
     monkeypatch.setattr(process, "ANSWER_WAIT", (0.5, 0.5))
-    _, admission, stop = _group(tmp_path, str(make_tiny("llama")))
+    admission, stop = _group(tmp_path, str(make_tiny("llama")))
     try:
-        first = _report(admission, 1)
+        assert _report(admission, 1).prefill_tokens == 3
         started = time.monotonic()
         second = _report(admission, 2)
-        assert second.decode_rows == 1 and 0.4 < time.monotonic() - started < 30
-        assert first.index == 1
+        assert second.decode_rows == 1 and 0.4 < time.monotonic() - started < 5
     finally:
         stop()
 
