@@ -2,8 +2,8 @@
 
 The budget is a target for live allocation at the knee of the memory curve, not at its peak:
 
-    budget     = budget_fraction (0.78) x working set
-    fixed      = resident tensors + reader buffers + 2 converted layers in flight + MLX's buffer cache
+    budget     = budget_fraction (0.78; 0.90 of a CUDA GPU's own memory) x working set
+    fixed      = resident tensors + reader buffers + 2 converted layers in flight (1 on a CUDA GPU) + MLX's buffer cache
                  (its limit: 1 freed layer, the stored copies a cast frees, the largest tensor, a
                  decode layer's freed KV)
                  + activations of the largest chunk + prompts' KV before they join the pool
@@ -18,7 +18,7 @@ processes) is priced apart against the host's (`host`, `host_set`).
 from dataclasses import dataclass, field
 
 from spill.memory import cache_allowance
-from spill.platform import read_slots, recycles_layers
+from spill.platform import layers_in_flight, read_slots, recycles_layers
 
 
 @dataclass
@@ -32,6 +32,7 @@ class Sheet:
     host: dict[str, int] = field(default_factory=dict)   # a CUDA GPU's: what the host holds, against host_set
     host_set: int = 0
     fraction: float = 0.78
+    host_fraction: float = 0.78              # the host's budget share where it is apart (its page cache is there)
     source: str = "--memory"               # where the working set came from (cgroup, physical, --memory)
     cgroup_binds: bool = True                # a cgroup's limit at or under the working set (the host's, on a CUDA GPU):
                                              # its usage presses on the budget; else it is other processes' too
@@ -67,8 +68,8 @@ class Sheet:
 def shortfall(sheet: Sheet) -> str | None:
     """The sentence a budget too small for the model's fixed part (no row's KV fits beside it) fails with."""
     host = sum(sheet.host.values())
-    if sheet.host_set and host > sheet.fraction * sheet.host_set:
-        return (f"the host's budget is {fmt(int(sheet.fraction * sheet.host_set))} ({sheet.fraction:.0%} of its "
+    if sheet.host_set and host > sheet.host_fraction * sheet.host_set:
+        return (f"the host's budget is {fmt(int(sheet.host_fraction * sheet.host_set))} ({sheet.host_fraction:.0%} of its "
                 f"{fmt(sheet.host_set)}) but the reader's buffers and the other processes need {fmt(host)}; give "
                 "the process more memory (raise its cgroup's limit) or use a machine with more")
     if sheet.kv_budget >= sheet.cost(1, 1):
@@ -107,7 +108,8 @@ def sheet_for(plan, working_set: int, itemsize: int, *, prefill_tokens: int, pre
     kept = plan.resident + ([t for ts in plan.layers for t in ts] if resident else [])
     fixed = {"resident": sum(compute(t) for t in kept),     # embeddings, norms, head (resident: every layer)
              "reader": read_slots() * raw,              # the reader's read-ahead buffers, stored bytes (resident: pass 1)
-             "layers": 0 if resident else 2 * layer,    # converted weights alive: the layer computing and the next
+             "layers": 0 if resident else layers_in_flight() * layer,   # converted weights alive: the layer computing
+                                                                            # and the next (a CUDA GPU's: one)
              "cache": cache_allowance(layer, cast, largest, recycles_layers()),   # MLX's buffer cache at its limit
              "activations":   # hidden states, MLP intermediates and attention scores of the prefill tokens
                  prefill_tokens * ((4 * hidden + 3 * inter) * itemsize + heads * prefill_chunk * 4),
@@ -127,11 +129,12 @@ def live_allocation(p, others: int, runtime: int = 0, sheet: Sheet | None = None
     """What a pass report says the group holds: the streamer's MLX memory and buffers or its RSS less its
     runtime (`runtime`, priced in `others`), whichever is more, plus the other processes; the cgroup's
     usage (active page cache included) where higher and its limit binds (`Sheet.cgroup_binds`). With a host's
-    budget apart (a CUDA GPU): MLX's memory, or the host's share of its own memory as the same share of the
-    GPU's, whichever is more."""
+    budget apart (a CUDA GPU): MLX's memory, or the host's memory scaled so its budget line is the GPU's,
+    whichever is more."""
     cgroup = (p.cgroup_usage or 0) if sheet is None or sheet.cgroup_binds else 0
     if sheet is not None and sheet.host_set:
         host = max(p.rss - runtime + others, cgroup)
-        return max(p.active_memory + p.cache_memory, host * sheet.working_set // sheet.host_set)
+        scale = sheet.working_set * sheet.fraction / (sheet.host_set * sheet.host_fraction)
+        return max(p.active_memory + p.cache_memory, int(host * scale))
     engine = max(p.active_memory + p.cache_memory + p.reader_memory, p.rss - runtime)
     return max(engine + others, cgroup)

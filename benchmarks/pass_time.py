@@ -194,7 +194,7 @@ def rss_hwm() -> int:
 
 
 def budget(s, b) -> int:
-    """Two layers' buffers (reader buffers, two layers in the compute dtype, and the largest tensors
+    """The layers' buffers (reader buffers, the layers in flight in the compute dtype, and the largest tensors
     staged in their stored dtype before the cast, one per convert thread) + resident + KV + activations (an estimate: a
     layer's intermediates, attention scores and logits for b rows)."""
     plan, size = s.plan, s.dtype.size if s.dtype is not None else 2
@@ -210,7 +210,7 @@ def budget(s, b) -> int:
     # each convert thread stages one tensor in its stored dtype before the cast: the largest ones
     sizes = sorted((t.nbytes for layer in plan.layers for t in layer), reverse=True)
     staged = sum(sizes[:s.reader.convert_threads if s.dtype is not None else 1])
-    return s.reader.slot_bytes + 2 * layer + staged + resident + kv + act
+    return s.reader.slot_bytes + s.reader.in_flight * layer + staged + resident + kv + act
 
 
 def stream(folder, files, prompts, b, passes, read_ahead=True) -> dict:

@@ -36,14 +36,16 @@ def max_rows() -> int:
     return int(os.environ.get("SPILL_MAX_ROWS", "256"))
 
 
-def guard_line() -> float:
-    """Share of the working set above which admission admits nothing (SPILL_GUARD_LINE, default 0.80)."""
-    return float(os.environ.get("SPILL_GUARD_LINE", "0.80"))
+def guard_line(gpu: bool = False) -> float:
+    """Share of the working set above which admission admits nothing (SPILL_GUARD_LINE, default 0.80; 0.93 on a
+    CUDA GPU's own memory, `gpu`: 3 points above its budget as 0.80 is 2 above 0.78)."""
+    return float(os.environ.get("SPILL_GUARD_LINE", "0.93" if gpu else "0.80"))
 
 
-def hard_line() -> float:
-    """Share of the working set above which admission preempts the newest rows (SPILL_HARD_LINE, default 0.90)."""
-    return float(os.environ.get("SPILL_HARD_LINE", "0.90"))
+def hard_line(gpu: bool = False) -> float:
+    """Share of the working set above which admission preempts the newest rows (SPILL_HARD_LINE, default 0.90;
+    0.97 on a CUDA GPU's own memory)."""
+    return float(os.environ.get("SPILL_HARD_LINE", "0.97" if gpu else "0.90"))
 
 
 def prefill_tokens() -> int:
@@ -78,6 +80,12 @@ def read_slots() -> int:
     """Layers read ahead into buffers of their own, besides the one computing and the next one ready
     (SPILL_READ_SLOTS; 0, the default: `platform.read_slots` chooses). Each costs a layer of memory."""
     return max(0, int(os.environ.get("SPILL_READ_SLOTS") or 0))
+
+
+def layers_in_flight() -> int:
+    """Converted layers alive at once while streaming, 1 or 2 (SPILL_LAYERS_IN_FLIGHT; 0, the default:
+    `platform.layers_in_flight` chooses)."""
+    return min(2, max(0, int(os.environ.get("SPILL_LAYERS_IN_FLIGHT") or 0)))
 
 
 def direct_io() -> bool:
@@ -167,6 +175,9 @@ def stream() -> bool:
 
 
 BUDGET_FRACTION = 0.78   # --budget-fraction: the share of the working set live allocation aims at
+# ... on a CUDA GPU, whose own memory holds no page cache and nothing of the OS's: no knee to stay under, and the
+# GPU sheet priced the H200's peak 365-500 MiB above MLX's at 3 GiB (docs/benchmarks.md); the host's stays 0.78
+GPU_BUDGET_FRACTION = 0.90
 
 
 def submit_window() -> int:

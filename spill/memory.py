@@ -13,7 +13,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from .config import BUDGET_FRACTION
+from .config import BUDGET_FRACTION, GPU_BUDGET_FRACTION
 from .errors import SpillError
 from .platform import device_memory
 
@@ -205,6 +205,12 @@ def host_apart(root: Path | str = "/") -> WorkingSet | None:
     return host_set(root) if device_memory() else None
 
 
+def default_fraction() -> float:
+    """The budget's share of the working set where --budget-fraction is not given: a CUDA GPU's own memory
+    (host apart) holds no page cache, so more of it than of unified or host memory."""
+    return GPU_BUDGET_FRACTION if device_memory() else BUDGET_FRACTION
+
+
 def host_set(root: Path | str = "/") -> WorkingSet:
     """The host's memory: the least of the cgroup's limit and physical memory."""
     physical = physical_memory(root)
@@ -214,22 +220,23 @@ def host_set(root: Path | str = "/") -> WorkingSet:
 
 # -- the group's settings --------------------------------------------------------------------------
 def memory_args(memory: str | None = None, budget_fraction: float | None = None) -> dict:
-    """--memory and --budget-fraction checked, as the actors get them: memory (bytes or None), budget_fraction."""
-    fraction = BUDGET_FRACTION if budget_fraction is None else budget_fraction
-    if not 0 < fraction <= 1:
-        raise SpillError(f"--budget-fraction must be above 0 and at most 1 (the default is {BUDGET_FRACTION}); got {fraction}")
+    """--memory and --budget-fraction checked, as the actors get them: memory (bytes or None), budget_fraction
+    (None where not given: each group takes its device's default, `default_fraction`)."""
+    if budget_fraction is not None and not 0 < budget_fraction <= 1:
+        raise SpillError(f"--budget-fraction must be above 0 and at most 1 (the default is {BUDGET_FRACTION}, "
+                         f"{GPU_BUDGET_FRACTION} on a CUDA GPU); got {budget_fraction}")
     try:
         size = None if memory is None else parse_size(memory)
     except SpillError:
         raise SpillError(f"--memory {memory!r} is not a size; write it like 48GB, 1.5GiB or 900M") from None
-    return {"memory": size, "budget_fraction": fraction}
+    return {"memory": size, "budget_fraction": budget_fraction}
 
 
 def describe(args: dict) -> dict:
     """What a group plans for: working_set, source, budget_fraction, budget (bytes); on a CUDA GPU also the host's
     memory (host, host_source), which its buffers and processes are budgeted against."""
     ws = working_set(args.get("memory"))
-    fraction = args.get("budget_fraction") or BUDGET_FRACTION
+    fraction = args.get("budget_fraction") or default_fraction()
     host = host_apart()
     return {"working_set": ws.bytes, "source": ws.source, "budget_fraction": fraction, "budget": int(ws.bytes * fraction),
             **({"host": host.bytes, "host_source": host.source} if host else {})}

@@ -128,6 +128,14 @@ def read_slots() -> int:
     return config.read_slots() or (1 if small_cpu else 2)
 
 
+def layers_in_flight() -> int:
+    """Layers of converted weights alive at once while streaming (config.layers_in_flight where set): two, the one
+    computing and the next, so a conversion overlaps the compute; one on a CUDA GPU, where the copy engine fills a
+    layer in milliseconds beside a read of ~100 ms, and a layer of GPU memory more holds ~20 rows of llama 3b's KV."""
+    from spill import config
+    return config.layers_in_flight() or (1 if on_cuda() else 2)
+
+
 def read_into() -> str:
     """Where the reader reads each layer (config.read_into): "mlx", straight into MLX memory; on a CUDA GPU
     "pinned", into its own page-locked buffers that the GPU's copy engine copies out. O_DIRECT into MLX's

@@ -22,7 +22,7 @@ import numpy as np
 
 from spill import config, memory
 from spill.errors import SpillError
-from spill.platform import blas_threads_for, default_dtype, release_heap, set_blas_threads
+from spill.platform import blas_threads_for, default_dtype, layers_in_flight, release_heap, set_blas_threads
 
 from .families import adapter_for
 from .groups import Decode, Group, Pool, RowState
@@ -99,7 +99,7 @@ class Streamer:
         self.seed = seed
         self._cpu, self._threads = mx.default_device() == mx.cpu, 0   # OpenBLAS's threads, set each pass
         self._reader_args = dict(dtype=self.dtype, read_ahead=read_ahead, drop_cache=drop_cache)
-        self.reader = WeightReader(self.plan, **self._reader_args)
+        self.reader = WeightReader(self.plan, **self._reader_args, in_flight=2 if resident else layers_in_flight())
         self.adapter.load_resident(self.reader.read_resident())
         self.kept: dict[int, dict] | None = {} if resident else None   # resident: layer -> its weights
         self._closed_s = {"wait_s": 0.0, "read_s": 0.0}   # reader seconds of readers closed since (resident)
@@ -162,6 +162,7 @@ class Streamer:
         self.kept = {} if resident else None
         if self.reader is None:
             self.reader = WeightReader(self.plan, **self._reader_args)
+        self.reader.in_flight = 2 if resident else layers_in_flight()   # kept layers are never released
         _free_cache()
 
     def _close_reader(self) -> None:

@@ -8,7 +8,8 @@ with the engine for memory. With read_ahead, two threads work ahead of the compu
     compute thread            take(0), layer 0    | take(1), layer 1| take(2) ...
 
 A buffer is refilled only once its layer is converted; a layer is converted only once the previous
-one was taken, so at most two layers of mx.arrays are alive (the one computing, the one ready).
+one was taken, so at most two layers of mx.arrays are alive (the one computing, the one ready); with
+`in_flight` 1, only once the previous one was released: one layer alive (platform.layers_in_flight).
 Buffers (`into`, platform.read_into): "mlx", MLX memory, a tensor stored as computed a view of it, lent to its
 layer until the compute thread `release`s it, then read into again; "buffers", the reader's own, copied out;
 "pinned" (a CUDA GPU), its own, page-locked, each layer copied by the GPU into MLX memory lent as with "mlx".
@@ -40,8 +41,9 @@ _CHUNK = 16 << 20       # bytes per read call; the page cache holds at most a fe
 class WeightReader:
     def __init__(self, plan: ModelPlan, *, dtype: "mx.Dtype | None" = None, read_ahead: bool = True,
                  drop_cache: bool = True, read_threads: int | None = None, convert_threads: int | None = None,
-                 direct: bool | None = None, into: str | None = None, engine=None):
+                 direct: bool | None = None, into: str | None = None, engine=None, in_flight: int = 2):
         self.plan = plan
+        self.in_flight = in_flight    # layers of arrays alive: 1 waits for `release`, so a caller that keeps layers sets 2
         self.dtype = dtype
         self.read_ahead = read_ahead
         self.drop_cache = drop_cache
@@ -67,7 +69,7 @@ class WeightReader:
         self._cv = threading.Condition()
         self._gen = 0                 # bumped by start_pass and close: stale work is dropped
         self._order: list[int] = []
-        self._taken = self._next_read = self._next_conv = 0   # positions taken by the compute thread, read, converted
+        self._taken = self._next_read = self._next_conv = self._released = 0   # positions taken, read, converted, released
         self._filled: dict[int, int] = {}          # position -> buffer holding it, not yet converted
         self._ready: dict[int, dict] = {}          # position -> its converted tensors
         self._free = [True] * len(self._bufs)
@@ -122,7 +124,7 @@ class WeightReader:
             self._cv.notify_all()
             while self._busy:           # let stale jobs notice the new generation and stop
                 self._cv.wait()
-            self._order, self._taken, self._next_read, self._next_conv = order, 0, 0, 0
+            self._order, self._taken, self._next_read, self._next_conv, self._released = order, 0, 0, 0, 0
             self._filled, self._ready, self._error, self._lent = {}, {}, None, {}   # unreleased: never reused
             self._free = [True] * len(self._bufs)
             if self.read_ahead and not self._threads:
@@ -144,6 +146,8 @@ class WeightReader:
                 raise RuntimeError(f"take({i}): layers are taken in the pass's order, the next one is "
                                    f"{self._order[pos]}")
             self._lent = {p: b for p, b in self._lent.items() if p >= pos}   # not released: left to its views
+            self._released = max(self._released, pos)   # asked for: copied now even where the caller keeps layers
+            self._cv.notify_all()
             if self.read_ahead:
                 while pos not in self._ready and not self._failed(pos) and not self._closed:
                     self._cv.wait()
@@ -156,7 +160,7 @@ class WeightReader:
                 self._cv.notify_all()
         if not self.read_ahead:          # serial IO: read and convert here
             self._bufs[0] = self._buffer(self._bufs[0])
-            self._read_layer(i, self._bufs[0][0], gen=None)
+            self._read_spans(self._layout[i][1], self._bufs[0][0], gen=None)
             out = self._convert_layer(i, 0, gen=None)
             self._renew(0, self._taken, i)
             self._taken += 1
@@ -172,8 +176,9 @@ class WeightReader:
         memory it was read into takes a later layer as it is. Only the layer taken last can be released."""
         with self._cv:
             pos = self._taken - 1
-            if pos >= 0 and self._order[pos] == i and pos in self._lent:
-                self._spare.append(self._lent.pop(pos))
+            if pos >= 0 and self._order[pos] == i:
+                self._released = pos + 1
+                self._spare += [self._lent.pop(pos)] if pos in self._lent else []
                 self._cv.notify_all()
 
     def stats(self) -> dict:
@@ -185,14 +190,12 @@ class WeightReader:
         with self._cv:
             if self._closed:
                 return
-            self._closed = True
-            self._gen += 1
+            self._closed, self._gen = True, self._gen + 1
             self._cv.notify_all()
         for t in self._threads:
             t.join()
-        for pool in (self._read_pool, self._conv_pool):
-            if pool is not None:
-                pool.shutdown()
+        for pool in filter(None, (self._read_pool, self._conv_pool)):
+            pool.shutdown()
         self._drop_files()
         for fd in self._fds.values():
             os.close(fd)
@@ -223,7 +226,7 @@ class WeightReader:
                 self._busy += 1
             def read():
                 self._bufs[slot] = self._buffer(self._bufs[slot])
-                return self._read_layer(layer, self._bufs[slot][0], gen)
+                return self._read_spans(self._layout[layer][1], self._bufs[slot][0], gen)
             done = self._job(gen, pos, read)
             if pos == len(self._order) - 1:
                 self._drop_files()
@@ -238,7 +241,7 @@ class WeightReader:
             with self._cv:
                 while not self._closed and not (
                         not self._failed(self._next_conv) and self._next_conv in self._filled
-                        and self._taken >= self._next_conv):
+                        and (self._taken if self.in_flight > 1 else self._released) >= self._next_conv):
                     self._cv.wait()
                 if self._closed:
                     return
@@ -271,9 +274,6 @@ class WeightReader:
         return self._error is not None and self._error[0] <= pos
 
     # -- reading and converting ------------------------------------------------------------------------
-    def _read_layer(self, i: int, buf: np.ndarray, gen: int | None) -> bool:
-        return self._read_spans(self._layout[i][1], buf, gen)
-
     def _read_spans(self, spans: list["Span"], buf: np.ndarray, gen: int | None) -> bool:
         """Read whole pages of each span into the buffer, in chunks (on the read threads, if several);
         False if the pass was abandoned."""

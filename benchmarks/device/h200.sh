@@ -12,8 +12,9 @@
 #                                     (cpu: then benchmarks/cpu_threads.py, BLAS:convert threads in
 #                                     SPILL_SWEEP; reader knobs in spill/config.py)
 #   bash h200.sh sweep STAGE OUT      set up; benchmarks/cpu_threads.py alone (SPILL_SWEEP as above)
-#   bash h200.sh ab-gpu|ab-cpu|ab STAGE OUT   pass_time.py at SPILL_BATCHES (8,32) reading into pinned
-#                                     buffers the GPU copies out, then host-copied ones (SPILL_AB), on one device or both
+#   bash h200.sh ab-gpu|ab-cpu|ab STAGE OUT   pass_time.py at SPILL_BATCHES (8,32) with each value of SPILL_AB
+#                                     (default: pinned buffers, then host-copied ones) set in SPILL_AB_VAR
+#                                     (default SPILL_READ_INTO), on one device or both
 #   bash h200.sh peers STAGE OUT      set up; benchmarks/peers.py (PEERS_ARGS) under a memory cap, with the
 #                                     wheels of STAGE/peers (pack.sh --peers) carried in a call of their own;
 #                                     it runs on past the call: `peers-wait` waits again (PEERS_WAIT s each)
@@ -89,10 +90,11 @@ case $cmd in
       --settings "${SPILL_SWEEP:-0:8,8:8,12:4}" | tee "$out/cpu-threads.txt" ;;
   ab-gpu|ab-cpu|ab)
     devs=${cmd#ab-}; [ "$devs" = ab ] && devs="gpu cpu"
-    for dev in $devs; do for into in ${SPILL_AB:-pinned buffers}; do
-      echo "== SPILL_READ_INTO=$into on the $dev"
-      SPILL_READ_INTO=$into python3 $src/benchmarks/pass_time.py --models "$models" --device $dev --reps 2 \
-        --batches "${SPILL_BATCHES:-8,32}" --no-serial --doc "$out/pass-$dev-$into-$SECONDS.md" | tail -12
+    var=${SPILL_AB_VAR:-SPILL_READ_INTO}
+    for dev in $devs; do for v in ${SPILL_AB:-pinned buffers}; do
+      echo "== $var=$v on the $dev"
+      env "$var=$v" python3 $src/benchmarks/pass_time.py --models "$models" --device $dev --reps 2 \
+        --batches "${SPILL_BATCHES:-8,32}" --no-serial --doc "$out/pass-$dev-$v-$SECONDS.md" | tail -12
     done; done ;;
   peers)   # the machine's cgroup (v2) lends its children no memory controller: move its processes to a leaf
     python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$site" "$keep"/peers/*.whl

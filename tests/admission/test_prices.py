@@ -145,3 +145,6 @@ def test_on_a_cuda_gpu_the_live_allocation_is_the_larger_share_of_either_memory(
     assert live_allocation(p, others=100 * MB, runtime=100 * MB, sheet=s) == 1024 * MB   # MLX's, on the GPU
     p.cgroup_usage = 512 * MB                                 # half the host's: as half the GPU's
     assert live_allocation(p, others=100 * MB, runtime=100 * MB, sheet=s) == 2048 * MB
+    s = sheet_for(plan, 4 * 2**30, 2, prefill_tokens=64, host_set=2**30, fraction=0.9, host_fraction=0.78)
+    p.cgroup_usage = int(0.78 * 2**30)                        # the host at its budget line: the GPU's at its own
+    assert abs(live_allocation(p, others=100 * MB, runtime=100 * MB, sheet=s) - s.budget) <= 8

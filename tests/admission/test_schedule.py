@@ -186,3 +186,21 @@ def test_a_cuda_gpus_budget_is_its_memory_with_the_hosts_apart(make_tiny, monkey
     assert "working set 4.0 GiB (cuda)" in line and "the host's" in line
     monkeypatch.setenv("SPILL_DEVICE", "cpu")
     assert schedule.budget_policy(plan, "1GiB")[0].sheet.host_set == 0   # one budget elsewhere
+
+
+def test_a_cuda_gpus_own_memory_is_budgeted_nearer_its_size_and_the_hosts_as_before(make_tiny, monkeypatch):
+    """No page cache lives in a discrete GPU's memory: its budget is 90% (lines at 93 and 97%), one layer of
+    weights is in flight, and the host's budget stays 78%; --budget-fraction still sets the GPU's."""
+    from spill import memory, platform
+    from spill.streamer.plan import load_plan
+    plan = load_plan(make_tiny("llama"))
+    cpu = schedule.budget_policy(plan, "1GiB")[0].sheet
+    monkeypatch.setenv("SPILL_DEVICE", "gpu-NVIDIA H200")
+    monkeypatch.setenv("SPILL_DEVICE_MEMORY", str(4 << 30))
+    monkeypatch.setattr(platform.sys, "platform", "linux")
+    gpu = schedule.budget_policy(plan, "1GiB")[0].sheet
+    assert (cpu.fraction, cpu.guard, cpu.hard) == (0.78, 0.80, 0.90)
+    assert (gpu.fraction, gpu.guard, gpu.hard, gpu.host_fraction) == (0.90, 0.93, 0.97, 0.78)
+    assert 4 * gpu.fixed["layers"] == cpu.fixed["layers"] > 0   # one bf16 layer against two in f32
+    assert schedule.budget_policy(plan, "1GiB", fraction=0.5)[0].sheet.fraction == 0.5
+    assert "budget 90%" in memory.describe_line(memory.describe({"memory": None}))

@@ -160,15 +160,15 @@ def test_parse_size_refuses_with_one_sentence(text):
 
 
 def test_memory_args_as_the_actors_get_them():
-    assert memory.memory_args() == {"memory": None, "budget_fraction": 0.78}
+    assert memory.memory_args() == {"memory": None, "budget_fraction": None}   # the group's device chooses
     assert memory.memory_args("2GiB", 1.0) == {"memory": 2 * GIB, "budget_fraction": 1.0}
 
 
 @pytest.mark.parametrize("size,fraction,says", [
     ("lots", None, "--memory 'lots' is not a size; write it like 48GB, 1.5GiB or 900M"),
-    (None, 0.0, "--budget-fraction must be above 0 and at most 1 (the default is 0.78); got 0.0"),
-    (None, 1.5, "--budget-fraction must be above 0 and at most 1 (the default is 0.78); got 1.5"),
-    (None, float("nan"), "--budget-fraction must be above 0 and at most 1 (the default is 0.78); got nan")])
+    (None, 0.0, "--budget-fraction must be above 0 and at most 1 (the default is 0.78, 0.9 on a CUDA GPU); got 0.0"),
+    (None, 1.5, "--budget-fraction must be above 0 and at most 1 (the default is 0.78, 0.9 on a CUDA GPU); got 1.5"),
+    (None, float("nan"), "--budget-fraction must be above 0 and at most 1 (the default is 0.78, 0.9 on a CUDA GPU); got nan")])
 def test_memory_args_refuse_with_one_sentence(size, fraction, says):
     with pytest.raises(SpillError) as err:
         memory.memory_args(size, fraction)

@@ -242,6 +242,26 @@ def test_a_released_layer_s_memory_takes_a_later_layer_without_a_new_buffer(tmp_
         assert 1 <= len(made) <= len(reader._bufs) + 2 < 20
 
 
+@pytest.mark.parametrize("in_flight, made", [(1, 1), (2, 2)])
+def test_with_one_layer_in_flight_the_next_is_copied_only_once_the_computing_one_is_released(tmp_path, monkeypatch,
+                                                                                           in_flight, made):
+    """A CUDA GPU's reader (pinned, one layer in flight): the next layer is not copied into MLX memory while the
+    one computing holds it, so every layer of every pass is copied into the same buffer, where two take two."""
+    tensors = make_model(tmp_path, layers=5)
+    plan = load_plan(tmp_path)
+    buffers, zeros = [], mx.zeros
+    monkeypatch.setattr(mlx_buffers.mx, "zeros", lambda *a, **k: buffers.append(a) or zeros(*a, **k))
+    with WeightReader(plan, into="pinned", engine=HostCopy(), in_flight=in_flight) as reader:
+        for _ in range(3):
+            reader.start_pass()
+            for i in range(5):
+                check_layer(reader.take(i), tensors, [t.name for t in plan.layers[i]])
+                time.sleep(0.05)   # the next layer's read is done: only the rule holds its copy back
+                assert (i + 1 in reader._ready) == (in_flight == 2 and i < 4)   # the next one copied already
+                reader.release(i)
+    assert len(buffers) == made
+
+
 @pytest.mark.parametrize("into", ["mlx", "pinned"])
 def test_a_layer_not_released_keeps_its_bytes_while_later_passes_read(tmp_path, into):
     tensors = make_model(tmp_path, layers=4)

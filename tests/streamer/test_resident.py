@@ -23,9 +23,12 @@ def _drive(streamer):
     return out, reports
 
 
-@pytest.mark.parametrize("family,bits", [("llama", None), ("gemma2", None), ("qwen3", 4)])
-def test_resident_output_is_the_streamed_output_and_only_the_first_pass_reads(make_tiny, family, bits):
+@pytest.mark.parametrize("family,bits,in_flight", [("llama", None, "2"), ("llama", None, "1"), ("gemma2", None, "2"),
+                                                   ("qwen3", 4, "1")])
+def test_resident_output_is_the_streamed_output_and_only_the_first_pass_reads(make_tiny, monkeypatch, family, bits,
+                                                                              in_flight):
     folder = make_tiny(family, bits=bits)
+    monkeypatch.setenv("SPILL_LAYERS_IN_FLIGHT", in_flight)   # streamed with one layer alive or two
     streamed, s_reports = _drive(Streamer(folder, prefill_chunk=16))
     engine = Streamer(folder, prefill_chunk=16, resident=True)
     total = engine.plan.streamed_bytes
@@ -36,7 +39,11 @@ def test_resident_output_is_the_streamed_output_and_only_the_first_pass_reads(ma
     assert all(mem == 0 for _, mem in r_reports)   # the reader's buffers are freed once every layer is kept
 
 
-def test_switching_mode_between_jobs_keeps_then_streams_again(make_tiny):
+@pytest.mark.parametrize("in_flight", ["1", "2"])
+def test_switching_mode_between_jobs_keeps_then_streams_again(make_tiny, monkeypatch, in_flight):
+    """With one layer in flight (a CUDA GPU's) the reader copies a layer once the one before is released, which
+    kept layers never are: then once it is asked for (no hang), and resident, two ahead again."""
+    monkeypatch.setenv("SPILL_LAYERS_IN_FLIGHT", in_flight)
     engine = Streamer(make_tiny("llama"), prefill_chunk=16)
     total = engine.plan.streamed_bytes
 
