@@ -39,7 +39,7 @@ def budget_policy(plan, memory_arg=None, fraction: float | None = None, others: 
     def price(tokens: int):
         return sheet_for(plan, ws.bytes, compute_itemsize(plan), prefill_tokens=tokens, prefill_chunk=prefill_chunk,
                          others=others, resident=resident, host_set=host.bytes if host else 0,
-                         fraction=fraction or (config.GPU_BUDGET_FRACTION if host else config.BUDGET_FRACTION),
+                         fraction=fraction or memory.default_fraction(),
                          host_fraction=config.BUDGET_FRACTION, source=ws.source, cgroup_binds=binds,
                          guard=config.guard_line(bool(host)), hard=config.hard_line(bool(host)))
     tokens = config.prefill_tokens()

@@ -124,7 +124,7 @@ def run_cmd(
     try:
         code = run_job(model=model, input=input, output=output, max_tokens=max_tokens, temperature=temperature,
                        resume=resume, new=new, quiet=quiet, listen=listen, every=every, stream=stream,
-                       memory=memory_args(memory, budget_fraction), explicit=budget_fraction is not None)
+                       memory=memory_args(memory, budget_fraction))
     except GroupDead as err:   # not a usage error: the group stopped under the job
         _fail(err, 1)
     except SpillError as err:

@@ -73,8 +73,8 @@ def _watched(client):
 
 
 def run_job(*, model, input, output, max_tokens, temperature, resume, new, quiet, listen, every=10.0,
-            stream=False, memory: dict | None = None, explicit: bool = False) -> int:
-    """`memory`: the checked --memory/--budget-fraction; `explicit`: --budget-fraction was given."""
+            stream=False, memory: dict | None = None) -> int:
+    """`memory`: the checked --memory/--budget-fraction (memory_args: None where not given)."""
     openblas_note()
     args, finished = check_run(model=model, input=input, output=output, max_tokens=max_tokens,
                                temperature=temperature, resume=resume, new=new)
@@ -85,7 +85,7 @@ def run_job(*, model, input, output, max_tokens, temperature, resume, new, quiet
                    f"failed; output {finished.output_path}. Add --new to run it again.")
         return 0
     memory = memory or memory_args()
-    args = {**args, "memory": memory["memory"], "budget_fraction": memory["budget_fraction"] if explicit else None}
+    args = {**args, "memory": memory["memory"], "budget_fraction": memory["budget_fraction"]}
     from .client import GroupDead, leave_group
     from .jobstore import ask_to_stop
     from .live import follow
