@@ -53,6 +53,8 @@ def parse() -> argparse.Namespace:
     p.add_argument("--peers", default=",".join(PEERS))
     p.add_argument("--mlx-batches", default="1", help="mlx-lm's batches (it is expected to die at load)")
     p.add_argument("--hf-batches", default="", help="accelerate's batches (default: --batches)")
+    p.add_argument("--hf-gpu-share", type=float, default=0.5, help="share of the GPU cap accelerate fills with "
+                   "weights (the rest holds its KV and activations)")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds one peer's run may take")
     p.add_argument("--spill-timeout", type=float, default=900.0, help="seconds spill's run may take (prefill included)")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 2)
@@ -283,7 +285,8 @@ def main() -> None:
     print(f"model {size / 1e9:.2f} GB, cap {a.cap}, cold read {head['cold_gbps_before']:.2f} GB/s", flush=True)
     spec = {"model": str(folder), "gguf": str(gguf), "prompts": ids, "new": a.new, "threads": a.threads,
             "offload": str(Path(a.work) / "offload"), "gpu_cap": gpu_cap,
-            "hf_dtype": a.dtype if gpu_cap else "float32"}   # computed as spill computes: stored on a GPU, f32 on a CPU
+            "hf_dtype": a.dtype if gpu_cap else "float32",   # computed as spill computes: stored on a GPU, f32 on a CPU
+            "hf_gpu_share": a.hf_gpu_share}
     plan = [("spill", a.spill_rows, "")] if "spill" in wanted else []
     for peer in ("mlx-lm", "accelerate", "llama.cpp"):
         if peer in wanted:

@@ -3,7 +3,7 @@
     python benchmarks/peers_child.py llama.cpp|accelerate|mlx-lm SPEC.json
 
 SPEC.json: {"model": folder, "gguf": file, "prompts": [[ids]...], "new": 32, "threads": 2, "offload": dir,
-"hf_dtype": "float32", "gpu_cap": bytes or null}.
+"hf_dtype": "float32", "gpu_cap": bytes or null, "hf_gpu_share": share of gpu_cap for accelerate's weights}.
 Every peer runs greedy: one prefill of the batch's prompts (timed apart), then `new` decode steps of
 one token per row, each step timed. Stage lines go to stderr, so a killed child still shows how far it got.
 Where a GPU is, a peer holding more GPU memory than gpu_cap exits with OVER_CAP (the cgroup caps host memory only).
@@ -98,9 +98,9 @@ def accelerate(spec: dict) -> dict:
     cap = spec.get("gpu_cap")
     gpu = bool(cap) and torch.cuda.is_available()   # peers.py sets a GPU cap wherever it sees a GPU
     memory = {"cpu": spec.get("hf_cpu", "64MiB")}
-    if gpu:   # torch refuses past the cap; half of it holds weights, the rest KV and activations
+    if gpu:   # torch refuses past the cap; a share of it (half by default) holds weights, the rest KV and activations
         torch.cuda.set_per_process_memory_fraction(cap / torch.cuda.get_device_properties(0).total_memory)
-        memory[0] = cap // 2
+        memory[0] = int(cap * spec.get("hf_gpu_share", 0.5))
     model = AutoModelForCausalLM.from_pretrained(
         spec["model"], dtype=dtype, device_map="auto", max_memory=memory,
         offload_folder=spec["offload"], offload_state_dict=True)
@@ -119,7 +119,7 @@ def _hf_generate(model, ids, spec: dict, placed, torch) -> dict:
     import transformers
     with torch.inference_mode():
         t0 = time.perf_counter()
-        out = model(input_ids=ids, use_cache=True)
+        out = model(input_ids=ids, use_cache=True, logits_to_keep=1)   # the last position's, as generate() keeps
         prefill = time.perf_counter() - t0
         past, nxt = out.past_key_values, out.logits[:, -1, :].argmax(-1)
         steps, first = [], [int(nxt[0])]
@@ -133,6 +133,7 @@ def _hf_generate(model, ids, spec: dict, placed, torch) -> dict:
             stage("step", i=i, seconds=steps[-1], token=first[-1])
     gpu_peak = torch.cuda.max_memory_allocated() if ids.is_cuda else None
     return {"prefill_s": prefill, "steps": steps, "tokens": first, "devices": [str(d) for d in placed],
+            "gpu_share": spec.get("hf_gpu_share") if ids.is_cuda else None,
             "gpu_peak": gpu_peak, "version": f"transformers {transformers.__version__}, accelerate {acc.__version__}, torch {torch.__version__}"}
 
 
