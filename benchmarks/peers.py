@@ -115,9 +115,10 @@ def capped(a, name: str, cmd: list, env: dict, files, cap: str = "", timeout: fl
         cg.remove()
     status = "ok" if rc == 0 else "timeout" if rc is None else "oom-killed" if kills else "failed"
     stages = [json.loads(x) for x in err.splitlines() if x.startswith('{"stage"')]
+    reached = [x["stage"] for x in stages if x["stage"] != "over-cap"]   # how far it got; "over-cap" says why it ended
     return {"status": status, "rc": rc, "oom_kills": kills, "cgroup_peak": peak, "wall_s": round(wall, 1),
             "stdout": out, "stderr_tail": [x for x in err.splitlines() if not x.startswith('{"stage"')][-6:],
-            "last_stage": stages[-1]["stage"] if stages else None, "stages": stages}
+            "last_stage": reached[-1] if reached else None, "stages": stages}
 
 
 # -- the peers ---------------------------------------------------------------------------------------------------------
