@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from pass_time import drop_cache, model_args, model_folder, read_all  # noqa: E402
-from peers_report import table, text_agreement, write_doc  # noqa: E402
+from peers_report import child_stages, table, text_agreement, write_doc  # noqa: E402
 
 from spill.child_cgroup import ChildCgroup  # noqa: E402
 from spill.memory import parse_size  # noqa: E402
@@ -114,11 +114,8 @@ def capped(a, name: str, cmd: list, env: dict, files, cap: str = "", timeout: fl
     finally:
         cg.remove()
     status = "ok" if rc == 0 else "timeout" if rc is None else "oom-killed" if kills else "failed"
-    stages = [json.loads(x) for x in err.splitlines() if x.startswith('{"stage"')]
-    reached = [x["stage"] for x in stages if x["stage"] != "over-cap"]   # how far it got; "over-cap" says why it ended
     return {"status": status, "rc": rc, "oom_kills": kills, "cgroup_peak": peak, "wall_s": round(wall, 1),
-            "stdout": out, "stderr_tail": [x for x in err.splitlines() if not x.startswith('{"stage"')][-6:],
-            "last_stage": reached[-1] if reached else None, "stages": stages}
+            "stdout": out, **child_stages(err)}
 
 
 # -- the peers ---------------------------------------------------------------------------------------------------------

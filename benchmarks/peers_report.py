@@ -1,8 +1,18 @@
 """The peers table from `peers.py`'s results, and writing it into docs/benchmarks.md between its markers."""
 
+import json
 from pathlib import Path
 
 MIB = 2**20
+
+
+def child_stages(err: str) -> dict:
+    """A peer child's stderr: its stage lines, the last stage it reached ("over-cap" says why it ended, not how
+    far it got) and its last six other lines."""
+    stages = [json.loads(x) for x in err.splitlines() if x.startswith('{"stage"')]
+    reached = [x["stage"] for x in stages if x["stage"] != "over-cap"]
+    return {"stderr_tail": [x for x in err.splitlines() if not x.startswith('{"stage"')][-6:],
+            "last_stage": reached[-1] if reached else None, "stages": stages}
 
 
 def agreement(tokens: list[int] | None, ref: list[int] | None) -> str:

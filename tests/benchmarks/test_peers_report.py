@@ -60,3 +60,16 @@ def test_spills_row_0_is_compared_by_the_text_of_the_reference_tokens_and_its_ra
     assert any(x.startswith("| spill | 8 | ok | 1.00 | 8.0 (5.0 every pass) |") and x.endswith("| first 2/3 |")
                for x in lines)
     assert lines[-1].endswith("spill: 8.0 tok/s at batch 8, 1.00x the best peer (goal: >= 2x).")
+
+
+def test_a_peer_refused_past_its_gpu_cap_in_prefill_reads_in_prefill_not_at_load():
+    """accelerate's child says "loaded", then "over-cap" as torch refuses its prefill's allocation: the table said
+    "at load" (the refusal's own stage hid how far it got)."""
+    err = "\n".join(['{"stage": "loaded", "t": 1}', "Some parameters are on the meta device",
+                     '{"stage": "over-cap", "t": 2, "gpu_peak": 3003315712, "when": "(torch refused an allocation)"}',
+                     "GPU memory 2.80 GiB (torch refused an allocation), over the cap of 3.00 GiB"])
+    facts = peers_report.child_stages(err)
+    assert facts["last_stage"] == "loaded" and len(facts["stages"]) == 2 and len(facts["stderr_tail"]) == 2
+    runs = [HEAD, {"peer": "accelerate", "batch": 192, "status": "over the GPU cap", "gpu_peak": 3003315712, **facts},
+            {"run": "peers-end", "cold_gbps_after": 2.0}]
+    assert any(x.startswith("| accelerate | 192 | over the GPU cap in prefill |") for x in peers_report.table(runs))
