@@ -36,12 +36,13 @@ def budget_policy(plan, memory_arg=None, fraction: float | None = None, others: 
     limit = memory.cgroup_limit()   # its usage counts as live only where it binds (prices.live_allocation)
     binds = limit is not None and limit <= (host or ws).bytes
 
+    share = fraction or memory.default_fraction()
+
     def price(tokens: int):
         return sheet_for(plan, ws.bytes, compute_itemsize(plan), prefill_tokens=tokens, prefill_chunk=prefill_chunk,
-                         others=others, resident=resident, host_set=host.bytes if host else 0,
-                         fraction=fraction or memory.default_fraction(),
+                         others=others, resident=resident, host_set=host.bytes if host else 0, fraction=share,
                          host_fraction=config.BUDGET_FRACTION, source=ws.source, cgroup_binds=binds,
-                         guard=config.guard_line(bool(host)), hard=config.hard_line(bool(host)))
+                         guard=config.guard_line(bool(host), share), hard=config.hard_line(bool(host), share))
     tokens = config.prefill_tokens()
     while True:   # on a small machine, price fewer prefill tokens a pass (down to a chunk) than KV gets
         sheet = price(tokens)

@@ -44,8 +44,8 @@ def parse() -> argparse.Namespace:
     p.add_argument("--batches", default="1,16,64", help="the peers' batches")
     p.add_argument("--spill-rows", type=int, default=256, help="rows given to spill run (its budget picks the batch)")
     p.add_argument("--spill-cap", default="", help="also run spill at this cap (e.g. one its budget admits rows at)")
-    p.add_argument("--spill-budget-fraction", type=float, default=None, help="spill's --budget-fraction (with "
-                   "SPILL_GUARD_LINE and SPILL_HARD_LINE above it in the environment)")
+    p.add_argument("--spill-budget-fraction", type=float, default=None, help="spill's --budget-fraction (its "
+                   "guard and hard lines rise above it)")
     p.add_argument("--gpu-cap", default="", help="GPU memory each peer may hold where a GPU is (default: --cap)")
     p.add_argument("--cgroup-parent", default="", help="make the capped cgroups under this one (cgroup v2 where "
                    "this process's own cannot have children with a memory controller)")

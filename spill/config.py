@@ -36,16 +36,21 @@ def max_rows() -> int:
     return int(os.environ.get("SPILL_MAX_ROWS", "256"))
 
 
-def guard_line(gpu: bool = False) -> float:
+def guard_line(gpu: bool = False, fraction: float = 0.0) -> float:
     """Share of the working set above which admission admits nothing (SPILL_GUARD_LINE, default 0.80; 0.93 on a
-    CUDA GPU's own memory, `gpu`: 3 points above its budget as 0.80 is 2 above 0.78)."""
-    return float(os.environ.get("SPILL_GUARD_LINE", "0.93" if gpu else "0.80"))
+    CUDA GPU's own memory, `gpu`: 3 points above its budget as 0.80 is 2 above 0.78), and 2 points above a
+    budget `fraction` set higher."""
+    if os.environ.get("SPILL_GUARD_LINE"):
+        return float(os.environ["SPILL_GUARD_LINE"])
+    return min(1.0, max(0.93 if gpu else 0.80, fraction + 0.02))
 
 
-def hard_line(gpu: bool = False) -> float:
+def hard_line(gpu: bool = False, fraction: float = 0.0) -> float:
     """Share of the working set above which admission preempts the newest rows (SPILL_HARD_LINE, default 0.90;
-    0.97 on a CUDA GPU's own memory)."""
-    return float(os.environ.get("SPILL_HARD_LINE", "0.97" if gpu else "0.90"))
+    0.97 on a CUDA GPU's own memory), and 4 points above a budget `fraction` set higher."""
+    if os.environ.get("SPILL_HARD_LINE"):
+        return float(os.environ["SPILL_HARD_LINE"])
+    return min(1.0, max(0.97 if gpu else 0.90, fraction + 0.04))
 
 
 def prefill_tokens() -> int:

@@ -204,3 +204,26 @@ def test_a_cuda_gpus_own_memory_is_budgeted_nearer_its_size_and_the_hosts_as_bef
     assert 4 * gpu.fixed["layers"] == cpu.fixed["layers"] > 0   # one bf16 layer against two in f32
     assert schedule.budget_policy(plan, "1GiB", fraction=0.5)[0].sheet.fraction == 0.5
     assert "budget 90%" in memory.describe_line(memory.describe({"memory": None}))
+
+
+@pytest.mark.parametrize("gpu", [False, True])
+def test_a_budget_fraction_set_above_the_guard_line_lifts_the_lines_with_it(make_tiny, monkeypatch, gpu):
+    """--budget-fraction 0.95 left the guard at 80% (93% on a CUDA GPU): every pass above it held, so the pools
+    never grew past it, and the hard line at 90% preempted rows the budget had priced in. The lines keep their
+    distance above a budget set higher; SPILL_GUARD_LINE / SPILL_HARD_LINE still set them outright."""
+    from spill import platform
+    from spill.streamer.plan import load_plan
+    if gpu:
+        monkeypatch.setenv("SPILL_DEVICE", "gpu-NVIDIA H200")
+        monkeypatch.setenv("SPILL_DEVICE_MEMORY", str(4 << 30))
+        monkeypatch.setattr(platform.sys, "platform", "linux")
+    plan = load_plan(make_tiny("llama"))
+    policy = schedule.budget_policy(plan, "1GiB", fraction=0.95)[0]
+    s = policy.sheet
+    assert s.fraction < s.guard < s.hard <= 1.0
+    policy.observe(int(0.94 * s.working_set))    # within the budget asked for
+    assert not policy.holding
+    default = schedule.budget_policy(plan, "1GiB")[0].sheet
+    assert (default.guard, default.hard) == ((0.93, 0.97) if gpu else (0.80, 0.90))
+    monkeypatch.setenv("SPILL_GUARD_LINE", "0.85")
+    assert schedule.budget_policy(plan, "1GiB", fraction=0.95)[0].sheet.guard == 0.85
