@@ -53,8 +53,8 @@ def parse() -> argparse.Namespace:
     p.add_argument("--peers", default=",".join(PEERS))
     p.add_argument("--mlx-batches", default="1", help="mlx-lm's batches (it is expected to die at load)")
     p.add_argument("--hf-batches", default="", help="accelerate's batches (default: --batches)")
-    p.add_argument("--hf-gpu-share", type=float, default=0.5, help="share of the GPU cap accelerate fills with "
-                   "weights (the rest holds its KV and activations)")
+    p.add_argument("--hf-gpu-share", default="0.5", help="shares of the GPU cap accelerate fills with weights "
+                   "(the rest holds its KV and activations), e.g. 0.25,0.5: each runs at every batch")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds one peer's run may take")
     p.add_argument("--spill-timeout", type=float, default=900.0, help="seconds spill's run may take (prefill included)")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 2)
@@ -121,7 +121,7 @@ def capped(a, name: str, cmd: list, env: dict, files, cap: str = "", timeout: fl
 # -- the peers ---------------------------------------------------------------------------------------------------------
 def run_peer(a, peer: str, batch: int, spec: dict, files) -> dict:
     spec = {**spec, "prompts": spec["prompts"][:batch]}
-    path = Path(a.work) / f"spec-{peer}-{batch}.json"
+    path = Path(a.work) / f"spec-{peer}-{batch}-{spec.get('hf_gpu_share', '')}.json"
     path.write_text(json.dumps(spec))
     r = capped(a, f"{peer}-{batch}", [sys.executable, HERE / "peers_child.py", peer, path], dict(os.environ), files)
     out = r.pop("stdout").strip().splitlines()
@@ -283,19 +283,20 @@ def main() -> None:
     print(f"model {size / 1e9:.2f} GB, cap {a.cap}, cold read {head['cold_gbps_before']:.2f} GB/s", flush=True)
     spec = {"model": str(folder), "gguf": str(gguf), "prompts": ids, "new": a.new, "threads": a.threads,
             "offload": str(Path(a.work) / "offload"), "gpu_cap": gpu_cap,
-            "hf_dtype": a.dtype if gpu_cap else "float32",   # computed as spill computes: stored on a GPU, f32 on a CPU
-            "hf_gpu_share": a.hf_gpu_share}
+            "hf_dtype": a.dtype if gpu_cap else "float32"}   # computed as spill computes: stored on a GPU, f32 on a CPU
     plan = [("spill", a.spill_rows, "")] if "spill" in wanted else []
     for peer in ("mlx-lm", "accelerate", "llama.cpp"):
         if peer in wanted:
             batches = {"mlx-lm": a.mlx_batches, "accelerate": a.hf_batches}.get(peer) or a.batches
-            plan += [(peer, b, "") for b in map(int, batches.split(","))]
+            shares = a.hf_gpu_share.split(",") if peer == "accelerate" and gpu_cap else [""]
+            plan += [(peer, b, share) for share in shares for b in map(int, batches.split(","))]
     if a.spill_cap and "spill" in wanted:
         at = next((i for i, step in enumerate(plan) if step[0] == "llama.cpp"), len(plan))
         plan.insert(at, ("spill", a.spill_rows, a.spill_cap))
-    for peer, b, cap in plan:
-        print(f"{peer} at batch {b}{f' under {cap}' if cap else ''} ...", flush=True)
-        r = run_spill(a, folder, texts[:b], files, cap) if peer == "spill" else run_peer(a, peer, b, spec, files)
+    for peer, b, cap in plan:   # cap: spill's own cap, or accelerate's share of the GPU cap in weights
+        print(f"{peer} at batch {b}{f' under {cap}' if cap and peer == 'spill' else ''} ...", flush=True)
+        r = run_spill(a, folder, texts[:b], files, cap) if peer == "spill" else run_peer(
+            a, peer, b, {**spec, **({"hf_gpu_share": float(cap)} if cap else {})}, files)
         results.append(r)
         with open(out, "a") as f:
             f.write(json.dumps(r) + "\n")

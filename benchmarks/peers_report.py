@@ -71,7 +71,8 @@ def table(results: list[dict]) -> list[str]:
         tps, pre = r.get("decode_tps"), r.get("prefill_s")
         peak, rss, gpu = r.get("cgroup_peak"), r.get("maxrss"), r.get("gpu_peak")
         agree = "reference" if r["peer"] == "accelerate" else r.get("agree") or agreement(r.get("tokens"), ref)
-        name = r["peer"] + (f" (cap {r['cap'] / 2**30:.2f} GiB)" if r.get("cap") else "")
+        name = r["peer"] + (f" (cap {r['cap'] / 2**30:.2f} GiB)" if r.get("cap") else "") + (
+            f" (weights {r['gpu_share']:.2f} of the GPU cap)" if r.get("gpu_share") else "")
         every = f" ({r['decode_tps_all']:.1f} every pass)" if r.get("decode_tps_all") else ""
         out.append(f"| {name} | {r['batch']} | {outcome} | {fmt(step)} | {fmt(tps, 1)}{every} | "
                    f"{fmt(step and step / io)} | {fmt(pre, 1)} | {peak // MIB if peak else '-'} | "
@@ -89,7 +90,8 @@ def verdict(runs: list[dict]) -> str:
              and r["status"] != "over the GPU cap"]                           # within the cap
     spill = next((r for r in runs if r["peer"] == "spill"), None)
     best = max(peers, key=lambda r: r["decode_tps"], default=None)
-    line = (f"Best peer: {best['peer']} at batch {best['batch']}, {best['decode_tps']:.1f} tok/s ({best['status']}). " if best
+    share = f", weights {best['gpu_share']:.2f} of the GPU cap" if best and best.get("gpu_share") else ""
+    line = (f"Best peer: {best['peer']} at batch {best['batch']}{share}, {best['decode_tps']:.1f} tok/s ({best['status']}). " if best
             else "No peer finished at this cap. ")
     if spill is None:
         return line + "spill was not run."

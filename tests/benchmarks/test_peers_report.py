@@ -73,3 +73,14 @@ def test_a_peer_refused_past_its_gpu_cap_in_prefill_reads_in_prefill_not_at_load
     runs = [HEAD, {"peer": "accelerate", "batch": 192, "status": "over the GPU cap", "gpu_peak": 3003315712, **facts},
             {"run": "peers-end", "cold_gbps_after": 2.0}]
     assert any(x.startswith("| accelerate | 192 | over the GPU cap in prefill |") for x in peers_report.table(runs))
+
+
+def test_accelerates_runs_at_each_share_of_the_gpu_cap_in_weights_are_told_apart():
+    runs = [HEAD, {"peer": "spill", "batch": 185, "status": "ok", "s_per_step": 3.0, "decode_tps": 60.0},
+            {"peer": "accelerate", "batch": 128, "status": "ok", "s_per_step": 3.0, "decode_tps": 41.0, "gpu_share": 0.5},
+            {"peer": "accelerate", "batch": 192, "status": "ok", "s_per_step": 3.6, "decode_tps": 50.0, "gpu_share": 0.25},
+            {"run": "peers-end", "cold_gbps_after": 2.0}]
+    lines = peers_report.table(runs)
+    assert any(x.startswith("| accelerate (weights 0.25 of the GPU cap) | 192 | ok |") for x in lines)
+    assert any(x.startswith("| accelerate (weights 0.50 of the GPU cap) | 128 | ok |") for x in lines)
+    assert "Best peer: accelerate at batch 192, weights 0.25 of the GPU cap, 50.0 tok/s" in lines[-1]
