@@ -106,7 +106,7 @@ case $cmd in
     # spill/ would shadow the installed package in `spill run`
     setsid nohup python3 $src/benchmarks/peers.py --models "$models" --work "$work/peers" --doc '' \
       --json "$work/peers/results.jsonl" --cgroup-parent "$own/peers" --threads "$(nproc)" \
-      ${PEERS_ARGS:---size 3b --cap 3GiB --batches 64 --hf-batches 64,128,192 --new 16 --timeout 90 --spill-timeout 150} \
+      ${PEERS_ARGS:---size 3b --cap 3GiB --peers spill,accelerate --hf-batches 128,192,256 --hf-gpu-share 0.25,0.5 --new 16 --timeout 90 --spill-timeout 240} \
       > "$work/peers/log.txt" 2>&1 < /dev/null &
     echo $! > "$work/peers/pid"
     wait_peers ;;
