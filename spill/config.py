@@ -181,7 +181,7 @@ def stream() -> bool:
 
 BUDGET_FRACTION = 0.78   # --budget-fraction: the share of the working set live allocation aims at
 # ... on a CUDA GPU, whose own memory holds no page cache and nothing of the OS's: no knee to stay under, and the
-# GPU sheet priced the H200's peak 365-500 MiB above MLX's at 3 GiB (docs/benchmarks.md); the host's stays 0.78
+# GPU sheet priced the H200's peak 265-500 MiB above MLX's at 3 GiB (docs/benchmarks.md); the host's stays 0.78
 GPU_BUDGET_FRACTION = 0.90
 
 
