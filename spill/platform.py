@@ -73,15 +73,16 @@ def device() -> str:
 
 
 def device_memory() -> int | None:
-    """A CUDA GPU's memory, which MLX's arrays there must fit; None on a CPU and on Apple silicon (whose
-    working set Metal gives). From SPILL_DEVICE_MEMORY where the coordinator set it."""
+    """A CUDA GPU's memory, which MLX's arrays there must fit: what is free when the group learns it (MLX reads it
+    system-wide, so a desktop's or another job's is left to them), else its total; None on a CPU and on Apple
+    silicon (whose working set Metal gives). From SPILL_DEVICE_MEMORY where the coordinator set it."""
     if not on_cuda():
         return None
     if os.environ.get(MEMORY_ENV):
         return int(os.environ[MEMORY_ENV]) or None
     import mlx.core as mx
     info = mx.device_info()
-    return int(info.get("total_memory") or info.get("memory_size") or 0) or None
+    return int(info.get("free_memory") or info.get("total_memory") or info.get("memory_size") or 0) or None
 
 
 def learn_device() -> str:

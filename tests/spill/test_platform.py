@@ -110,6 +110,20 @@ def test_a_cuda_gpus_memory_is_read_from_the_coordinators_answer(device, platfor
     assert platform.device_memory() == memory
 
 
+def test_a_cuda_gpu_is_budgeted_from_the_memory_free_when_the_group_learns_it(monkeypatch):
+    """A GPU shared with a desktop or another job: 0.90 of its total would overrun what it leaves; MLX's device_info
+    says what is free (NVML's, system-wide), and an MLX that does not is read for its total as before."""
+    import mlx.core as mx
+    from spill import platform
+    monkeypatch.setenv("SPILL_DEVICE", "gpu-NVIDIA RTX")
+    monkeypatch.delenv("SPILL_DEVICE_MEMORY", raising=False)
+    monkeypatch.setattr(platform.sys, "platform", "linux")
+    monkeypatch.setattr(mx, "device_info", lambda: {"total_memory": 24 * 2**30, "free_memory": 21 * 2**30})
+    assert platform.device_memory() == 21 * 2**30
+    monkeypatch.setattr(mx, "device_info", lambda: {"total_memory": 24 * 2**30})
+    assert platform.device_memory() == 24 * 2**30
+
+
 @pytest.mark.parametrize("device,chosen,into,recycles", [
     ("cpu", None, "mlx", True), ("gpu-NVIDIA H200", None, "pinned", True),
     ("gpu-NVIDIA H200", "mlx", "mlx", False), ("cpu", "buffers", "buffers", False)])
