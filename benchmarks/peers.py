@@ -284,19 +284,19 @@ def main() -> None:
     spec = {"model": str(folder), "gguf": str(gguf), "prompts": ids, "new": a.new, "threads": a.threads,
             "offload": str(Path(a.work) / "offload"), "gpu_cap": gpu_cap,
             "hf_dtype": a.dtype if gpu_cap else "float32"}   # computed as spill computes: stored on a GPU, f32 on a CPU
-    plan = [("spill", a.spill_rows, "")] if "spill" in wanted else []
+    plan = [("spill", a.spill_rows, "", "")] if "spill" in wanted else []   # (peer, batch, spill's cap, accelerate's share)
     for peer in ("mlx-lm", "accelerate", "llama.cpp"):
         if peer in wanted:
             batches = {"mlx-lm": a.mlx_batches, "accelerate": a.hf_batches}.get(peer) or a.batches
             shares = a.hf_gpu_share.split(",") if peer == "accelerate" and gpu_cap else [""]
-            plan += [(peer, b, share) for share in shares for b in map(int, batches.split(","))]
+            plan += [(peer, b, "", share) for share in shares for b in map(int, batches.split(","))]
     if a.spill_cap and "spill" in wanted:
         at = next((i for i, step in enumerate(plan) if step[0] == "llama.cpp"), len(plan))
-        plan.insert(at, ("spill", a.spill_rows, a.spill_cap))
-    for peer, b, cap in plan:   # cap: spill's own cap, or accelerate's share of the GPU cap in weights
-        print(f"{peer} at batch {b}{f' under {cap}' if cap and peer == 'spill' else ''} ...", flush=True)
+        plan.insert(at, ("spill", a.spill_rows, a.spill_cap, ""))
+    for peer, b, cap, share in plan:
+        print(f"{peer} at batch {b}{f' under {cap}' if cap else ''} ...", flush=True)
         r = run_spill(a, folder, texts[:b], files, cap) if peer == "spill" else run_peer(
-            a, peer, b, {**spec, **({"hf_gpu_share": float(cap)} if cap else {})}, files)
+            a, peer, b, {**spec, **({"hf_gpu_share": float(share)} if share else {})}, files)
         results.append(r)
         with open(out, "a") as f:
             f.write(json.dumps(r) + "\n")

@@ -84,6 +84,11 @@ def _free_cache() -> None:
     release_heap()
 
 
+def _in_flight(resident: bool) -> int:
+    """The reader's layers in flight: two where layers are kept (never released), else the platform's."""
+    return 2 if resident else layers_in_flight()
+
+
 class Streamer:
     def __init__(self, folder, *, dtype: mx.Dtype | None = "auto", prefill_chunk: int = 512,
                  read_ahead: bool = True, drop_cache: bool = True, keep_logits: bool = False,
@@ -99,7 +104,7 @@ class Streamer:
         self.seed = seed
         self._cpu, self._threads = mx.default_device() == mx.cpu, 0   # OpenBLAS's threads, set each pass
         self._reader_args = dict(dtype=self.dtype, read_ahead=read_ahead, drop_cache=drop_cache)
-        self.reader = WeightReader(self.plan, **self._reader_args, in_flight=2 if resident else layers_in_flight())
+        self.reader = WeightReader(self.plan, **self._reader_args, in_flight=_in_flight(resident))
         self.adapter.load_resident(self.reader.read_resident())
         self.kept: dict[int, dict] | None = {} if resident else None   # resident: layer -> its weights
         self._closed_s = {"wait_s": 0.0, "read_s": 0.0}   # reader seconds of readers closed since (resident)
@@ -162,7 +167,7 @@ class Streamer:
         self.kept = {} if resident else None
         if self.reader is None:
             self.reader = WeightReader(self.plan, **self._reader_args)
-        self.reader.in_flight = 2 if resident else layers_in_flight()   # kept layers are never released
+        self.reader.in_flight = _in_flight(resident)
         _free_cache()
 
     def _close_reader(self) -> None:

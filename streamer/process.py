@@ -113,10 +113,8 @@ class Answer:
 
     def left(self) -> float | None:
         """Seconds still to wait; None when nothing is awaited (or the wait is over)."""
-        if self.index >= 0 and (left := self.until - time.monotonic()) > 0:
-            return left
-        self.index = -1
-        return None
+        left = self.until - time.monotonic()
+        return left if self.index >= 0 and left > 0 else None
 
 
 def run_streamer_process(endpoints, args, log) -> None:
