@@ -20,6 +20,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -109,13 +110,49 @@ def capped(a, name: str, cmd: list, env: dict, files, cap: str = "", timeout: fl
     except OSError as err:
         raise SystemExit(f"cannot make a child memory cgroup here ({err}); run as root on Linux")
     try:
-        rc, out, err, wall = run_in(cg, cmd, timeout or a.timeout, env)
+        with GpuWatch() as gpu:
+            rc, out, err, wall = run_in(cg, cmd, timeout or a.timeout, env)
         kills, peak = cg.oom_kills(), cg.peak()
     finally:
         cg.remove()
     status = "ok" if rc == 0 else "timeout" if rc is None else "oom-killed" if kills else "failed"
     return {"status": status, "rc": rc, "oom_kills": kills, "cgroup_peak": peak, "wall_s": round(wall, 1),
-            "stdout": out, **child_stages(err)}
+            "stdout": out, **({"gpu_used_peak": gpu.peak} if gpu.peak is not None else {}), **child_stages(err)}
+
+
+class GpuWatch:
+    """The GPU's memory in use (nvidia-smi: every process's, CUDA contexts and allocators' caches included) at its
+    most while a child runs, above what was in use before it started; `peak` None where no GPU answers."""
+
+    def __enter__(self) -> "GpuWatch":
+        self.peak, self._base, self._done = None, gpu_used(), threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True) if self._base is not None else None
+        if self._thread:
+            self._thread.start()
+        return self
+
+    def _watch(self) -> None:
+        most = self._base
+        while not self._done.wait(0.2):
+            most = max(most, gpu_used() or 0)
+        self.peak = max(most, gpu_used() or 0) - self._base
+
+    def __exit__(self, *exc) -> None:
+        self._done.set()
+        if self._thread:
+            self._thread.join()
+
+
+def gpu_used() -> int | None:
+    """Bytes in use on the first GPU, or None where nvidia-smi does not answer."""
+    if not gpu_name():
+        return None
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=10)
+        return int(out.stdout.split()[0]) << 20 if out.returncode == 0 else None
+    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
+        return None
 
 
 # -- the peers ---------------------------------------------------------------------------------------------------------

@@ -52,12 +52,14 @@ def table(results: list[dict]) -> list[str]:
            f"tokens, {head['new']} new, greedy; cold read {head['cold_gbps_before']:.2f} GB/s before, "
            f"{tail.get('cold_gbps_after', float('nan')):.2f} after (one model read: {roof:.2f} s)."
            + (f" GPU memory capped at {head['gpu_cap'] / 2**30:.2f} GiB a peer (torch's allocator refuses past it; "
-              "MLX's peak is checked)." if head.get("gpu_cap") else ""),
+              "MLX's peak is checked); GPU peak is MLX's or torch's arrays at their most, GPU in use the device's "
+              "memory in use above idle (nvidia-smi: the CUDA context and the allocators' caches too)."
+              if head.get("gpu_cap") else ""),
            "Versions: " + ", ".join(f"{k} {x}" for k, x in v.items() if x) + "; not installed: "
            + (", ".join(k for k, x in v.items() if not x) or "none") + ".", "",
            "| peer | batch | outcome | s/step | decode tok/s | x roofline | prefill s | cgroup peak MiB | RSS peak MiB "
-           "| GPU peak MiB | row 0 tokens = accelerate's |",
-           "|---|---|---|---|---|---|---|---|---|---|---|"]
+           "| GPU peak MiB | GPU in use MiB | row 0 tokens = accelerate's |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in runs:
         step = r.get("s_per_step")
         io = r["bytes_per_pass"] / (gbps * 1e9) if r.get("bytes_per_pass") else roof
@@ -69,14 +71,14 @@ def table(results: list[dict]) -> list[str]:
             when = {"loaded": "in prefill", "prefilled": "after prefill", "step": "decoding"}.get(r.get("last_stage"), "at load")
             outcome += f" {when}" if r["peer"] != "spill" else ""
         tps, pre = r.get("decode_tps"), r.get("prefill_s")
-        peak, rss, gpu = r.get("cgroup_peak"), r.get("maxrss"), r.get("gpu_peak")
+        peak, rss, gpu, used = r.get("cgroup_peak"), r.get("maxrss"), r.get("gpu_peak"), r.get("gpu_used_peak")
         agree = "reference" if r["peer"] == "accelerate" else r.get("agree") or agreement(r.get("tokens"), ref)
         name = r["peer"] + (f" (cap {r['cap'] / 2**30:.2f} GiB)" if r.get("cap") else "") + (
             f" (weights {r['gpu_share']:.2f} of the GPU cap)" if r.get("gpu_share") else "")
         every = f" ({r['decode_tps_all']:.1f} every pass)" if r.get("decode_tps_all") else ""
         out.append(f"| {name} | {r['batch']} | {outcome} | {fmt(step)} | {fmt(tps, 1)}{every} | "
                    f"{fmt(step and step / io)} | {fmt(pre, 1)} | {peak // MIB if peak else '-'} | "
-                   f"{rss // MIB if rss else '-'} | {gpu // MIB if gpu else '-'} | {agree} |")
+                   f"{rss // MIB if rss else '-'} | {gpu // MIB if gpu else '-'} | {used // MIB if used else '-'} | {agree} |")
     out += ["", verdict([r for r in runs if not r.get("cap")])]
     for r in runs:
         if r.get("cap") and r.get("decode_tps"):

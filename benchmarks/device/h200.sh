@@ -56,6 +56,10 @@ cd "$work"   # not the source folder: its spill/ would shadow the installed pack
 src=$work/src
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
 python3 -c 'import mlx.core as mx; print("mlx", mx.__version__, mx.default_device(), mx.cuda.is_available())'
+# the working set spill budgets a CUDA GPU from without --memory: its free memory where MLX reports it
+python3 -c 'import mlx.core as mx; from spill.platform import device_memory as m; i = mx.device_info()
+print({k: v for k, v in i.items() if "memory" in k}, "spill working set:", m())' | tee "$out/device-memory.txt"
+nvidia-smi --query-gpu=memory.used,memory.free,memory.total --format=csv,noheader | tee -a "$out/device-memory.txt"
 models=$work/models
 make() { [ -d "$models/$1" ] || spill make-model "$models/$1" --family "$2" --size "$3" --shard-size 2GB >/dev/null; }
 case $cmd in

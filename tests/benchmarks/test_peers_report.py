@@ -14,7 +14,8 @@ HEAD = {"time": "t", "machine": "m", "cap": 2**32, "gpu_cap": 2**32, "model": "l
 
 def test_a_peer_over_its_gpu_cap_is_listed_but_not_the_best():
     runs = [HEAD,
-            {"peer": "spill", "batch": 33, "status": "ok", "s_per_step": 4.0, "decode_tps": 8.0, "gpu_peak": 2**30},
+            {"peer": "spill", "batch": 33, "status": "ok", "s_per_step": 4.0, "decode_tps": 8.0, "gpu_peak": 2**30,
+             "gpu_used_peak": 1536 * 2**20},
             {"peer": "mlx-lm", "batch": 1, "status": "over the GPU cap", "last_stage": None, "gpu_peak": 6 * 2**30},
             {"peer": "accelerate", "batch": 64, "status": "over the GPU cap", "last_stage": "step", "s_per_step": 1.0,
              "decode_tps": 64.0, "steps": [1.0]},
@@ -22,7 +23,8 @@ def test_a_peer_over_its_gpu_cap_is_listed_but_not_the_best():
             {"run": "peers-end", "cold_gbps_after": 2.0}]
     lines = peers_report.table(runs)
     assert "GPU memory capped at 4.00 GiB" in lines[0]
-    assert any(x.startswith("| mlx-lm | 1 | over the GPU cap at load |") and "| 6144 |" in x for x in lines)
+    assert any(x.startswith("| mlx-lm | 1 | over the GPU cap at load |") and "| 6144 | - |" in x for x in lines)
+    assert any(x.startswith("| spill | 33 |") and "| 1024 | 1536 |" in x for x in lines)   # arrays, then the device's
     assert lines[-1].startswith("Best peer: llama.cpp at batch 64, 12.0 tok/s")
     assert "0.67x the best peer" in lines[-1]
 
