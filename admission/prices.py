@@ -17,6 +17,7 @@ processes) is priced apart against the host's (`host`, `host_set`).
 
 from dataclasses import dataclass, field
 
+from spill.config import BUDGET_FRACTION
 from spill.memory import cache_allowance
 from spill.platform import layers_in_flight, read_slots, recycles_layers
 
@@ -31,8 +32,8 @@ class Sheet:
     fixed: dict[str, int] = field(default_factory=dict)
     host: dict[str, int] = field(default_factory=dict)   # a CUDA GPU's: what the host holds, against host_set
     host_set: int = 0
-    fraction: float = 0.78
-    host_fraction: float = 0.78              # the host's budget share where it is apart (its page cache is there)
+    fraction: float = BUDGET_FRACTION
+    host_fraction: float = BUDGET_FRACTION   # the host's budget share where it is apart (its page cache is there)
     source: str = "--memory"               # where the working set came from (cgroup, physical, --memory)
     cgroup_binds: bool = True                # a cgroup's limit at or under the working set (the host's, on a CUDA GPU):
                                              # its usage presses on the budget; else it is other processes' too
