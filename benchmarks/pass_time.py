@@ -355,8 +355,8 @@ def main() -> None:
              f"(--size {a.size} --family {a.family} --batches {a.batches} --passes {a.passes}), "
              f"{(time.time() - started) / 60:.1f} min.", ""]
     lines += [f"- {h}" for h in hardware(folder)]
-    lines += [f"- Model: {a.family} {a.size}, bf16 on disk, computed in "
-              f"{'float32' if mx.default_device() == mx.cpu else 'bfloat16'} on the {mx.default_device()}; "
+    lines += [f"- Model: {a.family} {a.size}, {a.dtype} on disk, computed in "   # a CPU computes in float32
+              f"{'float32' if mx.default_device() == mx.cpu else a.dtype} on the {mx.default_device()}; "
               f"{sum(f.stat().st_size for f in files) / GB:.2f} GB in {len(files)} shards, "
               f"{streamed / GB:.2f} GB streamed per pass",
               f"- Cold read bandwidth (IO s = bytes streamed per pass / it): **{bw:.2f} GB/s**, the median of "
