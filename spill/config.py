@@ -93,6 +93,12 @@ def layers_in_flight() -> int:
     return min(2, max(0, int(os.environ.get("SPILL_LAYERS_IN_FLIGHT") or 0)))
 
 
+def activation_streams() -> int | None:
+    """CPU streams a large SwiGLU is split over (SPILL_ACT_STREAMS; 1 turns the split off; unset:
+    `platform.activation_streams` chooses)."""
+    return int(os.environ["SPILL_ACT_STREAMS"]) if os.environ.get("SPILL_ACT_STREAMS") else None
+
+
 def direct_io() -> bool:
     """Read weights with O_DIRECT where the OS and the file system allow it (SPILL_DIRECT_IO, default 1;
     0 reads through the page cache, dropping behind)."""

@@ -1,4 +1,5 @@
-"""Weight names: a tensor missing from the files, or one the model does not have, is one sentence."""
+"""Weight names: a tensor missing from the files, or one the model does not have, is one sentence. A SwiGLU split
+over CPU streams changes no bit of the output."""
 
 import shutil
 
@@ -6,7 +7,7 @@ import mlx.core as mx
 import pytest
 
 from spill.errors import SpillError
-from spill.streamer.core import Streamer
+from spill.streamer.core import Row, Streamer
 
 
 def _edit(make_tiny, tmp_path, drop=(), add=()):
@@ -43,3 +44,25 @@ def test_an_extra_tensor_is_named(make_tiny, tmp_path, extra):
         Streamer(folder)
     assert str(err.value) == (f"model folder {folder}: the weights hold tensor {extra}, which a llama model "
                               "does not have; check config.json's model_type or re-download the model")
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "phi3"])
+def test_the_swiglu_split_over_cpu_streams_gives_the_same_logits_bit_for_bit(make_tiny, monkeypatch, family):
+    def run(streams: str):
+        monkeypatch.setenv("SPILL_ACT_STREAMS", streams)
+        engine = Streamer(make_tiny(family), dtype=mx.float32, keep_logits=True, prefill_chunk=16)
+        for k in range(24):   # 24 rows: over the split's 16 with two streams
+            engine.add(Row(f"r{k}", [(7 * k + j) % 50 + 3 for j in range(3 + k % 5)], 4))
+        logits = []
+        while not engine.idle:
+            logits += [(e.row_id, e.logits.tobytes()) for e in engine.step().emitted]
+        engine.close()
+        return sorted(logits)
+
+    entered = []
+    stream = mx.stream
+    monkeypatch.setattr(mx, "stream", lambda s: entered.append(s) or stream(s))
+    whole = run("1")
+    assert not entered
+    split = run("2")
+    assert entered and split == whole and len(whole) == 24 * 4
