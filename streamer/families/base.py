@@ -24,6 +24,7 @@ from ..plan import ModelPlan, layer_of, layer_prefix
 _STUB = {"U32": mx.uint32, "U8": mx.uint8, "BF16": mx.bfloat16, "F16": mx.float16}
 # mlx-lm modules whose MLP is down_proj(swiglu(gate, up)): gate and up from their own products, or one split in two
 _SWIGLU = {"llama": "gate_proj", "qwen2": "gate_proj", "qwen3": "gate_proj", "phi3": "gate_up_proj"}
+SPLIT_ROWS = 8   # rows of a SwiGLU each CPU stream takes at least
 
 
 class Adapter:
@@ -46,7 +47,6 @@ class Adapter:
         self._blank = [layer.parameters() for layer in self.layers]
         n = activation_streams()   # the SwiGLU's rows on several CPU threads (platform.activation_streams)
         self.streams = [mx.new_stream(mx.cpu) for _ in range(n)] if n > 1 else []
-        self.split_rows = 8 * n    # rows from which a split pays for the threads' hand-off
 
     @property
     def tied(self) -> bool:
@@ -142,7 +142,8 @@ class Adapter:
         """mlp(x), its SwiGLU's rows split over the CPU streams where there are enough: the module's own kernel on
         the same values, so bit for bit mlp(x)."""
         rows = x.size // x.shape[-1]
-        if not self._splits(mlp) or rows < self.split_rows:
+        streams = self.streams[:rows // SPLIT_ROWS]   # a stream for every SPLIT_ROWS rows: each pays its hand-off
+        if len(streams) < 2 or not self._splits(mlp):
             return mlp(x)
         if _SWIGLU[type(mlp).__module__.rsplit(".", 1)[-1]] == "gate_up_proj":
             gate, up = mx.split(mlp.gate_up_proj(x), 2, axis=-1)
@@ -150,9 +151,9 @@ class Adapter:
             gate, up = mlp.gate_proj(x), mlp.up_proj(x)
         swiglu = sys.modules[type(mlp).__module__].swiglu
         gate, up = gate.reshape(rows, -1), up.reshape(rows, -1)
-        ends = np.linspace(0, rows, len(self.streams) + 1).astype(int).tolist()
+        ends = np.linspace(0, rows, len(streams) + 1).astype(int).tolist()
         parts = []
-        for stream, a, b in zip(self.streams, ends, ends[1:]):
+        for stream, a, b in zip(streams, ends, ends[1:]):
             with mx.stream(stream):
                 parts.append(swiglu(gate[a:b], up[a:b]))
         return mlp.down_proj(mx.concatenate(parts).reshape(*x.shape[:-1], -1))
