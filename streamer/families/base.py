@@ -27,6 +27,16 @@ _SWIGLU = {"llama": "gate_proj", "qwen2": "gate_proj", "qwen3": "gate_proj", "ph
 SPLIT_ROWS = 8   # rows of a SwiGLU each CPU stream takes at least
 
 
+_STREAMS: list = []   # MLX CPU streams, each a thread of MLX's that lives as long as the process
+
+
+def cpu_streams(n: int) -> list:
+    """n MLX CPU streams, made once for the process: a group makes an adapter for every model it loads."""
+    while len(_STREAMS) < n:
+        _STREAMS.append(mx.new_stream(mx.cpu))
+    return _STREAMS[:n]
+
+
 class Adapter:
     """Llama-shaped models: `model.embed_tokens`, `model.layers`, `model.norm`, `lm_head` or tied."""
 
@@ -46,7 +56,7 @@ class Adapter:
         self.layers = list(self.inner.layers)
         self._blank = [layer.parameters() for layer in self.layers]
         n = activation_streams()   # the SwiGLU's rows on several CPU threads (platform.activation_streams)
-        self.streams = [mx.new_stream(mx.cpu) for _ in range(n)] if n > 1 else []
+        self.streams = cpu_streams(n) if n > 1 else []
 
     @property
     def tied(self) -> bool:

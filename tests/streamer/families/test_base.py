@@ -1,6 +1,7 @@
 """Weight names: a tensor missing from the files, or one the model does not have, is one sentence. A SwiGLU split
 over CPU streams changes no bit of the output."""
 
+import os
 import shutil
 
 import mlx.core as mx
@@ -66,3 +67,15 @@ def test_the_swiglu_split_over_cpu_streams_gives_the_same_logits_bit_for_bit(mak
     assert not entered
     split = run("2")
     assert entered and split == whole and len(whole) == 24 * 4
+
+
+def test_adapters_share_the_processs_cpu_streams(make_tiny, monkeypatch):
+    """Each MLX CPU stream is a thread for the life of the process: a group loading model after model makes none anew."""
+    monkeypatch.setenv("SPILL_ACT_STREAMS", "2")
+    first, second = Streamer(make_tiny("llama")), Streamer(make_tiny("qwen2"))
+    made = len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else None
+    third = Streamer(make_tiny("llama"))
+    assert first.adapter.streams == second.adapter.streams == third.adapter.streams and len(first.adapter.streams) == 2
+    assert made is None or len(os.listdir("/proc/self/task")) <= made
+    for engine in (first, second, third):
+        engine.close()
