@@ -25,8 +25,6 @@ _STUB = {"U32": mx.uint32, "U8": mx.uint8, "BF16": mx.bfloat16, "F16": mx.float1
 # mlx-lm modules whose MLP is down_proj(swiglu(gate, up)): gate and up from their own products, or one split in two
 _SWIGLU = {"llama": "gate_proj", "qwen2": "gate_proj", "qwen3": "gate_proj", "phi3": "gate_up_proj"}
 SPLIT_ROWS = 8   # rows of a SwiGLU each CPU stream takes at least
-
-
 _STREAMS: list = []   # MLX CPU streams, each a thread of MLX's that lives as long as the process
 
 
@@ -135,7 +133,7 @@ class Adapter:
         the MLP once over all their tokens: a separate product through the weights costs a CPU their trip
         through memory again (2 cores, lean45: one more group ~0.9 s a pass, ~0.5 with the MLP shared)."""
         layer = self.layers[i]
-        if not self.fused_mlp or (len(hs) == 1 and not self._splits(layer.mlp)):
+        if not self.fused_mlp or (len(hs) == 1 and not self._swiglu(layer.mlp)):
             return [layer(h, m, cache=c) for h, m, c in zip(hs, masks, caches)]
         hs = [h + layer.self_attn(layer.input_layernorm(h), m, c) for h, m, c in zip(hs, masks, caches)]
         if len(hs) == 1:   # the block's own steps, the SwiGLU split
@@ -145,17 +143,19 @@ class Adapter:
         ends = np.cumsum([h.shape[0] * h.shape[1] for h in hs]).tolist()
         return [flat[a:b].reshape(h.shape) for a, b, h in zip([0, *ends], ends, hs)]
 
-    def _splits(self, mlp) -> bool:
-        return bool(self.streams) and _SWIGLU.get(type(mlp).__module__.rsplit(".", 1)[-1]) is not None
+    def _swiglu(self, mlp) -> str | None:
+        """Where `mlp`'s SwiGLU can be split here, the product that makes its inputs (_SWIGLU); else None."""
+        return _SWIGLU.get(type(mlp).__module__.rsplit(".", 1)[-1]) if self.streams else None
 
     def mlp(self, mlp, x: mx.array) -> mx.array:
         """mlp(x), its SwiGLU's rows split over the CPU streams where there are enough: the module's own kernel on
         the same values, so bit for bit mlp(x)."""
         rows = x.size // x.shape[-1]
         streams = self.streams[:rows // SPLIT_ROWS]   # a stream for every SPLIT_ROWS rows: each pays its hand-off
-        if len(streams) < 2 or not self._splits(mlp):
+        form = self._swiglu(mlp)
+        if len(streams) < 2 or form is None:
             return mlp(x)
-        if _SWIGLU[type(mlp).__module__.rsplit(".", 1)[-1]] == "gate_up_proj":
+        if form == "gate_up_proj":
             gate, up = mx.split(mlp.gate_up_proj(x), 2, axis=-1)
         else:
             gate, up = mlp.gate_proj(x), mlp.up_proj(x)
