@@ -18,8 +18,7 @@ from pathlib import Path
 
 import zmq
 
-from spill import config
-from spill import messages as m
+from spill import config, messages as m
 from spill.actor import Fault, run_actor
 from spill.errors import SpillError
 from spill.memory import check_same, describe
@@ -28,7 +27,7 @@ from spill.wire import Mailbox
 from .batch_input import read_batch
 from .batch_output import bad_row_line
 from .control import answer, open_control
-from .estimate import job_estimate
+from .estimate import job_estimate, refusal
 from .jobrun import JobRun
 from .jobstore import Job
 from .models import check_room, output_bytes, resolve, warning
@@ -183,7 +182,10 @@ class Group:
         if job is not None:   # the job knows its input, model and output
             args = {**args, "input": args.get("input") or job.meta["input"],
                     "model": args.get("model") or job.meta["model"], "output": args.get("output") or job.meta.get("output")}
-        model = resolve(args["model"])
+        model, mem = resolve(args["model"]), {**args, **{k: self.sup.args.get(k) for k in ("memory", "budget_fraction")}}
+        if short := refusal(model, mem, self.ready_rss):   # no row would fit: no job is made, no output claimed
+            raise SpillError(short + ("" if self.owner else "; this group keeps the memory it was started with: "
+                                      "`spill down`, then `spill up` with more"))
         requests, bad = read_batch(Path(args["input"]))
         params = {"max_tokens": 256 if args.get("max_tokens") is None else args["max_tokens"],
                   "temperature": args.get("temperature") or 0.0}
@@ -205,9 +207,7 @@ class Group:
         except BaseException:
             job.close()     # not queued: a later run of the same command may take it
             raise
-        run.estimate = job_estimate(model, Path(args["input"]), run.pending, run.defaults,
-                                    {**args, "memory": self.sup.args.get("memory"),
-                                     "budget_fraction": self.sup.args.get("budget_fraction")}, self.log, self.ready_rss)
+        run.estimate = job_estimate(model, Path(args["input"]), run.pending, run.defaults, mem, self.log, self.ready_rss)
         if run.estimate is not None:
             job.set_status("queued", estimate=run.estimate.to_meta())
         self.fault.tick("submit")   # a test's crash while the client still waits for the reply

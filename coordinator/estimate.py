@@ -245,21 +245,36 @@ def summary_lines(s: dict) -> list[str]:
     return lines
 
 
+def group_others(actors_rss: dict | None) -> int:
+    """The group's own memory as admission prices it: this process and its children less the streamer, plus
+    the streamer's runtime (`actors_rss`: each actor's at READY); before the streamer is READY, as last measured."""
+    runtime = (actors_rss or {}).get("streamer")
+    return group_rss(os.getpid(), runtime=runtime) if runtime else remembered_others() or group_rss(os.getpid())
+
+
+def refusal(folder: Path, args: dict, actors_rss: dict | None = None) -> str | None:
+    """Why no row of a job on `folder` can run in the group's budget (prices.shortfall), or None. A submit
+    refused with it makes no job; a failure here costs the check, and admission checks again at the job's start."""
+    try:
+        plan = load_plan(folder)
+        policy, _ = schedule.budget_policy(plan, args.get("memory"), args.get("budget_fraction"), group_others(actors_rss))
+        return shortfall(policy.sheet)
+    except Exception:   # noqa: BLE001 - e.g. a plan that does not load: the streamer fails the job with its sentence
+        return None
+
+
 def job_estimate(folder: Path, input: Path, pending: set[int], defaults: dict, args: dict, log,
                  actors_rss: dict | None = None) -> "JobEstimate | None":
     """The advice and estimate of a submitted job's pending rows of `input` (`args`: the submit's memory,
     budget_fraction, stream and model; `actors_rss`: each actor's (RSS, file pages) at READY), their tokens counted in a
-    child process (lengths.py). The group's own memory is priced as admission prices it: this process and
-    its children less the streamer, plus the streamer's runtime; before the streamer is READY, as the last
-    job here measured it. A failure costs the estimate, never the job."""
+    child process (lengths.py), the group's own memory as admission prices it (group_others). A failure costs
+    the estimate, never the job."""
     try:
         if config.estimate_apart():   # in a child: no tokenizer stays in this process (lengths.py)
             rows, errors = measured_rows(folder, input, pending, defaults)
         else:
             rows, errors = sim_rows(folder, read_batch(input)[0], sorted(pending), defaults) if pending else ([], 0)
-        memory, fraction = args.get("memory"), args.get("budget_fraction")
-        runtime = (actors_rss or {}).get("streamer")
-        others = group_rss(os.getpid(), runtime=runtime) if runtime else remembered_others() or group_rss(os.getpid())
+        memory, fraction, others = args.get("memory"), args.get("budget_fraction"), group_others(actors_rss)
         advice = advise_rows(folder, rows, memory=memory, stream=bool(args.get("stream")), name=args.get("model", ""),
                              others=others, fraction=fraction)
         return JobEstimate(folder, rows, errors, memory, advice=advice, others=others, fraction=fraction)

@@ -67,3 +67,27 @@ def test_an_embedded_run_plans_for_its_memory_flag(make_tiny, tmp_path):
     budget = [json.loads(line) for line in (logs / "admission.log").read_text().splitlines()
               if '"event": "budget"' in line][-1]
     assert (budget["working_set"], budget["source"], budget["budget"]) == (2 * 2**30, "--memory", int(0.6 * 2**31))
+
+
+def test_a_budget_no_row_fits_in_is_refused_before_a_job_or_its_output_is_made(make_tiny, tmp_path):
+    folder, home = make_tiny("llama"), Path(os.environ["SPILL_HOME"])
+    write_input(tmp_path / "in.jsonl", 3, max_tokens=2)
+    out, jobs = tmp_path / "out.jsonl", set((home / "jobs").glob("*/job.json"))
+    refused = spill("run", folder, tmp_path / "in.jsonl", "-o", out, "--quiet", "--memory", "10MB")
+    said = refused.stderr.strip()
+    assert refused.returncode == 2 and said.startswith("spill: the budget is 7.4 MiB (78% of the 9.5 MiB working "
+                                                       "set, from --memory) but "), refused.stdout + said
+    assert said.endswith("raise --memory or --budget-fraction, or use a machine with more memory"), said
+    assert not out.exists() and set((home / "jobs").glob("*/job.json")) == jobs, "a refused command made a job"
+    spill("run", folder, tmp_path / "in.jsonl", "-o", out, "--quiet", "--memory", "2GiB", check=True)
+    assert len(read_output(out)) == 3
+    spill("up", "--memory", "10MB", check=True)   # a long-lived group keeps its flags: the fix is a new group
+    try:
+        refused = spill("run", folder, tmp_path / "in.jsonl", "-o", tmp_path / "out2.jsonl", "--quiet")
+        assert refused.returncode == 2 and refused.stderr.strip().endswith(
+            "or use a machine with more memory; this group keeps the memory it was started with: "
+            "`spill down`, then `spill up` with more"), refused.stderr
+        assert not (tmp_path / "out2.jsonl").exists()
+        assert spill("status", check=True).stdout.startswith("group: coordinator pid")   # the group stays up
+    finally:
+        spill("down")
