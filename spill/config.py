@@ -94,7 +94,7 @@ def layers_in_flight() -> int:
 
 
 def activation_streams() -> int | None:
-    """CPU streams a large SwiGLU is split over (SPILL_ACT_STREAMS; 1 turns the split off; unset:
+    """CPU streams a large SwiGLU and a prompt's attention are split over (SPILL_ACT_STREAMS; 1 turns it off; unset:
     `platform.activation_streams` chooses)."""
     return int(os.environ["SPILL_ACT_STREAMS"]) if os.environ.get("SPILL_ACT_STREAMS") else None
 

@@ -28,6 +28,8 @@ import weakref
 import mlx.core as mx
 import numpy as np
 
+from .streams import cpu_streams
+
 
 class RowState:
     def __init__(self, row, sampler):
@@ -267,10 +269,12 @@ class JointCache:
 def pooled_attention(original):
     """mlx-lm's `scaled_dot_product_attention`, but over a JointCache of several pools pool by pool: each
     pool's rows attend over their own span, not padded to the longest row's (on a 2-core CPU, 16 rows of
-    three pools spent ~1 s a pass attending over padding)."""
+    three pools spent ~1 s a pass attending over padding); a prompt's split over `sdpa.split` streams (split_attention)."""
     def sdpa(queries, keys, values, cache, scale, mask, sinks=None):
         if (not isinstance(cache, JointCache) or len(cache.pools) < 2 or sinks is not None
                 or not isinstance(mask, mx.array)):
+            if queries.shape[2] > 1 and sdpa.split > 1 and sinks is None and isinstance(keys, mx.array):
+                return split_attention(original, cpu_streams(sdpa.split), queries, keys, values, cache, scale, mask)
             return original(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
         out, start = [], 0
         for p, c in zip(cache.pools, cache.parts):   # the joint mask is each pool's, padded
@@ -280,8 +284,28 @@ def pooled_attention(original):
                                                             mask=mask[rows, ..., :k.shape[2]]))
             start += p.used
         return mx.concatenate(out)
-    sdpa.pooled = True
+    sdpa.pooled, sdpa.split = True, 1
     return sdpa
+
+
+def split_attention(original, streams, queries, keys, values, cache, scale, mask):
+    """A prompt's attention (queries [B, H, T, D], keys [B, KV, S, D]) split by rows, or by KV heads where one row,
+    over MLX CPU streams: its softmax runs on one thread per op (at 1,024 tokens half a CPU prefill's time). The
+    same kernel on each slice, so bit for bit the whole (a split by query positions is not: the products' shapes change)."""
+    rows, heads, kv = queries.shape[0], queries.shape[1], keys.shape[1]
+    axis, n, per = (0, rows, 1) if rows > 1 else (1, kv, heads // kv)
+    if n < 2:
+        return original(queries, keys, values, cache=cache, scale=scale, mask=mask)
+    ends = np.linspace(0, n, min(n, len(streams)) + 1).astype(int).tolist()
+    at = axis - 4 + mask.ndim if isinstance(mask, mx.array) else -1   # the mask's own axis for it, if not broadcast
+    parts = []
+    for stream, a, b in zip(streams, ends, ends[1:]):
+        cut = (slice(None),) * axis + (slice(a, b),)
+        m = mask[(slice(None),) * at + (slice(a * per, b * per),)] if at >= 0 and mask.shape[at] > 1 else mask
+        with mx.stream(stream):
+            parts.append(original(queries[(slice(None),) * axis + (slice(a * per, b * per),)], keys[cut],
+                                  values[cut], cache=cache, scale=scale, mask=m))
+    return mx.concatenate(parts, axis=axis)
 
 
 class Decode:

@@ -17,6 +17,7 @@ from spill.errors import SpillError
 from spill.platform import activation_streams
 
 from ..groups import pooled_attention
+from ..streams import cpu_streams
 from ..plan import ModelPlan, layer_of, layer_prefix
 
 
@@ -25,14 +26,6 @@ _STUB = {"U32": mx.uint32, "U8": mx.uint8, "BF16": mx.bfloat16, "F16": mx.float1
 # mlx-lm modules whose MLP is down_proj(swiglu(gate, up)): gate and up from their own products, or one split in two
 _SWIGLU = {"llama": "gate_proj", "qwen2": "gate_proj", "qwen3": "gate_proj", "phi3": "gate_up_proj"}
 SPLIT_ROWS = 8   # rows of a SwiGLU each CPU stream takes at least
-_STREAMS: list = []   # MLX CPU streams, each a thread of MLX's that lives as long as the process
-
-
-def cpu_streams(n: int) -> list:
-    """n MLX CPU streams, made once for the process: a group makes an adapter for every model it loads."""
-    while len(_STREAMS) < n:
-        _STREAMS.append(mx.new_stream(mx.cpu))
-    return _STREAMS[:n]
 
 
 class Adapter:
@@ -46,15 +39,16 @@ class Adapter:
         self.args = args_class.from_dict(config)
         # Parameters stay lazy (never evaluated) until real weights replace them.
         self.model = model_class(self.args)
-        module = sys.modules[model_class.__module__]   # its attention: pool by pool over several decode pools
-        sdpa = getattr(module, "scaled_dot_product_attention", None)
-        if sdpa is not None and not getattr(sdpa, "pooled", False):
-            module.scaled_dot_product_attention = pooled_attention(sdpa)
         self.inner = self.model.model
         self.layers = list(self.inner.layers)
         self._blank = [layer.parameters() for layer in self.layers]
-        n = activation_streams()   # the SwiGLU's rows on several CPU threads (platform.activation_streams)
-        self.streams = cpu_streams(n) if n > 1 else []
+        self.split = activation_streams()   # the SwiGLU and prompts' attention over this many CPU streams
+        module = sys.modules[model_class.__module__]   # its attention: pool by pool over several decode pools
+        sdpa = getattr(module, "scaled_dot_product_attention", None)
+        if sdpa is not None and not getattr(sdpa, "pooled", False):
+            sdpa = module.scaled_dot_product_attention = pooled_attention(sdpa)
+        if sdpa is not None:
+            sdpa.split = self.split   # the module's, as the adapter made last found it
 
     @property
     def tied(self) -> bool:
@@ -145,13 +139,13 @@ class Adapter:
 
     def _swiglu(self, mlp) -> str | None:
         """Where `mlp`'s SwiGLU can be split here, the product that makes its inputs (_SWIGLU); else None."""
-        return _SWIGLU.get(type(mlp).__module__.rsplit(".", 1)[-1]) if self.streams else None
+        return _SWIGLU.get(type(mlp).__module__.rsplit(".", 1)[-1]) if self.split > 1 else None
 
     def mlp(self, mlp, x: mx.array) -> mx.array:
         """mlp(x), its SwiGLU's rows split over the CPU streams where there are enough: the module's own kernel on
         the same values, so bit for bit mlp(x)."""
         rows = x.size // x.shape[-1]
-        streams = self.streams[:rows // SPLIT_ROWS]   # a stream for every SPLIT_ROWS rows: each pays its hand-off
+        streams = cpu_streams(self.split)[:rows // SPLIT_ROWS]   # a stream for every SPLIT_ROWS rows: each pays its hand-off
         form = self._swiglu(mlp)
         if len(streams) < 2 or form is None:
             return mlp(x)

@@ -1,14 +1,15 @@
-"""Weight names: a tensor missing from the files, or one the model does not have, is one sentence. A SwiGLU split
-over CPU streams changes no bit of the output."""
+"""Weight names: a tensor missing from the files, or one the model does not have, is one sentence. A SwiGLU or a
+prompt's attention split over CPU streams changes no bit of the output."""
 
-import os
 import shutil
+import threading
 
 import mlx.core as mx
 import pytest
 
 from spill.errors import SpillError
 from spill.streamer.core import Row, Streamer
+from spill.streamer.streams import cpu_streams
 
 
 def _edit(make_tiny, tmp_path, drop=(), add=()):
@@ -69,13 +70,74 @@ def test_the_swiglu_split_over_cpu_streams_gives_the_same_logits_bit_for_bit(mak
     assert entered and split == whole and len(whole) == 24 * 4
 
 
-def test_adapters_share_the_processs_cpu_streams(make_tiny, monkeypatch):
-    """Each MLX CPU stream is a thread for the life of the process: a group loading model after model makes none anew."""
-    monkeypatch.setenv("SPILL_ACT_STREAMS", "2")
-    first, second = Streamer(make_tiny("llama")), Streamer(make_tiny("qwen2"))
-    made = len(os.listdir("/proc/self/task")) if os.path.isdir("/proc/self/task") else None
-    third = Streamer(make_tiny("llama"))
-    assert first.adapter.streams == second.adapter.streams == third.adapter.streams and len(first.adapter.streams) == 2
-    assert made is None or len(os.listdir("/proc/self/task")) <= made
-    for engine in (first, second, third):
+@pytest.mark.parametrize("family", ["llama", "qwen2", "mistral", "qwen3", "phi3"])
+@pytest.mark.parametrize("rows", [1, 5])   # one row: split by its KV heads; several: by rows
+def test_a_prompts_attention_split_over_cpu_streams_gives_the_same_logits_bit_for_bit(make_tiny, monkeypatch,
+                                                                                         family, rows):
+    inside, split = [], []
+    stream, sdpa = mx.stream, mx.fast.scaled_dot_product_attention
+
+    class Inside:   # mx.stream, noting when attention runs inside one
+        def __init__(self, s):
+            self.context = stream(s)
+
+        def __enter__(self):
+            inside.append(self.context.__enter__())
+
+        def __exit__(self, *exc):
+            inside.pop()
+            return self.context.__exit__(*exc)
+
+    def attention(q, *args, **kwargs):
+        if inside:
+            split.append(q.shape)
+        return sdpa(q, *args, **kwargs)
+    monkeypatch.setattr(mx, "stream", Inside)
+    monkeypatch.setattr(mx.fast, "scaled_dot_product_attention", attention)
+
+    def run(streams: str):
+        monkeypatch.setenv("SPILL_ACT_STREAMS", streams)
+        engine = Streamer(make_tiny(family), dtype=mx.float32, keep_logits=True, prefill_chunk=24)
+        for k in range(rows):   # prompts of 29-45 tokens in chunks of 24: the second chunk attends to the first's KV
+            engine.add(Row(f"r{k}", [(7 * k + 3 * j) % 50 + 3 for j in range(29 + 4 * k)], 3))
+        logits = []
+        while not engine.idle:
+            logits += [(e.row_id, e.logits.tobytes()) for e in engine.step().emitted]
         engine.close()
+        return sorted(logits)
+
+    whole = run("1")
+    assert not split
+    assert run("2") == whole and len(whole) == rows * 3
+    assert split and all(q[2] > 1 for q in split), split   # prompts' attention only: decode's stays whole
+
+
+def test_a_thread_makes_its_cpu_streams_once_and_computes_only_on_its_own(make_tiny, monkeypatch):
+    """Each MLX CPU stream is a thread for the life of the process, and belongs to the thread that made it: a group
+    loading model after model makes none anew, and an engine computing in another thread splits on streams of its own."""
+    monkeypatch.setenv("SPILL_ACT_STREAMS", "2")
+    prompt = [5, 6, 7, 8, 9, 10]   # a prompt's attention: split by its two KV heads
+    first = Streamer(make_tiny("llama"))
+    first.add(Row("a", prompt, 2))
+    first.step()
+    made, new, again = cpu_streams(2), mx.new_stream, []
+    monkeypatch.setattr(mx, "new_stream", lambda device: again.append(device) or new(device))
+    for family in ("qwen2", "llama"):
+        engine = Streamer(make_tiny(family))
+        engine.add(Row("a", prompt, 2))
+        engine.step()
+        engine.close()
+    assert cpu_streams(2) == made and len(made) == 2 and not again
+    first.close()
+    out = []
+
+    def elsewhere():   # an engine made and run on another thread
+        engine = Streamer(make_tiny("llama"))
+        engine.add(Row("a", prompt, 2))
+        out.append([e.token for e in engine.step().emitted] + [e.token for e in engine.step().emitted])
+        out.append(cpu_streams(2))
+        engine.close()
+    worker = threading.Thread(target=elsewhere)
+    worker.start()
+    worker.join(60)
+    assert len(out) == 2 and len(out[0]) == 2 and len(again) == 2 and out[1] != made
