@@ -257,7 +257,8 @@ def refusal(folder: Path, args: dict, actors_rss: dict | None = None) -> str | N
     refused with it makes no job; a failure here costs the check, and admission checks again at the job's start."""
     try:
         plan = load_plan(folder)
-        policy, _ = schedule.budget_policy(plan, args.get("memory"), args.get("budget_fraction"), group_others(actors_rss))
+        others = group_others(actors_rss)
+        policy, _ = schedule.budget_policy(plan, args.get("memory"), args.get("budget_fraction"), others)
         return shortfall(policy.sheet)
     except Exception:   # noqa: BLE001 - e.g. a plan that does not load: the streamer fails the job with its sentence
         return None

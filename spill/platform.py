@@ -139,8 +139,9 @@ def layers_in_flight() -> int:
 
 def activation_streams() -> int:
     """MLX CPU streams a layer's SwiGLU and a prompt's attention are split over (config.activation_streams where
-    set): one a core, at most 8, on a CPU; one (no split) on a GPU. MLX's CPU backend runs an op on one thread, unvectorized on x86: 184 rows of
-    lean45's took 10.4 ms a layer on one of 2 vCPUs (0.47 s of a 2.17 s pass), 5.6 ms split over both."""
+    set): one a core, at most 8, on a CPU; one (no split) on a GPU. MLX's CPU backend runs an op on one thread,
+    unvectorized on x86: 184 rows of lean45's SwiGLU took 10.4 ms a layer on one of 2 vCPUs (0.47 s of a 2.17 s
+    pass), 5.6 ms split over both."""
     from spill import config
     chosen = config.activation_streams()
     if chosen is not None:

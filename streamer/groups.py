@@ -269,7 +269,8 @@ class JointCache:
 def pooled_attention(original):
     """mlx-lm's `scaled_dot_product_attention`, but over a JointCache of several pools pool by pool: each
     pool's rows attend over their own span, not padded to the longest row's (on a 2-core CPU, 16 rows of
-    three pools spent ~1 s a pass attending over padding); a prompt's split over `sdpa.split` streams (split_attention)."""
+    three pools spent ~1 s a pass attending over padding); a prompt's is split over `sdpa.split` CPU streams
+    (split_attention)."""
     def sdpa(queries, keys, values, cache, scale, mask, sinks=None):
         if (not isinstance(cache, JointCache) or len(cache.pools) < 2 or sinks is not None
                 or not isinstance(mask, mx.array)):
@@ -291,7 +292,8 @@ def pooled_attention(original):
 def split_attention(original, streams, queries, keys, values, cache, scale, mask):
     """A prompt's attention (queries [B, H, T, D], keys [B, KV, S, D]) split by rows, or by KV heads where one row,
     over MLX CPU streams: its softmax runs on one thread per op (at 1,024 tokens half a CPU prefill's time). The
-    same kernel on each slice, so bit for bit the whole (a split by query positions is not: the products' shapes change)."""
+    same kernel on each slice, so bit for bit the whole (a split by query positions is not: the products' shapes
+    change)."""
     rows, heads, kv = queries.shape[0], queries.shape[1], keys.shape[1]
     axis, n, per = (0, rows, 1) if rows > 1 else (1, kv, heads // kv)
     if n < 2:

@@ -145,7 +145,7 @@ class Adapter:
         """mlp(x), its SwiGLU's rows split over the CPU streams where there are enough: the module's own kernel on
         the same values, so bit for bit mlp(x)."""
         rows = x.size // x.shape[-1]
-        streams = cpu_streams(self.split)[:rows // SPLIT_ROWS]   # a stream for every SPLIT_ROWS rows: each pays its hand-off
+        streams = cpu_streams(self.split)[:rows // SPLIT_ROWS]   # a stream every SPLIT_ROWS rows: each pays its hand-off
         form = self._swiglu(mlp)
         if len(streams) < 2 or form is None:
             return mlp(x)
