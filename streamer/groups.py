@@ -28,7 +28,7 @@ import weakref
 import mlx.core as mx
 import numpy as np
 
-from .streams import cpu_streams
+from .streams import cpu_streams, spread
 
 
 class RowState:
@@ -298,16 +298,13 @@ def split_attention(original, streams, queries, keys, values, cache, scale, mask
     axis, n, per = (0, rows, 1) if rows > 1 else (1, kv, heads // kv)
     if n < 2:
         return original(queries, keys, values, cache=cache, scale=scale, mask=mask)
-    ends = np.linspace(0, n, min(n, len(streams)) + 1).astype(int).tolist()
     at = axis - 4 + mask.ndim if isinstance(mask, mx.array) else -1   # the mask's own axis for it, if not broadcast
-    parts = []
-    for stream, a, b in zip(streams, ends, ends[1:]):
-        cut = (slice(None),) * axis + (slice(a, b),)
+
+    def part(a: int, b: int) -> mx.array:
+        cut, wide = (slice(None),) * axis + (slice(a, b),), (slice(None),) * axis + (slice(a * per, b * per),)
         m = mask[(slice(None),) * at + (slice(a * per, b * per),)] if at >= 0 and mask.shape[at] > 1 else mask
-        with mx.stream(stream):
-            parts.append(original(queries[(slice(None),) * axis + (slice(a * per, b * per),)], keys[cut],
-                                  values[cut], cache=cache, scale=scale, mask=m))
-    return mx.concatenate(parts, axis=axis)
+        return original(queries[wide], keys[cut], values[cut], cache=cache, scale=scale, mask=m)
+    return spread(streams[:n], n, part, axis)
 
 
 class Decode:

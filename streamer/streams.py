@@ -8,6 +8,7 @@ computes makes its own, once."""
 import threading
 
 import mlx.core as mx
+import numpy as np
 
 _MADE = threading.local()
 
@@ -18,3 +19,13 @@ def cpu_streams(n: int) -> list:
     while len(made) < n:
         made.append(mx.new_stream(mx.cpu))
     return made[:n] if n > 1 else []
+
+
+def spread(streams: list, n: int, part, axis: int = 0) -> mx.array:
+    """part(a, b) for even spans [a, b) of range(n), one a stream, joined along `axis`."""
+    ends = np.linspace(0, n, len(streams) + 1).astype(int).tolist()
+    parts = []
+    for stream, a, b in zip(streams, ends, ends[1:]):
+        with mx.stream(stream):
+            parts.append(part(a, b))
+    return mx.concatenate(parts, axis=axis)

@@ -17,7 +17,7 @@ from spill.errors import SpillError
 from spill.platform import activation_streams
 
 from ..groups import pooled_attention
-from ..streams import cpu_streams
+from ..streams import cpu_streams, spread
 from ..plan import ModelPlan, layer_of, layer_prefix
 
 
@@ -144,10 +144,9 @@ class Adapter:
     def mlp(self, mlp, x: mx.array) -> mx.array:
         """mlp(x), its SwiGLU's rows split over the CPU streams where there are enough: the module's own kernel on
         the same values, so bit for bit mlp(x)."""
-        rows = x.size // x.shape[-1]
-        streams = cpu_streams(self.split)[:rows // SPLIT_ROWS]   # a stream every SPLIT_ROWS rows: each pays its hand-off
-        form = self._swiglu(mlp)
-        if len(streams) < 2 or form is None:
+        rows, form = x.size // x.shape[-1], self._swiglu(mlp)
+        streams = cpu_streams(self.split)[:rows // SPLIT_ROWS] if form else []   # a stream every SPLIT_ROWS rows
+        if len(streams) < 2:
             return mlp(x)
         if form == "gate_up_proj":
             gate, up = mx.split(mlp.gate_up_proj(x), 2, axis=-1)
@@ -155,12 +154,7 @@ class Adapter:
             gate, up = mlp.gate_proj(x), mlp.up_proj(x)
         swiglu = sys.modules[type(mlp).__module__].swiglu
         gate, up = gate.reshape(rows, -1), up.reshape(rows, -1)
-        ends = np.linspace(0, rows, len(streams) + 1).astype(int).tolist()
-        parts = []
-        for stream, a, b in zip(streams, ends, ends[1:]):
-            with mx.stream(stream):
-                parts.append(swiglu(gate[a:b], up[a:b]))
-        return mlp.down_proj(mx.concatenate(parts).reshape(*x.shape[:-1], -1))
+        return mlp.down_proj(spread(streams, rows, lambda a, b: swiglu(gate[a:b], up[a:b])).reshape(*x.shape[:-1], -1))
 
     # -- the parts around the layers ---------------------------------------------------------
     def embed(self, tokens: mx.array) -> mx.array:
