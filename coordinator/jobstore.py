@@ -277,6 +277,9 @@ def check_output_path(out: Path, example: str) -> None:
         raise SpillError(f"folder {out.parent} does not exist; create it or choose another -o path")
     if out.is_dir():
         raise SpillError(f"-o {out} is a folder; give a file path such as {out / example}")
+    if out.exists() and not out.is_file():
+        raise SpillError(f"-o {out} is not a regular file, and spill's output is its record of the rows done; "
+                         f"choose a file on a disk, such as {Path.cwd() / example}")
 
 
 def check_output_free(out: Path) -> None:
@@ -306,7 +309,14 @@ def _claim_output(out: Path) -> None:
     if fd is not None:
         os.close(fd)
         _fsync_dir(out.parent)
-    os.close(_open_output(out, os.O_RDONLY))
+    fd = _open_output(out, os.O_RDONLY)
+    try:
+        _fsync(fd)
+    except OSError as err:               # /proc, say: rows written there could not be made durable
+        raise SpillError(f"-o {out} cannot be flushed to disk ({err.strerror}), and spill's output is its record "
+                         "of the rows done; choose a file on a disk") from None
+    finally:
+        os.close(fd)
 
 
 def _open_output(path: Path, flags: int, job_id: str = "") -> int:

@@ -296,3 +296,11 @@ def test_an_output_that_cannot_be_created_or_written_is_one_sentence(home, batch
                                                 f"that and run the same command again to continue job {job.id}")
     monkeypatch.undo()
     assert _ids(tmp_path / "out.jsonl") == ["a"]
+
+
+@pytest.mark.parametrize("odd", ["/dev/null", "/proc/version"])
+def test_an_output_that_is_no_ordinary_file_is_refused_before_a_job(home, batch, odd):
+    # a device cannot hold the record of rows done; a file of /proc cannot be flushed to disk
+    said = _refused(Job.create, batch, "m", {}, odd)
+    assert said.startswith(f"-o {odd} ") and "choose a file on a disk" in said, said
+    assert jobstore.list_jobs() == []
