@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from spill.platform import preload_env
+from spill.platform import blas_core, preload_env
 
 ROOT = Path(__file__).resolve().parents[1]
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
@@ -276,7 +276,8 @@ def hardware(folder) -> list[str]:
             f"Disk: /dev/{block.name} (queue/rotational={rot}) holding {folder}",
             f"OS: {osr.get('PRETTY_NAME', '?').strip(chr(34))}, kernel {platform.release()}; "
             f"Python {platform.python_version()}",
-            f"MLX {mx.__version__}, mlx-lm {mlx_lm.__version__}; OpenBLAS preloaded: {'yes' if blas else 'NO'}"]
+            f"MLX {mx.__version__}, mlx-lm {mlx_lm.__version__}; "
+            f"OpenBLAS preloaded: {f'yes ({blas_core()} kernels)' if blas else 'NO'}"]
 
 
 def table(results) -> list[str]:

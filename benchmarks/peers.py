@@ -30,6 +30,7 @@ from peers_report import child_stages, table, text_agreement, write_doc  # noqa:
 
 from spill.child_cgroup import ChildCgroup  # noqa: E402
 from spill.memory import parse_size  # noqa: E402
+from spill.platform import preload_env  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 PEERS = ("spill", "llama.cpp", "accelerate", "mlx-lm")
@@ -262,8 +263,16 @@ def machine() -> str:
     cpu = next((x.split(":", 1)[1].strip() for x in Path("/proc/cpuinfo").read_text().splitlines()
                 if x.startswith("model name")), "?")
     mem = int(Path("/proc/meminfo").read_text().split()[1]) * 1024
-    gpu = gpu_name()
-    return f"{os.cpu_count()} x {cpu}, {mem / 2**30:.0f} GiB RAM" + (f", {gpu}" if gpu else "")
+    gpu, core = gpu_name(), blas()
+    return (f"{os.cpu_count()} x {cpu}, {mem / 2**30:.0f} GiB RAM" + (f", OpenBLAS's {core} kernels" if core else "")
+            + (f", {gpu}" if gpu else ""))
+
+
+def blas() -> str:
+    """The OpenBLAS kernels spill's processes run: a child's, with OpenBLAS preloaded as spill preloads it."""
+    code = "from spill.platform import blas_core; print(blas_core())"
+    done = subprocess.run([sys.executable, "-c", code], env=preload_env(), capture_output=True, text=True, timeout=60)
+    return done.stdout.strip()
 
 
 @functools.cache

@@ -80,6 +80,19 @@ def test_openblas_threads_sleep_after_a_gemm_unless_the_user_chose_otherwise():
     assert "OPENBLAS_THREAD_TIMEOUT" not in preload_env({**base, "SPILL_NO_OPENBLAS": "1"})
 
 
+@pytest.mark.skipif(not os.path.exists(OPENBLAS), reason="no OpenBLAS to preload on this machine")
+def test_the_openblas_kernels_in_use_are_named_for_a_benchmarks_header():
+    # a machine may force older kernels (OPENBLAS_CORETYPE): a benchmark must say which ran
+    def core(env: dict) -> str:
+        code = "from spill.platform import blas_core; print(blas_core())"
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.strip()
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("OPENBLAS_", "SPILL_NO_OPENBLAS", "LD_PRE"))}
+    assert core(preload_env({**base, "OPENBLAS_CORETYPE": "Haswell"})) == "Haswell"
+    assert core(preload_env(base)) not in ("", "Unknown")
+    assert core(base) == ""
+
 
 def _fresh(code: str, **env) -> str:
     base = {k: v for k, v in os.environ.items() if k != "SPILL_DEVICE"}
