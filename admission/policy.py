@@ -19,7 +19,7 @@ max_tokens), so every class drains at the same rate and no tier is left as a wal
 slot for each row. When a class with rows waiting has no pool (first made, or drained) the shares are
 recomputed: pools above their new share stop refilling and shrink at once to the rows they hold (the
 streamer copies them), a new pool takes what is free, and a pool shrinks to its share once its rows drain
-to it. A full pool with rows waiting grows into the KV that is free (the streamer copies its rows a layer
+to it. A full pool (every slot taken at the last admission) with rows waiting grows into the KV that is free (the streamer copies its rows a layer
 at a time, so the copy holds one layer of the old pool twice); after a preemption shrank it, only once
 REGROW_PASSES passes in a row ran within the budget (twice as many after each later preemption). Rows
 join their class's pool in queue order while it has a free slot, else borrow a free slot of a wider pool
@@ -72,6 +72,7 @@ class Reserved:
     width: int
     cap: int
     preempted: bool = False   # shrunk above the hard line: it grows again only after a calm spell
+    filled: bool = False      # every slot taken by the last admission (rows that finished since free some)
 
 
 class BudgetPolicy:
@@ -197,8 +198,8 @@ class BudgetPolicy:
         new = [c for c in waiting if c not in self.pools]
         free = s.kv_budget - self.reserved()
         widest = max((p.width for p in self.pools.values()), default=0)
-        full = [c for c in waiting if c in self.pools and held[c] >= self.pools[c].slots == self.pools[c].cap
-                and not self.pools[c].preempted and self._growth(self.pools[c], free, widest) > self.pools[c].slots]
+        full = [c for c in waiting if (p := self.pools.get(c)) and (held[c] >= p.slots or p.filled)
+                and p.slots == p.cap and not p.preempted and self._growth(p, free, widest) > p.slots]
         targets, widths = self._shares(window + list(self.running.values())) if new or full else ({}, {})
         if new or full:
             for c, p in self.pools.items():
@@ -282,6 +283,8 @@ class BudgetPolicy:
                 break   # above the guard with nothing running: one row, so the job still moves
         for i in reversed(picked):
             del self.queue[i]
+        for c, p in self.pools.items():
+            p.filled = held[c] >= p.slots
         self.running.update((w.row, w) for w in out)
         return out
 

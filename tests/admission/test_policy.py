@@ -92,6 +92,19 @@ def test_above_the_guard_with_nothing_running_one_row_still_runs():
     assert run_pass(p, live=990 * MB) == ([], [1, 2])   # the slots the pool holds already
 
 
+def test_a_pool_made_before_most_rows_came_grows_though_rows_finish_as_fast_as_they_start():
+    """The tokenizer's first message had 64 of a job's 256 rows: the pool was made for 64 and never grew, since
+    at each pass 2 rows had just finished and 2 more started (the pace of 64 slots), so admission never saw it
+    full; a 2-vCPU job ran 64 rows where its budget fitted 184, 3m 56s against 2m 48s."""
+    p = BudgetPolicy(sheet(slots_mb=10))                     # 40 slots of 64 tokens
+    p.offer(rows(*[54] * 8))
+    assert len(p.admit()) == 8 and p.shapes() == [[8, 64]]
+    p.offer(rows(*[54] * 32, start=8))                       # the rest of the job's rows
+    p.prefill_tokens = 108                                   # the pace: two prompts a pass
+    assert run_pass(p, live=0, finished=[0, 1])[1] == [8, 9]
+    assert p.shapes() == [[32, 64]]                          # grown into what is free (less the old pool, copied)
+
+
 def test_above_the_guard_rows_fill_the_slots_already_reserved_but_no_pool_grows():
     """A pool of 178 slots held 72 rows when live memory passed the guard line by 10 MiB (memory the sheet did not
     price): admission held the other 106 slots empty until the pool drained, a lifetime of the rows, though the
