@@ -19,7 +19,8 @@ max_tokens), so every class drains at the same rate and no tier is left as a wal
 slot for each row. When a class with rows waiting has no pool (first made, or drained) the shares are
 recomputed: pools above their new share stop refilling and shrink at once to the rows they hold (the
 streamer copies them), a new pool takes what is free, and a pool shrinks to its share once its rows drain
-to it. A full pool (every slot taken at the last admission) with rows waiting grows into the KV that is free (the streamer copies its rows a layer
+to it. A full pool (every slot taken at the last admission, or fewer than its rows and those that just
+came) with rows waiting grows into the KV that is free (the streamer copies its rows a layer
 at a time, so the copy holds one layer of the old pool twice); after a preemption shrank it, only once
 REGROW_PASSES passes in a row ran within the budget (twice as many after each later preemption). Rows
 join their class's pool in queue order while it has a free slot, else borrow a free slot of a wider pool
@@ -92,6 +93,7 @@ class BudgetPolicy:
         self.preempting: set[int] = set()        # sent to the streamer, not yet reported dropped
         self.preemptions = 0                     # this job's: each doubles the calm a preempted pool waits
         self.calm = 0                            # passes in a row within the budget since the last one
+        self.came = False                        # rows offered since the pools were last shared out
 
     @property
     def window(self) -> int:
@@ -109,6 +111,7 @@ class BudgetPolicy:
                 refused.append((w, self.too_big(w)))
             else:
                 self.queue.append(w)
+                self.came = True
         return refused
 
     def _retune(self, new: list[Waiting]) -> None:
@@ -198,8 +201,11 @@ class BudgetPolicy:
         new = [c for c in waiting if c not in self.pools]
         free = s.kv_budget - self.reserved()
         widest = max((p.width for p in self.pools.values()), default=0)
-        full = [c for c in waiting if (p := self.pools.get(c)) and (held[c] >= p.slots or p.filled)
+        queued = Counter(width_class(w.full_length) for w in window) if self.came else Counter()
+        full = [c for c in waiting if (p := self.pools.get(c)) and (held[c] >= p.slots or p.filled
+                                                                     or held[c] + queued[c] > p.slots)
                 and p.slots == p.cap and not p.preempted and self._growth(p, free, widest) > p.slots]
+        self.came = False
         targets, widths = self._shares(window + list(self.running.values())) if new or full else ({}, {})
         if new or full:
             for c, p in self.pools.items():
@@ -323,4 +329,4 @@ class BudgetPolicy:
         self.queue.clear()
         self.running.clear()
         self.preempting.clear()
-        self.live, self.holding, self.pools, self.preemptions, self.calm = 0, False, {}, 0, 0
+        self.live, self.holding, self.pools, self.preemptions, self.calm, self.came = 0, False, {}, 0, 0, False

@@ -105,6 +105,19 @@ def test_a_pool_made_before_most_rows_came_grows_though_rows_finish_as_fast_as_t
     assert p.shapes() == [[32, 64]]                          # grown into what is free (less the old pool, copied)
 
 
+def test_a_pool_made_for_the_first_rows_grows_to_its_share_when_the_rest_come():
+    """The pool made for the tokenizer's first 64 rows kept free slots while the pace (2 prompts a pass, from its
+    64 slots) filled it, so it grew only 32 passes later; the job ran 97 passes where the estimate said 67."""
+    p = BudgetPolicy(sheet(slots_mb=10))                     # 40 slots of 64 tokens
+    p.offer(rows(*[54] * 8))
+    p.prefill_tokens = 108                                   # the pace: two prompts a pass
+    assert len(p.admit()) == 2 and p.shapes() == [[8, 64]]
+    p.offer(rows(*[54] * 32, start=8))                       # the rest of the job's rows, before the pool filled
+    run_pass(p, live=0)
+    assert p.shapes() == [[32, 64]]                          # grown into what is free (less the old pool, copied)
+    assert run_pass(p, live=0)[1] and p.shapes() == [[32, 64]]   # once: no copy each pass
+
+
 def test_above_the_guard_rows_fill_the_slots_already_reserved_but_no_pool_grows():
     """A pool of 178 slots held 72 rows when live memory passed the guard line by 10 MiB (memory the sheet did not
     price): admission held the other 106 slots empty until the pool drained, a lifetime of the rows, though the
