@@ -202,8 +202,7 @@ class BudgetPolicy:
         free = s.kv_budget - self.reserved()
         widest = max((p.width for p in self.pools.values()), default=0)
         queued = Counter(width_class(w.full_length) for w in window) if self.came else Counter()
-        full = [c for c in waiting if (p := self.pools.get(c)) and (held[c] >= p.slots or p.filled
-                                                                     or held[c] + queued[c] > p.slots)
+        full = [c for c in waiting if (p := self.pools.get(c)) and (p.filled or held[c] + queued[c] > p.slots)
                 and p.slots == p.cap and not p.preempted and self._growth(p, free, widest) > p.slots]
         self.came = False
         targets, widths = self._shares(window + list(self.running.values())) if new or full else ({}, {})
