@@ -57,6 +57,8 @@ req.setsockopt(zmq.LINGER, 0)
 req.connect(control)
 req.send(b"\x14garbage")
 print(m.decode(req.recv(), ).error if req.poll(10000) else "no reply")
+req.close()
+ctx.term()   # waits out the pushes' linger: an exit before ZeroMQ's IO thread sent them loses them (seen under load)
 """
 
 
