@@ -1,6 +1,6 @@
 """OpenBLAS threads against the reader's convert threads on the CPU: decode passes per setting.
 
-    python benchmarks/cpu_threads.py [--size 3b] [--batches 8,128] [--settings 0:8,8:8,12:4]
+    python benchmarks/cpu_threads.py [--size 3b] [--dtype bfloat16] [--batches 8,128] [--settings 0:8,8:8,12:4]
 
 Each setting is BLAS:CONVERT (SPILL_BLAS_THREADS, 0 = OpenBLAS's default; SPILL_CONVERT_THREADS);
 every batch runs one prefill pass and --passes decode passes per setting, in one process, against
@@ -24,6 +24,7 @@ def main() -> None:
     p.add_argument("--models", default="/tmp/spill-bench")
     p.add_argument("--family", default="llama")
     p.add_argument("--size", default="3b")
+    p.add_argument("--dtype", default="bfloat16", help="the stored dtype (float32 on a small CPU)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--batches", default="8,128")
     p.add_argument("--settings", default="0:8,8:8,12:4")
