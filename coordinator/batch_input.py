@@ -52,6 +52,9 @@ class BadRow:
     message: str
 
 
+EXAMPLE = '{"custom_id": "q1", "prompt": "Hello"}'
+
+
 def read_batch(path: Path) -> tuple[list[Request], list[BadRow]]:
     """Parse every line; one SpillError for a file that cannot be a batch (missing, empty, not JSONL, duplicate ids)."""
     path = Path(path)
@@ -62,14 +65,17 @@ def read_batch(path: Path) -> tuple[list[Request], list[BadRow]]:
         if raw.strip():
             parsed.append((n, _parse_line(n, raw)))
     if not parsed:
-        raise SpillError(f'{path} is empty; write one JSON request per line, '
-                         f'e.g. {{"custom_id": "q1", "prompt": "Hello"}}')
+        raise SpillError(f"{path} is empty; write one JSON request per line, e.g. {EXAMPLE}")
     _check_jsonl(path, data, parsed)
     _check_unique(path, parsed)
     requests, bad = [], []
     for n, obj in parsed:
         row = obj if isinstance(obj, BadRow) else _row(n, obj)
         (bad if isinstance(row, BadRow) else requests).append(row)
+    if not requests:   # a job of error lines alone would only hide the one fix they all need
+        raise SpillError(f"no line of {path} is a request spill can run ({f'{len(bad)} lines; the first: ' * (len(bad) > 1)}"
+                         f"{bad[0].message}); write one request per line, e.g. {EXAMPLE} or the OpenAI Batch form "
+                         f'{{"custom_id": "q1", "body": {{"messages": [{{"role": "user", "content": "Hello"}}]}}}}')
     return requests, bad
 
 

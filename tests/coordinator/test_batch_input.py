@@ -232,3 +232,13 @@ def test_a_line_over_the_size_limit_is_a_bad_row(tmp_path, monkeypatch):
     row = {"custom_id": "r", "prompt": "x" * (1 << 20)}
     bad = _bad(tmp_path, row)
     assert bad.message == f"line 2: {len(json.dumps(row))} bytes, more than the 1 MB a line may hold; shorten the prompt"
+
+
+def test_a_file_with_no_row_spill_can_run_is_refused_naming_the_first_problem(tmp_path):
+    path = _file(tmp_path, {"question_id": 81, "turns": ["Hi"]}, {"question_id": 82, "turns": ["Bye"]})
+    assert _refused(path) == (f'no line of {path} is a request spill can run (2 lines; the first: line 1: custom_id is '
+                              f'missing; needs "messages" (a chat) or "prompt" (a completion)); write one request '
+                              f'per line, e.g. {{"custom_id": "q1", "prompt": "Hello"}} or the OpenAI Batch form '
+                              f'{{"custom_id": "q1", "body": {{"messages": [{{"role": "user", "content": "Hello"}}]}}}}')
+    one_good = _file(tmp_path, {"question_id": 81}, {"custom_id": "q2", "prompt": "x"}, name="one.jsonl")
+    assert [r.custom_id for r in read_batch(one_good)[0]] == ["q2"]   # one runnable row: a job, its bad rows as errors
