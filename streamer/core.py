@@ -217,13 +217,13 @@ class Streamer:
                 h = h.astype(self.dtype)
             hs.append(h)
             masks.append(self.adapter.masks(h, g.caches))
+        missing = [i for i in range(len(self.adapter.layers)) if self.kept is None or i not in self.kept]
         if self._cpu:   # OpenBLAS's threads share the cores with the reader's (platform.blas_threads_for)
-            threads = blas_threads_for(max(h.shape[0] * h.shape[1] for h in hs), config.blas_threads())
+            threads = blas_threads_for(max(h.shape[0] * h.shape[1] for h in hs), config.blas_threads(), bool(missing))
             if threads != self._threads and set_blas_threads(threads):
                 self._threads = threads
         # 3. stream the layers: every group through each layer while it is resident
         compute_s, streamed = 0.0, 0
-        missing = [i for i in range(len(self.adapter.layers)) if self.kept is None or i not in self.kept]
         if missing:
             if self._cpu:
                 # MLX's CPU cache takes a freed buffer only while it fits under the limit and gives it back only at

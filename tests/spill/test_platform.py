@@ -41,6 +41,23 @@ s.close()
 """
 
 
+RESIDENT = """
+import ctypes, os, sys
+import mlx.core as mx
+from spill.streamer.core import Row, Streamer
+get = ctypes.CDLL(None).openblas_get_num_threads
+os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:2])
+mx.set_default_device(mx.cpu)
+s = Streamer(sys.argv[1], resident=True)
+s.add(Row("a", [5, 6, 7], 4))
+s.step()
+reading = get()
+s.step()
+print(reading, get())
+s.close()
+"""
+
+
 @pytest.mark.skipif(not os.path.exists(OPENBLAS), reason="no OpenBLAS to preload on this machine")
 def test_the_streamer_sets_openblas_threads_on_the_cpu(make_tiny):
     env = {**os.environ, "SPILL_BLAS_THREADS": "3"}
@@ -174,3 +191,15 @@ def test_the_build_metric_names_the_device_the_supervisor_learned(device, platfo
     metrics._backend.cache_clear()
     assert metrics._backend() == backend
     metrics._backend.cache_clear()
+
+
+@pytest.mark.skipif(not os.path.exists(OPENBLAS) or len(os.sched_getaffinity(0)) < 2,
+                    reason="no OpenBLAS to preload, or one core")
+def test_a_pass_that_reads_nothing_takes_every_core(make_tiny):
+    """Resident weights (lean45, 2 vCPUs): nothing reads beside the decode, so both cores compute (32 rows: 0.45 s a
+    pass on two OpenBLAS threads, 0.62 on one); the first pass, which reads every layer, leaves the reader a core."""
+    env = preload_env({k: v for k, v in os.environ.items() if k not in ("SPILL_NO_OPENBLAS", "SPILL_BLAS_THREADS")})
+    out = subprocess.run([sys.executable, "-c", RESIDENT, str(make_tiny("llama"))], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["1", "2"]
