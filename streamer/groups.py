@@ -266,23 +266,26 @@ class JointCache:
         return masks[0] if len(masks) == 1 else mx.concatenate(masks)
 
 
+DECODE_ROWS = 8   # rows of a decode step's attention each CPU stream takes at least (resident lean45 at 200 tokens,
+                  # OpenBLAS on 2 threads: 96 rows 0.85 s a pass whole, 0.74 split; 8 rows 0.28, 0.29)
+
+
 def pooled_attention(original):
     """mlx-lm's `scaled_dot_product_attention`, but over a JointCache of several pools pool by pool: each
     pool's rows attend over their own span, not padded to the longest row's (on a 2-core CPU, 16 rows of
-    three pools spent ~1 s a pass attending over padding); a prompt's is split over `sdpa.split` CPU streams
-    (split_attention)."""
+    three pools spent ~1 s a pass attending over padding); split over `sdpa.split` CPU streams (split_attention)."""
     def sdpa(queries, keys, values, cache, scale, mask, sinks=None):
+        streams = cpu_streams(sdpa.split) if sdpa.split > 1 and sinks is None else []
         if (not isinstance(cache, JointCache) or len(cache.pools) < 2 or sinks is not None
                 or not isinstance(mask, mx.array)):
-            if queries.shape[2] > 1 and sdpa.split > 1 and sinks is None and isinstance(keys, mx.array):
-                return split_attention(original, cpu_streams(sdpa.split), queries, keys, values, cache, scale, mask)
+            if streams and isinstance(keys, mx.array):
+                return split_attention(original, streams, queries, keys, values, cache, scale, mask)
             return original(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
         out, start = [], 0
         for p, c in zip(cache.pools, cache.parts):   # the joint mask is each pool's, padded
             k, v = c.fetched()
             rows = slice(start, start + p.used)
-            out.append(mx.fast.scaled_dot_product_attention(queries[rows], k, v, scale=scale,
-                                                            mask=mask[rows, ..., :k.shape[2]]))
+            out.append(split_attention(original, streams, queries[rows], k, v, None, scale, mask[rows, ..., :k.shape[2]]))
             start += p.used
         return mx.concatenate(out)
     sdpa.pooled, sdpa.split = True, 1
@@ -290,13 +293,16 @@ def pooled_attention(original):
 
 
 def split_attention(original, streams, queries, keys, values, cache, scale, mask):
-    """A prompt's attention (queries [B, H, T, D], keys [B, KV, S, D]) split by rows, or by KV heads where one row,
-    over MLX CPU streams: its softmax runs on one thread per op (at 1,024 tokens half a CPU prefill's time). The
-    same kernel on each slice, so bit for bit the whole (a split by query positions is not: the products' shapes
-    change)."""
+    """Attention (queries [B, H, T, D], keys [B, KV, S, D]) split over MLX CPU streams: its softmax runs on one
+    thread per op (at 1,024 tokens half a CPU prefill's time; 184 rows' decode at 80 tokens 3.4 ms a layer whole,
+    1.8 split in two). A prompt's by rows, or by KV heads where one row; a decode step's by rows, DECODE_ROWS a
+    stream at least. The same kernel on each slice, so bit for bit the whole (a split by query positions is not:
+    the products' shapes change)."""
     rows, heads, kv = queries.shape[0], queries.shape[1], keys.shape[1]
     axis, n, per = (0, rows, 1) if rows > 1 else (1, kv, heads // kv)
-    if n < 2:
+    if queries.shape[2] == 1:
+        axis, n, per = 0, rows // DECODE_ROWS, 1
+    if min(n, len(streams)) < 2:
         return original(queries, keys, values, cache=cache, scale=scale, mask=mask)
     at = axis - 4 + mask.ndim if isinstance(mask, mx.array) else -1   # the mask's own axis for it, if not broadcast
 
@@ -304,7 +310,7 @@ def split_attention(original, streams, queries, keys, values, cache, scale, mask
         cut, wide = (slice(None),) * axis + (slice(a, b),), (slice(None),) * axis + (slice(a * per, b * per),)
         m = mask[(slice(None),) * at + (slice(a * per, b * per),)] if at >= 0 and mask.shape[at] > 1 else mask
         return original(queries[wide], keys[cut], values[cut], cache=cache, scale=scale, mask=m)
-    return spread(streams[:n], n, part, axis)
+    return spread(streams[:n], rows if axis == 0 else n, part, axis)
 
 
 class Decode:

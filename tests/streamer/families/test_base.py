@@ -70,10 +70,8 @@ def test_the_swiglu_split_over_cpu_streams_gives_the_same_logits_bit_for_bit(mak
     assert entered and split == whole and len(whole) == 24 * 4
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2", "mistral", "qwen3", "phi3"])
-@pytest.mark.parametrize("rows", [1, 5])   # one row: split by its KV heads; several: by rows
-def test_a_prompts_attention_split_over_cpu_streams_gives_the_same_logits_bit_for_bit(make_tiny, monkeypatch,
-                                                                                         family, rows):
+def _attention_split(monkeypatch, make_tiny, family, rows, chunk=24):
+    """Each row's logits (bytes) with SPILL_ACT_STREAMS 1 and 2, and the query shapes attention saw inside a split."""
     inside, split = [], []
     stream, sdpa = mx.stream, mx.fast.scaled_dot_product_attention
 
@@ -97,9 +95,9 @@ def test_a_prompts_attention_split_over_cpu_streams_gives_the_same_logits_bit_fo
 
     def run(streams: str):
         monkeypatch.setenv("SPILL_ACT_STREAMS", streams)
-        engine = Streamer(make_tiny(family), dtype=mx.float32, keep_logits=True, prefill_chunk=24)
-        for k in range(rows):   # prompts of 29-45 tokens in chunks of 24: the second chunk attends to the first's KV
-            engine.add(Row(f"r{k}", [(7 * k + 3 * j) % 50 + 3 for j in range(29 + 4 * k)], 3))
+        engine = Streamer(make_tiny(family), dtype=mx.float32, keep_logits=True, prefill_chunk=chunk)
+        for row in rows:
+            engine.add(row)
         logits = []
         while not engine.idle:
             logits += [(e.row_id, e.logits.tobytes()) for e in engine.step().emitted]
@@ -108,8 +106,29 @@ def test_a_prompts_attention_split_over_cpu_streams_gives_the_same_logits_bit_fo
 
     whole = run("1")
     assert not split
-    assert run("2") == whole and len(whole) == rows * 3
-    assert split and all(q[2] > 1 for q in split), split   # prompts' attention only: decode's stays whole
+    return whole, run("2"), split
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "mistral", "qwen3", "phi3"])
+@pytest.mark.parametrize("rows", [1, 5])   # one row: split by its KV heads; several: by rows
+def test_a_prompts_attention_split_over_cpu_streams_gives_the_same_logits_bit_for_bit(make_tiny, monkeypatch,
+                                                                                         family, rows):
+    # prompts of 29-45 tokens in chunks of 24: the second chunk attends to the first's KV
+    prompts = [Row(f"r{k}", [(7 * k + 3 * j) % 50 + 3 for j in range(29 + 4 * k)], 3) for k in range(rows)]
+    whole, split, queries = _attention_split(monkeypatch, make_tiny, family, prompts)
+    assert split == whole and len(whole) == rows * 3
+    assert queries and all(q[2] > 1 for q in queries), queries   # decode's stays whole under 8 rows
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3", "phi3"])
+def test_a_decode_steps_attention_split_by_rows_gives_the_same_logits_bit_for_bit(make_tiny, monkeypatch, family):
+    # two decode pools (widths 64 and 128) of 17 and 16 rows: each pool's attention split over the two streams
+    rows = [Row(f"r{k}", [(5 * k + j) % 40 + 3 for j in range(4 + k % 3)], 6, width=64 if k < 17 else 128)
+            for k in range(33)]
+    whole, split, queries = _attention_split(monkeypatch, make_tiny, family, rows, chunk=256)
+    assert split == whole and len(whole) == 33 * 6
+    decode = [q for q in queries if q[2] == 1]
+    assert sorted({q[0] for q in decode}) == [8, 9], decode   # halves of 17 and 16 rows
 
 
 def test_a_thread_makes_its_cpu_streams_once_and_computes_only_on_its_own(make_tiny, monkeypatch):
