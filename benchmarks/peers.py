@@ -200,7 +200,8 @@ def budget_log(path: Path) -> dict:
 
 
 def run_spill(a, folder: Path, texts: list[str], files, cap: str = "") -> dict:
-    work = Path(a.work) / f"spill-{cap or a.cap}"   # a data home and output per run
+    work = Path(a.work) / f"spill-{cap or a.cap}"   # a data home and output per run: an earlier run's would be
+    shutil.rmtree(work, ignore_errors=True)         # read as this one's where this one fails
     home = work / "home"
     home.mkdir(parents=True, exist_ok=True)
     inp = work / "in.jsonl"
