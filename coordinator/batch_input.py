@@ -75,7 +75,8 @@ def read_batch(path: Path) -> tuple[list[Request], list[BadRow]]:
     if not requests:   # a job of error lines alone would only hide the one fix they all need
         raise SpillError(f"no line of {path} is a request spill can run ({f'{len(bad)} lines; the first: ' * (len(bad) > 1)}"
                          f"{bad[0].message}); write one request per line, e.g. {EXAMPLE} or the OpenAI Batch form "
-                         f'{{"custom_id": "q1", "body": {{"messages": [{{"role": "user", "content": "Hello"}}]}}}}')
+                         f'{{"custom_id": "q1", "url": "/v1/chat/completions", "body": {{"messages": [{{"role": "user", "content": '
+                         f'"Hello"}}]}}}}')
     return requests, bad
 
 

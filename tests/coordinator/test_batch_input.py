@@ -239,6 +239,15 @@ def test_a_file_with_no_row_spill_can_run_is_refused_naming_the_first_problem(tm
     assert _refused(path) == (f'no line of {path} is a request spill can run (2 lines; the first: line 1: custom_id is '
                               f'missing; needs "messages" (a chat) or "prompt" (a completion)); write one request '
                               f'per line, e.g. {{"custom_id": "q1", "prompt": "Hello"}} or the OpenAI Batch form '
-                              f'{{"custom_id": "q1", "body": {{"messages": [{{"role": "user", "content": "Hello"}}]}}}}')
+                              f'{{"custom_id": "q1", "url": "/v1/chat/completions", "body": {{"messages": [{{"role": "user", '
+                              f'"content": "Hello"}}]}}}}')
     one_good = _file(tmp_path, {"question_id": 81}, {"custom_id": "q2", "prompt": "x"}, name="one.jsonl")
     assert [r.custom_id for r in read_batch(one_good)[0]] == ["q2"]   # one runnable row: a job, its bad rows as errors
+
+
+def test_the_forms_the_refusal_suggests_are_requests(tmp_path):
+    example = _refused(_file(tmp_path, {"question_id": 81}))
+    forms = example.split("e.g. ")[1].split(" or the OpenAI Batch form ")
+    for n, form in enumerate(forms):
+        requests, bad = read_batch(_file(tmp_path, form, name=f"form{n}.jsonl"))
+        assert [r.custom_id for r in requests] == ["q1"] and not bad, form
