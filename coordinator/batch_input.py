@@ -53,6 +53,8 @@ class BadRow:
 
 
 EXAMPLE = '{"custom_id": "q1", "prompt": "Hello"}'
+BATCH_EXAMPLE = ('{"custom_id": "q1", "url": "/v1/chat/completions", '
+                 '"body": {"messages": [{"role": "user", "content": "Hello"}]}}')
 
 
 def read_batch(path: Path) -> tuple[list[Request], list[BadRow]]:
@@ -73,10 +75,9 @@ def read_batch(path: Path) -> tuple[list[Request], list[BadRow]]:
         row = obj if isinstance(obj, BadRow) else _row(n, obj)
         (bad if isinstance(row, BadRow) else requests).append(row)
     if not requests:   # a job of error lines alone would only hide the one fix they all need
-        raise SpillError(f"no line of {path} is a request spill can run ({f'{len(bad)} lines; the first: ' * (len(bad) > 1)}"
-                         f"{bad[0].message}); write one request per line, e.g. {EXAMPLE} or the OpenAI Batch form "
-                         f'{{"custom_id": "q1", "url": "/v1/chat/completions", "body": {{"messages": [{{"role": "user", "content": '
-                         f'"Hello"}}]}}}}')
+        many = f"{len(bad)} lines; the first: " if len(bad) > 1 else ""
+        raise SpillError(f"no line of {path} is a request spill can run ({many}{bad[0].message}); write one request "
+                         f"per line, e.g. {EXAMPLE} or the OpenAI Batch form {BATCH_EXAMPLE}")
     return requests, bad
 
 

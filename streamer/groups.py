@@ -285,7 +285,8 @@ def pooled_attention(original):
         for p, c in zip(cache.pools, cache.parts):   # the joint mask is each pool's, padded
             k, v = c.fetched()
             rows = slice(start, start + p.used)
-            out.append(split_attention(original, streams, queries[rows], k, v, None, scale, mask[rows, ..., :k.shape[2]]))
+            m = mask[rows, ..., :k.shape[2]]
+            out.append(split_attention(original, streams, queries[rows], k, v, None, scale, m))
             start += p.used
         return mx.concatenate(out)
     sdpa.pooled, sdpa.split = True, 1

@@ -157,13 +157,15 @@ def test_the_compute_probe_times_another_prefill_group_through_the_streamers_lay
 
 def test_the_compute_probe_prices_a_token_of_context_by_the_attention_that_reads_it(make_tiny, monkeypatch):
     """lean45 on 2 vCPUs: priced from a matmul's rate, a token of context cost 1.8e-6 s a pass where the job's
-    passes spent 1.4e-4 (MLX's CPU attention). Here attention sleeps 0.1 ms per column of keys it reads."""
+    passes spent 1.4e-4 (MLX's CPU attention). Here attention sleeps 0.1 ms per column of keys 16 rows read (a
+    decode step's attention split over CPU streams calls it once a share of the rows)."""
     import time
     import mlx.core as mx
     from spill.streamer.plan import load_plan
     sdpa = mx.fast.scaled_dot_product_attention
     monkeypatch.setattr(mx.fast, "scaled_dot_product_attention",
-                        lambda q, k, v, **kw: (time.sleep(1e-4 * k.shape[2]), sdpa(q, k, v, **kw))[1])
+                        lambda q, k, v, **kw: (time.sleep(1e-4 * k.shape[2] * q.shape[0] / 16),
+                                               sdpa(q, k, v, **kw))[1])
     plan = load_plan(make_tiny("qwen2"))
     m = probes.compute_probe(plan, mx.float32)
     per_row_token = 1e-4 / 16 * plan.config["num_hidden_layers"]   # 16 rows read each column
