@@ -300,9 +300,12 @@ def split_attention(original, streams, queries, keys, values, cache, scale, mask
     stream at least. The same kernel on each slice, so bit for bit the whole (a split by query positions is not:
     the products' shapes change)."""
     rows, heads, kv = queries.shape[0], queries.shape[1], keys.shape[1]
-    axis, n, per = (0, rows, 1) if rows > 1 else (1, kv, heads // kv)
-    if queries.shape[2] == 1:
+    if queries.shape[2] == 1:   # a decode step: by rows, DECODE_ROWS a stream at least
         axis, n, per = 0, rows // DECODE_ROWS, 1
+    elif rows > 1:
+        axis, n, per = 0, rows, 1
+    else:                       # one prompt: by its KV heads
+        axis, n, per = 1, kv, heads // kv
     if min(n, len(streams)) < 2:
         return original(queries, keys, values, cache=cache, scale=scale, mask=mask)
     at = axis - 4 + mask.ndim if isinstance(mask, mx.array) else -1   # the mask's own axis for it, if not broadcast

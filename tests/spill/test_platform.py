@@ -1,6 +1,7 @@
 """The platform layer: OpenBLAS's thread count set by the engine (SPILL_BLAS_THREADS), and the device as
 the processes that never compute learn it (SPILL_DEVICE)."""
 
+import json
 import os
 import subprocess
 import sys
@@ -25,37 +26,30 @@ print(get())
 """
 
 PER_PASS = """
-import ctypes, os, sys
+import ctypes, json, os, sys
 import mlx.core as mx
 from spill.streamer.core import Row, Streamer
 get = ctypes.CDLL(None).openblas_get_num_threads
 os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:2])
 mx.set_default_device(mx.cpu)
-s = Streamer(sys.argv[1], prefill_chunk=512)
-s.add(Row("a", [i % 200 + 1 for i in range(128)], 3))
+resident, prompt = json.loads(sys.argv[2])
+s = Streamer(sys.argv[1], prefill_chunk=512, resident=resident)
+s.add(Row("a", [i % 200 + 1 for i in range(prompt)], 3))
 s.step()
-big = get()
+first = get()
 s.step()
-print(big, get())
+print(first, get())
 s.close()
 """
 
 
-RESIDENT = """
-import ctypes, os, sys
-import mlx.core as mx
-from spill.streamer.core import Row, Streamer
-get = ctypes.CDLL(None).openblas_get_num_threads
-os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:2])
-mx.set_default_device(mx.cpu)
-s = Streamer(sys.argv[1], resident=True)
-s.add(Row("a", [5, 6, 7], 4))
-s.step()
-reading = get()
-s.step()
-print(reading, get())
-s.close()
-"""
+def _threads_per_pass(folder, resident: bool, prompt: int) -> list[str]:
+    """OpenBLAS's threads in the first pass (the prompt) and the second (decode), on 2 cores."""
+    env = preload_env({k: v for k, v in os.environ.items() if k not in ("SPILL_NO_OPENBLAS", "SPILL_BLAS_THREADS")})
+    out = subprocess.run([sys.executable, "-c", PER_PASS, str(folder), json.dumps([resident, prompt])], env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.split()
 
 
 @pytest.mark.skipif(not os.path.exists(OPENBLAS), reason="no OpenBLAS to preload on this machine")
@@ -74,11 +68,7 @@ def test_the_streamer_sets_openblas_threads_on_the_cpu(make_tiny):
 def test_a_decode_pass_leaves_the_reader_a_core_and_a_long_prefill_takes_them_all(make_tiny):
     """2 vCPUs: 16 rows decoding computed in 1.58 s on two OpenBLAS threads beside the reader, 1.22 s on one;
     a 512-token prefill in 14.9 s on two, 17.9 on one."""
-    env = preload_env({k: v for k, v in os.environ.items() if k not in ("SPILL_NO_OPENBLAS", "SPILL_BLAS_THREADS")})
-    out = subprocess.run([sys.executable, "-c", PER_PASS, str(make_tiny("llama"))], env=env,
-                         capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["2", "1"]
+    assert _threads_per_pass(make_tiny("llama"), resident=False, prompt=128) == ["2", "1"]
 
 
 def test_no_openblas_loaded_is_false_not_an_error():
@@ -198,8 +188,4 @@ def test_the_build_metric_names_the_device_the_supervisor_learned(device, platfo
 def test_a_pass_that_reads_nothing_takes_every_core(make_tiny):
     """Resident weights (lean45, 2 vCPUs): nothing reads beside the decode, so both cores compute (32 rows: 0.45 s a
     pass on two OpenBLAS threads, 0.62 on one); the first pass, which reads every layer, leaves the reader a core."""
-    env = preload_env({k: v for k, v in os.environ.items() if k not in ("SPILL_NO_OPENBLAS", "SPILL_BLAS_THREADS")})
-    out = subprocess.run([sys.executable, "-c", RESIDENT, str(make_tiny("llama"))], env=env,
-                         capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    assert out.stdout.split() == ["1", "2"]
+    assert _threads_per_pass(make_tiny("llama"), resident=True, prompt=3) == ["1", "2"]
