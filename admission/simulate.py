@@ -153,10 +153,7 @@ def simulate(rows: list[SimRow], policy, waiting, model: PassModel, bytes_stream
         if not (admitted or prefilling or decoding) and done + len(refused) < len(rows):
             est.stalled = True
     est.total_seconds = clock
-    for t in est.tiers:
-        t.ideal_seconds = _ideal(t, [r for r in rows if (r.tier or tier_of(r.prompt)) == t.name],
-                                 model, bytes_streamed, max_batch)
-    est.ideal_seconds = sum(t.ideal_seconds for t in est.tiers)
+    est.ideal_seconds = _ideal(est.tiers, rows, model, bytes_streamed, max_batch)
     return est
 
 
@@ -174,15 +171,23 @@ def _share(tiers, by_id, running: list[int], seconds: float) -> dict[str, int]:
     return counts
 
 
-def _ideal(tier: Tier, rows: list[SimRow], model: PassModel, bytes_streamed: int, max_batch) -> float:
-    """rows x output tokens / the largest batch the budget fits, times the roofline pass at that batch
-    (its decode rows, their mean context, and the prefill that batch needs a pass on average). The prompts'
-    own products are left out: a few passes can carry every prompt, not each pass one group."""
+def _ideal(tiers: list[Tier], rows: list[SimRow], model: PassModel, bytes_streamed: int, max_batch) -> float:
+    """The whole job at the roofline: as many passes as the budget needs to hold every row for its output
+    (a row takes 1/batch of it, the largest batch it fits for rows like it) and no fewer than the longest
+    row's, each priced at the job's mean pass, its prompts spread over them as one group; a tier's share
+    is its rows' share of the steps, as its time is. The prompts' own products are left out: a few
+    passes can carry every prompt, not each pass one group."""
     if not rows:
         return 0.0
-    batch = max(1, min(len(rows), max_batch(rows[0]) if max_batch else len(rows)))
-    out = sum(r.out for r in rows) / len(rows)
-    prompt = sum(r.prompt for r in rows) / len(rows)
-    tokens = int(batch * prompt / max(out, 1))   # what that batch prefills a pass, as one group
-    shape = PassShape(batch, tokens, int(batch * (prompt + out / 2)), bytes_streamed)
-    return len(rows) * out / batch * model.roofline_s(shape)
+    name = {r.row: r.tier or tier_of(r.prompt) for r in rows}
+    held = 0.0                     # passes of the whole budget the rows hold
+    for t in tiers:
+        mine = [r for r in rows if name[r.row] == t.name]
+        held += sum(r.out for r in mine) / max(1, max_batch(mine[0]) if max_batch else len(rows))
+    passes = max(held, max(r.out for r in rows), 1)
+    shape = PassShape(int(sum(r.out for r in rows) / passes), int(sum(r.prompt for r in rows) / passes),
+                      int(sum(r.out * (r.prompt + r.out / 2) for r in rows) / passes), bytes_streamed)
+    total, out = passes * model.roofline_s(shape), sum(r.out for r in rows)
+    for t in tiers:
+        t.ideal_seconds = total * sum(r.out for r in rows if name[r.row] == t.name) / out
+    return total

@@ -179,3 +179,15 @@ def test_the_ideal_stays_below_the_estimate_when_passes_are_compute_bound():
     rows = [SimRow(i, 26, 256) for i in range(20)]
     est = simulate(rows, FifoPolicy(), waiting, TRUE, 0, max_batch=lambda r: 20)
     assert 0 < est.ideal_seconds <= est.total_seconds
+
+
+def test_the_ideal_is_the_whole_jobs_where_a_few_long_rows_share_the_short_rows_passes():
+    """A mixed job's passes serve every tier at once. The ideal summed each tier's passes as if the tiers
+    ran apart, so three long rows were charged 64 read-bound passes of their own, and the 53-row
+    mixed-length job's estimate read 0.93x its ideal."""
+    rows = [SimRow(i, 30, 64) for i in range(40)] + [SimRow(40 + i, 900, 64) for i in range(3)]
+    est = simulate(rows, FifoPolicy(), waiting, TRUE, BYTES, max_batch=lambda r: 50 if r.prompt < 128 else 12)
+    assert 0 < est.ideal_seconds <= est.total_seconds
+    assert est.ideal_seconds == pytest.approx(sum(t.ideal_seconds for t in est.tiers))
+    # the whole job needs at least its longest row's passes, each at least the model's read
+    assert est.ideal_seconds >= 64 * BYTES / TRUE.bandwidth
