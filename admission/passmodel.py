@@ -3,7 +3,7 @@
     IO      = bytes streamed / read bandwidth
     compute = fixed + packed (if more than one row) + per_row x decode rows + per_prefill x prefill tokens
               + per_context x context + per_product x products beyond the first
-              + per_prefill_context x prompt tokens x the prompt cached before their chunk
+              + per_prefill_context x prompt tokens x the keys each scores (its prompt cached, its chunk)
     pass    = max(IO, compute) + (1 - overlap) x min(IO, compute) + overhead
             = IO + read tail + overhead, where the read is longer and passes have timed the tail
 
@@ -21,7 +21,7 @@ import numpy as np
 TERMS = ("fixed_s", "packed_s", "per_row_s", "per_prefill_token_s", "per_context_token_s", "per_product_s",
          "per_prefill_context_s")
 CONTEXT_PASSES = 50   # decode-only passes before the refit prices context apart from the probe
-CHUNK_PASSES = 5      # passes of prompt chunks after a cached part before the refit prices that context
+CHUNK_PASSES = 5      # prompt passes scoring 2x the keys a token of the fewest do, before the refit prices keys
 
 
 @dataclass
@@ -32,7 +32,7 @@ class PassShape:
     context_tokens: int       # tokens of KV the decode rows attend to, summed over rows
     bytes_streamed: int
     prefill_groups: int = field(default=0, kw_only=True)   # prompts prefilling in groups, each its own attention
-    prefill_context: int = field(default=0, kw_only=True)  # prompt tokens x their prompt cached before
+    prefill_context: int = field(default=0, kw_only=True)  # prompt tokens x the keys each scores
 
     @property
     def batched(self) -> bool:
@@ -64,7 +64,7 @@ class PassModel:
     per_prefill_token_s: float = 0.0
     per_context_token_s: float = 0.0
     per_product_s: float = 0.0        # another prefill group beside the decode rows (its attention, its products)
-    per_prefill_context_s: float = 0.0   # a prompt token's attention to a token its earlier chunks cached
+    per_prefill_context_s: float = 0.0   # a prompt token's attention to one key (cached, or of its chunk)
     overlap: float = 0.5              # before any pass: halfway between serial and perfect
     overhead_s: float = 0.0
     read_tail_s: float | None = None   # a read-bound pass's time past its read; None: (1 - overlap) x compute
@@ -91,7 +91,8 @@ class PassModel:
     def prefill_allowance(self, bytes_streamed: int, decode_rows: int, context_tokens: int, offset: float = 0.0) -> int:
         """Prefill tokens a pass can carry while its compute stays under its weight-read time
         (at least 1, so a pass that is compute-bound already still makes progress); beside decode rows
-        the prompts are at least one more product. `offset`: the prompt its tokens find cached, on average."""
+        the prompts are at least one more product. `offset`: the prompt its tokens find cached, on average
+        (their chunk's own keys are left out: the chunk is what this sizes)."""
         room = (bytes_streamed / self.bandwidth - self.fixed_s - self.packed_s - self.per_row_s * decode_rows
                 - self.per_context_token_s * context_tokens - self.per_product_s * (decode_rows > 0))
         per_token = self.per_prefill_token_s + self.per_prefill_context_s * offset
@@ -147,9 +148,9 @@ def fit(prior: PassModel, passes: list[Observation], strength: float = 0.01) -> 
     Compute: least squares of the streamer's compute_s on (1, batched, rows, prefill, context, products, prefill
     context), each term a multiple of the prior's, pulled towards the prior with the weight of `strength` passes
     (so a few passes cannot swing a term they do not exercise; context keeps the probe's price until
-    CONTEXT_PASSES decode-only passes, a chunk's cached prompt until CHUNK_PASSES carried one); with three
-    decode-only passes or more, the decode terms from those alone and the prefill terms (tokens, products, cached
-    prompt) from what the others cost beyond them.
+    CONTEXT_PASSES decode-only passes, a prompt token's keys until CHUNK_PASSES scored twice the fewest); with
+    three decode-only passes or more, the decode terms from those alone and the prefill terms (tokens, products,
+    keys) from what the others cost beyond them.
     Overhead: the median of what a pass spent outside waiting and computing. Overlap: the share of min(IO, compute) hidden,
     and what read-bound passes run past their reads (`read_tail_s`, where the reader timed three or more).
     Bandwidth: the rate of the reads inside passes where the streamer timed them (three passes or more; `read_rate`),
@@ -169,9 +170,10 @@ def fit(prior: PassModel, passes: list[Observation], strength: float = 0.01) -> 
     # and context over fewer than CONTEXT_PASSES decode-only passes: a warm-up's few passes put its price on the
     # rows (lean45: 0 and 0.069 s a row from 16 passes, against the probe's 1.0e-4 a token and 0.032 a row)
     decoding = (raw[:, 2] > 0) & (raw[:, 3] == 0)
+    keys = raw[raw[:, 3] > 0, 6] / raw[raw[:, 3] > 0, 3]      # keys a prompt token scores, pass by pass
     frozen = [j for j, spread in ((1, np.ptp(raw[:, 1]) == 0), (2, np.ptp(raw[:, 2]) < 4),
                                   (4, decoding.sum() < CONTEXT_PASSES), (5, np.ptp(raw[:, 5]) == 0),
-                                  (6, (raw[:, 6] > 0).sum() < CHUNK_PASSES)) if spread]
+                                  (6, not keys.size or (keys >= 2 * keys.min()).sum() < CHUNK_PASSES)) if spread]
     priced = np.array([getattr(prior, t) for t in TERMS])
     target = y - raw[:, frozen] @ priced[frozen]
     x[:, frozen] = 0.0

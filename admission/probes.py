@@ -103,11 +103,26 @@ def compute_probe(plan, dtype) -> PassModel:
         except Exception:   # the rest of the layer's figures stand; another group at a lone row's price
             model.per_product_s = (d1 + packed) * n
         model.per_row_s = row * n + head
-        model.per_prefill_token_s = max(prefill - d1 - packed, 0.0) / 128 * n
+        keys = _keys_per_token(run, caches)                 # a prompt token's attention, per key it scores
+        model.per_prefill_context_s = keys * n
+        model.per_prefill_token_s = max(prefill - d1 - packed - keys * 128 * 128, 0.0) / 128 * n
         model.per_context_token_s = _attention_per_token(adapter, layer, h, *plan.kv_heads_and_dim, dtype) * n
     except Exception:   # an exotic layer: the matmul's figures stay the prior
         pass
     return model
+
+
+def _keys_per_token(run, caches, chunk: int = 64, cached: int = 512) -> float:
+    """Seconds a prompt token spends on each key it scores: a `chunk` of one row after `cached` tokens of its
+    prompt against the same chunk first (the mixed-length job's long prompts, priced without it: 2.2x short)."""
+    def chunk_after(before: int) -> float:
+        cache = caches(1)
+        if before:
+            run(1, before, cache)
+        return run(1, chunk, cache)
+    chunk_after(cached)   # warm-up
+    late, early = (min(chunk_after(c) for _ in range(3)) for c in (cached, 0))
+    return max(late - early, 0.0) / (chunk * cached)
 
 
 def _group_cost(adapter, h: int, dtype, chunk: int = 32) -> float:
@@ -134,8 +149,8 @@ def _group_cost(adapter, h: int, dtype, chunk: int = 32) -> float:
     return max(step(2) - step(1), 0.0)
 
 
-def _attention_per_token(adapter, layer, h: int, kv_heads: int, head_dim: int, dtype, rows: int = 16, short: int = 32,
-                         long: int = 512) -> float:
+def _attention_per_token(adapter, layer, h: int, kv_heads: int, head_dim: int, dtype, rows: int = 16, short: int = 64,
+                         long: int = 1024) -> float:
     """Seconds a decode step of `layer` spends per token of context its rows attend to, through the engine's
     own KV pool: `rows` rows at `long` tokens of context against the same rows at `short`. (Priced from a
     matmul's rate instead, lean45 on 2 vCPUs put 1.8e-6 s on a token of context where passes cost 1.4e-4.)"""
@@ -195,7 +210,8 @@ def pass_probe(folder, dtype) -> list[Observation]:
         for rows, context in ((0, 0), (PROBE_ROWS, PROBE_ROWS * 17), (PROBE_ROWS, PROBE_ROWS * 18), (1, 19)):
             r = streamer.step()
             out.append(Observation(rows, r.prefill_tokens, context, r.bytes_streamed, r.seconds, r.wait_s,
-                                   r.compute_s, r.read_s, prefill_groups=r.prefill_groups))
+                                   r.compute_s, r.read_s, prefill_groups=r.prefill_groups,
+                                   prefill_context=r.prefill_context))
         return [out[0], *out[2:]]
     finally:
         streamer.close()
@@ -203,8 +219,8 @@ def pass_probe(folder, dtype) -> list[Observation]:
 
 def priced_by_passes(model: PassModel, passes: list[Observation]) -> PassModel:
     """The layer probe's model with its compute terms from `pass_probe`'s passes (fixed from the lone row's,
-    per row from the 16 rows' beyond it, prefill tokens from the rest of the first; another group's cost as the
-    layer probe timed it), their overlap, overhead and read tail."""
+    per row from the 16 rows' beyond it, prefill tokens from the rest of the first; another group's cost and a
+    prompt token's keys as the layer probe timed them), their overlap, overhead and read tail."""
     prefill, many, one = passes
     ctx = model.per_context_token_s
     fixed = max(one.compute_s - ctx * one.context_tokens, 1e-6)
@@ -213,8 +229,10 @@ def priced_by_passes(model: PassModel, passes: list[Observation]) -> PassModel:
     overhead = float(np.median([max(p.seconds - p.wait_s - p.compute_s, 0.0) for p in passes]))
     hidden = [1.0 - (p.seconds - overhead - max(p.read_s, p.compute_s)) / min(p.read_s, p.compute_s)
               for p in passes if min(p.read_s, p.compute_s) > 0]
-    return PassModel(model.bandwidth, fixed, 0.0, row, max(prefill.compute_s - fixed, 0.0) / max(prefill.prefill_tokens, 1),
-                     ctx, model.per_product_s, overlap=float(np.clip(np.median(hidden), 0.0, 1.0)) if hidden else model.overlap,
+    keys = model.per_prefill_context_s * prefill.prefill_context      # the prompts' attention, priced apart
+    token = max(prefill.compute_s - fixed - keys, 0.0) / max(prefill.prefill_tokens, 1)
+    return PassModel(model.bandwidth, fixed, 0.0, row, token, ctx, model.per_product_s, model.per_prefill_context_s,
+                     overlap=float(np.clip(np.median(hidden), 0.0, 1.0)) if hidden else model.overlap,
                      overhead_s=overhead, read_tail_s=read_tail(passes, overhead, least=1))
 
 

@@ -116,7 +116,8 @@ def simulate(rows: list[SimRow], policy, waiting, model: PassModel, bytes_stream
         shape = PassShape(len(decoding), sum(min(step, n) for n in prefilling.values()),
                           sum(c for c, _ in decoding.values()), bytes_streamed + (0 if est.passes else read_once),
                           prefill_groups=len({group[r] for r in prefilling}),
-                          prefill_context=sum(min(step, n) * (by_id[r].prompt - n) for r, n in prefilling.items()))
+                          prefill_context=sum(min(step, n) * (by_id[r].prompt - n + min(step, n))
+                                              for r, n in prefilling.items()))
         seconds = model.pass_s(shape)
         clock += seconds
         est.running.append(_share(tiers, by_id, list(prefilling) + list(decoding), seconds))

@@ -141,7 +141,7 @@ class Pass:
     read_bandwidth: float = 0.0       # bytes streamed / seconds of the pass
     read_s: float = 0.0               # seconds the reader spent in read calls (they run beside the compute)
     prefill_groups: int = 0           # prefill groups that ran (each its own attention, priced apart)
-    prefill_context: int = 0          # prompt tokens x the tokens of their prompt cached before this pass's chunk
+    prefill_context: int = 0          # prompt tokens x the keys each scores: its prompt cached before the chunk, and the chunk
     pace: int = 0                     # the prompt tokens it could prefill in all, as PACE set it (0: a chunk a row)
 
 

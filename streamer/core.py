@@ -74,7 +74,7 @@ class PassReport:
     major_faults: int = 0
     read_s: float = 0.0                             # the reader's seconds in read calls (beside the compute)
     prefill_groups: int = 0                         # prefill groups that ran: each its own attention (families run_layer)
-    prefill_context: int = 0                        # prompt tokens this pass x the prompt before its chunk (cached)
+    prefill_context: int = 0                        # prompt tokens this pass x the keys each scores (cached + chunk)
     pace: int = 0                                   # the prefill budget it ran with (admission's PACE; 0: a chunk a row)
 
 
@@ -211,7 +211,7 @@ class Streamer:
         for g in groups:
             tokens = g.next_tokens(chunk)
             prefill_tokens += tokens.size if g.prefilling else 0
-            attended += tokens.size * g.done if g.prefilling else 0   # prompt tokens before this chunk, per token
+            attended += tokens.size * (g.done + tokens.shape[1]) if g.prefilling else 0   # keys a prompt token scores
             h = self.adapter.embed(tokens)
             if self.dtype is not None:
                 h = h.astype(self.dtype)

@@ -172,6 +172,25 @@ def test_the_compute_probe_prices_a_token_of_context_by_the_attention_that_reads
     assert m.per_context_token_s == pytest.approx(per_row_token, rel=0.25)
 
 
+def test_the_compute_probe_prices_the_keys_a_prompt_token_scores_apart_from_the_token(make_tiny, monkeypatch):
+    """The 53-row mixed-length job (qwen3 small, resident): its prompts' passes cost 2.2x the first-use price, which
+    had no price for the keys a prompt token scores (those its prompt cached, and its chunk's). Here attention
+    sleeps 1 us per query token and key of each head's share, so the tokens' own price stays as it was."""
+    import time
+    import mlx.core as mx
+    from spill.streamer.plan import load_plan
+    plan = load_plan(make_tiny("qwen2"))
+    heads, layers = plan.config["num_attention_heads"], plan.config["num_hidden_layers"]
+    real = probes.compute_probe(plan, mx.float32)
+    sdpa = mx.fast.scaled_dot_product_attention
+    monkeypatch.setattr(mx.fast, "scaled_dot_product_attention", lambda q, k, v, **kw: (
+        time.sleep(1e-6 * q.shape[0] * q.shape[1] / heads * q.shape[2] * k.shape[2]), sdpa(q, k, v, **kw))[1])
+    slow = probes.compute_probe(plan, mx.float32)
+    assert slow.per_prefill_context_s - real.per_prefill_context_s == pytest.approx(1e-6 * layers, rel=0.3)
+    # unpriced, the 128-token prompt's keys would add 1e-6 * layers * 128 to each of its tokens
+    assert abs(slow.per_prefill_token_s - real.per_prefill_token_s) < 0.5 * 1e-6 * layers * 128
+
+
 def test_a_resident_job_has_no_read_to_hide_prefill_under(make_tiny, monkeypatch, tmp_path):
     monkeypatch.setenv("SPILL_HOME", str(tmp_path))
     monkeypatch.setenv("SPILL_PREFILL_TOKENS", "3000")

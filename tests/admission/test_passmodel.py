@@ -215,27 +215,31 @@ def test_the_bandwidth_is_the_rate_of_the_reads_that_passes_waited_on():
     assert read_rate([(2e8, 1.0, 0.1)] * 6, least=1 << 28) is None   # a small pass times its calls, not the disk
 
 
-def test_the_prompt_a_chunk_finds_cached_is_priced_from_the_passes_that_carry_one():
+def test_the_keys_a_prompt_token_scores_are_priced_from_the_passes_that_differ_in_them():
     """Paced chunks of long prompts attend to the prompt their earlier chunks cached (lean45 on 2 vCPUs: a late
     chunk of a 900-token prompt cost 1.6-2x an early one; chunks of ~90 tokens 0.029-0.030 s a token against
-    0.027 for whole prompts). Priced per token alone, late chunks were priced short and early ones long."""
+    0.027 for whole prompts), and a long chunk to more of itself. Priced per token alone, late chunks were priced
+    short and early ones long."""
     true = PassModel(**{**vars(TRUE), "per_product_s": 0.2, "per_prefill_context_s": 3e-6})
     prior = PassModel(**{**vars(TRUE), "per_product_s": 0.2})      # the probe's: no price for it
     rnd, passes = random.Random(4), []
     for i in range(90):
         tokens = 0 if i % 3 == 0 else rnd.choice([64, 96, 300, 512])
-        cached = 0 if not tokens else tokens * rnd.choice([0, 0, 128, 400, 800])
+        cached = 0 if not tokens else tokens * (rnd.choice([0, 0, 128, 400, 800]) + tokens)   # cached + chunk
         shape = PassShape(rnd.randint(8, 20), tokens, rnd.randint(0, 20000), 4_000_000_000,
                           prefill_groups=int(tokens > 0), prefill_context=cached)
         c = true.compute_s(shape)
         passes.append(Observation(**vars(shape), seconds=c + 0.05, wait_s=0.0, compute_s=c))
     got = fit(prior, passes)
     assert got.per_prefill_context_s == pytest.approx(3e-6, rel=0.1)
-    late = PassShape(16, 96, 10000, 0, prefill_groups=1, prefill_context=96 * 800)
+    late = PassShape(16, 96, 10000, 0, prefill_groups=1, prefill_context=96 * (800 + 96))
     assert got.compute_s(late) == pytest.approx(true.compute_s(late), rel=0.02)
-    # fewer than CHUNK_PASSES such passes: the prior's price (none) stays
-    few = [p for p in passes if not p.prefill_context] + [p for p in passes if p.prefill_context][:CHUNK_PASSES - 1]
-    assert fit(prior, few).per_prefill_context_s == 0.0
+    # fewer than CHUNK_PASSES passes scoring twice the keys a token of the fewest does: the prior's price (none) stays
+    keys = lambda p: p.prefill_context / p.prefill_tokens
+    prompts = sorted((p for p in passes if p.prefill_tokens), key=keys)
+    alike = [p for p in prompts if keys(p) < 2 * keys(prompts[0])]
+    few = [p for p in passes if not p.prefill_tokens] + alike + prompts[len(alike):len(alike) + CHUNK_PASSES - 1]
+    assert len(alike) >= 10 and fit(prior, few).per_prefill_context_s == 0.0
 
 
 def test_the_allowance_prices_the_prompt_its_tokens_find_cached():

@@ -33,7 +33,8 @@ class ColdStartStreamer:
         compute = WARM if kind in self.seen else COLD
         self.seen.add(kind)
         return SimpleNamespace(prefill_tokens=sum(len(r.prompt) for r in prefill), bytes_streamed=1, seconds=compute,
-                               wait_s=0.0, compute_s=compute, read_s=0.0, prefill_groups=1 if prefill else 0)
+                               wait_s=0.0, compute_s=compute, read_s=0.0, prefill_groups=1 if prefill else 0,
+                               prefill_context=sum(len(r.prompt) ** 2 for r in prefill))
 
     def close(self):
         pass

@@ -40,7 +40,8 @@ class FakeEngine:
         step = chunk_for(budget, len(self.rows) - len(decoding), self.chunk)
         prefill = sum(min(step, r[1]) for r in self.rows)
         groups = len({r[4] for r in self.rows if r[1]})
-        cached = sum(min(step, r[1]) * (r[2] - r[1]) for r in self.rows if r[1])   # r[2]: the prompt, while it prefills
+        # the keys each prompt token scores: its prompt cached (r[2] is the prompt while it prefills), its chunk
+        cached = sum(min(step, r[1]) * (r[2] - r[1] + min(step, r[1])) for r in self.rows if r[1])
         shape = PassShape(len(decoding), prefill, sum(r[2] for r in decoding), BYTES, prefill_groups=groups,
                           prefill_context=cached)
         seconds = TRUE.pass_s(shape) * self.rnd.uniform(0.95, 1.05)
@@ -161,7 +162,7 @@ def test_running_rows_already_prefilled_only_decode_what_they_have_left():
 
 def test_a_prompts_later_chunks_are_priced_for_the_prompt_they_attend_to():
     """A chunk attends to the prompt its earlier chunks cached (lean45 on 2 vCPUs: a late chunk of a 900-token
-    prompt cost 1.6-2x an early one): the simulator carries that context into each pass's price."""
+    prompt cost 1.6-2x an early one) and to itself: the simulator carries those keys into each pass's price."""
     rows = [SimRow(0, 900, 2)]
     flat = PassModel(**{**vars(TRUE), "per_prefill_context_s": 0.0})
     priced = simulate(rows, FifoPolicy(), waiting, TRUE, 0, chunk=300, read_once=BYTES)   # resident: compute alone
@@ -169,8 +170,10 @@ def test_a_prompts_later_chunks_are_priced_for_the_prompt_they_attend_to():
     assert priced.prefill == plain.prefill == [300, 300, 300, 0]
     gaps = [b - a for (a, _), (b, _) in zip(priced.timeline, priced.timeline[1:])]
     plain_gaps = [b - a for (a, _), (b, _) in zip(plain.timeline, plain.timeline[1:])]
-    assert gaps[0] - plain_gaps[0] == pytest.approx(300 * 300 * 2e-6)      # the second chunk: 300 cached
-    assert gaps[1] - plain_gaps[1] == pytest.approx(300 * 600 * 2e-6)      # the third: 600
+    first = priced.timeline[0][0] - plain.timeline[0][0]
+    assert first == pytest.approx((1 - TRUE.overlap) * 300 * 300 * 2e-6)   # the first chunk: its own keys, under the read
+    assert gaps[0] - plain_gaps[0] == pytest.approx(300 * 600 * 2e-6)      # the second: 300 cached and its 300
+    assert gaps[1] - plain_gaps[1] == pytest.approx(300 * 900 * 2e-6)      # the third: 600 and its 300
 
 
 def test_the_ideal_stays_below_the_estimate_when_passes_are_compute_bound():

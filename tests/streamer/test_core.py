@@ -70,13 +70,14 @@ def test_chunked_prefill_matches_unchunked(make_tiny):
     assert chunked == whole
 
 
-def test_a_pass_reports_the_prompt_each_chunk_attends_to_before_it(make_tiny):
-    """A chunk late in a long prompt costs more than an early one (docs/benchmarks.md, tenth session): a pass
-    reports its prompt tokens times the prompt cached before their chunk, for a price to be fitted."""
+def test_a_pass_reports_the_keys_each_chunks_tokens_attend_to(make_tiny):
+    """A chunk late in a long prompt costs more than an early one (docs/benchmarks.md, tenth session), and a long
+    chunk more per token than a short one: a pass reports its prompt tokens times the keys each scores (the
+    prompt cached before the chunk, and the chunk itself), for a price to be fitted."""
     s = Streamer(make_tiny("llama"), prefill_chunk=20)
     s.add(Row("long", list(range(40, 90)), 2))
     reports = [s.step() for _ in range(3)]
-    assert [(r.prefill_tokens, r.prefill_context) for r in reports] == [(20, 0), (20, 20 * 20), (10, 10 * 40)]
+    assert [(r.prefill_tokens, r.prefill_context) for r in reports] == [(20, 20 * 20), (20, 20 * 40), (10, 10 * 50)]
 
 
 def test_a_pace_shares_a_passs_prefill_tokens_out_and_changes_no_token(make_tiny):
