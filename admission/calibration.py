@@ -10,6 +10,7 @@ import hashlib
 import json
 import os
 import platform
+import random
 from dataclasses import asdict
 from pathlib import Path
 
@@ -22,7 +23,8 @@ from .passmodel import Observation, PassModel, fit, read_rate
 from .probes import _stored_dtype, compute_probe, pass_probe, priced_by_passes, read_probe, weight_files
 from .schedule import cached, outstanding, pace
 
-HISTORY = 200                  # passes kept for the refit
+HISTORY = 200                  # the last passes, kept for the refit
+SAMPLE = 200                   # and a uniform sample of those before them (a job's tail is not the next job)
 
 
 # -- the key --------------------------------------------------------------------------------------
@@ -64,23 +66,32 @@ class Calibration:
     """The stored numbers of one key: the probe's prior, the passes seen, the refitted model."""
 
     def __init__(self, k: str, prior: PassModel, passes: list[Observation] | None = None,
-                 seen: int = 0, name: str = ""):
+                 seen: int = 0, name: str = "", sample: list[Observation] | None = None):
         self.key, self.prior, self.name = k, prior, name
         self.streamed_bytes = 0                   # set by open_calibration from the model's plan
         self.passes = list(passes or [])[-HISTORY:]
+        self.sample = list(sample or [])[-SAMPLE:]
         self.seen = seen                          # passes observed in all, kept or not
-        self.model = fit(prior, self.passes)
+        self.model = fit(prior, self.passes, self.sample)
 
     def observe(self, obs: Observation) -> None:
-        self.passes = (self.passes + [obs])[-HISTORY:]
+        self.passes.append(obs)
         self.seen += 1
-        self.model = fit(self.prior, self.passes)
+        if len(self.passes) > HISTORY:   # reservoir sampling: each pass that left the last ones, equally likely kept
+            old, gone = self.passes.pop(0), self.seen - HISTORY
+            at = random.Random(self.seen).randrange(gone)
+            if len(self.sample) < SAMPLE:
+                self.sample.append(old)
+            elif at < SAMPLE:
+                self.sample[at] = old
+        self.model = fit(self.prior, self.passes, self.sample)
 
     def save(self) -> None:
         path = store_path(self.key)
         path.parent.mkdir(parents=True, exist_ok=True)
         data = {"key": self.key, "model_name": self.name, "seen": self.seen, "prior": self.prior.to_dict(),
-                "fitted": self.model.to_dict(), "passes": [asdict(p) for p in self.passes]}
+                "fitted": self.model.to_dict(), "passes": [asdict(p) for p in self.passes],
+                "sample": [asdict(p) for p in self.sample]}
         with replaced(path) as tmp:
             tmp.write_text(json.dumps(data))
 
@@ -92,7 +103,8 @@ class Calibration:
             if data.get("key") != k:
                 return None
             return cls(k, PassModel(**data["prior"]), [Observation(**p) for p in data["passes"]],
-                       int(data.get("seen", 0)), data.get("model_name", ""))
+                       int(data.get("seen", 0)), data.get("model_name", ""),
+                       [Observation(**p) for p in data.get("sample", [])])
         except (OSError, ValueError, TypeError, KeyError):
             return None
 

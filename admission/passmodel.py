@@ -142,8 +142,9 @@ def _ridge(x: np.ndarray, y: np.ndarray, strength: float) -> np.ndarray:
     return w
 
 
-def fit(prior: PassModel, passes: list[Observation], strength: float = 0.01) -> PassModel:
-    """Refit the compute terms, the overlap, the overhead and the bandwidth from observed passes.
+def fit(prior: PassModel, passes: list[Observation], older: list[Observation] = (), strength: float = 0.01) -> PassModel:
+    """Refit the compute terms, the overlap, the overhead and the bandwidth from observed passes (the compute
+    terms from `older` ones too: a sample of those before, whose shapes the last ones may not have run).
 
     Compute: least squares of the streamer's compute_s on (1, batched, rows, prefill, context, products, prefill
     context), each term a multiple of the prior's, pulled towards the prior with the weight of `strength` passes
@@ -162,9 +163,10 @@ def fit(prior: PassModel, passes: list[Observation], strength: float = 0.01) -> 
     like = {"per_prefill_context_s": prior.per_context_token_s}
     prior_terms = np.array([getattr(prior, t) if getattr(prior, t) > 0 else max(like.get(t, prior.fixed_s), 1e-12)
                             for t in TERMS])
+    every = list(older) + list(passes)
     raw = np.array([[1.0, p.batched, p.decode_rows, p.prefill_tokens, p.context_tokens, p.extra_products,
-                     p.prefill_context] for p in passes])
-    x, y = raw * prior_terms, np.array([p.compute_s for p in passes])
+                     p.prefill_context] for p in every])
+    x, y = raw * prior_terms, np.array([p.compute_s for p in every])
     # a term its passes cannot tell from the fixed one keeps the prior's price: packed without single-row
     # and batched passes both, per row over fewer than 4 rows of spread (1-row passes put 0.95 s on a row)
     # and context over fewer than CONTEXT_PASSES decode-only passes: a warm-up's few passes put its price on the
@@ -191,7 +193,7 @@ def fit(prior: PassModel, passes: list[Observation], strength: float = 0.01) -> 
     terms[frozen] = priced[frozen]
     model = PassModel(prior.bandwidth, *terms.tolist(),
                       overlap=prior.overlap, overhead_s=prior.overhead_s, read_tail_s=prior.read_tail_s)
-    seconds = np.array([p.seconds for p in passes])
+    seconds, y = np.array([p.seconds for p in passes]), y[len(every) - len(passes):]   # the last passes alone
     model.overhead_s = float(np.median([max(p.seconds - p.wait_s - p.compute_s, 0.0) for p in passes]))
     nbytes = np.array([p.bytes_streamed for p in passes], dtype=float)
     bound = np.array([read_bound(p) for p in passes])

@@ -112,7 +112,7 @@ def compute_probe(plan, dtype) -> PassModel:
     return model
 
 
-def _keys_per_token(run, caches, chunk: int = 64, cached: int = 512) -> float:
+def _keys_per_token(run, caches, chunk: int = 128, cached: int = 1024, tries: int = 5) -> float:
     """Seconds a prompt token spends on each key it scores: a `chunk` of one row after `cached` tokens of its
     prompt against the same chunk first (the mixed-length job's long prompts, priced without it: 2.2x short)."""
     def chunk_after(before: int) -> float:
@@ -121,7 +121,7 @@ def _keys_per_token(run, caches, chunk: int = 64, cached: int = 512) -> float:
             run(1, before, cache)
         return run(1, chunk, cache)
     chunk_after(cached)   # warm-up
-    late, early = (min(chunk_after(c) for _ in range(3)) for c in (cached, 0))
+    late, early = (min(chunk_after(c) for _ in range(tries)) for c in (cached, 0))
     return max(late - early, 0.0) / (chunk * cached)
 
 

@@ -142,7 +142,8 @@ def estimate_at(folder: Path, rows: list[dict], out_rows: dict, limit: str, frac
     from spill.admission.simulate import SimRow
     from spill.coordinator.estimate import estimate_rows, remembered_others
     data = json.loads(before.read_text())
-    model = replace(fit(PassModel(**data["prior"]), [Observation(**p) for p in data["passes"]]), bandwidth=bandwidth)
+    passes, sample = ([Observation(**p) for p in data.get(k, [])] for k in ("passes", "sample"))
+    model = replace(fit(PassModel(**data["prior"]), passes, sample), bandwidth=bandwidth)
     sim = [SimRow(i, out_rows[r["custom_id"]]["response"]["body"]["usage"]["prompt_tokens"], r["body"]["max_tokens"])
            for i, r in enumerate(rows)]
     est, _ = estimate_rows(folder, sim, memory=limit, fraction=fraction, others=remembered_others() or 0, model=model)
