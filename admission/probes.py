@@ -58,10 +58,10 @@ def _drop(fd: int, offset: int, length: int) -> None:
 def compute_probe(plan, dtype) -> PassModel:
     """Time the model's first layer as the streamer runs it (its weights, its attention, in the
     compute dtype): a 128-token prefill, then decode steps of 1, 2 and 16 rows, scaled to every
-    layer, its attention per token of context (`_attention_per_token`) and another prefill group beside
-    the decode rows (`_group_cost`); the head per row priced
-    from a matmul of the model's width; what 2 rows cost beyond one (a CPU packs weights for a
-    product) is its own term. A layer that cannot run here leaves the matmul's figures alone."""
+    layer, its attention per token of context (`_attention_per_token`), a prompt token's per key it scores
+    (`_keys_per_token`) and another prefill group beside the decode rows beyond its tokens (`_group_cost`); the
+    head per row priced from a matmul of the model's width; what 2 rows cost beyond one (a CPU packs weights
+    for a product) is its own term. A layer that cannot run here leaves the matmul's figures alone."""
     import mlx.core as mx
     c = plan.config
     h, n = int(c.get("hidden_size", 1024)), int(c.get("num_hidden_layers", 1))
@@ -98,14 +98,14 @@ def compute_probe(plan, dtype) -> PassModel:
         row = max(d16 - d2, 0.0) / 14
         packed = max(d2 - d1 - row, 0.0)      # one row is a matrix-vector product; more, a packed product
         model.fixed_s, model.packed_s = d1 * n, packed * n
-        try:
-            model.per_product_s = _group_cost(adapter, h, dtype) * n
-        except Exception:   # the rest of the layer's figures stand; another group at a lone row's price
-            model.per_product_s = (d1 + packed) * n
         model.per_row_s = row * n + head
         keys = _keys_per_token(run, caches)                 # a prompt token's attention, per key it scores
-        model.per_prefill_context_s = keys * n
-        model.per_prefill_token_s = max(prefill - d1 - packed - keys * 128 * 128, 0.0) / 128 * n
+        token = max(prefill - d1 - packed - keys * 128 * 128, 0.0) / 128
+        model.per_prefill_context_s, model.per_prefill_token_s = keys * n, token * n
+        try:   # what a group costs beyond its tokens, which are priced per token
+            model.per_product_s = max(_group_cost(adapter, h, dtype, 32) - 32 * token - keys * 32 * 32, 0.0) * n
+        except Exception:   # the rest of the layer's figures stand; another group at a lone row's price
+            model.per_product_s = (d1 + packed) * n
         model.per_context_token_s = _attention_per_token(adapter, layer, h, *plan.kv_heads_and_dim, dtype) * n
     except Exception:   # an exotic layer: the matmul's figures stay the prior
         pass

@@ -177,6 +177,25 @@ def test_the_compute_probe_times_another_prefill_group_through_the_streamers_lay
     assert slow - real == pytest.approx(0.1 * plan.config["num_hidden_layers"], rel=0.3)
 
 
+def test_another_prefill_groups_price_leaves_out_its_own_tokens(make_tiny, monkeypatch):
+    """lean45, 64 GSM8K rows streamed: the probe priced another group at 0.22-0.37 s, of which its 32 tokens were
+    0.14-0.16 (they are priced per token too); two jobs' passes refitted it to 0.067. Here a layer call sleeps 1 ms a
+    token, which the token's price must take and the group's not."""
+    import time
+    import mlx.core as mx
+    from spill.streamer.families.base import Adapter
+    from spill.streamer.plan import load_plan
+    plan = load_plan(make_tiny("qwen2"))
+    layers = plan.config["num_hidden_layers"]
+    real = probes.compute_probe(plan, mx.float32)
+    run_layer = Adapter.run_layer
+    monkeypatch.setattr(Adapter, "run_layer", lambda self, i, hs, masks, caches: (
+        time.sleep(1e-3 * sum(h.shape[0] * h.shape[1] for h in hs)), run_layer(self, i, hs, masks, caches))[1])
+    slow = probes.compute_probe(plan, mx.float32)
+    assert slow.per_prefill_token_s - real.per_prefill_token_s == pytest.approx(1e-3 * layers, rel=0.3)
+    assert abs(slow.per_product_s - real.per_product_s) < 0.3 * 32e-3 * layers
+
+
 def test_the_compute_probe_prices_a_token_of_context_by_the_attention_that_reads_it(make_tiny, monkeypatch):
     """lean45 on 2 vCPUs: priced from a matmul's rate, a token of context cost 1.8e-6 s a pass where the job's
     passes spent 1.4e-4 (MLX's CPU attention). Here attention sleeps 0.1 ms per column of keys 16 rows read (a
