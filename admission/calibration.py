@@ -25,6 +25,7 @@ from .schedule import cached, outstanding, pace
 
 HISTORY = 200                  # the last passes, kept for the refit
 SAMPLE = 200                   # and a uniform sample of those before them (a job's tail is not the next job)
+FORMAT = 2                     # 2: a pass's prefill_context counts its chunk's own keys; another format is probed anew
 
 
 # -- the key --------------------------------------------------------------------------------------
@@ -89,18 +90,18 @@ class Calibration:
     def save(self) -> None:
         path = store_path(self.key)
         path.parent.mkdir(parents=True, exist_ok=True)
-        data = {"key": self.key, "model_name": self.name, "seen": self.seen, "prior": self.prior.to_dict(),
-                "fitted": self.model.to_dict(), "passes": [asdict(p) for p in self.passes],
+        data = {"key": self.key, "format": FORMAT, "model_name": self.name, "seen": self.seen,
+                "prior": self.prior.to_dict(), "fitted": self.model.to_dict(), "passes": [asdict(p) for p in self.passes],
                 "sample": [asdict(p) for p in self.sample]}
         with replaced(path) as tmp:
             tmp.write_text(json.dumps(data))
 
     @classmethod
     def load(cls, k: str) -> "Calibration | None":
-        """The stored calibration of exactly this key, or None (missing, unreadable or another key)."""
+        """The stored calibration of exactly this key, or None (missing, unreadable, another key or format)."""
         try:
             data = json.loads(store_path(k).read_text())
-            if data.get("key") != k:
+            if data.get("key") != k or data.get("format", 1) != FORMAT:
                 return None
             return cls(k, PassModel(**data["prior"]), [Observation(**p) for p in data["passes"]],
                        int(data.get("seen", 0)), data.get("model_name", ""),

@@ -142,7 +142,8 @@ def _ridge(x: np.ndarray, y: np.ndarray, strength: float) -> np.ndarray:
     return w
 
 
-def fit(prior: PassModel, passes: list[Observation], older: list[Observation] = (), strength: float = 0.01) -> PassModel:
+def fit(prior: PassModel, passes: list[Observation], older: list[Observation] = (),
+        strength: float = 0.01) -> PassModel:
     """Refit the compute terms, the overlap, the overhead and the bandwidth from observed passes (the compute
     terms from `older` ones too: a sample of those before, whose shapes the last ones may not have run).
 
