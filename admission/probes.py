@@ -121,8 +121,8 @@ def _keys_per_token(run, caches, chunk: int = 128, cached: int = 1024, tries: in
             run(1, before, cache)
         return run(1, chunk, cache)
     chunk_after(cached)   # warm-up
-    late, early = (min(chunk_after(c) for _ in range(tries)) for c in (cached, 0))
-    return max(late - early, 0.0) / (chunk * cached)
+    times = [(chunk_after(cached), chunk_after(0)) for _ in range(tries)]   # in turn: a busy moment slows both
+    return max(min(t for t, _ in times) - min(t for _, t in times), 0.0) / (chunk * cached)
 
 
 def _group_cost(adapter, h: int, dtype, chunk: int = 32) -> float:
@@ -150,7 +150,7 @@ def _group_cost(adapter, h: int, dtype, chunk: int = 32) -> float:
 
 
 def _attention_per_token(adapter, layer, h: int, kv_heads: int, head_dim: int, dtype, rows: int = 16, short: int = 64,
-                         long: int = 1024) -> float:
+                         long: int = 1024, tries: int = 5) -> float:
     """Seconds a decode step of `layer` spends per token of context its rows attend to, through the engine's
     own KV pool: `rows` rows at `long` tokens of context against the same rows at `short`. (Priced from a
     matmul's rate instead, lean45 on 2 vCPUs put 1.8e-6 s on a token of context where passes cost 1.4e-4.)"""
@@ -158,7 +158,7 @@ def _attention_per_token(adapter, layer, h: int, kv_heads: int, head_dim: int, d
     from spill.streamer.core import Row
     from spill.streamer.groups import Decode, Pool, RowState
 
-    def step(context: int) -> float:
+    def pool_at(context: int) -> Decode:
         pool = Pool(rows, long + 1, 1)
         kv = mx.random.normal((1, kv_heads, context, head_dim)).astype(dtype)
         for s in range(rows):
@@ -166,19 +166,21 @@ def _attention_per_token(adapter, layer, h: int, kv_heads: int, head_dim: int, d
             pool.rows[s].tokens.append(0)
             pool.caches[0].place(s, kv, kv)
             pool.lens[s] = context
-        decode, best = Decode([pool], 1), float("inf")
-        for _ in range(3):   # each step writes the same column: the context stays `context`
-            decode.next_tokens(1)
-            x = mx.random.normal((rows, 1, h)).astype(dtype)
-            mask = adapter.masks(x, decode.caches)[0]
-            mx.eval(x, mask)
-            t0 = time.perf_counter()
-            mx.eval(layer(x, mask, cache=decode.caches[0]))
-            best = min(best, time.perf_counter() - t0)
-        return best
+        return Decode([pool], 1)
 
-    step(short)   # warm-up
-    return max(step(long) - step(short), 0.0) / (rows * (long - short))
+    def step(decode: Decode) -> float:   # each step writes the same column: the context stays as it was
+        decode.next_tokens(1)
+        x = mx.random.normal((rows, 1, h)).astype(dtype)
+        mask = adapter.masks(x, decode.caches)[0]
+        mx.eval(x, mask)
+        t0 = time.perf_counter()
+        mx.eval(layer(x, mask, cache=decode.caches[0]))
+        return time.perf_counter() - t0
+
+    near, far = pool_at(short), pool_at(long)
+    step(near), step(far)   # warm-up
+    times = [(step(far), step(near)) for _ in range(tries)]   # in turn: a busy moment slows both
+    return max(min(t for t, _ in times) - min(t for _, t in times), 0.0) / (rows * (long - short))
 
 
 PROBE_ROWS = 16   # the pass probe's decode batch
