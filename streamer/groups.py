@@ -273,7 +273,8 @@ DECODE_ROWS = 8   # rows of a decode step's attention each CPU stream takes at l
 def pooled_attention(original):
     """mlx-lm's `scaled_dot_product_attention`, but over a JointCache of several pools pool by pool: each
     pool's rows attend over their own span, not padded to the longest row's (on a 2-core CPU, 16 rows of
-    three pools spent ~1 s a pass attending over padding); split over `sdpa.split` CPU streams (split_attention)."""
+    three pools spent ~1 s a pass attending over padding); split over `sdpa.split` CPU streams (split_attention),
+    or, a pool too small to split, whole on the stream with the least work so far (pools side by side)."""
     def sdpa(queries, keys, values, cache, scale, mask, sinks=None):
         streams = cpu_streams(sdpa.split) if sdpa.split > 1 and sinks is None else []
         if (not isinstance(cache, JointCache) or len(cache.pools) < 2 or sinks is not None
@@ -281,12 +282,18 @@ def pooled_attention(original):
             if streams and isinstance(keys, mx.array):
                 return split_attention(original, streams, queries, keys, values, cache, scale, mask)
             return original(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
-        out, start = [], 0
+        out, start, work = [], 0, [0] * len(streams)
         for p, c in zip(cache.pools, cache.parts):   # the joint mask is each pool's, padded
             k, v = c.fetched()
             rows = slice(start, start + p.used)
             m = mask[rows, ..., :k.shape[2]]
-            out.append(split_attention(original, streams, queries[rows], k, v, None, scale, m))
+            if streams and p.used < 2 * DECODE_ROWS:
+                least = work.index(min(work))
+                work[least] += p.used * k.shape[2]
+                with mx.stream(streams[least]):
+                    out.append(original(queries[rows], k, v, cache=None, scale=scale, mask=m))
+            else:
+                out.append(split_attention(original, streams, queries[rows], k, v, None, scale, m))
             start += p.used
         return mx.concatenate(out)
     sdpa.pooled, sdpa.split = True, 1

@@ -131,6 +131,17 @@ def test_a_decode_steps_attention_split_by_rows_gives_the_same_logits_bit_for_bi
     assert sorted({q[0] for q in decode}) == [8, 9], decode   # halves of 17 and 16 rows
 
 
+def test_decode_pools_too_small_to_split_run_whole_on_streams_side_by_side(make_tiny, monkeypatch):
+    """The 53-row mixed-length job decoded 53 rows in 11 pools: under 16 rows none was split, so each pool's attention
+    ran after the last on one thread (48 rows at 1,024 tokens: 12 pools 110 ms a pass, one pool 62). Each such pool
+    now runs whole on a stream of its own, the same kernel: the logits are bit for bit the same."""
+    rows = [Row(f"r{k}", [(3 * k + j) % 40 + 3 for j in range(4 + k % 3)], 6, width=(64, 128, 192)[k % 3])
+            for k in range(15)]
+    whole, split, queries = _attention_split(monkeypatch, make_tiny, "llama", rows, chunk=256)
+    assert split == whole and len(whole) == 15 * 6
+    assert sorted({q[0] for q in queries if q[2] == 1}) == [5], queries   # each pool's 5 rows whole, on a stream
+
+
 def test_a_thread_makes_its_cpu_streams_once_and_computes_only_on_its_own(make_tiny, monkeypatch):
     """Each MLX CPU stream is a thread for the life of the process, and belongs to the thread that made it: a group
     loading model after model makes none anew, and an engine computing in another thread splits on streams of its own."""
