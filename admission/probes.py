@@ -121,8 +121,13 @@ def _keys_per_token(run, caches, chunk: int = 128, cached: int = 1024, tries: in
             run(1, before, cache)
         return run(1, chunk, cache)
     chunk_after(cached)   # warm-up
-    times = [(chunk_after(cached), chunk_after(0)) for _ in range(tries)]   # in turn: a busy moment slows both
-    return max(min(t for t, _ in times) - min(t for _, t in times), 0.0) / (chunk * cached)
+    return _beyond(lambda: chunk_after(cached), lambda: chunk_after(0), tries) / (chunk * cached)
+
+
+def _beyond(slow, fast, tries: int) -> float:
+    """What `slow()` takes beyond `fast()`, each the best of `tries`, timed in turn: a busy moment slows both."""
+    times = [(slow(), fast()) for _ in range(tries)]
+    return max(min(t for t, _ in times) - min(t for _, t in times), 0.0)
 
 
 def _group_cost(adapter, h: int, dtype, chunk: int = 32) -> float:
@@ -179,8 +184,7 @@ def _attention_per_token(adapter, layer, h: int, kv_heads: int, head_dim: int, d
 
     near, far = pool_at(short), pool_at(long)
     step(near), step(far)   # warm-up
-    times = [(step(far), step(near)) for _ in range(tries)]   # in turn: a busy moment slows both
-    return max(min(t for t, _ in times) - min(t for _, t in times), 0.0) / (rows * (long - short))
+    return _beyond(lambda: step(far), lambda: step(near), tries) / (rows * (long - short))
 
 
 PROBE_ROWS = 16   # the pass probe's decode batch

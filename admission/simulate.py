@@ -180,15 +180,16 @@ def _ideal(tiers: list[Tier], rows: list[SimRow], model: PassModel, bytes_stream
     passes can carry every prompt, not each pass one group."""
     if not rows:
         return 0.0
-    name = {r.row: r.tier or tier_of(r.prompt) for r in rows}
-    held = 0.0                     # passes of the whole budget the rows hold
+    steps, held = {}, 0.0          # each tier's output tokens; passes of the whole budget the rows hold
     for t in tiers:
-        mine = [r for r in rows if name[r.row] == t.name]
-        held += sum(r.out for r in mine) / max(1, max_batch(mine[0]) if max_batch else len(rows))
+        mine = [r for r in rows if (r.tier or tier_of(r.prompt)) == t.name]
+        steps[t.name] = sum(r.out for r in mine)
+        held += steps[t.name] / max(1, max_batch(mine[0]) if max_batch else len(rows))
+    out = sum(steps.values())
     passes = max(held, max(r.out for r in rows), 1)
-    shape = PassShape(int(sum(r.out for r in rows) / passes), int(sum(r.prompt for r in rows) / passes),
+    shape = PassShape(int(out / passes), int(sum(r.prompt for r in rows) / passes),
                       int(sum(r.out * (r.prompt + r.out / 2) for r in rows) / passes), bytes_streamed)
-    total, out = passes * model.roofline_s(shape), sum(r.out for r in rows)
+    total = passes * model.roofline_s(shape)
     for t in tiers:
-        t.ideal_seconds = total * sum(r.out for r in rows if name[r.row] == t.name) / out
+        t.ideal_seconds = total * steps[t.name] / out
     return total
