@@ -270,6 +270,11 @@ DECODE_ROWS = 8   # rows of a decode step's attention each CPU stream takes at l
                   # OpenBLAS on 2 threads: 96 rows 0.85 s a pass whole, 0.74 split; 8 rows 0.28, 0.29)
 
 
+def decode_shares(rows: int) -> int:
+    """How many CPU streams a decode step of `rows` rows' attention may split over: DECODE_ROWS rows each."""
+    return rows // DECODE_ROWS
+
+
 def pooled_attention(original):
     """mlx-lm's `scaled_dot_product_attention`, but over a JointCache of several pools pool by pool: each
     pool's rows attend over their own span, not padded to the longest row's (on a 2-core CPU, 16 rows of
@@ -287,7 +292,7 @@ def pooled_attention(original):
             k, v = c.fetched()
             rows = slice(start, start + p.used)
             m = mask[rows, ..., :k.shape[2]]
-            if streams and p.used < 2 * DECODE_ROWS:
+            if streams and decode_shares(p.used) < 2:
                 least = work.index(min(work))
                 work[least] += p.used * k.shape[2]
                 with mx.stream(streams[least]):
@@ -308,7 +313,7 @@ def split_attention(original, streams, queries, keys, values, cache, scale, mask
     the products' shapes change)."""
     rows, heads, kv = queries.shape[0], queries.shape[1], keys.shape[1]
     if queries.shape[2] == 1:   # a decode step: by rows, DECODE_ROWS a stream at least
-        axis, n, per = 0, rows // DECODE_ROWS, 1
+        axis, n, per = 0, decode_shares(rows), 1
     elif rows > 1:
         axis, n, per = 0, rows, 1
     else:                       # one prompt: by its KV heads
