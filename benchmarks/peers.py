@@ -181,6 +181,8 @@ def run_peer(a, peer: str, batch: int, spec: dict, files) -> dict:
         r["s_per_step"] = statistics.median(steps)
         r["decode_tps"] = batch * len(steps) / sum(steps)
     r.pop("stages")
+    if spec.get("hf_gpu_share") is not None and r.get("gpu_share") is None and "devices" not in r:
+        r["gpu_share"] = spec["hf_gpu_share"]   # a child that died before it reported the share it ran with
     return {"peer": peer, "batch": batch, **r}
 
 
