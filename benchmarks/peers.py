@@ -118,25 +118,37 @@ def capped(a, name: str, cmd: list, env: dict, files, cap: str = "", timeout: fl
         cg.remove()
     status = "ok" if rc == 0 else "timeout" if rc is None else "oom-killed" if kills else "failed"
     return {"status": status, "rc": rc, "oom_kills": kills, "cgroup_peak": peak, "wall_s": round(wall, 1),
-            "stdout": out, **({"gpu_used_peak": gpu.peak} if gpu.peak is not None else {}), **child_stages(err)}
+            "stdout": out, **({"gpu_used_peak": gpu.peak, "gpu_samples": gpu.samples} if gpu.peak is not None else {}),
+            **child_stages(err)}
+
+
+def peak_within(samples: list, passes: list) -> int | None:
+    """The GPU's memory in use at its most while spill's passes ran (from the first's start to the last's end),
+    apart from the run's start (the group's processes and the first-use probe, which has a CUDA context of its own)."""
+    if not samples or not passes:
+        return None
+    start, end = passes[0]["time"] - passes[0]["seconds"], passes[-1]["time"]
+    inside = [u for t, u in samples if start <= t <= end]
+    return max(inside) if inside else None
 
 
 class GpuWatch:
     """The GPU's memory in use (nvidia-smi: every process's, CUDA contexts and allocators' caches included) at its
-    most while a child runs, above what was in use before it started; `peak` None where no GPU answers."""
+    most while a child runs, above what was in use before it started; `peak` None where no GPU answers. `samples`:
+    (wall-clock time, bytes above that) every 0.2 s, so a phase of the run (spill's passes) has its own peak."""
 
     def __enter__(self) -> "GpuWatch":
-        self.peak, self._base, self._done = None, gpu_used(), threading.Event()
+        self.peak, self.samples, self._base, self._done = None, [], gpu_used(), threading.Event()
         self._thread = threading.Thread(target=self._watch, daemon=True) if self._base is not None else None
         if self._thread:
             self._thread.start()
         return self
 
     def _watch(self) -> None:
-        most = self._base
         while not self._done.wait(0.2):
-            most = max(most, gpu_used() or 0)
-        self.peak = max(most, gpu_used() or 0) - self._base
+            self.samples.append((time.time(), (gpu_used() or self._base) - self._base))
+        self.samples.append((time.time(), (gpu_used() or self._base) - self._base))
+        self.peak = max(0, *(u for _, u in self.samples))
 
     def __exit__(self, *exc) -> None:
         self._done.set()
@@ -162,6 +174,7 @@ def run_peer(a, peer: str, batch: int, spec: dict, files) -> dict:
     path = Path(a.work) / f"spec-{peer}-{batch}-{spec.get('hf_gpu_share', '')}.json"
     path.write_text(json.dumps(spec))
     r = capped(a, f"{peer}-{batch}", [sys.executable, HERE / "peers_child.py", peer, path], dict(os.environ), files)
+    r.pop("gpu_samples", None)
     out = r.pop("stdout").strip().splitlines()
     if r["status"] == "failed" and r["rc"] == OVER_CAP:
         r["status"] = "over the GPU cap"
@@ -235,6 +248,9 @@ def run_spill(a, folder: Path, texts: list[str], files, cap: str = "") -> dict:
         r["decode_tps"] = r["batch"] * len(full) / sum(p["seconds"] for p in full)
         r["decode_tps_all"] = sum(p["emitted"] for p in decode) / sum(p["seconds"] for p in decode)
         r["bytes_per_pass"] = full[0]["bytes_streamed"]
+    within = peak_within(r.pop("gpu_samples", []), passes)
+    if within is not None:
+        r["gpu_used_passes"] = within
     if passes and gpu_name():
         r["gpu_peak"] = max(p["peak_memory"] for p in passes)   # MLX's arrays live on the GPU there
         if r["gpu_peak"] > parse_size(a.gpu_cap or cap or a.cap):   # the peers' rule holds for spill too

@@ -72,13 +72,14 @@ def table(results: list[dict]) -> list[str]:
             outcome += f" {when}" if r["peer"] != "spill" else ""
         tps, pre = r.get("decode_tps"), r.get("prefill_s")
         peak, rss, gpu, used = r.get("cgroup_peak"), r.get("maxrss"), r.get("gpu_peak"), r.get("gpu_used_peak")
+        passes = f" ({r['gpu_used_passes'] // MIB} in its passes)" if r.get("gpu_used_passes") is not None else ""
         agree = "reference" if r["peer"] == "accelerate" else r.get("agree") or agreement(r.get("tokens"), ref)
         name = r["peer"] + (f" (cap {r['cap'] / 2**30:.2f} GiB)" if r.get("cap") else "") + (
             f" (weights {r['gpu_share']:.2f} of the GPU cap)" if r.get("gpu_share") else "")
         every = f" ({r['decode_tps_all']:.1f} every pass)" if r.get("decode_tps_all") else ""
         out.append(f"| {name} | {r['batch']} | {outcome} | {fmt(step)} | {fmt(tps, 1)}{every} | "
                    f"{fmt(step and step / io)} | {fmt(pre, 1)} | {peak // MIB if peak else '-'} | "
-                   f"{rss // MIB if rss else '-'} | {gpu // MIB if gpu else '-'} | {used // MIB if used else '-'} | {agree} |")
+                   f"{rss // MIB if rss else '-'} | {gpu // MIB if gpu else '-'} | {used // MIB if used else '-'}{passes} | {agree} |")
     out += ["", verdict([r for r in runs if not r.get("cap")])]
     for r in runs:
         if r.get("cap") and r.get("decode_tps"):

@@ -1,6 +1,7 @@
-"""peers.py's own bookkeeping: a peer that failed keeps the setting it ran with."""
+"""peers.py's own bookkeeping: a peer that failed keeps the setting it ran with; the GPU's memory by phase."""
 
 import importlib.util
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -18,3 +19,25 @@ def test_accelerate_over_its_gpu_cap_keeps_the_share_it_ran_with(tmp_path, monke
     r = peers.run_peer(SimpleNamespace(work=str(tmp_path)), "accelerate", 2, {"prompts": [[1], [2]], "hf_gpu_share": 0.5},
                        [])
     assert r["status"] == "over the GPU cap" and r["gpu_share"] == 0.5
+
+
+def test_the_gpus_memory_in_spills_passes_is_apart_from_the_runs_start():
+    # the first-use probe runs before the passes in a process of its own: its memory is not the job's
+    samples = [(100.0, 900), (101.0, 1500), (102.0, 600), (104.0, 700), (106.0, 650), (108.0, 100)]
+    passes = [{"time": 104.5, "seconds": 2.0}, {"time": 106.5, "seconds": 2.0}]
+    assert peers.peak_within(samples, passes) == 700
+    assert peers.peak_within(samples, []) is None and peers.peak_within([], passes) is None
+    line = next(x for x in peers.table([{"time": "t", "machine": "m", "cap": 2**32, "gpu_cap": 2**32, "model": "llama",
+                                          "model_bytes": 6e9, "prompt": 64, "new": 16, "cold_gbps_before": 2.0},
+                                         {"peer": "spill", "batch": 8, "status": "ok", "s_per_step": 1.0,
+                                          "decode_tps": 8.0, "gpu_used_peak": 1500 << 20, "gpu_used_passes": 700 << 20},
+                                         {"run": "peers-end", "cold_gbps_after": 2.0}]) if x.startswith("| spill"))
+    assert "| 1500 (700 in its passes) |" in line
+
+
+def test_the_gpu_watch_keeps_its_samples_above_the_memory_in_use_before(monkeypatch):
+    readings = iter([1000, 1300, 1800, 1200] + [1100] * 100)
+    monkeypatch.setattr(peers, "gpu_used", lambda: next(readings))
+    with peers.GpuWatch() as watch:
+        time.sleep(0.9)
+    assert watch.peak == 800 and [u for _, u in watch.samples][:3] == [300, 800, 200]
