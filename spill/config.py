@@ -105,6 +105,12 @@ def direct_io() -> bool:
     return os.environ.get("SPILL_DIRECT_IO", "1") != "0"
 
 
+def huge_pages() -> bool:
+    """Back the MLX memory weights are read into with huge pages where Linux can (SPILL_HUGE_PAGES, default 1;
+    0 leaves MLX's 4 KiB pages: for comparison, or a kernel where collapsing them costs more than it saves)."""
+    return os.environ.get("SPILL_HUGE_PAGES", "1") != "0"
+
+
 def read_into() -> str | None:
     """SPILL_READ_INTO: "mlx" (each layer read straight into MLX-owned memory, its tensors views of it),
     "buffers" (into the reader's own buffers, then copied out) or "pinned" (into its own page-locked buffers,

@@ -17,6 +17,7 @@ DIO = 4096              # O_DIRECT: file offsets, lengths and buffer addresses a
 _GAP = 1 << 20          # tensors of a file closer than this are read as one span
 _HUGE = 2 << 20         # a huge page: buffers start at a multiple of it
 _F_NOCACHE = 48         # macOS fcntl: reads bypass the unified buffer cache
+_MADV_COLLAPSE = 25     # Linux: make a mapped range's pages huge now (Python's mmap has no name for it)
 
 
 # safetensors code -> numpy dtype of the stored bytes (bf16 travels as uint16, fp8 as raw bytes)
@@ -87,6 +88,22 @@ def layout(tensors: list[TensorSpec]) -> tuple[list[tuple[TensorSpec, int]], lis
         placed[t.name] = sp.buf_start + t.offset - sp.file_start
         end = sp.buf_start + sp.length
     return [(t, placed[t.name]) for t in tensors], spans, end
+
+
+def huge_pages(view: np.ndarray) -> bool:
+    """Back the 2 MiB-aligned interior of `view`, memory already mapped (MLX's), with huge pages now (Linux 6.1+:
+    MADV_COLLAPSE), else when the kernel gets to it. True if collapsed. O_DIRECT into 4 KiB pages read lean45 at
+    1.5 GB/s and cost 0.35 s of system CPU a pass; into huge pages 3.5 GB/s and 0.08 s (2 vCPUs)."""
+    start, end = -(-view.ctypes.data // _HUGE) * _HUGE, (view.ctypes.data + view.nbytes) // _HUGE * _HUGE
+    if end <= start or not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+    madvise = ctypes.CDLL(None, use_errno=True).madvise
+    madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    if madvise(start, end - start, _MADV_COLLAPSE) == 0:
+        return True
+    madvise(start, end - start, mmap.MADV_HUGEPAGE)   # an older kernel, or no huge page free: khugepaged, later
+    return False
 
 
 def aligned_buffer(size: int) -> np.ndarray:
