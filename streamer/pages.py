@@ -93,7 +93,7 @@ def layout(tensors: list[TensorSpec]) -> tuple[list[tuple[TensorSpec, int]], lis
 def huge_pages(view: np.ndarray) -> bool:
     """Back the 2 MiB-aligned interior of `view`, memory already mapped (MLX's), with huge pages now (Linux 6.1+:
     MADV_COLLAPSE), else when the kernel gets to it. True if collapsed. O_DIRECT into 4 KiB pages read lean45 at
-    1.5 GB/s and cost 0.35 s of system CPU a pass; into huge pages 3.5 GB/s and 0.08 s (2 vCPUs)."""
+    1.5-1.9 GB/s for 0.30-0.38 s of system CPU a pass; into huge pages 3.3-3.5 GB/s for 0.07-0.11 s (2 vCPUs)."""
     start, end = -(-view.ctypes.data // _HUGE) * _HUGE, (view.ctypes.data + view.nbytes) // _HUGE * _HUGE
     if end <= start or not sys.platform.startswith("linux"):
         return False
