@@ -2,6 +2,7 @@
 (2 MiB aligned, huge pages), the file descriptors (O_DIRECT where allowed, F_NOCACHE on macOS) and the
 numpy and MLX types the stored bytes are viewed as."""
 
+import ctypes
 import mmap
 import os
 import sys
@@ -97,7 +98,6 @@ def huge_pages(view: np.ndarray) -> bool:
     start, end = -(-view.ctypes.data // _HUGE) * _HUGE, (view.ctypes.data + view.nbytes) // _HUGE * _HUGE
     if end <= start or not sys.platform.startswith("linux"):
         return False
-    import ctypes
     madvise = ctypes.CDLL(None, use_errno=True).madvise
     madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     if madvise(start, end - start, _MADV_COLLAPSE) == 0:
