@@ -3,12 +3,11 @@ nothing else a step does, against the disk's floor. Two bounds on any engine tha
 
     python benchmarks/ceiling.py MODEL --rows 184,256,512 [--read-gbps 2.4]
 
-A step of R rows costs at least one layer's seven products (q, k, v, o, gate, up, down) x the layers, in
-the model's dtype, on MLX's CPU (OpenBLAS preloaded, as spill runs them); a streamed pass costs at least
-the model's bytes over a cold read. tok/s <= R / max(products, read). Run on an otherwise idle machine.
+A step of R rows costs at least one layer's matrix products (q, k, v, o, gate, up, down) x the layers, in
+float32 on MLX's CPU with OpenBLAS preloaded (as spill computes there); a streamed pass costs at least the
+layers' bytes over a cold read. tok/s <= R / max(products, read). Run on an otherwise idle machine.
 """
 import argparse
-import json
 import os
 import sys
 import time
@@ -17,14 +16,9 @@ from pathlib import Path
 from spill.platform import blas_core, preload_env
 
 
-def products(config: dict) -> dict[str, tuple[int, int]]:
-    """Each of a llama-style layer's matrices, (out, in)."""
-    h, heads = config["hidden_size"], config["num_attention_heads"]
-    head_dim = config.get("head_dim") or h // heads
-    kv = config.get("num_key_value_heads", heads) * head_dim
-    i = config["intermediate_size"]
-    return {"q": (heads * head_dim, h), "k": (kv, h), "v": (kv, h), "o": (h, heads * head_dim),
-            "gate": (i, h), "up": (i, h), "down": (h, i)}
+def products(plan) -> dict[str, tuple[int, int]]:
+    """Each matrix of the model's first layer, (out, in), from its plan (any family the streamer reads)."""
+    return {t.name: t.shape for t in plan.layers[0] if len(t.shape) == 2 and t.name.endswith(".weight")}
 
 
 def layer_seconds(mx, shapes: dict, rows: int, dtype, reps: int = 20) -> float:
@@ -54,10 +48,10 @@ def main() -> None:
         os.execve(sys.executable, [sys.executable, *sys.argv], env)
     import mlx.core as mx
     mx.set_default_device(mx.cpu)
-    config = json.loads((a.model / "config.json").read_text())
-    dtype = getattr(mx, config.get("torch_dtype", "float32"))
-    shapes, layers = products(config), config["num_hidden_layers"]
-    size = sum(f.stat().st_size for f in a.model.glob("*.safetensors"))
+    from spill.streamer.plan import load_plan
+    plan = load_plan(a.model)
+    dtype = mx.float32   # what the streamer computes in on a CPU (platform.default_dtype)
+    shapes, layers, size = products(plan), len(plan.layers), plan.streamed_bytes
     flops = 2 * sum(o * i for o, i in shapes.values())
     print(f"{a.model.name}: {layers} layers, {size / 1e9:.2f} GB, {flops * layers / 1e9:.2f} GFLOP a token in "
           f"its products; {dtype}, {os.cpu_count()} cores, OpenBLAS kernels: {blas_core()}")

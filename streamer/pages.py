@@ -91,19 +91,17 @@ def layout(tensors: list[TensorSpec]) -> tuple[list[tuple[TensorSpec, int]], lis
     return [(t, placed[t.name]) for t in tensors], spans, end
 
 
-def huge_pages(view: np.ndarray) -> bool:
+def huge_pages(view: np.ndarray) -> None:
     """Back the 2 MiB-aligned interior of `view`, memory already mapped (MLX's), with huge pages now (Linux 6.1+:
-    MADV_COLLAPSE), else when the kernel gets to it. True if collapsed. O_DIRECT into 4 KiB pages read lean45 at
+    MADV_COLLAPSE), else when the kernel gets to it. O_DIRECT into 4 KiB pages read lean45 at
     1.5-1.9 GB/s for 0.30-0.38 s of system CPU a pass; into huge pages 3.3-3.5 GB/s for 0.07-0.11 s (2 vCPUs)."""
     start, end = -(-view.ctypes.data // _HUGE) * _HUGE, (view.ctypes.data + view.nbytes) // _HUGE * _HUGE
     if end <= start or not sys.platform.startswith("linux"):
-        return False
-    madvise = ctypes.CDLL(None, use_errno=True).madvise
+        return
+    madvise = ctypes.CDLL(None).madvise
     madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    if madvise(start, end - start, _MADV_COLLAPSE) == 0:
-        return True
-    madvise(start, end - start, mmap.MADV_HUGEPAGE)   # an older kernel, or no huge page free: khugepaged, later
-    return False
+    if madvise(start, end - start, _MADV_COLLAPSE) != 0:   # an older kernel, or no huge page free: khugepaged, later
+        madvise(start, end - start, mmap.MADV_HUGEPAGE)
 
 
 def aligned_buffer(size: int) -> np.ndarray:
