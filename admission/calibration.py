@@ -17,11 +17,10 @@ from pathlib import Path
 from spill import config
 from spill.files import replaced
 from spill.platform import default_dtype, device, on_cpu
-from spill.streamer.shares import chunk_for
 
 from .passmodel import Observation, PassModel, fit, read_rate
 from .probes import _stored_dtype, compute_probe, pass_probe, priced_by_passes, read_probe, weight_files
-from .schedule import cached, outstanding, pace
+from .schedule import pace
 
 HISTORY = 200                  # the last passes, kept for the refit
 SAMPLE = 200                   # and a uniform sample of those before them (a job's tail is not the next job)
@@ -154,55 +153,18 @@ def _key_of(folder, plan, dtype) -> str:
     return key(folder, name)
 
 
-class ContextTracker:
-    """The rows that decode in a pass and the context they attend to, which the PASS report does not
-    carry: each admitted row prefills its share of the pass's prompt tokens (`budget`, as the streamer
-    shares them out), then decodes with one more token of context each pass."""
-
-    def __init__(self, chunk: int = 512):
-        self.chunk = chunk
-        self.budget = config.prefill_tokens()     # the last PACE: what the next pass may prefill
-        self.prefilling: dict[int, list[int]] = {}   # row -> [prompt tokens left, prompt length]
-        self.decoding: dict[int, int] = {}           # row -> context
-
-    def admitted(self, rows: list[int], lengths: list[int]) -> None:
-        self.prefilling.update((r, [n, n]) for r, n in zip(rows, lengths))
-
-    def passed(self, finished: list[int], pace: int = 0) -> tuple[int, int]:
-        """(decoding rows, their context) of the pass just reported; then each grows by one token. `pace`: the
-        PACE the pass ran with, as the streamer reports it (0: none, the last one sent)."""
-        rows, context = len(self.decoding), sum(self.decoding.values())
-        for r in self.decoding:
-            self.decoding[r] += 1
-        step = chunk_for(pace or self.budget, len(self.prefilling), self.chunk)
-        for r, state in list(self.prefilling.items()):
-            state[0] -= min(step, state[0])
-            if state[0] == 0:
-                self.decoding[r] = state[1] + 1
-                del self.prefilling[r]
-        for r in finished:
-            self.decoding.pop(r, None)
-            self.prefilling.pop(r, None)
-        return rows, context
-
-    def clear(self) -> None:
-        self.prefilling, self.decoding, self.budget = {}, {}, config.prefill_tokens()
-
-
 class Calibrator:
     """The admission actor's hook: opens the model's calibration on a reset, refits and stores it
     after every pass. A calibration that cannot be made is logged and skipped, never fatal."""
 
-    def __init__(self, log, chunk: int = 512):
+    def __init__(self, log):
         self.log = log
         self.model = ""
         self.cal: Calibration | None = None
         self.streamed = 0                      # bytes a pass streams
-        self.context = ContextTracker(chunk)
 
     def reset(self, model: str, resident: bool = False) -> None:
         """A new epoch; `resident`: passes read nothing, so no read time bounds a pass's prefill."""
-        self.context.clear()
         if model and model != self.model:
             self.model, self.cal = model, None
             try:
@@ -213,31 +175,20 @@ class Calibrator:
         if model:
             self.streamed = 0 if resident or self.cal is None else self.cal.streamed_bytes
 
-    def admitted(self, rows: list[int], lengths: list[int]) -> None:
-        self.context.admitted(rows, lengths)
-
     def probe_bandwidth(self) -> float:
         """The cold read probe's bytes/s for this model and machine, 0.0 without a calibration."""
         return self.cal.prior.bandwidth if self.cal is not None else 0.0
 
-    def pace(self, need: int, most: int | None = None, empty: float = 0.0) -> int:
-        """Prompt tokens the next pass may prefill in all (schedule.pace); `need`: what keeps the slots fed,
-        `most`: what the budget priced, `empty`: the share of the slots free while rows wait."""
-        t = self.context
-        t.budget = pace(self.cal.model if self.cal else None, self.streamed, len(t.decoding),
-                        sum(t.decoding.values()), need, cached([n - left for left, n in t.prefilling.values()]), most,
-                        empty)
-        return t.budget
+    def pace(self, rows: int, context: int, need: int, offset: float = 0.0, most: int | None = None,
+             empty: float = 0.0) -> int:
+        """Prompt tokens the next pass may prefill in all (schedule.pace, the scheduler's `pace`): `rows` decoding
+        with `context` tokens of KV, `need` what keeps the slots fed, `most` what the budget priced."""
+        return pace(self.cal.model if self.cal else None, self.streamed, rows, context, need, offset, most, empty)
 
-    def allowance(self) -> int:
-        """Prompt tokens new rows may start with in the next pass: the pace less the rows still prefilling."""
-        t = self.context
-        return t.budget - outstanding([left for left, _ in t.prefilling.values()], t.budget, t.chunk)
-
-    def passed(self, msg) -> None:
-        rows, context = self.context.passed(msg.finished, msg.pace)   # the rows that decoded in it, not after it
+    def observe(self, shape, msg) -> None:
+        """A pass as it was planned (`shape`: the rows that decoded in it and their context) and as it ran (`msg`)."""
         if self.cal is not None:   # a resident pass reads nothing, yet prices compute and overhead
-            self.cal.observe(Observation(rows, msg.prefill_tokens, context, msg.bytes_streamed, msg.seconds,
-                                         msg.wait_s, msg.compute_s, msg.read_s, prefill_groups=msg.prefill_groups,
-                                         prefill_context=msg.prefill_context))
+            self.cal.observe(Observation(shape.decode_rows, msg.prefill_tokens, shape.context_tokens,
+                                         msg.bytes_streamed, msg.seconds, msg.wait_s, msg.compute_s, msg.read_s,
+                                         prefill_groups=msg.prefill_groups, prefill_context=msg.prefill_context))
             self.cal.save()

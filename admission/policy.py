@@ -53,6 +53,8 @@ class Waiting:
     sampling: list
     width: int = 0            # the width of the pool it runs in, once admitted
     pool: int = 0             # that pool's class: its own, or a wider one it borrowed a free slot of
+    again: bool = False       # sent back to the queue (preempted): it keeps the head, ahead of rows queued after it
+    cached: int = 0           # tokens already in its KV (the live estimate's running rows): it decodes at once
 
     @property
     def full_length(self) -> int:
@@ -107,7 +109,7 @@ class BudgetPolicy:
         self._retune(rows)
         refused = []
         for w in rows:
-            if self.sheet.slot(w.full_length, w.full_length) > self.sheet.kv_budget:
+            if self.needs(w) > self.sheet.kv_budget:
                 refused.append((w, self.too_big(w)))
             else:
                 self.queue.append(w)
@@ -125,10 +127,16 @@ class BudgetPolicy:
                                                            self.reserved())
         self.prefill_tokens = min(self.prefill_tokens, self.priced_prefill)
 
+    def needs(self, w: Waiting) -> int:
+        """KV bytes a row needs running alone: its slot, and its prompt's KV while it prefills beyond what
+        the sheet sets aside for prompts (both at once: the prompt joins its slot)."""
+        s = self.sheet
+        return s.slot(w.full_length, w.full_length) + max(s.prefill_kv([len(w.prompt)]) - s.fixed.get("prefill_kv", 0), 0)
+
     def too_big(self, w: Waiting) -> str:
         s = self.sheet
         return (f"the prompt is {len(w.prompt)} tokens and max_tokens {w.max_tokens}: its KV cache needs "
-                f"{fmt(s.slot(w.full_length, w.full_length))} but the KV budget is {fmt(max(s.kv_budget, 0))} "
+                f"{fmt(self.needs(w))} but the KV budget is {fmt(max(s.kv_budget, 0))} "
                 f"({s.fraction:.0%} of the {fmt(s.working_set)} working set, less {fmt(sum(s.fixed.values()))} "
                 "for weights, buffers and other processes); lower max_tokens, shorten the prompt, "
                 "or raise --memory or --budget-fraction")
@@ -142,6 +150,8 @@ class BudgetPolicy:
         """Rows the streamer dropped: back to the head of the queue, in their order; how many."""
         self.preempting.difference_update(rows)
         back = [self.running.pop(r) for r in [r for r in self.running if r in set(rows)]]   # admission order
+        for w in back:
+            w.again = True
         self.queue.extendleft(reversed(back))
         return len(back)
 

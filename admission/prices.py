@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from spill.config import BUDGET_FRACTION
 from spill.memory import cache_allowance
 from spill.platform import layers_in_flight, read_slots, recycles_layers
+from spill.streamer.shares import prefill_kv_tokens
 
 
 @dataclass
@@ -60,6 +61,11 @@ class Sheet:
     def cost(self, rows: int, longest: int) -> int:
         """Bytes reserved for `rows` running rows whose longest full length is `longest` tokens."""
         return rows * (longest * self.kv_per_token + self.row_overhead)
+
+    def prefill_kv(self, lengths: list[int]) -> int:
+        """A prefill group's KV from its first chunk until it joins the pool: what Group.prefill allocates
+        (prefill_kv_tokens). Groups draw on fixed["prefill_kv"] first (its margin: a layer's copy in flight)."""
+        return prefill_kv_tokens(lengths) * self.kv_per_token
 
     def slot(self, width: int, widest: int) -> int:
         """A slot of `width` tokens and its row of one layer's KV padded to the widest pool (attention's copy)."""

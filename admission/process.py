@@ -1,5 +1,6 @@
-"""The admission actor: owns the memory budget; queues tokenized rows and admits them pass by pass,
-holds above the guard line and preempts above the hard line (see policy.py)."""
+"""The admission actor: the scheduler behind the group's messages. Tokenized rows queue; each pass report is
+answered by the next plan (scheduler.py), which the streamer runs exactly; the budget's lines hold and
+preempt (policy.py)."""
 
 import os
 
@@ -15,6 +16,7 @@ from spill.wire import Mailbox
 from . import schedule
 from .calibration import Calibrator
 from .policy import Waiting
+from .scheduler import Planned, Scheduler
 from .prices import live_allocation, shortfall
 from .schedule import budget_policy
 
@@ -22,76 +24,71 @@ from .schedule import budget_policy
 def run_admission_process(endpoints, args, log) -> None:
     box = Mailbox(endpoints, "admission", sends_to=("streamer", "coordinator"))
     fault = Fault("admission")
-    calibrator = Calibrator(log, chunk=args.get("prefill_chunk", 512))
-    policy, others, runtime = None, 0, 0   # runtime: the streamer's RSS at READY, in others
-    epoch, job, eos, in_flight = -1, "", [], False   # in_flight: an ADMIT the streamer has not reported on
-    paced = None                                     # the last PACE sent
+    calibrator = Calibrator(log)
+    sched, others, runtime = None, 0, 0   # runtime: the streamer's RSS at READY, in others
+    epoch, job, eos = -1, "", []
+    running: Planned | None = None        # the plan the streamer runs now: one at a time, its report awaited
     for batch in inbox(box, "admission", log):
-        reported, requeued = None, 0
+        ran = None                        # (the plan, its report) that came in this batch
         for msg in batch:
             if isinstance(msg, m.Reset):
-                epoch, job, in_flight, paced = msg.epoch, msg.job, False, None
+                epoch, job, running = msg.epoch, msg.job, None
                 calibrator.reset(msg.model, msg.resident)
                 if msg.model:
-                    policy, others = _price(msg, args, box, log)
+                    sched, others = _price(msg, args, box, log, calibrator)
                     runtime = msg.runtime
-                elif policy is not None:
-                    policy.clear()
-            elif policy is None:
+                elif sched is not None:
+                    sched.clear()
+            elif sched is None:
                 continue
             elif isinstance(msg, m.Tokenized):
-                eos, priced = msg.eos, policy.priced_prefill
-                refused = policy.offer(_waiting(msg))
-                if policy.priced_prefill != priced:
-                    log.info("allowance", prefill_tokens=policy.priced_prefill, was=priced, kv_budget=policy.sheet.kv_budget,
-                             activations=policy.sheet.fixed["activations"], prefill_kv=policy.sheet.fixed["prefill_kv"])
-                schedule.interleave(policy.queue, schedule.prompt_length)
+                eos, priced = msg.eos, sched.policy.priced_prefill
+                refused = sched.offer(_waiting(msg))
+                if sched.policy.priced_prefill != priced:
+                    s = sched.policy.sheet
+                    log.info("allowance", prefill_tokens=sched.policy.priced_prefill, was=priced, kv_budget=s.kv_budget,
+                             activations=s.fixed["activations"], prefill_kv=s.fixed["prefill_kv"])
+                schedule.interleave(sched.policy.queue, schedule.prompt_length)
                 if refused:
                     box.send("coordinator", m.Error(epoch, [w.row for w, _ in refused],
                                                     ["memory_budget_exceeded"] * len(refused), [why for _, why in refused], job))
                 fault.tick("tokenized")
-            elif isinstance(msg, m.Pass):
-                policy.finished(msg.finished)
-                requeued += policy.preempted(msg.preempted)
-                policy.observe(live_allocation(msg, others, runtime, policy.sheet))
-                calibrator.passed(msg)
-                in_flight, reported = False, msg
+            elif isinstance(msg, m.Stop):
+                sched.stopped(msg.rows)
+            elif isinstance(msg, m.Pass) and running is not None and msg.plan == running.index:
+                sched.reported(msg.finished, live_allocation(msg, others, runtime, sched.policy.sheet))
+                ran, running = (running, msg), None
                 fault.tick("pass")
-        if policy is None or epoch < 0:
+        if sched is None or epoch < 0:
             continue
-        preempt = policy.to_preempt()
-        if preempt:
-            box.send("streamer", m.Preempt(epoch, preempt, policy.shapes()))
-        budget = calibrator.pace(schedule.need(policy), policy.priced_prefill, schedule.empty(policy))
-        pace = m.Pace(epoch, budget, -1 if reported is None else reported.index)
-        if reported is None and budget != paced:
-            box.send("streamer", pace)   # before the rows: an idle streamer starts them as they come
-        admitted = [] if in_flight else schedule.admit(policy, calibrator.allowance(), bool(calibrator.context.prefilling))
-        if admitted:
-            box.send("streamer", _admit(epoch, admitted, eos, policy.sheet.cache_limit, policy.shapes()))
-            calibrator.admitted([w.row for w in admitted], [len(w.prompt) for w in admitted])
-            in_flight = True
-        paced = budget
-        if reported is not None:
-            box.send("streamer", pace)   # the report's answer, last: the streamer's next pass waits for it
-            told = report(epoch, reported.index, policy, others, requeued, calibrator, job)
+        # the next plan as soon as the last one is reported: the streamer waits for it
+        if running is None and sched.busy:
+            running = sched.plan()
+            box.send("streamer", _plan(epoch, running, eos, sched.policy.sheet.cache_limit))
+        if ran is not None:
+            planned, reported = ran
+            calibrator.observe(planned.shape, reported)   # the refit after the plan: not on the streamer's path
+            told = report(epoch, reported.index, sched, others, calibrator, job)
             box.send("coordinator", told)
-            log.info("pass", index=reported.index, budget=policy.sheet.budget, kv_budget=policy.sheet.kv_budget,
-                     live=policy.live, reserved=policy.reserved(), pools=policy.shapes(), running=len(policy.running),
-                     admitted=len(admitted), held=told.held_rows,
-                     waiting=len(policy.queue), preempted=len(preempt), holding=policy.holding)
+            p = sched.policy
+            log.info("pass", index=reported.index, budget=p.sheet.budget, kv_budget=p.sheet.kv_budget, live=p.live,
+                     reserved=p.reserved(), pools=p.shapes(), running=len(p.running),
+                     admitted=len(running.start) if running else 0, held=told.held_rows, waiting=len(p.queue),
+                     preempted=len(running.drop) if running else 0, holding=p.holding)
     box.close()
 
 
-def report(epoch: int, index: int, policy, others: int, requeued: int, calibrator, job: str) -> m.Budget:
-    """What the coordinator's metrics take from admission after a pass: the lines, a hold, preemptions."""
-    s = policy.sheet
+def report(epoch: int, index: int, sched: Scheduler, others: int, calibrator, job: str) -> m.Budget:
+    """What the coordinator's metrics take from admission after a pass: the lines, a hold, preemptions since
+    the last report."""
+    policy, s = sched.policy, sched.policy.sheet
+    requeued, sched.returned = sched.returned, 0
     return m.Budget(epoch, index, s.working_set, s.budget, s.line(s.guard), s.line(s.hard), others,
                     len(policy.queue) if policy.holding else 0, requeued, calibrator.probe_bandwidth(), job)
 
 
-def _price(msg: m.Reset, args: dict, box, log):
-    """The budget for the job's model: (policy, other processes' RSS)."""
+def _price(msg: m.Reset, args: dict, box, log, calibrator=None):
+    """The scheduler for the job's model, its budget priced: (scheduler, other processes' RSS)."""
     try:
         plan = load_plan(msg.model)
     except SpillError:
@@ -106,7 +103,8 @@ def _price(msg: m.Reset, args: dict, box, log):
     if (short := shortfall(sheet)) is not None:
         box.send("coordinator", m.Error(msg.epoch, [m.MODEL_ROW], ["memory_budget_exceeded"], [short], msg.job))
         return None, others
-    return policy, others
+    chunk = args.get("prefill_chunk", 512)
+    return Scheduler(policy, calibrator.pace if calibrator else None, chunk, 0 if msg.resident else plan.streamed_bytes), others
 
 
 def _others_rss(parent: int | None = None, runtime: tuple = (0, 0)) -> int:
@@ -123,11 +121,14 @@ def _waiting(msg: m.Tokenized) -> list[Waiting]:
             for row, n, e, mt, sp in zip(msg.rows, msg.lengths, ends, msg.max_tokens, msg.sampling)]
 
 
-def _admit(epoch: int, rows: list[Waiting], eos: list[int], cache_limit: int, pools: list[list[int]]) -> m.Admit:
-    tokens = np.concatenate([w.prompt for w in rows]).astype(np.int32).tobytes()
-    return m.Admit(epoch=epoch, rows=[w.row for w in rows], tokens=tokens, lengths=[len(w.prompt) for w in rows],
-                   max_tokens=[w.max_tokens for w in rows], sampling=[w.sampling for w in rows], eos=eos,
-                   cache_limit=cache_limit, widths=[w.width for w in rows], pools=pools)
+def _plan(epoch: int, planned: Planned, eos: list[int], cache_limit: int) -> m.Plan:
+    rows = [w for w, _ in planned.start]
+    tokens = np.concatenate([w.prompt for w in rows]).astype(np.int32).tobytes() if rows else b""
+    return m.Plan(epoch=epoch, rows=[w.row for w in rows], tokens=tokens, lengths=[len(w.prompt) for w in rows],
+                  max_tokens=[w.max_tokens for w in rows], sampling=[w.sampling for w in rows], eos=eos,
+                  index=planned.index, widths=[w.width for w in rows], groups=[g for _, g in planned.start],
+                  chunks=[[g, n] for g, n in planned.chunks.items()], drop=planned.drop, finish=planned.finish,
+                  pools=planned.pools, cache_limit=cache_limit)
 
 
 if __name__ == "__main__":

@@ -81,14 +81,17 @@ def bucket(prompt_tokens: int) -> int:
 
 def interleave(queue: deque, length) -> None:
     """Reorder `queue` in place so each bucket's rows are spread evenly through it, each bucket in
-    its own order. `length(w)` is a waiting row's prompt length."""
+    its own order; rows sent back (preempted: `again`) keep the head, in their order. `length(w)` is a
+    waiting row's prompt length."""
     buckets: dict[int, list] = {}
+    head = [w for w in queue if getattr(w, "again", False)]
     for w in queue:
-        buckets.setdefault(bucket(length(w)), []).append(w)
+        if not getattr(w, "again", False):
+            buckets.setdefault(bucket(length(w)), []).append(w)
     keyed = [((j + 0.5) / len(ws), b, j, w) for b, ws in buckets.items() for j, w in enumerate(ws)]
     keyed.sort(key=lambda k: k[:3])
     queue.clear()
-    queue.extend(k[3] for k in keyed)
+    queue.extend(head + [k[3] for k in keyed])
 
 
 def pace(model, bytes_streamed: int, decode_rows: int, context: int, need: int, offset: float = 0.0,

@@ -1,10 +1,8 @@
-"""The estimate: the admission policy and the pass model run pass by pass on the job's real token
-lengths, drain tail included. Pure: a fake clock, no model, no sockets.
+"""The estimate: the admission actor's own scheduler run pass by pass against the pass model on the job's
+real token lengths, drain tail included. Pure: a fake clock, no model, no sockets.
 
-The streamer's semantics, pass by pass: rows admitted after pass k start prefilling in pass k+1,
-in groups of like length (each its own attention), an equal share of the pass's pace each (`schedule.pace`);
-a row emits its first token in the pass that ends its prompt and one token a pass after that; it
-leaves after its last token and its slot is refilled next pass.
+Each plan is what the streamer would run (scheduler.py): a row emits its first token in the pass that ends
+its prompt and one token a pass after that; it leaves after its last token and its slot is refilled next pass.
 
 Rows whose output length is unknown are priced at max_tokens (`Estimate.at_max_tokens`).
 """
@@ -12,10 +10,9 @@ Rows whose output length is unknown are priced at max_tokens (`Estimate.at_max_t
 from collections import deque
 from dataclasses import dataclass, field, replace
 
-from spill.streamer.shares import bucket, chunk_for
-
 from . import schedule
 from .passmodel import PassModel, PassShape
+from .scheduler import Scheduler, Status
 
 
 @dataclass
@@ -77,82 +74,47 @@ def tier_of(prompt: int) -> str:
 def simulate(rows: list[SimRow], policy, waiting, model: PassModel, bytes_streamed: int, *,
              chunk: int = 512, max_batch=None, errors: int = 0, at_max_tokens: bool = True,
              length=schedule.prompt_length, read_once: int = 0) -> Estimate:
-    """`read_once`: bytes the first pass reads besides `bytes_streamed` (resident: every layer, once).
-    `policy`: offer(list) / admit() -> list / finished(rows) and a `queue`, driven through the
-    schedule as the admission actor drives it; `waiting(SimRow)` makes the policy's row record and
-    `length` reads its prompt length back; `max_batch(SimRow)` is the largest batch the memory
-    budget fits for rows like it (for the ideal)."""
+    """The admission actor's scheduler (scheduler.py) run against the pass model: each plan priced by
+    `model`, each row ending once it has generated its `out` tokens. `policy`: the BudgetPolicy it plans
+    with; `waiting(SimRow)` makes the policy's row record and `length` reads its prompt length back;
+    `max_batch(SimRow)` is the largest batch the memory budget fits for rows like it (for the ideal);
+    `read_once`: bytes the first pass reads besides `bytes_streamed` (resident: every layer, once)."""
     by_id = {r.row: r for r in rows}
     tiers: dict[str, Tier] = {}
     for r in rows:
         t = tiers.setdefault(r.tier or tier_of(r.prompt), Tier(r.tier or tier_of(r.prompt)))
         t.rows, t.prompt_tokens = t.rows + 1, t.prompt_tokens + r.prompt
-    # a running row asks the policy for its slot (its full length) but starts no prompt tokens
-    refused = policy.offer([waiting(replace(r, prompt=0, out=r.context + r.out) if r.context else r)
-                            for r in rows]) or []
+
+    def pace(n, context, need, offset, most, empty) -> int:
+        return schedule.pace(model, bytes_streamed, n, context, need, offset, most, empty)
+    sched = Scheduler(policy, pace, chunk, bytes_streamed)
+    offered = []
+    for r in rows:   # a running row asks the policy for its slot (its full length) and decodes at once
+        w = waiting(replace(r, prompt=0, out=r.context + r.out) if r.context else r)
+        w.cached = r.context
+        offered.append(w)
+    refused = sched.offer(offered) or []
     schedule.interleave(policy.queue, length)
     policy.queue = deque(sorted(policy.queue, key=lambda w: not by_id[w.row].context))   # running rows first
-    errors += len(refused)
-    est = Estimate(0.0, 0.0, 0, list(tiers.values()), errors=errors, at_max_tokens=at_max_tokens)
-    prefilling: dict[int, int] = {}          # row -> prompt tokens still to prefill
-    group: dict[int, tuple] = {}             # row -> its prefill group (rows admitted together, of like length)
-    decoding: dict[int, list[int]] = {}      # row -> [context, tokens left]
+    est = Estimate(0.0, 0.0, 0, list(tiers.values()), errors=errors + len(refused), at_max_tokens=at_max_tokens)
     clock, done = 0.0, 0
-    allowed = schedule.pace(model, bytes_streamed, 0, 0, schedule.need(policy), most=policy.priced_prefill,
-                             empty=schedule.empty(policy))
-    admitted = schedule.admit(policy, allowed)
-    while admitted or prefilling or decoding:
-        for w in admitted:
-            r = by_id[w.row]
-            if r.context:
-                decoding[w.row] = [r.context, r.out]
-            else:
-                prefilling[w.row] = r.prompt
-        for k, rows_ in enumerate(bucket([by_id[w.row] for w in admitted if not by_id[w.row].context],
-                                         length=lambda r: r.prompt)):
-            group.update((r.row, (est.passes, k)) for r in rows_)
-        # 1. the pass: every decoding row's step, a share of the pace for every prefilling row
-        step = chunk_for(allowed, len(prefilling), chunk)
-        shape = PassShape(len(decoding), sum(min(step, n) for n in prefilling.values()),
-                          sum(c for c, _ in decoding.values()), bytes_streamed + (0 if est.passes else read_once),
-                          prefill_groups=len({group[r] for r in prefilling}),
-                          prefill_context=sum(min(step, n) * (by_id[r].prompt - n + min(step, n))
-                                              for r, n in prefilling.items()))
+    while sched.busy:
+        planned = sched.plan()
+        running = [r for r in policy.running if sched.status[r] in (Status.PREFILLING, Status.DECODING)]
+        if not running and not planned.drop:
+            est.stalled = True   # rows wait with nothing running: none fits the budget
+            break
+        shape = replace(planned.shape, bytes_streamed=bytes_streamed + (0 if est.passes else read_once))
         seconds = model.pass_s(shape)
         clock += seconds
-        est.running.append(_share(tiers, by_id, list(prefilling) + list(decoding), seconds))
-        # 2. its tokens: decode rows step, prefills that end their prompt emit their first token
-        finished = []
-        for row, state in decoding.items():
-            state[0] += 1
-            state[1] -= 1
-            if state[1] == 0:
-                finished.append(row)
-        for row in list(prefilling):
-            prefilling[row] -= min(step, prefilling[row])
-            if prefilling[row] == 0:
-                del prefilling[row]
-                r = by_id[row]
-                if r.out <= 1:
-                    finished.append(row)
-                else:
-                    decoding[row] = [r.prompt + 1, r.out - 1]
-        for row in finished:
-            decoding.pop(row, None)
+        est.running.append(_share(tiers, by_id, running, seconds))
+        finished = [r for r in running if sched.status[r] == Status.DECODING and sched.generated[r] >= by_id[r].out]
+        sched.reported(finished)
         done += len(finished)
         est.passes += 1
         est.timeline.append((clock, done))
         est.prefill.append(shape.prefill_tokens)
-        est.allowance.append(allowed)
-        # 3. the policy hears the pass and admits for the next one
-        policy.finished(finished)
-        allowed = schedule.pace(model, bytes_streamed, len(decoding), sum(c for c, _ in decoding.values()),
-                                schedule.need(policy), schedule.cached([by_id[r].prompt - n for r, n in prefilling.items()]),
-                                policy.priced_prefill, schedule.empty(policy))
-        left = schedule.outstanding(list(prefilling.values()), allowed, chunk)
-        admitted = schedule.admit(policy, allowed - left, bool(prefilling))
-        if not (admitted or prefilling or decoding) and done + len(refused) < len(rows):
-            est.stalled = True
+        est.allowance.append(planned.pace)
     est.total_seconds = clock
     est.ideal_seconds = _ideal(est.tiers, rows, model, bytes_streamed, max_batch)
     return est

@@ -35,7 +35,7 @@ def main() -> None:
         os.execve(sys.executable, [sys.executable, *sys.argv], env)
     a = parse()
     os.environ["SPILL_HOME"] = tempfile.mkdtemp(prefix="spill-calibrate-")   # a first use, every time
-    from spill.admission.calibration import ContextTracker, open_calibration
+    from spill.admission.calibration import open_calibration
     from spill.admission.passmodel import Observation, fit
     from spill.factory import make_model
     from spill.streamer.core import Row, Streamer
@@ -46,7 +46,7 @@ def main() -> None:
         make_model(folder, family=a.family, size=a.size, seed=0, dtype="bfloat16", shard_size="2GB")
     cal = open_calibration(folder)
     print("prior (probes):", _fmt(cal.prior), flush=True)
-    engine, context, rnd = Streamer(folder, prefill_chunk=512), ContextTracker(), random.Random(0)
+    engine, rnd = Streamer(folder, prefill_chunk=512), random.Random(0)
     observed, next_id = [], 0
     while len(observed) < a.passes:
         # 1. keep 1-32 rows running; newcomers' prompts are 8-64 tokens (long prompts on this
@@ -59,11 +59,10 @@ def main() -> None:
             next_id += 1
         for r in new:
             engine.add(r)
-        context.admitted([r.id for r in new], [len(r.prompt) for r in new])
-        # 2. one pass and what it reports
+        # 2. one pass: the rows decoding in it and the keys each scores (its KV and its new token), as planned
+        rows = sum(len(p.live) for p in engine.pools.values())
+        ctx = sum(int(n) + 1 for p in engine.pools.values() for r, n in zip(p.rows, p.lens) if r is not None)
         rep = engine.step()
-        done = [e.row_id for e in rep.emitted if e.finish]
-        rows, ctx = context.passed(done)
         observed.append(Observation(rows, rep.prefill_tokens, ctx, rep.bytes_streamed, rep.seconds, rep.wait_s,
                                     rep.compute_s, prefill_groups=rep.prefill_groups))
         print(f"pass {len(observed):3d}: rows {rep.decode_rows:3d} prefill {rep.prefill_tokens:5d} "

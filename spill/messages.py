@@ -23,18 +23,16 @@ class Kind(IntEnum):
     RESET = 2        # coordinator -> actors: drop every row, (re)load a model, new epoch
     SUBMIT = 3       # coordinator -> tokenizer: rows as the user wrote them
     TOKENIZED = 4    # tokenizer -> admission: rows with real token ids
-    ADMIT = 5        # admission -> streamer: rows to start this pass
+    PLAN = 5         # admission -> streamer: everything the next pass does (admission/scheduler.py)
     TOKENS = 6       # streamer -> tokenizer: one sampled token per row
-    STOP = 7         # tokenizer -> streamer: rows that hit a stop string
+    STOP = 7         # tokenizer -> admission: rows that hit a stop string
     PASS = 8         # streamer -> admission, coordinator: what a pass did
     DONE = 9         # tokenizer -> coordinator: finished rows with their text
     ERROR = 10       # tokenizer -> coordinator: rows that cannot run
     PROGRESS = 11    # tokenizer -> coordinator: recent text of running rows, for the live view
     SHUTDOWN = 12    # coordinator -> actors
     HEARTBEAT = 13   # actor -> coordinator, every second from a thread: the process is scheduled
-    PREEMPT = 14     # admission -> streamer: drop these rows' KV and report them (memory above the hard line)
     BUDGET = 15      # admission -> coordinator, after each pass report: memory lines, holds, preemptions
-    PACE = 16        # admission -> streamer: prompt tokens a pass may prefill, from the pass model
     REQUEST = 20     # client -> coordinator
     REPLY = 21       # coordinator -> client
 
@@ -95,10 +93,16 @@ class Tokenized:
 
 
 @dataclass
-class Admit(Tokenized):
+class Plan(Tokenized):
+    """One pass, as the scheduler decided it; the streamer runs exactly this. The Tokenized part: rows to start."""
+    index: int = 0           # the plan's number in its epoch; the pass report that ran it names it
+    widths: list[int] = field(default_factory=list)        # the decode pool each starting row joins, by its width
+    groups: list[int] = field(default_factory=list)        # the prefill group each starting row opens with
+    chunks: list[list[int]] = field(default_factory=list)  # [group, prompt columns this pass] of every prefilling group
+    drop: list[int] = field(default_factory=list)          # rows to drop before the pass (preempted: run again later)
+    finish: list[int] = field(default_factory=list)        # rows ended outside the streamer (a stop string)
+    pools: list[list[int]] = field(default_factory=list)   # every decode pool's shape after it: [slots, width]
     cache_limit: int = 0     # bytes of MLX's buffer cache, set from the budget (0: leave it)
-    widths: list[int] = field(default_factory=list)        # the decode pool each row joins, by its width
-    pools: list[list[int]] = field(default_factory=list)   # every decode pool admission reserved: [slots, width]
 
 
 @dataclass
@@ -142,21 +146,7 @@ class Pass:
     read_s: float = 0.0               # seconds the reader spent in read calls (they run beside the compute)
     prefill_groups: int = 0           # prefill groups that ran (each its own attention, priced apart)
     prefill_context: int = 0          # prompt tokens x the keys each scores: its prompt cached before the chunk, and the chunk
-    pace: int = 0                     # the prompt tokens it could prefill in all, as PACE set it (0: a chunk a row)
-
-
-@dataclass
-class Preempt:
-    epoch: int
-    rows: list[int]
-    pools: list[list[int]] = field(default_factory=list)   # [slots, width] of every decode pool after it
-
-
-@dataclass
-class Pace:
-    epoch: int
-    prefill_tokens: int      # over all prefilling rows of a pass (each advances streamer/groups.py chunk_for)
-    answers: int = -1        # the pass report this answers, after its ADMIT: the streamer's next pass waits for it
+    plan: int = -1                    # the plan it ran (Plan.index)
 
 
 @dataclass
@@ -223,9 +213,9 @@ class Reply:
 
 
 _TYPES = {Kind.READY: Ready, Kind.RESET: Reset, Kind.SUBMIT: Submit, Kind.TOKENIZED: Tokenized,
-          Kind.ADMIT: Admit, Kind.TOKENS: Tokens, Kind.STOP: Stop, Kind.PASS: Pass, Kind.DONE: Done,
+          Kind.PLAN: Plan, Kind.TOKENS: Tokens, Kind.STOP: Stop, Kind.PASS: Pass, Kind.DONE: Done,
           Kind.ERROR: Error, Kind.PROGRESS: Progress, Kind.SHUTDOWN: Shutdown, Kind.HEARTBEAT: Heartbeat,
-          Kind.PREEMPT: Preempt, Kind.BUDGET: Budget, Kind.PACE: Pace,
+          Kind.BUDGET: Budget,
           Kind.REQUEST: Request, Kind.REPLY: Reply}
 _KINDS = {t: k for k, t in _TYPES.items()}
 
@@ -238,9 +228,10 @@ BYTES = (0, (1 << 63) - 1)
 _RANGES = {"epoch": COUNT, "index": COUNT, "pass_index": COUNT, "pid": COUNT, "rows": ROW, "finished": ROW,
            "lengths": COUNT, "max_tokens": COUNT, "prompt_tokens": COUNT, "completion_tokens": COUNT,
            "tokens": COUNT, "eos": COUNT, "seed": SEED, "top_k": (-1, COUNT[1]), "held_rows": COUNT,
-           "preempted_rows": COUNT, "widths": COUNT, "pools": COUNT, **dict.fromkeys(("working_set", "budget", "guard", "hard", "others"), BYTES)}
+           "preempted_rows": COUNT, "widths": COUNT, "pools": COUNT, "groups": COUNT, "chunks": COUNT,
+           "drop": ROW, "finish": ROW, "plan": (-1, COUNT[1]), **dict.fromkeys(("working_set", "budget", "guard", "hard", "others"), BYTES)}
 _PARALLEL = {Submit: ("rows", "requests"), Tokenized: ("rows", "lengths", "max_tokens", "sampling"),
-             Admit: ("rows", "lengths", "max_tokens", "sampling", "widths"), Tokens: ("rows", "finish"),
+             Plan: ("rows", "lengths", "max_tokens", "sampling", "widths", "groups"), Tokens: ("rows", "finish"),
              Done: ("rows", "texts", "finish", "prompt_tokens", "completion_tokens"),
              Error: ("rows", "codes", "messages"), Progress: ("rows", "tokens", "tails")}
 _REQUEST = {"kind": str, "messages": list[dict[str, str | None]] | None, "prompt": str | None,
@@ -372,8 +363,9 @@ def _check_shape(msg) -> None:
         raise BadMessage(f"{name}: {', '.join(lists)} differ in length")
     if isinstance(msg, Tokenized) and len(msg.tokens) != 4 * sum(msg.lengths):
         raise BadMessage(f"{name}: {len(msg.tokens)} token bytes for lengths summing to {sum(msg.lengths)}")
-    if isinstance(msg, (Admit, Preempt)) and any(len(p) != 2 for p in msg.pools):
-        raise BadMessage(f"{name}.pools: expected [slots, width] pairs, found {_clip(msg.pools)}")
+    for pairs in ("pools", "chunks") if isinstance(msg, Plan) else ():
+        if any(len(p) != 2 for p in getattr(msg, pairs)):
+            raise BadMessage(f"{name}.{pairs}: expected pairs, found {_clip(getattr(msg, pairs))}")
     if isinstance(msg, Tokens) and len(msg.tokens) != 4 * len(msg.rows):
         raise BadMessage(f"{name}: {len(msg.tokens)} token bytes for {len(msg.rows)} rows")
     for s in getattr(msg, "sampling", []) if isinstance(msg, Tokenized) else []:

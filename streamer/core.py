@@ -8,14 +8,14 @@ A pass streams every layer once and runs every group through it while it is resi
     prefill 1  b1    a chunk of prompts  its own BatchKVCache per layer, joins the pool when done
     prefill 2  b2    ...
 
-Rows join at any pass (`add`), leave on EOS, max_tokens or `finish` (a stop string seen by the
-caller), and never disturb the others. Resident (the advisor's choice when the model fits), each
+Each pass runs one plan (`run`): the rows that start, each prefilling group's chunk, the rows that leave
+(dropped, or ended by a stop string the caller saw); rows also leave on EOS or max_tokens, and never
+disturb the others. Resident (the advisor's choice when the model fits), each
 layer's weights are kept after their first read and the reader closed once all are: later passes
 take them from memory, through the same loop.
 """
 
 import time
-from dataclasses import dataclass, field
 
 import mlx.core as mx
 import numpy as np
@@ -29,53 +29,8 @@ from .groups import Decode, Group, Pool, RowState
 from .shares import bucket, chunk_for
 from .plan import load_plan
 from .reader import WeightReader
-from .sampling import RowSampler, SamplingParams, sample
-
-
-@dataclass
-class Row:
-    id: int | str
-    prompt: list[int]
-    max_tokens: int
-    sampling: SamplingParams = field(default_factory=SamplingParams)
-    eos_ids: frozenset[int] = frozenset()
-    teacher: tuple[int, ...] | None = None   # fed instead of the sampled tokens (`spill check`)
-    width: int = 0           # the reserved decode pool it joins (0: an unreserved one, grown as rows come)
-
-
-@dataclass
-class Emitted:
-    """One sampled token. `finish` is "stop" (the token is EOS: not part of the text) or "length"."""
-    row_id: str
-    token: int
-    finish: str | None = None
-    logits: np.ndarray | None = None
-
-
-@dataclass
-class PassReport:
-    index: int
-    emitted: list[Emitted]
-    decode_rows: int
-    prefill_tokens: int          # prompt positions computed this pass (padding included)
-    seconds: float
-    wait_s: float                # compute thread blocked on the reader
-    compute_s: float             # layer math, eval included
-    bytes_streamed: int
-    active_memory: int
-    peak_memory: int
-    left: list = field(default_factory=list)        # ids of rows that left this pass, however they ended
-    preempted: list = field(default_factory=list)   # ids of rows dropped by `preempt`, to run again
-    cache_memory: int = 0                           # MLX's buffer cache
-    reader_memory: int = 0                          # the reader's read buffers
-    rss: int = 0                                    # this process's resident memory
-    cgroup_usage: int | None = None                 # the limiting cgroup's usage less its inactive page cache
-    minor_faults: int = 0                           # this pass's page faults
-    major_faults: int = 0
-    read_s: float = 0.0                             # the reader's seconds in read calls (beside the compute)
-    prefill_groups: int = 0                         # prefill groups that ran: each its own attention (families run_layer)
-    prefill_context: int = 0                        # prompt tokens this pass x the keys each scores (cached + chunk)
-    pace: int = 0                                   # the prefill budget it ran with (admission's PACE; 0: a chunk a row)
+from .records import Emitted, PassPlan, PassReport, Row  # noqa: F401 - the core's records, imported from here too
+from .sampling import RowSampler, sample
 
 
 def _free_cache() -> None:
@@ -99,7 +54,7 @@ class Streamer:
         self.adapter = adapter_for(self.plan)
         self.dtype = default_dtype() if dtype == "auto" else dtype
         self.prefill_chunk = prefill_chunk
-        self.prefill_budget: int | None = None   # prompt tokens a pass may prefill in all (admission's PACE); None: a chunk a row
+        self.prefill_budget: int | None = None   # prompt tokens a pass of `step` may prefill in all; None: a chunk a row
         self.keep_logits = keep_logits
         self.seed = seed
         self._cpu, self._threads = mx.default_device() == mx.cpu, 0   # OpenBLAS's threads, set each pass
@@ -111,45 +66,94 @@ class Streamer:
         self.pools: dict[int, Pool] = {}             # a row's width -> the decode pool it joins
         self.reservation: dict[int, int] = {}        # width -> slots, as admission priced them
         self.pool_moves = 0       # pools outgrown and copied (never, under admission's reservation)
-        self.prefills: list[Group] = []
-        self.pending: list[RowState] = []
+        self.prefills: dict[int, Group] = {}         # prefill group (the plan's number) -> its rows and KV
+        self.waiting: list[Row] = []                 # rows added by a caller that plans alone (`add`), not started
+        self.opened, self.dropping = 0, []           # prefill groups that caller opened; rows it drops next
+        self.refused: list[tuple] = []               # rows a plan started that could not start: (id, why)
         self.rows: dict[str, RowState] = {}
         self.left: list = []      # rows retired since the last report
         self.preempted: list = []
         self._faults = memory.process_memory()
         self.passes = 0
 
-    # -- rows ------------------------------------------------------------------------------
-    def add(self, row: Row) -> None:
-        """Queue a row; it starts prefilling in the next pass."""
-        if row.id in self.rows:
+    # -- the plan of a pass ------------------------------------------------------------------
+    def run(self, plan: PassPlan) -> "PassReport":
+        """One pass exactly as planned: drops and finishes first, the pools' shapes, the rows that start
+        (each opens its prefill group), every prefilling group's chunk. A row that cannot start is refused."""
+        for rid in plan.drop:
+            self._end(rid, "preempted")
+        for group, g in list(self.prefills.items()):
+            if any(r.finish == "preempted" for r in g.rows):   # a group's KV is one allocation: it goes whole
+                for r in g.rows:
+                    r.finish = r.finish or "preempted"
+                del self.prefills[group]
+        for rid in plan.finish:
+            self._end(rid, "stop")
+        if plan.pools is not None:
+            self.reserve(plan.pools)
+        opening: dict[int, list[RowState]] = {}
+        for row, group in plan.start:
+            try:
+                state = self._start(row)
+                opening.setdefault(group, []).append(state)
+            except SpillError as err:   # one bad row: its error line, and it leaves with this pass's report
+                self.left.append(row.id)
+                self.refused.append((row.id, str(err)))
+        for group, rows in opening.items():
+            self.prefills[group] = Group.prefill(rows, self.adapter)
+        return self._pass(plan.chunks)
+
+    def _start(self, row: Row) -> RowState:
+        self._check(row)
+        state = RowState(row, RowSampler(row.sampling, self.seed + len(self.rows) + self.passes))
+        self.rows[row.id] = state
+        return state
+
+    def _end(self, row_id, reason: str) -> None:
+        state = self.rows.get(row_id)
+        if state is not None and state.finish is None:
+            state.finish = reason
+
+    # -- a caller without a scheduler (spill check, probes, tests): it plans alone, by the same rules ----------
+    def _check(self, row: Row) -> None:
+        if row.id in self.rows or any(w.id == row.id for w in self.waiting):
             raise SpillError(f"row {row.id!r} is already running; give each row a unique id")
         if not row.prompt:
             raise SpillError(f"row {row.id!r} has an empty prompt")
         if row.max_tokens < 1:
             raise SpillError(f"row {row.id!r}: max_tokens must be at least 1, got {row.max_tokens}")
-        state = RowState(row, RowSampler(row.sampling, self.seed + len(self.rows) + self.passes))
-        self.rows[row.id] = state
-        self.pending.append(state)
 
-    def finish(self, row_id: str, reason: str = "stop") -> None:
-        """End a row from outside (a stop string, a cancel); it leaves at the next pass."""
-        state = self.rows.get(row_id)
-        if state is not None and state.finish is None:
-            state.finish = reason
+    def add(self, row: Row) -> None:
+        """Queue a row; it starts prefilling in the next `step`."""
+        self._check(row)
+        self.waiting.append(row)
 
-    def preempt(self, row_ids, pools=()) -> None:
-        """Drop running rows before the next pass (memory above the hard line), and shrink the pools to
-        `pools` ([slots, width]); they are reported as preempted and run again from their prompts when admitted."""
+    def finish(self, row_id, reason: str = "stop") -> None:
+        """End a row from outside (a stop string); it leaves at the next pass."""
+        if any(w.id == row_id for w in self.waiting):
+            self.waiting = [w for w in self.waiting if w.id != row_id]
+            self.left.append(row_id)
+        self._end(row_id, reason)
+
+    def preempt(self, row_ids, pools=None) -> None:
+        """Drop running rows at the next `step` (with their prefill groups), the pools shrunk to `pools`."""
+        self.dropping += list(row_ids)
         if pools:
             self.reserve(pools)
-        for rid in row_ids:
-            state = self.rows.get(rid)
-            if state is not None and state.finish is None:
-                state.finish = "preempted"
-        for g in [g for g in self.prefills if any(r.finish == "preempted" for r in g.rows)]:
-            self.prefills.remove(g)   # its other rows start their prefill again
-            self.pending += [r for r in g.rows if r.finish is None]
+
+    def step(self) -> "PassReport":
+        """The next pass of the rows added: new rows in groups of like length (`bucket`), each prefilling
+        row an equal share of `prefill_budget` (`chunk_for`), as the scheduler plans them."""
+        start = []
+        for rows in bucket(self.waiting, length=lambda r: len(r.prompt)):
+            self.opened += 1
+            start += [(r, self.opened) for r in rows]
+        self.waiting, drop, self.dropping = [], self.dropping, []
+        prefilling = {g: len(grp.rows) for g, grp in self.prefills.items() if not set(drop) & {r.row.id for r in grp.rows}}
+        prefilling.update({g: sum(1 for _, h in start if h == g) for _, g in start})
+        chunk = self.prefill_chunk if self.prefill_budget is None else chunk_for(
+            self.prefill_budget, sum(prefilling.values()), self.prefill_chunk)
+        return self.run(PassPlan(start, dict.fromkeys(prefilling, chunk), drop))
 
     def reserve(self, pools) -> None:
         """The decode pools' shapes, reserved by admission: [slots, width] each, `slots` rows of up to
@@ -185,30 +189,28 @@ class Streamer:
 
     def clear(self) -> None:
         """Drop every row and its KV (a reset of the group); the weights plan stays."""
-        self.pools, self.reservation, self.prefills, self.pending, self.rows = {}, {}, [], [], {}
+        self.pools, self.reservation, self.prefills, self.waiting, self.rows = {}, {}, {}, [], {}
         self.prefill_budget = None
 
     @property
     def idle(self) -> bool:
-        return not self.rows
+        return not self.rows and not self.waiting
 
     # -- one pass ----------------------------------------------------------------------------
-    def step(self) -> PassReport:
+    def _pass(self, chunks: dict[int, int]) -> PassReport:
         t0 = time.perf_counter()
         wait0, read0 = self._reader_s("wait_s"), self._reader_s("read_s")
-        # 1. retire rows that finished, start prefill groups for rows that arrived
+        # 1. retire rows that finished; the groups: every decode pool as one, then each prefill group
         self._retire()
-        self.prefills += [Group.prefill(rows, self.adapter) for rows in bucket(self.pending)]
-        self.pending = []
         pools = list(self.pools.values())
-        groups = ([Decode(pools, len(self.adapter.layers))] if pools else []) + self.prefills
+        prefills = list(self.prefills.items())
+        groups = ([Decode(pools, len(self.adapter.layers))] if pools else []) + [g for _, g in prefills]
+        steps = ([1] if pools else []) + [chunks.get(k, self.prefill_chunk) for k, _ in prefills]
         if not groups:
             return self._report(t0, wait0, read0, 0.0, [], 0, 0)
-        # 2. inputs: decode rows feed their last token, prefill groups their next chunk
-        hs, masks, prefill_tokens, prefilling, attended = [], [], 0, len(self.prefills), 0
-        chunk = self.prefill_chunk if self.prefill_budget is None else chunk_for(
-            self.prefill_budget, sum(len(g.rows) for g in self.prefills), self.prefill_chunk)
-        for g in groups:
+        # 2. inputs: decode rows feed their last token, prefill groups their planned chunk
+        hs, masks, prefill_tokens, prefilling, attended = [], [], 0, len(prefills), 0
+        for g, chunk in zip(groups, steps):
             tokens = g.next_tokens(chunk)
             prefill_tokens += tokens.size if g.prefilling else 0
             attended += tokens.size * (g.done + tokens.shape[1]) if g.prefilling else 0   # keys a prompt token scores
@@ -253,10 +255,9 @@ class Streamer:
         emitted = self._sample(emitting)
         compute_s += time.perf_counter() - c0
         # 5. prefill groups that finished their prompts join their decode pools
-        joined = [g for g in self.prefills if not g.prefilling]
-        for g in joined:
-            self.prefills.remove(g)
-            self._join(g)
+        joined = [k for k, g in self.prefills.items() if not g.prefilling]
+        for k in joined:
+            self._join(self.prefills.pop(k))
         self._retire()   # rows that ended this pass leave now, so `idle` is true once all have
         if self.kept is not None and len(self.kept) == len(self.adapter.layers) and self.reader is not None:
             self._close_reader()   # every layer is resident: its buffers and files are not needed again
@@ -330,9 +331,7 @@ class Streamer:
                 self.pools[width] = pool
         if shrunk:
             _free_cache()
-        self.pending = [r for r in self.pending if r.finish is None]
-        live = {id(r) for g in [*self.pools.values(), *self.prefills] for r in g.rows if r is not None}
-        live |= {id(r) for r in self.pending}
+        live = {id(r) for g in [*self.pools.values(), *self.prefills.values()] for r in g.rows if r is not None}
         for rid in [rid for rid, r in self.rows.items() if r.finish is not None and id(r) not in live]:
             state = self.rows.pop(rid)
             (self.preempted if state.finish == "preempted" else self.left).append(rid)
@@ -352,7 +351,7 @@ class Streamer:
             cache_memory=mx.get_cache_memory(), reader_memory=self.reader.buffer_bytes if self.reader else 0,
             rss=now.rss,
             cgroup_usage=memory.cgroup_usage(), minor_faults=now.minor_faults - before.minor_faults,
-            major_faults=now.major_faults - before.major_faults, pace=self.prefill_budget or 0)
+            major_faults=now.major_faults - before.major_faults)
 
     def close(self) -> None:
         if self.reader is not None:

@@ -28,6 +28,7 @@ import weakref
 import mlx.core as mx
 import numpy as np
 
+from .shares import prefill_width
 from .streams import cpu_streams, spread
 
 
@@ -59,7 +60,7 @@ class Group:
 
     @classmethod
     def prefill(cls, rows: list[RowState], adapter) -> "Group":
-        width = max(len(r.row.prompt) for r in rows)
+        width = prefill_width([len(r.row.prompt) for r in rows])
         pads = [width - len(r.row.prompt) for r in rows]
         prompt = np.zeros((len(rows), width), dtype=np.int32)
         for j, r in enumerate(rows):

@@ -1,4 +1,4 @@
-"""The streamer actor: one pass per loop; rows arrive from admission, tokens go to the tokenizer."""
+"""The streamer actor: one pass per PLAN from admission; tokens go to the tokenizer, the report to admission."""
 
 import time
 
@@ -12,14 +12,14 @@ from spill.platform import without_torch
 from spill.wire import Mailbox
 
 without_torch()   # here, not only in run_actor: .core imports mlx-lm, whose transformers would import torch
-from .core import Row, Streamer  # noqa: E402
+from .core import PassPlan, Row, Streamer  # noqa: E402
 from .sampling import SamplingParams  # noqa: E402
 
-ANSWER_WAIT = (0.05, 0.5)   # the most the next pass waits for admission's answer: a fifth of the last pass, within these (s)
 
 
 class StreamerActor:
-    """The streamer core behind the group's messages (no sockets: tests drive it directly)."""
+    """The streamer core behind the group's messages (no sockets: tests drive it directly). It decides nothing:
+    each PLAN is one pass, run as admission's scheduler wrote it."""
 
     def __init__(self, prefill_chunk: int = 512):
         self.prefill_chunk = prefill_chunk
@@ -27,7 +27,6 @@ class StreamerActor:
         self.model = ""
         self.epoch, self.job = -1, ""
         self.cache_limit = 0
-        self.refused: list[tuple[int, str]] = []   # rows the engine would not take, with why
 
     def reset(self, msg: m.Reset) -> None:
         self.epoch, self.job = msg.epoch, msg.job
@@ -42,43 +41,19 @@ class StreamerActor:
             if msg.model:
                 self.engine.set_resident(msg.resident)   # the job's advice: keep the layers, or stream
 
-    def admit(self, msg: m.Admit) -> None:
-        if self.engine is None:
-            return
-        if msg.pools:
-            self.engine.reserve(msg.pools)
+    def run(self, msg: m.Plan) -> tuple[m.Tokens, m.Pass, list]:
+        """The plan's pass: (tokens for the tokenizer, the report, rows refused as (row, why))."""
         if msg.cache_limit and msg.cache_limit != self.cache_limit:
             self.engine.set_cache_limit(msg.cache_limit)
             self.cache_limit = msg.cache_limit
         eos = frozenset(msg.eos)
-        widths = msg.widths or [0] * len(msg.rows)
-        for row, prompt, max_tokens, (temp, top_p, top_k, seed), width in zip(
-                msg.rows, m.unpack_tokens(msg.tokens, msg.lengths), msg.max_tokens, msg.sampling, widths):
-            sampling = SamplingParams(temperature=temp, top_p=top_p, top_k=top_k, seed=seed)
-            try:
-                self.engine.add(Row(row, prompt, max_tokens, sampling, eos, width=width))
-            except SpillError as err:   # one bad row: its error line; admission frees it next pass
-                self.engine.left.append(row)
-                self.refused.append((row, str(err)))
-
-    def pace(self, msg: m.Pace) -> None:
-        if self.engine is not None:
-            self.engine.prefill_budget = msg.prefill_tokens
-
-    def stop(self, msg: m.Stop) -> None:
-        for row in msg.rows:
-            self.engine.finish(row)
-
-    def preempt(self, msg: m.Preempt) -> None:
-        if self.engine is not None:
-            self.engine.preempt(msg.rows, msg.pools)
-
-    @property
-    def busy(self) -> bool:
-        return self.engine is not None and not (self.engine.idle and not self.engine.left)
-
-    def step(self) -> tuple[m.Tokens, m.Pass]:
-        report = self.engine.step()
+        start = [(Row(row, prompt, max_tokens, SamplingParams(temperature=t, top_p=p, top_k=k, seed=seed), eos,
+                      width=width), group)
+                 for row, prompt, max_tokens, (t, p, k, seed), width, group in zip(
+                     msg.rows, m.unpack_tokens(msg.tokens, msg.lengths), msg.max_tokens, msg.sampling, msg.widths,
+                     msg.groups)]
+        report = self.engine.run(PassPlan(start, dict(map(tuple, msg.chunks)), msg.drop, msg.finish, msg.pools))
+        refused, self.engine.refused = self.engine.refused, []
         # a preempted row's text starts again: the tokenizer sees it in order with its tokens
         rows = [e.row_id for e in report.emitted] + report.preempted
         finish = [e.finish or "" for e in report.emitted] + ["preempted"] * len(report.preempted)
@@ -91,30 +66,8 @@ class StreamerActor:
                        rss=r.rss, cgroup_usage=r.cgroup_usage, minor_faults=r.minor_faults,
                        major_faults=r.major_faults, read_bandwidth=r.bytes_streamed / max(r.seconds, 1e-9),
                        read_s=r.read_s, prefill_groups=r.prefill_groups, prefill_context=r.prefill_context,
-                       pace=r.pace)
-        return out, stats
-
-
-class Answer:
-    """The pass report admission has not answered yet (its PACE names it, after its ADMIT): the next pass waits
-    for it a fifth of the last pass at most (ANSWER_WAIT), so rows admitted after pass k start in pass k+1; with
-    every slot held too, as admission may grow a pool (the H200: 37 passes against 35 without that wait)."""
-
-    def __init__(self):
-        self.index, self.until = -1, 0.0
-
-    def awaited(self, index: int, seconds: float) -> None:
-        least, most = ANSWER_WAIT
-        self.index, self.until = index, time.monotonic() + min(max(seconds / 5, least), most)
-
-    def took(self, msg) -> None:
-        if isinstance(msg, m.Reset) or (isinstance(msg, m.Pace) and msg.answers >= self.index >= 0):
-            self.index = -1
-
-    def left(self) -> float | None:
-        """Seconds still to wait; None when nothing is awaited (or the wait is over)."""
-        left = self.until - time.monotonic()
-        return left if self.index >= 0 and left > 0 else None
+                       plan=msg.index)
+        return out, stats, refused
 
 
 def run_streamer_process(endpoints, args, log) -> None:
@@ -122,6 +75,7 @@ def run_streamer_process(endpoints, args, log) -> None:
     actor = StreamerActor(prefill_chunk=args.get("prefill_chunk", 512))
     fault = Fault("streamer")
     delay = config.test_pass_delay()
+
     def reset(msg: m.Reset) -> None:
         try:
             actor.reset(msg)
@@ -130,32 +84,26 @@ def run_streamer_process(endpoints, args, log) -> None:
             why = str(err) if isinstance(err, SpillError) else f"{msg.model}: the model could not load ({type(err).__name__}: {err})"
             box.send("coordinator", m.Error(msg.epoch, [m.MODEL_ROW], ["model_error"], [why], msg.job))
 
-    handlers = {m.Reset: reset, m.Admit: actor.admit, m.Stop: actor.stop, m.Preempt: actor.preempt, m.Pace: actor.pace}
-    answer = Answer()
-    def ready() -> bool:
-        return actor.busy and answer.left() is None
-    def wait() -> float | None:   # rows to run and the wait just over: look, do not block
-        left = answer.left()
-        return 0.0 if left is None and actor.busy else left
-    # 1. what arrived during the last pass (blocking only with nothing to run, or for admission's answer)
-    for batch in inbox(box, "streamer", log, busy=ready, wait=wait):
+    def run(msg: m.Plan) -> None:
+        # 2. one pass as planned, then its tokens and its report
+        if actor.engine is None or msg.epoch != actor.epoch:
+            return   # a plan of an older epoch, or for a model that did not load
+        tokens, stats, refused = actor.run(msg)
+        if refused:
+            rows, why = zip(*refused)
+            box.send("coordinator", m.Error(actor.epoch, list(rows), ["invalid_request"] * len(rows), list(why), actor.job))
+        bind_context(stats)   # later log lines carry this pass's index
+        box.send("tokenizer", tokens)
+        box.send("admission", stats)
+        box.send("coordinator", stats)
+        fault.tick("pass")
+        time.sleep(delay)
+
+    handlers = {m.Reset: reset, m.Plan: run}
+    # 1. each message in turn: a plan is a pass (admission sends the next one when it has this one's report)
+    for batch in inbox(box, "streamer", log):
         for msg in batch:
-            answer.took(msg)
             handlers.get(type(msg), lambda _msg: None)(msg)
-        # 2. one pass, then its tokens and its report
-        if ready():
-            tokens, stats = actor.step()
-            if actor.refused:
-                rows, why = zip(*actor.refused)
-                box.send("coordinator", m.Error(actor.epoch, list(rows), ["invalid_request"] * len(rows), list(why), actor.job))
-                actor.refused = []
-            bind_context(stats)   # later log lines carry this pass's index
-            box.send("tokenizer", tokens)
-            box.send("admission", stats)
-            box.send("coordinator", stats)
-            answer.awaited(stats.index, stats.seconds)
-            fault.tick("pass")
-            time.sleep(delay)
     if actor.engine is not None:
         actor.engine.close()
     box.close()

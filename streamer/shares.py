@@ -11,6 +11,17 @@ def chunk_for(budget: int, rows: int, largest: int) -> int:
     return max(1, min(largest, max(MIN_CHUNK, budget // max(rows, 1))))
 
 
+def prefill_width(lengths: list[int]) -> int:
+    """A prefill group's padded width: its longest prompt (each layer's KV is allocated at it, once)."""
+    return max(lengths, default=0)
+
+
+def prefill_kv_tokens(lengths: list[int]) -> int:
+    """Token columns of KV a prefill group allocates in every layer on its first chunk (Group.prefill
+    allocates exactly this; the scheduler prices exactly this)."""
+    return len(lengths) * prefill_width(lengths)
+
+
 def bucket(rows: list, max_rows: int = 64, slack: float = 1.25, length=lambda r: len(r.row.prompt)) -> list[list]:
     """Split new rows into prefill groups of similar prompt length, so padding stays small
     (`length(row)`: its prompt's; the estimate groups its rows by the same rule)."""

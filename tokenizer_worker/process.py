@@ -10,7 +10,7 @@ from .core import TokenizerCore
 
 
 def run_tokenizer_process(endpoints, args, log) -> None:
-    box = Mailbox(endpoints, "tokenizer", sends_to=("admission", "streamer", "coordinator"))
+    box = Mailbox(endpoints, "tokenizer", sends_to=("admission", "coordinator"))
     fault = Fault("tokenizer")
     core, model, job = None, "", ""
     for batch in inbox(box, "tokenizer", log):
@@ -67,7 +67,7 @@ def _tokens(box, core: TokenizerCore, msg: m.Tokens, job: str) -> None:
             done.append(core.finish(row, reason))
             done[-1] = (row, *done[-1])
     if stops:
-        box.send("streamer", m.Stop(msg.epoch, stops))
+        box.send("admission", m.Stop(msg.epoch, stops))   # the scheduler ends them; its next plan frees their slots
     if done:
         rows, texts, finish, prompt, completion = map(list, zip(*done))
         box.send("coordinator", m.Done(msg.epoch, rows, texts, finish, prompt, completion, job))

@@ -9,8 +9,8 @@ import structlog
 from spill import messages as m
 from spill.admission import calibration as cal
 from spill.admission import probes
-from spill.admission.calibration import Calibration, Calibrator, ContextTracker, model_key, open_calibration
-from spill.admission.passmodel import Observation, PassModel
+from spill.admission.calibration import Calibration, Calibrator, model_key, open_calibration
+from spill.admission.passmodel import Observation, PassModel, PassShape
 
 
 def test_the_model_key_follows_the_content_not_the_path(make_tiny, tmp_path):
@@ -71,52 +71,25 @@ def test_first_use_probes_and_stores_then_later_uses_load(make_tiny, monkeypatch
     assert len(probes) == 1 and again.prior == first.prior
 
 
-def test_context_tracker_counts_the_decode_rows_kv():
-    t = ContextTracker()
-    t.admitted([1, 2], [10, 20])
-    assert t.passed([]) == (0, 0)      # the pass that prefilled them
-    assert t.passed([]) == (2, 32)     # both decoded with 11 and 21 tokens of context
-    t.admitted([3], [5])
-    assert t.passed([1]) == (2, 34)    # row 1 finished in it
-    assert t.passed([]) == (2, 23 + 6)
-    long_ = ContextTracker(chunk=4)
-    long_.admitted([7], [10])
-    assert [long_.passed([]) for _ in range(4)] == [(0, 0), (0, 0), (0, 0), (1, 11)]   # prefilled 4 + 4 + 2
-
-
-def test_the_tracker_advances_prompts_by_the_pace_the_reported_pass_ran_with():
-    """On the H200 the allowance fell from 2,048 to 1,024 while the job's first pass ran at 2,048: the tracker
-    shared the new PACE out, took the 32 prompts (64 tokens) as half done, left no allowance, and passes 2 and 3
-    started nothing. The streamer reports the PACE each pass ran with."""
-    t = ContextTracker(chunk=512)
-    t.admitted(list(range(32)), [64] * 32)
-    t.budget = 1024                        # the PACE sent while the pass ran at 2,048
-    assert t.passed([], pace=2048) == (0, 0)
-    assert not t.prefilling and len(t.decoding) == 32
-    t.admitted([40], [64])
-    t.budget = 32
-    t.passed([])                           # no PACE reported (the streamer's chunk a row): the last one sent
-    assert t.prefilling == {40: [32, 64]}
-
-
 def test_the_hook_refits_and_stores_after_each_pass_and_survives_a_bad_model(make_tiny, monkeypatch, tmp_path):
     monkeypatch.setenv("SPILL_HOME", str(tmp_path))
     monkeypatch.setattr(cal, "read_probe", lambda files: 2e9)
     folder = str(make_tiny("llama", seed=3))
     hook = Calibrator(structlog.get_logger())
     hook.reset(folder)
-    hook.admitted([0, 1], [8, 8])
+    planned = PassShape(2, 16, 18, 4096)
     stats = m.Pass(0, 1, seconds=0.5, wait_s=0.0, compute_s=0.45, decode_rows=2, prefill_tokens=16, emitted=2,
                    finished=[], active_memory=0, peak_memory=0, bytes_streamed=4096, prefill_groups=1,
                    prefill_context=16 * 32)
-    hook.passed(stats)
+    hook.observe(planned, stats)
     stored = Calibration.load(hook.cal.key)
     p = stored.passes[0]
     assert stored.seen == 1 and (p.prefill_tokens, p.prefill_groups, p.prefill_context) == (16, 1, 16 * 32)
+    assert (p.decode_rows, p.context_tokens) == (2, 18)   # the rows that decoded in it, as the plan had them
     assert stored.model.overhead_s == pytest.approx(0.05)
     hook.reset(str(tmp_path / "no-such-model"))
     assert hook.cal is None
-    hook.passed(stats)                 # nothing to refit, nothing raised
+    hook.observe(planned, stats)       # nothing to refit, nothing raised
 
 
 def test_the_refit_keeps_a_sample_of_older_passes_beside_the_last_ones(tmp_path, monkeypatch):
@@ -146,9 +119,8 @@ def test_resident_passes_refit_the_compute_terms_too(make_tiny, monkeypatch, tmp
     monkeypatch.setattr(cal, "read_probe", lambda files: 2e9)
     hook = Calibrator(structlog.get_logger())
     hook.reset(str(make_tiny("llama", seed=3)), resident=True)
-    hook.admitted([0, 1], [8, 8])
     for i in range(3):   # a resident pass reads nothing: still a measure of compute and overhead
-        hook.passed(m.Pass(0, i, seconds=0.5, wait_s=0.0, compute_s=0.45, decode_rows=2, prefill_tokens=0, emitted=2,
+        hook.observe(PassShape(2, 0, 20, 0), m.Pass(0, i, seconds=0.5, wait_s=0.0, compute_s=0.45, decode_rows=2, prefill_tokens=0, emitted=2,
                            finished=[], active_memory=0, peak_memory=0, bytes_streamed=0))
     stored = Calibration.load(hook.cal.key)
     assert stored.seen == 3 and stored.model.overhead_s == pytest.approx(0.05)
@@ -246,9 +218,9 @@ def test_a_resident_job_has_no_read_to_hide_prefill_under(make_tiny, monkeypatch
     folder = str(make_tiny("llama", seed=3))
     hook = Calibrator(structlog.get_logger())
     hook.reset(folder)
-    assert hook.pace(0) > 3000 and hook.allowance() > 3000
+    assert hook.pace(0, 0, 0) > 3000
     hook.reset(folder, resident=True)
-    assert hook.pace(0) == 3000 and hook.allowance() == 3000
+    assert hook.pace(0, 0, 0) == 3000
 
 
 def test_the_first_use_probe_leaves_nothing_in_mlx_buffer_cache(make_tiny, monkeypatch, tmp_path):

@@ -70,7 +70,9 @@ def test_a_row_too_big_for_the_budget_gets_one_sentence_and_the_rest_run():
 
 
 def test_a_row_that_fits_only_unrounded_runs_alone():
-    p = BudgetPolicy(sheet(slots_mb=2.4))
+    s = sheet(slots_mb=2.4)
+    s.fixed["weights"], s.fixed["prefill_kv"] = s.fixed["weights"] - 600 * s.kv_per_token, 600 * s.kv_per_token
+    p = BudgetPolicy(s)                                      # its prompt's KV while it prefills: set aside
     p.offer(rows(600, 5))                                    # 610 tokens fit 2.4 MiB, 640 would not
     assert [w.row for w in p.admit()] == [0] and p.shapes() == [[1, 610]]
 

@@ -16,10 +16,11 @@ from spill.admission import process
 from spill.admission.calibration import Calibration, Calibrator
 from spill.admission.passmodel import PassModel
 from spill.admission.policy import BudgetPolicy
+from spill.admission.scheduler import Scheduler
 from spill.streamer.plan import load_plan
 from spill.wire import Endpoints, Mailbox
 
-from .test_policy import MB, rows, run_pass, sheet
+from .test_policy import MB, rows, sheet
 
 
 def test_the_other_processes_are_priced_though_their_arguments_name_the_streamer(monkeypatch):
@@ -48,6 +49,7 @@ def test_a_resident_reset_prices_every_layer_as_fixed_and_leaves_less_kv(make_ti
     args, log = {"memory": "2GB"}, structlog.get_logger()
     streamed, _ = process._price(m.Reset(1, folder, "job"), args, None, log)
     resident, _ = process._price(m.Reset(1, folder, "job", resident=True), args, None, log)
+    streamed, resident = streamed.policy, resident.policy
     assert resident.sheet.fixed["resident"] == 2 * load_plan(folder).total_bytes   # bf16, computed in float32
     assert resident.sheet.fixed["layers"] == 0 < streamed.sheet.fixed["layers"]
     assert resident.sheet.kv_budget < streamed.sheet.kv_budget
@@ -61,35 +63,38 @@ def test_the_streamers_runtime_from_its_ready_is_priced_with_the_others(make_tin
     box = type("Box", (), {"send": lambda self, peer, msg: sent.append(msg)})()
     log = type("Log", (), {"info": lambda *a, **k: None})()
     reset = m.Reset(1, str(make_tiny("llama")), "job", runtime=120 * 2**20, runtime_file=20 * 2**20)
-    policy, others = process._price(reset, {"memory": "2GB"}, box, log)
-    assert others == 150 * 2**20 and policy.sheet.fixed["others"] == 150 * 2**20 and not sent
+    sched, others = process._price(reset, {"memory": "2GB"}, box, log)
+    assert others == 150 * 2**20 and sched.policy.sheet.fixed["others"] == 150 * 2**20 and not sent
 
 
 def test_the_report_carries_the_lines_the_hold_and_the_rows_preempted():
     p = BudgetPolicy(sheet(slots_mb=100), max_rows=8)
-    p.offer(rows(*[40] * 8))
-    run_pass(p, live=500 * MB)
-    p.offer(rows(40, 40, start=8))
-    preempt, _ = run_pass(p, live=902 * MB)                  # above the hard line: the 7 newest go
-    requeued = p.preempted(preempt)                           # the next pass reports them dropped
-    p.observe(790 * MB)                                       # under the guard, above it less hysteresis: held
+    sched = Scheduler(p)
+    sched.offer(rows(*[40] * 8))
+    sched.plan()
+    sched.reported([], 500 * MB)
+    sched.offer(rows(40, 40, start=8))
+    sched.plan()
+    sched.reported([], 902 * MB)                             # above the hard line: the next plan drops the 7 newest
+    assert len(sched.plan().drop) == 7
+    sched.reported([], 790 * MB)                             # under the guard, above it less hysteresis: held
     calibrator = Calibrator(SimpleNamespace(info=print, warning=print))
     calibrator.cal = Calibration("k", PassModel(bandwidth=3.5e9))
-    told = m.decode(m.encode(process.report(2, 9, p, 64 * MB, requeued, calibrator, "job1")))
+    told = m.decode(m.encode(process.report(2, 9, sched, 64 * MB, calibrator, "job1")))
     assert told == m.Budget(2, 9, 1000 * MB, int(0.78 * 1000 * MB), int(0.80 * 1000 * MB), int(0.90 * 1000 * MB),
                             64 * MB, held_rows=9, preempted_rows=7, probe_bandwidth=3.5e9, job="job1")
     p.observe(700 * MB)                                        # below guard less hysteresis: no hold
-    assert process.report(2, 10, p, 0, 0, Calibrator(None), "job1").held_rows == 0
-    assert process.report(2, 10, p, 0, 0, Calibrator(None), "job1").probe_bandwidth == 0.0   # no calibration: no figure
+    told = process.report(2, 10, sched, 0, Calibrator(None), "job1")
+    assert (told.held_rows, told.preempted_rows, told.probe_bandwidth) == (0, 0, 0.0)   # no calibration: no figure
 
 
-def test_an_admit_names_each_rows_pool_and_every_pools_shape():
-    p = BudgetPolicy(sheet(slots_mb=20))
-    p.offer(rows(20, 600, 70, max_tokens=100))               # 120 tokens: width 128; 700: 768; 170: 192
-    admitted = p.admit()
-    msg = m.decode(m.encode(process._admit(1, admitted, [2], 0, p.shapes())))
-    assert (msg.rows, msg.widths) == ([0, 1, 2], [128, 768, 192])
+def test_a_plan_names_each_rows_pool_and_group_and_every_pools_shape():
+    sched = Scheduler(BudgetPolicy(sheet(slots_mb=20)))
+    sched.offer(rows(20, 600, 70, max_tokens=100))           # 120 tokens: width 128; 700: 768; 170: 192
+    msg = m.decode(m.encode(process._plan(1, sched.plan(), [2], 0)))
+    assert (msg.rows, msg.widths, msg.groups) == ([0, 2, 1], [128, 192, 768], [1, 2, 3])   # by prompt length
     assert sorted(msg.pools, key=lambda s: s[1]) == [[1, 128], [1, 192], [1, 768]]
+    assert msg.chunks == [[1, 20], [2, 70], [3, 512]] and msg.index == 0
 
 
 PRICE_SCRIPT = """
@@ -117,7 +122,7 @@ def test_pricing_a_model_with_its_calibration_stored_imports_no_mlx_lm(make_tiny
     assert out.stdout.split()[-1] == "none"
 
 
-def test_each_pass_report_is_answered_by_a_pace_that_names_it_after_the_rows_admitted(make_tiny, tmp_path):
+def test_each_pass_report_is_answered_by_the_next_plan_and_only_one_plan_runs_at_once(make_tiny, tmp_path):
     ends = Endpoints.in_dir(tmp_path)
     streamer, coordinator = Mailbox(ends, "streamer", ("admission",)), Mailbox(ends, "coordinator", ("admission",))
     tokenizer = Mailbox(ends, "tokenizer", ("admission",))
@@ -125,27 +130,24 @@ def test_each_pass_report_is_answered_by_a_pace_that_names_it_after_the_rows_adm
                             daemon=True)
     loop.start()
 
-    def told(until) -> list:
-        got = []
-        while not (got and until(got[-1])):
+    def plan() -> m.Plan:
+        while True:
             msg = streamer.recv(timeout_ms=60_000)
-            assert msg is not None, f"admission sent only {got}"
-            got.append(msg)
-        return got
+            assert msg is not None, "admission sent no plan"
+            if isinstance(msg, m.Plan):
+                return msg
     try:
         coordinator.send("admission", m.Reset(1, str(make_tiny("llama")), "job"))
         tokenizer.send("admission", m.Tokenized(1, list(range(4)), *m.pack_tokens([[5, 6, 7]] * 4), [8] * 4,
                                                 [[0.0, 1.0, 0, None]] * 4))
-        first = told(lambda msg: isinstance(msg, m.Admit))
-        assert not [msg for msg in first if isinstance(msg, m.Pace) and msg.answers >= 0]
+        first = plan()
+        assert first.rows == [0, 1, 2, 3] and first.index == 0
         tokenizer.send("admission", m.Tokenized(1, [4, 5], *m.pack_tokens([[1, 2]] * 2), [8] * 2, [[0.0, 1.0, 0, None]] * 2))
-        time.sleep(0.2)
-        for index in (1, 2):
-            streamer.send("admission", m.Pass(1, index, 0.5, 0.1, 0.2, 4, 12, 4, [], 1 << 20, 1 << 20, 1 << 20, "job"))
-            answer = told(lambda msg: isinstance(msg, m.Pace) and msg.answers >= 0)
-            assert answer[-1].answers == index
-            if index == 1:   # rows wait and the report freed the ADMIT in flight: the rows come before the answer
-                assert any(isinstance(msg, m.Admit) for msg in answer[:-1])
+        assert streamer.recv(timeout_ms=500) is None     # the streamer runs plan 0: nothing more until its report
+        tokenizer.send("admission", m.Stop(1, [2]))      # a stop string: the next plan frees its slot
+        streamer.send("admission", m.Pass(1, 0, 0.5, 0.1, 0.2, 0, 12, 4, [], 1 << 20, 1 << 20, 1 << 20, "job", plan=0))
+        second = plan()
+        assert (second.index, second.rows[:1], second.finish) == (1, [4], [2])
     finally:
         coordinator.send("admission", m.Shutdown())
         loop.join(10)

@@ -71,8 +71,10 @@ def test_on_a_slow_disk_prompts_prefill_under_the_read_not_a_512_token_chunk_a_p
     read); the pace now shares out what the read hides, so the job is shorter."""
     from spill.admission.policy import BudgetPolicy
     from spill.admission.prices import Sheet
-    def policy():   # 220 MiB of KV at 22 KiB a token: about 13 rows of the three tiers at once
-        return BudgetPolicy(Sheet(220 * 2**20, kv_per_token=22 * 1024, fraction=1.0), prefill_tokens=1024)
+    def policy():   # 220 MiB of KV at 22 KiB a token: about 13 rows of the three tiers at once, prompts' KV apart
+        kv = 22 * 1024
+        return BudgetPolicy(Sheet(220 * 2**20 + 2048 * kv, kv_per_token=kv, fraction=1.0,
+                                  fixed={"prefill_kv": 2048 * kv}), prefill_tokens=1024)
     rows = [SimRow(r.row, r.prompt, 128, r.tier) for r in three_tiers(40)]
     est = simulate(rows, policy(), waiting, SLOW, 2_670_000_000)
     carried = [p for p in est.prefill if p]

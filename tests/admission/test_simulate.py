@@ -1,65 +1,20 @@
-"""The simulator against a fake engine with a fake clock and fake pass reports."""
+"""The simulator: the scheduler against the pass model, with a fake clock."""
 
 import random
 
 import numpy as np
 import pytest
 
-from spill.admission.calibration import ContextTracker
 from spill.admission.passmodel import Observation, PassModel, PassShape, fit
 from spill.admission.policy import BudgetPolicy, Waiting
 from spill.admission.prices import Sheet
 from spill.admission import schedule
+from spill.admission.scheduler import Scheduler, Status
 from spill.admission.simulate import SimRow, simulate
-from spill.streamer.shares import bucket, chunk_for
 
 TRUE = PassModel(bandwidth=2e9, fixed_s=0.5, per_row_s=0.01, per_prefill_token_s=0.002,
                  per_context_token_s=1e-5, per_product_s=0.3, per_prefill_context_s=2e-6, overlap=0.6, overhead_s=0.05)
 BYTES = 4_000_000_000
-
-
-class FakeEngine:
-    """Rows as the streamer runs them, each pass timed by TRUE with +-5% noise; reports what the
-    streamer reports (timings, decode rows, prefill tokens, groups and the prompt they find cached, finished rows)."""
-
-    def __init__(self, chunk=512, seed=0):
-        self.chunk, self.rnd, self.clock = chunk, random.Random(seed), 0.0
-        self.rows = []                   # [row, prompt left, context, tokens left, prefill group]
-        self.pending, self.groups = [], 0
-
-    def add(self, row: SimRow):
-        self.pending.append(row)
-
-    def step(self, budget: int) -> Observation:
-        """One pass that may prefill `budget` tokens in all (the PACE), shared as the streamer shares them."""
-        for g in bucket(self.pending, length=lambda r: r.prompt):   # rows that came together, of like length
-            self.groups += 1
-            self.rows += [[r.row, r.prompt, r.prompt, r.out, self.groups] for r in g]
-        self.pending = []
-        decoding = [r for r in self.rows if r[1] == 0]
-        step = chunk_for(budget, len(self.rows) - len(decoding), self.chunk)
-        prefill = sum(min(step, r[1]) for r in self.rows)
-        groups = len({r[4] for r in self.rows if r[1]})
-        # the keys each prompt token scores: its prompt cached (r[2] is the prompt while it prefills), its chunk
-        cached = sum(min(step, r[1]) * (r[2] - r[1] + min(step, r[1])) for r in self.rows if r[1])
-        shape = PassShape(len(decoding), prefill, sum(r[2] for r in decoding), BYTES, prefill_groups=groups,
-                          prefill_context=cached)
-        seconds = TRUE.pass_s(shape) * self.rnd.uniform(0.95, 1.05)
-        compute = TRUE.compute_s(shape) * seconds / TRUE.pass_s(shape)
-        self.clock += seconds
-        for r in self.rows:
-            if r[1]:
-                r[1] -= min(step, r[1])
-                if r[1] == 0:
-                    r[2], r[3] = r[2] + 1, r[3] - 1
-            else:
-                r[2], r[3] = r[2] + 1, r[3] - 1
-        done = [r[0] for r in self.rows if r[3] == 0]
-        self.rows = [r for r in self.rows if r[3] > 0]
-        obs = Observation(len(decoding), prefill, 0, BYTES, seconds, max(seconds - 0.05 - compute, 0), compute,
-                          prefill_groups=groups, prefill_context=cached)
-        obs.finished = done
-        return obs
 
 
 def FifoPolicy(max_rows=64, prefill_tokens=4096):
@@ -80,27 +35,25 @@ def job(n=150, seed=1):
     return rows
 
 
-def run_fake(rows, policy, model=TRUE):
-    """The admission actor's loop around the fake engine: the job's measured total and its passes."""
-    engine, by_id, ctx, seen = FakeEngine(), {r.row: r for r in rows}, ContextTracker(), []
-    policy.offer([waiting(r) for r in rows])
+def run_fake(rows, policy, model=TRUE, seed=0):
+    """The admission actor's scheduler with passes timed by TRUE with +-5% noise, each reported as the
+    streamer reports it: the job's measured total and its passes' observations."""
+    by_id, rnd, clock, seen = {r.row: r for r in rows}, random.Random(seed), 0.0, []
+    sched = Scheduler(policy, lambda *a: schedule.pace(model, BYTES, *a), 512, BYTES)
+    sched.offer([waiting(r) for r in rows])
     schedule.interleave(policy.queue, schedule.prompt_length)
-    ctx.budget = schedule.pace(model, BYTES, 0, 0, schedule.need(policy), empty=schedule.empty(policy))
-    admitted = schedule.admit(policy, ctx.budget)
-    while admitted or engine.rows or engine.pending:
-        for w in admitted:
-            engine.add(by_id[w.row])
-        ctx.admitted([w.row for w in admitted], [by_id[w.row].prompt for w in admitted])
-        obs = engine.step(ctx.budget)
-        obs.decode_rows, obs.context_tokens = ctx.passed(obs.finished)
-        seen.append(obs)
-        policy.finished(obs.finished)
-        ctx.budget = schedule.pace(model, BYTES, len(ctx.decoding), sum(ctx.decoding.values()), schedule.need(policy),
-                                   schedule.cached([n - left for left, n in ctx.prefilling.values()]),
-                                   empty=schedule.empty(policy))
-        left = schedule.outstanding([n for n, _ in ctx.prefilling.values()], ctx.budget, 512)
-        admitted = schedule.admit(policy, ctx.budget - left, bool(ctx.prefilling))
-    return engine.clock, seen
+    while sched.busy:
+        planned = sched.plan()
+        shape = planned.shape
+        seconds = TRUE.pass_s(shape) * rnd.uniform(0.95, 1.05)
+        compute = TRUE.compute_s(shape) * seconds / TRUE.pass_s(shape)
+        clock += seconds
+        seen.append(Observation(shape.decode_rows, shape.prefill_tokens, shape.context_tokens, BYTES, seconds,
+                                max(seconds - 0.05 - compute, 0), compute, prefill_groups=shape.prefill_groups,
+                                prefill_context=shape.prefill_context))
+        sched.reported([r for r in policy.running
+                        if sched.status[r] == Status.DECODING and sched.generated[r] >= by_id[r].out])
+    return clock, seen
 
 
 def test_the_simulator_reproduces_a_fake_engines_total_within_2_percent():

@@ -1,4 +1,4 @@
-"""The streamer actor's core, driven by messages without sockets."""
+"""The streamer actor's core, driven by plans without sockets: it runs each exactly as written."""
 
 import numpy as np
 
@@ -6,21 +6,35 @@ from spill import messages as m
 from spill.streamer.core import Row, Streamer
 from spill.streamer.process import StreamerActor
 
+GREEDY = [0.0, 1.0, 0, None]
 
-def test_admitted_rows_give_the_tokens_of_the_core_and_a_reset_drops_them(make_tiny):
+
+def plan(index, rows=(), prompts=(), max_tokens=4, groups=None, widths=None, chunks=(), **kw) -> m.Plan:
+    tokens, lengths = m.pack_tokens(list(prompts))
+    rows = list(rows)
+    return m.Plan(1, rows, tokens, lengths, [max_tokens] * len(rows), [GREEDY] * len(rows), [], index=index,
+                  widths=widths or [0] * len(rows), groups=groups or [1] * len(rows), chunks=[list(c) for c in chunks],
+                  **kw)
+
+
+def test_planned_rows_give_the_tokens_of_the_core_and_a_reset_drops_them(make_tiny):
     folder = str(make_tiny("llama"))
     prompts = [[5, 6, 7], [9, 10]]
     actor = StreamerActor()
     actor.reset(m.Reset(1, folder))
-    tokens, lengths = m.pack_tokens(prompts)
-    actor.admit(m.Admit(1, [10, 11], tokens, lengths, [4, 4], [[0.0, 1.0, 0, None]] * 2, []))
-    got = {10: [], 11: []}
-    while actor.busy:
-        out, stats = actor.step()
-        assert out.epoch == stats.epoch == 1
+    got, index = {10: [], 11: []}, 0
+    out, stats, _ = actor.run(plan(0, [10, 11], prompts, chunks=[(1, 3)]))
+    finished = list(stats.finished)
+    while True:
+        assert out.epoch == stats.epoch == 1 and stats.plan == index
         for row, tok in zip(out.rows, np.frombuffer(out.tokens, np.int32).tolist()):
             got[row].append(tok)
-    assert sorted(stats.finished) == [10, 11]
+        if actor.engine.idle:
+            break
+        index += 1
+        out, stats, _ = actor.run(plan(index))
+        finished += stats.finished
+    assert sorted(finished) == [10, 11]
     core = Streamer(folder)
     for i, p in zip((10, 11), prompts):
         core.add(Row(i, p, 4))
@@ -29,41 +43,65 @@ def test_admitted_rows_give_the_tokens_of_the_core_and_a_reset_drops_them(make_t
         for e in core.step().emitted:
             want[e.row_id].append(e.token)
     assert got == want
-    actor.admit(m.Admit(1, [12], *m.pack_tokens([[1, 2]]), [4], [[0.0, 1.0, 0, None]], []))
+    actor.run(plan(index + 1, [12], [[1, 2]], groups=[2], chunks=[(2, 1)]))
     actor.reset(m.Reset(2))
-    assert not actor.busy
+    assert actor.engine.idle
 
 
-def test_preempted_rows_are_reported_to_admission_and_to_the_tokenizer(make_tiny):
+def test_a_planned_chunk_is_what_a_prefill_group_advances(make_tiny):
     actor = StreamerActor()
     actor.reset(m.Reset(1, str(make_tiny("llama"))))
-    actor.admit(m.Admit(1, [10, 11], *m.pack_tokens([[5, 6, 7], [9, 10]]), [4, 4], [[0.0, 1.0, 0, None]] * 2, [],
-                        cache_limit=64 << 20))
-    actor.step()
-    actor.preempt(m.Preempt(1, [11]))
-    out, stats = actor.step()
+    _, first, _ = actor.run(plan(0, [10, 11], [list(range(3, 23)), list(range(5, 21))], groups=[1, 1], chunks=[(1, 7)]))
+    _, second, _ = actor.run(plan(1, chunks=[(1, 13)]))
+    assert (first.prefill_tokens, second.prefill_tokens, second.emitted) == (2 * 7, 2 * 13, 2)   # padded to 20
+
+
+def test_dropped_rows_are_reported_to_admission_and_to_the_tokenizer(make_tiny):
+    actor = StreamerActor()
+    actor.reset(m.Reset(1, str(make_tiny("llama"))))
+    actor.run(plan(0, [10, 11], [[5, 6, 7], [9, 10]], chunks=[(1, 3)], cache_limit=64 << 20))
+    out, stats, _ = actor.run(plan(1, drop=[11]))
     assert stats.preempted == [11] and 11 not in stats.finished
     assert (out.rows[-1], out.finish[-1], np.frombuffer(out.tokens, np.int32)[-1]) == (11, "preempted", -1)
     assert stats.rss > 0 and stats.read_bandwidth > 0
 
 
-def test_an_admit_puts_each_row_in_the_pool_of_its_width_and_a_preempt_shrinks_that_pool(make_tiny):
+def test_a_plan_puts_each_row_in_the_pool_of_its_width_and_a_drop_shrinks_that_pool(make_tiny):
     actor = StreamerActor()
     actor.reset(m.Reset(1, str(make_tiny("llama"))))
-    actor.admit(m.Admit(1, [10, 11, 12], *m.pack_tokens([[5, 6, 7], [9, 10], [3] * 9]), [6, 6, 6],
-                        [[0.0, 1.0, 0, None]] * 3, [], widths=[256, 256, 512], pools=[[2, 256], [1, 512]]))
-    actor.step()
+    actor.run(plan(0, [10, 11, 12], [[5, 6, 7], [9, 10], [3] * 9], max_tokens=6, groups=[1, 1, 2],
+                   widths=[256, 256, 512], chunks=[(1, 3), (2, 9)], pools=[[2, 256], [1, 512]]))
     assert {w: (p.slots, len(p.live)) for w, p in actor.engine.pools.items()} == {256: (2, 2), 512: (1, 1)}
-    actor.preempt(m.Preempt(1, [11], pools=[[1, 256], [1, 512]]))
-    _, stats = actor.step()
+    _, stats, _ = actor.run(plan(1, drop=[11], pools=[[1, 256], [1, 512]]))
     assert stats.preempted == [11] and stats.decode_rows == 2
     assert {w: (p.slots, len(p.live)) for w, p in actor.engine.pools.items()} == {256: (1, 1), 512: (1, 1)}
+
+
+def test_a_dropped_prefilling_row_takes_its_whole_group_with_it(make_tiny):
+    actor = StreamerActor()
+    actor.reset(m.Reset(1, str(make_tiny("llama"))))
+    actor.run(plan(0, [10, 11], [list(range(3, 23)), list(range(5, 21))], chunks=[(1, 7)]))
+    _, stats, _ = actor.run(plan(1, drop=[10]))
+    assert sorted(stats.preempted) == [10, 11] and actor.engine.idle
 
 
 def test_a_row_the_engine_refuses_is_an_error_and_leaves(make_tiny):
     actor = StreamerActor()
     actor.reset(m.Reset(1, str(make_tiny("llama"))))
-    actor.admit(m.Admit(1, [7], *m.pack_tokens([[]]), [4], [[0.0, 1.0, 0, None]], []))
-    assert actor.busy
-    _, stats = actor.step()
-    assert stats.finished == [7] and "empty prompt" in actor.refused[0][1]
+    _, stats, refused = actor.run(plan(0, [7], [[]], chunks=[(1, 1)]))
+    assert stats.finished == [7] and "empty prompt" in refused[0][1]
+
+
+def test_a_prefill_group_allocates_exactly_what_the_sheet_prices_for_it(make_tiny):
+    """The scheduler prices a group's prompt KV with the function Group.prefill allocates by (shares.prefill_kv_tokens)."""
+    from spill.admission.prices import sheet_for
+    from spill.streamer.plan import load_plan
+    folder = str(make_tiny("llama"))
+    actor = StreamerActor()
+    actor.reset(m.Reset(1, folder))
+    prompts = [list(range(3, 23)), list(range(5, 21))]
+    actor.run(plan(0, [10, 11], prompts, chunks=[(1, 7)]))
+    group = actor.engine.prefills[1]
+    held = sum(c.keys.nbytes + c.values.nbytes for c in group.caches)
+    sheet = sheet_for(load_plan(folder), 2**30, 4, prefill_tokens=512)   # float32 on the CPU, as the streamer computes
+    assert held == sheet.prefill_kv([len(p) for p in prompts]) == 2 * 20 * sheet.kv_per_token

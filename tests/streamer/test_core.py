@@ -84,7 +84,7 @@ def test_a_pace_shares_a_passs_prefill_tokens_out_and_changes_no_token(make_tiny
     folder = make_tiny("qwen2")
     schedule = {0: [("a", list(range(40, 140))), ("b", [3] * 90)], 1: [("c", list(range(7, 57)))]}
     paced = Streamer(folder, prefill_chunk=512)
-    paced.prefill_budget = 64        # admission's PACE: 64 prompt tokens a pass, shared by the rows prefilling
+    paced.prefill_budget = 64        # the pace: 64 prompt tokens a pass, shared by the rows prefilling
     steps = []
     step = paced.step
     paced.step = lambda: steps.append(step()) or steps[-1]
@@ -93,7 +93,6 @@ def test_a_pace_shares_a_passs_prefill_tokens_out_and_changes_no_token(make_tiny
     assert max(carried) == 32 * 3 and len(carried) >= 4   # 3 rows at 32 tokens (the least a row takes), not 512
     # a and b (of like length) came together: one group (its own attention); c came a pass later
     assert [r.prefill_groups for r in steps if r.prefill_tokens] == [1, 2, 2, 1]
-    assert {r.pace for r in steps} == {64}   # each pass reports the PACE it ran with (admission's tracker uses it)
 
 
 def test_max_tokens_ends_a_row_with_length(make_tiny):
@@ -360,7 +359,7 @@ def test_a_prefill_holds_kv_for_its_prompts_width_only(make_tiny):
     s.add(Row("a", PROMPTS[0], 4))
     s.add(Row("b", PROMPTS[1], 4))
     s.step()                                   # 2 of the 5 columns: still prefilling
-    assert s.prefills[0].caches[0].keys.shape[2] == len(PROMPTS[0])   # not mlx-lm's 256-token step
+    assert next(iter(s.prefills.values())).caches[0].keys.shape[2] == len(PROMPTS[0])   # not mlx-lm's 256-token step
 
 
 def test_freed_buffers_go_back_to_the_os_after_every_pass(make_tiny, monkeypatch):
