@@ -22,6 +22,7 @@ class SimRow:
     out: int                  # tokens it will generate (max_tokens when unknown)
     tier: str = ""
     context: int = 0          # a running row's tokens in its KV already (the live ETA): no prefill, at once
+    max_tokens: int = 0       # what its slot is priced for, when it is known to end before it (0: out)
 
 
 @dataclass

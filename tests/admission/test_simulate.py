@@ -10,7 +10,7 @@ from spill.admission.policy import BudgetPolicy, Waiting
 from spill.admission.prices import Sheet
 from spill.admission import schedule
 from spill.admission.scheduler import Scheduler, Status
-from spill.admission.simulate import SimRow, simulate
+from spill.admission.simulate import SimRow, simulate, tier_of
 
 TRUE = PassModel(bandwidth=2e9, fixed_s=0.5, per_row_s=0.01, per_prefill_token_s=0.002,
                  per_context_token_s=1e-5, per_product_s=0.3, per_prefill_context_s=2e-6, overlap=0.6, overhead_s=0.05)
@@ -23,7 +23,7 @@ def FifoPolicy(max_rows=64, prefill_tokens=4096):
 
 
 def waiting(r: SimRow) -> Waiting:
-    return Waiting(r.row, np.zeros(r.prompt, np.int32), r.out, [])
+    return Waiting(r.row, np.zeros(r.prompt, np.int32), r.max_tokens or r.out, [])
 
 
 def job(n=150, seed=1):
@@ -147,3 +147,36 @@ def test_the_ideal_is_the_whole_jobs_where_a_few_long_rows_share_the_short_rows_
     assert est.ideal_seconds == pytest.approx(sum(t.ideal_seconds for t in est.tiers))
     # the whole job needs at least its longest row's passes, each at least the model's read
     assert est.ideal_seconds >= 64 * BYTES / TRUE.bandwidth
+
+
+def test_the_simulated_schedule_is_the_one_a_real_streamed_run_plays(make_tiny, monkeypatch):
+    """The estimate's passes, per tier too, against the same scheduler driving the real streamer on a model's
+    weights (rows ending where the model ends them: EOS or max_tokens), not a fake that shares its rules."""
+    from spill.streamer.core import PassPlan, Row, Streamer
+    monkeypatch.setenv("SPILL_PREFILL_TOKENS", "64")          # the pace without a pass model: 64 tokens a pass
+    folder, rnd = make_tiny("llama"), random.Random(3)
+    eos = frozenset(range(0, 1000, 9))                       # a ninth of the ids end a row: some end early
+    prompts = [[rnd.randrange(3, 200) for _ in range(rnd.choice([6, 12, 150, 170]))] for _ in range(20)]
+    rows = [SimRow(i, len(p), rnd.randint(4, 24)) for i, p in enumerate(prompts)]
+
+    def policy():
+        return BudgetPolicy(Sheet(2**34, kv_per_token=1), max_rows=6, prefill_tokens=64)
+    sched = Scheduler(policy(), lambda *a: schedule.pace(None, 0, *a), 64)
+    sched.offer([Waiting(r.row, np.array(prompts[r.row], np.int32), r.out, []) for r in rows])
+    schedule.interleave(sched.policy.queue, schedule.prompt_length)
+    streamer, emitted, tiers = Streamer(folder, prefill_chunk=64), {r.row: 0 for r in rows}, {}
+    while sched.busy:
+        planned = sched.plan()
+        start = [(Row(w.row, w.prompt.tolist(), w.max_tokens, eos_ids=eos, width=w.width), g) for w, g in planned.start]
+        report = streamer.run(PassPlan(start, planned.chunks, planned.drop, planned.finish, planned.pools))
+        for e in report.emitted:
+            emitted[e.row_id] += 1
+        for r in sched.policy.running:
+            tiers.setdefault(tier_of(rows[r].prompt), set()).add(sched.index)
+        sched.reported(report.left)
+    streamer.close()
+    assert any(emitted[r.row] < r.out for r in rows)          # some rows ended on EOS, before max_tokens
+    played = [SimRow(r.row, r.prompt, emitted[r.row], max_tokens=r.out) for r in rows]
+    est = simulate(played, policy(), waiting, TRUE, 0, chunk=64)
+    assert est.passes == pytest.approx(sched.index, rel=0.05)
+    assert {t.name: t.passes for t in est.tiers} == pytest.approx({k: len(v) for k, v in tiers.items()}, rel=0.05)
