@@ -22,7 +22,7 @@ from .schedule import budget_policy
 
 
 def run_admission_process(endpoints, args, log) -> None:
-    box = Mailbox(endpoints, "admission", sends_to=("streamer", "coordinator"))
+    box = Mailbox(endpoints, "admission", sends_to=("streamer", "coordinator", "tokenizer"))
     fault = Fault("admission")
     calibrator = Calibrator(log)
     sched, others, runtime = None, 0, 0   # runtime: the streamer's RSS at READY, in others
@@ -49,9 +49,10 @@ def run_admission_process(endpoints, args, log) -> None:
                     log.info("allowance", prefill_tokens=sched.policy.priced_prefill, was=priced, kv_budget=s.kv_budget,
                              activations=s.fixed["activations"], prefill_kv=s.fixed["prefill_kv"])
                 schedule.interleave(sched.policy.queue, schedule.prompt_length)
-                if refused:
+                if refused:   # their error lines to the coordinator; the tokenizer follows no text of theirs
                     box.send("coordinator", m.Error(epoch, [w.row for w, _ in refused],
                                                     ["memory_budget_exceeded"] * len(refused), [why for _, why in refused], job))
+                    box.send("tokenizer", m.Ended(epoch, [w.row for w, _ in refused]))
                 fault.tick("tokenized")
             elif isinstance(msg, m.Stop):
                 sched.stopped(msg.rows)
@@ -84,7 +85,8 @@ def report(epoch: int, index: int, sched: Scheduler, others: int, calibrator, jo
     policy, s = sched.policy, sched.policy.sheet
     requeued, sched.returned = sched.returned, 0
     return m.Budget(epoch, index, s.working_set, s.budget, s.line(s.guard), s.line(s.hard), others,
-                    len(policy.queue) if policy.holding else 0, requeued, calibrator.probe_bandwidth(), job)
+                    len(policy.queue) if policy.holding else 0, requeued, calibrator.probe_bandwidth(), job,
+                    running_rows=sched.started())
 
 
 def _price(msg: m.Reset, args: dict, box, log, calibrator=None):

@@ -115,6 +115,10 @@ class Scheduler:
             if not self.groups[g].rows:
                 del self.groups[g]
 
+    def started(self) -> int:
+        """Rows prefilling or decoding."""
+        return sum(self.status[r] in (Status.PREFILLING, Status.DECODING) for r in self.policy.running)
+
     @property
     def busy(self) -> bool:
         """Rows wait or run: a plan has work to do."""

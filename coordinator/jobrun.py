@@ -26,7 +26,7 @@ class JobRun:
         done = job.done_ids()
         self.pending = {i for i, r in enumerate(requests) if r.custom_id not in done}
         self.window = config.submit_window()
-        self.in_flight: set[int] = set()  # rows submitted in this epoch and not finished yet
+        self.in_flight: dict[int, float] = {}   # rows submitted in this epoch, not written yet -> when (latency)
         self.cursor = 0                   # rows below it have been submitted in this epoch (or are done)
         self.left_at_start = len(self.pending)
         self.total = int(job.meta.get("total", len(requests)))
@@ -61,7 +61,7 @@ class JobRun:
                     rows.append(self.cursor)
                 self.cursor += 1
             if rows:
-                self.in_flight.update(rows)
+                self.in_flight.update(dict.fromkeys(rows, time.monotonic()))
                 out.append(m.Submit(epoch, rows, [self._request(i) for i in rows]))
         return out
 
@@ -99,7 +99,8 @@ class JobRun:
         if lines:
             self.job.append(lines)    # fsynced before the rows count as done
             self.pending.difference_update(rows)
-            self.in_flight.difference_update(rows)
+            for row in rows:
+                self.in_flight.pop(row, None)
             for row in rows:
                 self.tails.pop(row, None)
 

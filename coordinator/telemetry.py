@@ -1,6 +1,7 @@
 """The coordinator's side of the metrics: it feeds spill/metrics.py from what the actors report and
 serves them on one endpoint. The daemon calls `on_actor` with each message before the group
-handles it (so a row still pending is known to be newly written) and `update` once per loop."""
+handles it (so a row still pending is known to be newly written) and `update` once per loop. It keeps
+no row's state: a row's submission time is the job run's, the rows running are admission's count."""
 
 import os
 import socket
@@ -19,22 +20,13 @@ class Telemetry:
     def __init__(self, group, log):
         self.group, self.log = group, log
         self.run = None                      # the current job's JobRun, or the last one's
-        self.running: set[int] = set()       # rows of the run that have generated a token
-        self.started: dict[int, float] = {}  # row -> when it was first submitted to the group
+        self.running = 0                     # rows prefilling or decoding, as admission last counted them
         self.epoch = group.epoch
         self.clock = mt.SCRAPES
         self.server = None
         self.processes = mt.ProcessCollector(group.sup.pids, lambda: group.sup.restarts)
         mt.REGISTRY.register(self.processes)
         mt.build_info("")
-        send = group.box.send
-        def tapped(peer, msg):   # the time each row is first submitted, for its latency
-            if isinstance(msg, m.Submit):
-                now = time.monotonic()
-                for row in msg.rows:
-                    self.started.setdefault(row, now)
-            send(peer, msg)
-        group.box.send = tapped
         self.serve(config.metrics_host(), config.metrics_port())
 
     def serve(self, host: str, port: int) -> None:
@@ -51,6 +43,8 @@ class Telemetry:
     def on_actor(self, msg) -> None:
         if isinstance(msg, m.Budget):   # admission's figures stand whatever the job
             _budget(msg)
+            if msg.epoch == self.group.epoch:
+                self.running = msg.running_rows
             return
         run = self.group.current
         if run is None:
@@ -61,22 +55,21 @@ class Telemetry:
         elif isinstance(msg, m.Done):
             for row, finish, p, c in zip(msg.rows, msg.finish, msg.prompt_tokens, msg.completion_tokens):
                 if row in run.pending:
-                    self._written(row, mt.tier(p), finish)
+                    self._written(run, row, mt.tier(p), finish)
                     mt.PROMPT_TOKENS.inc(p)
                     mt.GENERATED_TOKENS.inc(c)
         elif isinstance(msg, m.Error):
             for row, code in zip(msg.rows, msg.codes):
                 if row in run.pending:
-                    self._written(row, "unknown", code)
-        elif isinstance(msg, m.Progress) and not stale:
-            self.running.update(r for r in msg.rows if r in run.pending)
+                    self._written(run, row, "unknown", code)
 
-    def _written(self, row: int, tier: str, reason: str) -> None:
+    @staticmethod
+    def _written(run, row: int, tier: str, reason: str) -> None:
+        """A row written: its latency from its submission to the group (the job run's record of it)."""
         mt.ROWS_COMPLETED.labels(tier, reason).inc()
-        start = self.started.pop(row, None)
+        start = run.in_flight.get(row)
         if start is not None:
             mt.ROW_LATENCY.labels(tier).observe(time.monotonic() - start)
-        self.running.discard(row)
 
     def _pass(self, msg: m.Pass) -> None:
         structlog.contextvars.bind_contextvars(pass_index=msg.index)
@@ -96,7 +89,7 @@ class Telemetry:
     def update(self) -> None:
         run = self.group.current
         if run is not None and run is not self.run:
-            self.run, self.running, self.started = run, set(), {r: t for r, t in self.started.items() if r in run.pending}
+            self.run, self.running = run, 0
             structlog.contextvars.bind_contextvars(job=run.job.id)
             structlog.contextvars.unbind_contextvars("pass_index")
             mt.build_info(run.model_name)
@@ -107,11 +100,11 @@ class Telemetry:
         elif run is None and self.run is not None:
             structlog.contextvars.unbind_contextvars("job", "pass_index")
         if self.group.epoch != self.epoch:   # rows in flight are resubmitted and wait again
-            self.epoch, self.running = self.group.epoch, set()
+            self.epoch, self.running = self.group.epoch, 0
         if self.run is None:
             return
         counts, live = self.run.job.counts(), self.group.current is not None   # an ended job has no rows in flight
-        running = len(self.running) if live else 0
+        running = min(self.running, len(self.run.pending)) if live else 0
         waiting = len(self.run.pending) - running if live else 0
         for state, n in (("waiting", waiting), ("running", running),
                          ("done", counts["succeeded"]), ("failed", counts["failed"])):

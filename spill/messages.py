@@ -33,6 +33,7 @@ class Kind(IntEnum):
     SHUTDOWN = 12    # coordinator -> actors
     HEARTBEAT = 13   # actor -> coordinator, every second from a thread: the process is scheduled
     BUDGET = 15      # admission -> coordinator, after each pass report: memory lines, holds, preemptions
+    ENDED = 17       # admission -> tokenizer: rows that ended with no text to follow (refused): forget them
     REQUEST = 20     # client -> coordinator
     REPLY = 21       # coordinator -> client
 
@@ -162,6 +163,13 @@ class Budget:
     preempted_rows: int      # rows the pass reported preempted, queued again
     probe_bandwidth: float = 0.0   # the calibration's cold read probe, bytes/s (0: no calibration)
     job: str = ""
+    running_rows: int = 0    # rows prefilling or decoding after this pass (the scheduler's count)
+
+
+@dataclass
+class Ended:
+    epoch: int
+    rows: list[int]
 
 
 @dataclass
@@ -215,7 +223,7 @@ class Reply:
 _TYPES = {Kind.READY: Ready, Kind.RESET: Reset, Kind.SUBMIT: Submit, Kind.TOKENIZED: Tokenized,
           Kind.PLAN: Plan, Kind.TOKENS: Tokens, Kind.STOP: Stop, Kind.PASS: Pass, Kind.DONE: Done,
           Kind.ERROR: Error, Kind.PROGRESS: Progress, Kind.SHUTDOWN: Shutdown, Kind.HEARTBEAT: Heartbeat,
-          Kind.BUDGET: Budget,
+          Kind.BUDGET: Budget, Kind.ENDED: Ended,
           Kind.REQUEST: Request, Kind.REPLY: Reply}
 _KINDS = {t: k for k, t in _TYPES.items()}
 
@@ -228,7 +236,7 @@ BYTES = (0, (1 << 63) - 1)
 _RANGES = {"epoch": COUNT, "index": COUNT, "pass_index": COUNT, "pid": COUNT, "rows": ROW, "finished": ROW,
            "lengths": COUNT, "max_tokens": COUNT, "prompt_tokens": COUNT, "completion_tokens": COUNT,
            "tokens": COUNT, "eos": COUNT, "seed": SEED, "top_k": (-1, COUNT[1]), "held_rows": COUNT,
-           "preempted_rows": COUNT, "widths": COUNT, "pools": COUNT, "groups": COUNT, "chunks": COUNT,
+           "preempted_rows": COUNT, "running_rows": COUNT, "widths": COUNT, "pools": COUNT, "groups": COUNT, "chunks": COUNT,
            "drop": ROW, "finish": ROW, "plan": (-1, COUNT[1]), **dict.fromkeys(("working_set", "budget", "guard", "hard", "others"), BYTES)}
 _PARALLEL = {Submit: ("rows", "requests"), Tokenized: ("rows", "lengths", "max_tokens", "sampling"),
              Plan: ("rows", "lengths", "max_tokens", "sampling", "widths", "groups"), Tokens: ("rows", "finish"),

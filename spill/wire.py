@@ -2,7 +2,7 @@
 
     endpoint     bound by       connected by
     coordinator  coordinator    every actor (reports: READY, PASS, DONE, ERROR, PROGRESS, BUDGET)
-    tokenizer    tokenizer      coordinator, streamer
+    tokenizer    tokenizer      coordinator, streamer, admission
     admission    admission      tokenizer, streamer, coordinator
     streamer     streamer       admission, coordinator
     control      coordinator    clients (`spill run`, `spill status`, `spill down`): REQ/REP
@@ -24,7 +24,7 @@ from .messages import Kind
 ROLES = ("coordinator", "tokenizer", "admission", "streamer")
 # The kinds each inbox takes; any other frame is dropped with one log line (add a new kind here).
 ACCEPTS = {"coordinator": {Kind.READY, Kind.HEARTBEAT, Kind.PASS, Kind.DONE, Kind.ERROR, Kind.PROGRESS, Kind.BUDGET},
-           "tokenizer": {Kind.RESET, Kind.SUBMIT, Kind.TOKENS, Kind.SHUTDOWN},
+           "tokenizer": {Kind.RESET, Kind.SUBMIT, Kind.TOKENS, Kind.ENDED, Kind.SHUTDOWN},
            "admission": {Kind.RESET, Kind.TOKENIZED, Kind.PASS, Kind.STOP, Kind.SHUTDOWN},
            "streamer": {Kind.RESET, Kind.PLAN, Kind.SHUTDOWN}}
 _IPC_MAX = 100   # macOS allows ~104 bytes in a socket path

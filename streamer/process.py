@@ -54,10 +54,11 @@ class StreamerActor:
                      msg.groups)]
         report = self.engine.run(PassPlan(start, dict(map(tuple, msg.chunks)), msg.drop, msg.finish, msg.pools))
         refused, self.engine.refused = self.engine.refused, []
-        # a preempted row's text starts again: the tokenizer sees it in order with its tokens
-        rows = [e.row_id for e in report.emitted] + report.preempted
-        finish = [e.finish or "" for e in report.emitted] + ["preempted"] * len(report.preempted)
-        tokens = np.array([e.token for e in report.emitted] + [-1] * len(report.preempted), np.int32)
+        # a preempted row's text starts again, a refused row's never does: the tokenizer sees them in order
+        ended = report.preempted + [row for row, _ in refused]
+        rows = [e.row_id for e in report.emitted] + ended
+        finish = [e.finish or "" for e in report.emitted] + ["preempted"] * len(report.preempted) + ["refused"] * len(refused)
+        tokens = np.array([e.token for e in report.emitted] + [-1] * len(ended), np.int32)
         out = m.Tokens(self.epoch, report.index, rows, tokens.tobytes(), finish)
         r = report
         stats = m.Pass(self.epoch, r.index, r.seconds, r.wait_s, r.compute_s, r.decode_rows, r.prefill_tokens,

@@ -94,6 +94,9 @@ class TokenizerCore:
         if finish == "preempted":   # its KV was dropped; it runs again from the prompt
             self.live[row] = Live(RowText(self.tokenizer, live.text.stop), live.prompt_tokens)
             return False, None
+        if finish == "refused":     # the streamer would not start it (its error line is the coordinator's)
+            self.live.pop(row)
+            return False, None
         if finish == "stop":      # EOS: ends the row, is not text
             return False, "stop"
         if live.text.stopped:     # tokens sampled after the stop string are not the row's
@@ -110,6 +113,11 @@ class TokenizerCore:
 
     def tails(self, rows: list[int], width: int = 80) -> tuple[list[int], list[str]]:
         return [self.live[r].completion_tokens for r in rows], [self.live[r].text.text[-width:] for r in rows]
+
+    def forget(self, rows: list[int]) -> None:
+        """Rows that ended with no text to follow (admission refused them)."""
+        for row in rows:
+            self.live.pop(row, None)
 
     def clear(self) -> None:
         self.live.clear()

@@ -35,6 +35,8 @@ def run_tokenizer_process(endpoints, args, log) -> None:
             elif isinstance(msg, m.Tokens):
                 _tokens(box, core, msg, job)
                 fault.tick("tokens")
+            elif isinstance(msg, m.Ended):
+                core.forget(msg.rows)
     box.close()
 
 

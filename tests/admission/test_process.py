@@ -82,7 +82,7 @@ def test_the_report_carries_the_lines_the_hold_and_the_rows_preempted():
     calibrator.cal = Calibration("k", PassModel(bandwidth=3.5e9))
     told = m.decode(m.encode(process.report(2, 9, sched, 64 * MB, calibrator, "job1")))
     assert told == m.Budget(2, 9, 1000 * MB, int(0.78 * 1000 * MB), int(0.80 * 1000 * MB), int(0.90 * 1000 * MB),
-                            64 * MB, held_rows=9, preempted_rows=7, probe_bandwidth=3.5e9, job="job1")
+                            64 * MB, held_rows=9, preempted_rows=7, probe_bandwidth=3.5e9, job="job1", running_rows=1)
     p.observe(700 * MB)                                        # below guard less hysteresis: no hold
     told = process.report(2, 10, sched, 0, Calibrator(None), "job1")
     assert (told.held_rows, told.preempted_rows, told.probe_bandwidth) == (0, 0, 0.0)   # no calibration: no figure

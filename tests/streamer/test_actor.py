@@ -88,8 +88,9 @@ def test_a_dropped_prefilling_row_takes_its_whole_group_with_it(make_tiny):
 def test_a_row_the_engine_refuses_is_an_error_and_leaves(make_tiny):
     actor = StreamerActor()
     actor.reset(m.Reset(1, str(make_tiny("llama"))))
-    _, stats, refused = actor.run(plan(0, [7], [[]], chunks=[(1, 1)]))
+    out, stats, refused = actor.run(plan(0, [7], [[]], chunks=[(1, 1)]))
     assert stats.finished == [7] and "empty prompt" in refused[0][1]
+    assert (out.rows, out.finish) == ([7], ["refused"])   # the tokenizer forgets it
 
 
 def test_a_prefill_group_allocates_exactly_what_the_sheet_prices_for_it(make_tiny):

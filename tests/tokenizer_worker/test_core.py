@@ -123,3 +123,13 @@ def test_many_rows_at_once_get_the_ids_and_refusals_of_one_at_a_time(make_tiny, 
     core.clear()
     assert core.tokenize_many(list(range(len(requests))), requests) == one
     assert sorted(core.live) == [row for row, (ids, _) in enumerate(one) if ids is not None]
+
+
+def test_rows_refused_downstream_are_forgotten(make_tiny):
+    """Rows admission refuses (ENDED) or the streamer would not start ("refused" in TOKENS) leave no text behind."""
+    core = TokenizerCore(make_tiny("llama"))
+    for row in (1, 2, 3):
+        core.tokenize(row, {"kind": "completion", "prompt": "hello there", "max_tokens": 4, "stop": []})
+    core.forget([1])
+    assert core.add(2, -1, "refused") == (False, None)
+    assert list(core.live) == [3]
