@@ -41,11 +41,14 @@ def resident_side(folder: str | Path, dtype: str | None, n: int, max_tokens: int
 
 def _resident(folder: str, dtype: str | None, n: int, max_tokens: int, long_tokens: int) -> dict:
     from mlx.utils import tree_flatten
-    from mlx_lm.utils import load
+    from mlx_lm.utils import load, load_config
 
     from spill.tokenizer_worker.core import NO_REMOTE_CODE, refuse_remote_code
+
+    from .families.rope import rope_config
+    config = rope_config(load_config(Path(folder)), folder)   # RoPE settings as the streamer reads them
     try:
-        model, tokenizer = load(folder, tokenizer_config=NO_REMOTE_CODE, trust_remote_code=False)
+        model, tokenizer = load(folder, tokenizer_config=NO_REMOTE_CODE, model_config=config, trust_remote_code=False)
     except Exception as err:  # mlx-lm's own load failed after our plan accepted the folder
         refuse_remote_code(err, folder)
         raise SpillError(f"mlx-lm could not load {folder} as a resident reference: {err}") from None
