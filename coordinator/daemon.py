@@ -42,15 +42,13 @@ END_GRACE_S = 5.0   # a stopping group waits this long at most for clients to se
 class Group:
     def __init__(self, box: Mailbox, sup: Supervisor, log):
         self.box, self.sup, self.log = box, sup, log
-        self.epoch = 0
-        self.model = ""
+        self.epoch, self.model = 0, ""
         self.queue: deque[tuple[JobRun, Path]] = deque()
         self.current: JobRun | None = None
         self.job_epoch: int | None = None         # the running job's first epoch: older results are not its own
         self.last: dict[str, dict] = {}          # final status of jobs that ended in this group
         self.crashes: dict[str, int] = {}         # actor restarts during the running job
-        self.waiting: set[str] = set(ACTORS)     # actors not READY yet
-        self.waiting_since = time.monotonic()
+        self.waiting, self.waiting_since = set(ACTORS), time.monotonic()   # actors not READY yet, since when
         self.ready_rss: dict[str, tuple] = {}     # each actor's resident memory at its READY: (all, file pages)
         self.running = True
         self.stop_at: float | None = None        # `spill down`, or an embedded group left idle: stop then
@@ -132,10 +130,11 @@ class Group:
             self.log.warning("actor hung; killing it", role=role, deadline_s=config.liveness_timeout())
             self.sup.kill(role)
         for role, code in self.sup.dead():
-            self.log.warning("actor died; restarting", role=role, exit_code=code)
+            why = self.sup.why(role)   # an error no restart fixes (a corrupt shard): the job fails with it at once
+            self.log.warning("actor died; restarting", role=role, exit_code=code, error=why or None)
             self.crashes[role] = self.crashes.get(role, 0) + 1
-            if self.current is not None and self.crashes[role] > MAX_CRASHES:
-                self.fail(f"the {role} crashed {self.crashes[role]} times during this job; "
+            if self.current is not None and (why or self.crashes[role] > MAX_CRASHES):
+                self.fail(why or f"the {role} crashed {self.crashes[role]} times during this job; "
                           f"see {config.home() / 'run' / 'logs' / (role + '.log')}")
             self.sup.restart(role)
             if not self.waiting:

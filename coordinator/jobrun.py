@@ -157,7 +157,10 @@ class JobRun:
         """Seconds left: the rows left re-simulated with the refitted pass model (None without an estimate)."""
         if self.estimate is None:
             return None
-        return self.estimate.eta(self.pending, {r: n for r, (n, _) in self.tails.items()})
+        try:
+            return self.estimate.eta(self.pending, {r: n for r, (n, _) in self.tails.items()})
+        except Exception:  # noqa: BLE001 - a figure, never the group's end: a model changed mid-job fails where it is read
+            return None
 
     def live_eta(self) -> float | None:
         """The live view's ETA: the estimate's, else the time per row done in this session (None before the first)."""

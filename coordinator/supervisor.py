@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 
+from spill.actor import failure_file
 from spill.platform import learn_device, preload_env
 
 ACTORS = {"tokenizer": "spill.tokenizer_worker.process", "admission": "spill.admission.process",
@@ -50,6 +51,16 @@ class Supervisor:
     def dead(self) -> list[tuple[str, int]]:
         """Actors that exited, with their exit codes."""
         return [(role, p.returncode) for role, p in self.procs.items() if p.poll() is not None]
+
+    def why(self, role: str) -> str:
+        """The sentence a dead actor left for an error no restart fixes (spill.actor.run_actor), else ""."""
+        path = failure_file(self.procs[role].pid)
+        try:
+            why = path.read_text()
+        except OSError:
+            return ""
+        path.unlink(missing_ok=True)
+        return why
 
     def beat(self, role: str, pid: int) -> None:
         """A READY or heartbeat from the running process of role (one from a process already replaced is ignored)."""

@@ -1,6 +1,7 @@
 """What every actor process does around its loop: logging, a parent watch, a ready handshake,
 fault-injection knobs for tests, and one place that catches a crash and logs it."""
 
+import contextlib
 import json
 import os
 import sys
@@ -12,6 +13,7 @@ from pathlib import Path
 import structlog
 
 from . import config
+from .errors import SpillError
 from .platform import without_torch
 from .wire import Endpoints
 
@@ -114,9 +116,17 @@ def run_actor(role: str, main) -> None:
         main(Endpoints(**args["endpoints"]), args, log)
     except KeyboardInterrupt:
         pass
-    except BaseException:  # noqa: BLE001 - logged, then the supervisor sees the exit code
+    except BaseException as err:  # noqa: BLE001 - logged, then the supervisor sees the exit code
         log.error("crashed", traceback=traceback.format_exc())
+        if isinstance(err, SpillError):   # a fact about the user's files or input: no restart changes it
+            with contextlib.suppress(OSError):   # unwritten, it is a crash like any other
+                failure_file(os.getpid()).write_text(str(err))
         sys.exit(1)
+
+
+def failure_file(pid: int) -> Path:
+    """Where an actor that stopped on a SpillError leaves its sentence for the supervisor (supervisor.why)."""
+    return config.home() / "run" / f"failed-{pid}.txt"
 
 
 class EpochGate:

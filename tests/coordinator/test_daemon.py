@@ -43,6 +43,9 @@ class Sup:
     def beat(self, role, pid):
         self.beats.append(role)
 
+    def why(self, role):
+        return ""
+
     def pids(self):
         return {}
 

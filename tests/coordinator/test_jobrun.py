@@ -124,3 +124,18 @@ def test_every_row_is_fed_and_finished_with_a_small_window(tmp_path, monkeypatch
         written += rows
         submits = run.refill(1)
     assert run.finished and sorted(written) == list(range(50))
+
+
+def test_an_estimate_that_cannot_re_read_the_model_leaves_the_job_running_without_an_eta(tmp_path):
+    """The live ETA re-plans the model's files; a shard cut short mid-job made that raise in the coordinator's loop
+    (the group died: "the spill group stopped answering"). The ETA is a figure shown, never the group's end."""
+    from types import SimpleNamespace
+
+    from spill.errors import SpillError
+    run, _ = _run(tmp_path)
+    def replan(pending, generated):
+        raise SpillError("model.safetensors: tensor x ends at byte 9, found a file of 4 bytes; re-download it")
+    run.estimate = SimpleNamespace(started=lambda at: None, eta=replan, first=None)
+    run.job.set_status("running")
+    run.on_pass(m.Pass(1, 0, 2.0, 0.1, 1.8, 2, 10, 2, [], 100, 200, 300))
+    assert run.live_eta() is None and run.passes == 1
