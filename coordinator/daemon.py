@@ -19,7 +19,7 @@ from pathlib import Path
 import zmq
 
 from spill import config, messages as m
-from spill.actor import Fault, run_actor
+from spill.actor import Fault, parent_watch, run_actor
 from spill.errors import SpillError
 from spill.memory import check_same, describe
 from spill.wire import Mailbox
@@ -49,6 +49,7 @@ class Group:
         self.last: dict[str, dict] = {}          # final status of jobs that ended in this group
         self.crashes: dict[str, int] = {}         # actor restarts during the running job
         self.waiting, self.waiting_since = set(ACTORS), time.monotonic()   # actors not READY yet, since when
+        self.stirred = time.monotonic()           # the running job's rows last (re)submitted: check_stalled
         self.ready_rss: dict[str, tuple] = {}     # each actor's resident memory at its READY: (all, file pages)
         self.running = True
         self.stop_at: float | None = None        # `spill down`, or an embedded group left idle: stop then
@@ -72,7 +73,7 @@ class Group:
 
     def _on_actor(self, msg) -> None:
         if isinstance(msg, (m.Ready, m.Heartbeat)):
-            self.sup.beat(msg.role, msg.pid)
+            self.sup.beat(msg.role, msg.pid, *((msg.progress, msg.busy) if isinstance(msg, m.Heartbeat) else ()))
         if isinstance(msg, m.Ready):
             self.waiting.discard(msg.role)
             self.ready_rss[msg.role] = (msg.rss, msg.file)
@@ -141,6 +142,10 @@ class Group:
                 self.waiting_since = time.monotonic()
             self.waiting.add(role)
             self.epoch += 1    # whatever the group holds now is stale
+        quiet = time.monotonic() - max(self.sup.active_at, self.stirred)   # rows out, every actor idle: lost on the way
+        if self.current and self.current.in_flight and not self.waiting and quiet > config.stall_timeout():
+            self.log.warning("rows outstanding while every actor is idle; submitting them again", quiet_s=round(quiet))
+            self._restart_rows()
 
     def _broadcast_reset(self, model: str = "") -> None:
         for role in ACTORS:
@@ -150,7 +155,7 @@ class Group:
 
     def _restart_rows(self) -> None:
         """(Re)start the current job's unfinished rows on a fresh epoch."""
-        self.epoch += 1
+        self.epoch, self.stirred = self.epoch + 1, time.monotonic()
         if self.job_epoch is None:
             self.job_epoch = self.epoch
         self._broadcast_reset(self.model)
@@ -328,15 +333,6 @@ class Group:
                                     and (not self.clients or now >= self.stop_at + END_GRACE_S))
 
 
-def _watch_owner(fd: int, gone: threading.Event) -> None:
-    """Embedded group: the `spill run` that started it holds the other end of this pipe; EOF means it left."""
-    def watch():
-        while os.read(fd, 1):
-            pass
-        gone.set()
-    threading.Thread(target=watch, name="owner-watch", daemon=True).start()
-
-
 def run_coordinator_process(endpoints, args, log) -> None:
     try:
         run_lock = lock_run_dir()   # one group per run directory: its sockets have fixed names
@@ -353,7 +349,7 @@ def run_coordinator_process(endpoints, args, log) -> None:
     group = Group(box, sup, log)
     if args.get("owner_fd") is not None:
         group.owner = str(args.get("owner", ""))
-        _watch_owner(args["owner_fd"], group.owner_gone)
+        parent_watch(args["owner_fd"], group.owner_gone.set)   # embedded: the `spill run` that started it left
     telemetry = Telemetry(group, log)   # the metrics endpoint, fed from what the actors report
     log.info("memory", **group.memory)
     sup.start_all()

@@ -26,6 +26,8 @@ class Supervisor:
         self._pipes: dict[str, int] = {}
         self.restarts = {role: 0 for role in ACTORS}
         self.seen: dict[str, float] = {}      # role -> when it last said READY or beat its heart
+        self.progress: dict[str, int] = {}    # role -> its loop's count at its last beat
+        self.active_at = time.monotonic()     # when an actor last beat busy, or with its loop moved on
         learn_device()   # in a child, into SPILL_DEVICE: this process and the actors that never compute load no MLX
 
     def start(self, role: str) -> None:
@@ -62,10 +64,12 @@ class Supervisor:
         path.unlink(missing_ok=True)
         return why
 
-    def beat(self, role: str, pid: int) -> None:
+    def beat(self, role: str, pid: int, progress: int = 0, busy: bool = True) -> None:
         """A READY or heartbeat from the running process of role (one from a process already replaced is ignored)."""
         if role in self.procs and self.procs[role].pid == pid:
-            self.seen[role] = time.monotonic()
+            self.seen[role] = now = time.monotonic()
+            if busy or self.progress.get(role) != progress:
+                self.active_at, self.progress[role] = now, progress
 
     def hung(self, deadline_s: float) -> list[str]:
         """Live actors that have not beaten for deadline_s seconds (stopped, or stuck holding the GIL)."""

@@ -18,12 +18,12 @@ from .platform import without_torch
 from .wire import Endpoints
 
 
-def parent_watch(fd: int) -> None:
-    """Exit when the parent dies: its end of our pipe closes and a read returns EOF (portable)."""
+def parent_watch(fd: int, then=lambda: os._exit(0)) -> None:
+    """Exit (or `then()`) when the parent dies: its end of our pipe closes and a read returns EOF (portable)."""
     def watch():
         while os.read(fd, 1):
             pass
-        os._exit(0)
+        then()
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
@@ -156,9 +156,15 @@ class EpochGate:
 HEARTBEAT_S = 1.0
 
 
-def heartbeat(endpoints: Endpoints, role: str) -> None:
-    """Tell the coordinator every second, from a thread, that this process is scheduled: a long pass keeps
-    beating, a stopped (SIGSTOP) or wedged process does not, and the coordinator restarts it."""
+class Progress:
+    """What the loop's beats say: batches handled (inbox advances it), and whether it is working now."""
+    def __init__(self):
+        self.batches, self.busy = 0, True
+
+
+def heartbeat(endpoints: Endpoints, role: str, progress: Progress) -> None:
+    """Tell the coordinator every second, from a thread, that this process is scheduled and how far its loop
+    has come: a stopped (SIGSTOP) process does not beat, a wedged loop beats without progress; both are restarted."""
     import time
 
     import zmq
@@ -169,8 +175,8 @@ def heartbeat(endpoints: Endpoints, role: str) -> None:
         sock = zmq.Context.instance().socket(zmq.PUSH)
         sock.setsockopt(zmq.LINGER, 0)
         sock.connect(endpoints.coordinator)
-        frame = encode(Heartbeat(role, os.getpid()))
         while True:
+            frame = encode(Heartbeat(role, os.getpid(), progress.batches, progress.busy))
             try:
                 sock.send(frame, zmq.NOBLOCK)
             except zmq.Again:   # the coordinator is not reading: it will see us when it does
@@ -184,18 +190,21 @@ def inbox(box, role: str, log, busy=lambda: False, wait=lambda: None):
     While `busy()` it does not block: a loop with work to do only drains what came; else it waits
     `wait()` seconds at most (None: until a message), and may yield an empty batch."""
     from .messages import Ready, Shutdown
-    heartbeat(box.endpoints, role)
+    progress = Progress()
+    heartbeat(box.endpoints, role, progress)
     from .memory import process_memory
     now = process_memory()
     box.send("coordinator", Ready(role, os.getpid(), now.rss, now.file))
     log.info("ready")
     gate = EpochGate()
     while True:
+        progress.batches += 1   # the loop came back for more: it is not wedged
         if busy():
             arrived = box.drain()
         else:
+            progress.busy = False
             first = box.recv(None if (w := wait()) is None else int(w * 1000) + 1)
-            arrived = ([] if first is None else [first]) + box.drain()
+            arrived, progress.busy = ([] if first is None else [first]) + box.drain(), True
         if any(isinstance(msg, Shutdown) for msg in arrived):
             return
         batch = [msg for a in arrived for msg in gate(a)]
