@@ -127,8 +127,11 @@ class Group:
         self._broadcast_reset()
 
     def check_actors(self) -> None:
-        for role in self.sup.hung(config.liveness_timeout()):
-            self.log.warning("actor hung; killing it", role=role, deadline_s=config.liveness_timeout())
+        last = self.current.last_pass if self.current else None   # busy beats, the loop's count still: a deadlock
+        wedge, beat = config.wedge_timeout(last.seconds if last else 0.0), config.liveness_timeout()   # no beat: stopped
+        stuck = {role: wedge for role in self.sup.wedged(wedge)} | {role: beat for role in self.sup.hung(beat)}
+        for role, deadline in stuck.items():
+            self.log.warning("actor hung; killing it", role=role, deadline_s=deadline)
             self.sup.kill(role)
         for role, code in self.sup.dead():
             why = self.sup.why(role)   # an error no restart fixes (a corrupt shard): the job fails with it at once

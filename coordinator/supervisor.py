@@ -27,6 +27,7 @@ class Supervisor:
         self.restarts = {role: 0 for role in ACTORS}
         self.seen: dict[str, float] = {}      # role -> when it last said READY or beat its heart
         self.progress: dict[str, int] = {}    # role -> its loop's count at its last beat
+        self.moved: dict[str, tuple[float, bool]] = {}   # role -> (when its count last moved, busy at its last beat)
         self.active_at = time.monotonic()     # when an actor last beat busy, or with its loop moved on
         learn_device()   # in a child, into SPILL_DEVICE: this process and the actors that never compute load no MLX
 
@@ -40,6 +41,8 @@ class Supervisor:
                                             pass_fds=(read_end,), env=env, stdin=subprocess.DEVNULL)
         os.close(read_end)
         self.seen.pop(role, None)              # until its first beat, the READY deadline applies, not liveness
+        self.progress.pop(role, None)
+        self.moved.pop(role, None)
         if role in self._pipes:
             os.close(self._pipes[role])
         self._pipes[role] = write_end
@@ -68,7 +71,9 @@ class Supervisor:
         """A READY or heartbeat from the running process of role (one from a process already replaced is ignored)."""
         if role in self.procs and self.procs[role].pid == pid:
             self.seen[role] = now = time.monotonic()
-            if busy or self.progress.get(role) != progress:
+            moved = self.progress.get(role) != progress
+            self.moved[role] = (now if moved else self.moved.get(role, (now, busy))[0], busy)
+            if busy or moved:
                 self.active_at, self.progress[role] = now, progress
 
     def hung(self, deadline_s: float) -> list[str]:
@@ -76,6 +81,12 @@ class Supervisor:
         now = time.monotonic()
         return [role for role, p in self.procs.items()
                 if p.poll() is None and role in self.seen and now - self.seen[role] > deadline_s]
+
+    def wedged(self, deadline_s: float) -> list[str]:
+        """Live actors that beat, busy, with their loop's count still for deadline_s seconds (a deadlock)."""
+        now = time.monotonic()
+        return [role for role, (at, busy) in self.moved.items()
+                if busy and now - at > deadline_s and self.procs[role].poll() is None]
 
     def kill(self, role: str) -> None:
         """SIGKILL (which also ends a stopped process); dead() reports it and the usual restart follows."""

@@ -91,18 +91,19 @@ def bind_context(msg) -> None:
 
 
 class Fault:
-    """SPILL_CRASH_<ROLE>="event:n" kills this process (like kill -9) at the n-th event."""
+    """SPILL_CRASH_<ROLE>="event:n" kills this process (like kill -9) at the n-th event; "event:n:wedge" blocks its
+    loop there for ever instead (a deadlock: the heartbeat thread still beats, the loop's progress stops)."""
 
     def __init__(self, role: str):
-        spec = config.crash_knob(role)
-        self.event, self.at = (spec.split(":")[0], int(spec.split(":")[1])) if spec else ("", 0)
+        spec = config.crash_knob(role).split(":")
+        self.event, self.at, self.wedge = (spec[0], int(spec[1]), spec[2:] == ["wedge"]) if spec[0] else ("", 0, False)
         self.seen = 0
 
     def tick(self, event: str) -> None:
         if event == self.event:
             self.seen += 1
             if self.seen == self.at:
-                os._exit(137)
+                threading.Event().wait() if self.wedge else os._exit(137)
 
 
 def run_actor(role: str, main) -> None:

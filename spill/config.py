@@ -147,6 +147,12 @@ def stall_timeout() -> float:
     return float(os.environ.get("SPILL_STALL_TIMEOUT", "30"))
 
 
+def wedge_timeout(pass_s: float = 0.0) -> float:
+    """Seconds an actor may work without its loop coming round before it counts as wedged and is restarted: the
+    larger of SPILL_WEDGE_TIMEOUT (default 600; a first pass reads the whole model) and 10 of the last pass."""
+    return max(float(os.environ.get("SPILL_WEDGE_TIMEOUT", "600")), 10 * pass_s)
+
+
 def allow_remote() -> bool:
     """Let the control socket listen on an address other hosts can reach (SPILL_ALLOW_REMOTE=1; `spill up --allow-remote`)."""
     return os.environ.get("SPILL_ALLOW_REMOTE", "") == "1"

@@ -34,6 +34,9 @@ class Sup:
     def hung(self, deadline_s):
         return list(self.stuck)
 
+    def wedged(self, deadline_s):
+        return []
+
     def kill(self, role):
         self.killed.append(role)
         self.stuck.remove(role)

@@ -79,3 +79,17 @@ def test_rows_larger_together_than_a_frame_go_in_several_submits(job12, tmp_path
     spill("run", folder, big, "-o", out, "--quiet", check=True, timeout=240,
           env={"SPILL_HOME": str(own_home), "SPILL_MAX_MESSAGE_MB": "0.25", "SPILL_MAX_ROWS": "4"})
     assert texts(read_output(out)) == expected
+
+
+@pytest.mark.parametrize("actor, event", [("tokenizer", "tokens:2"), ("admission", "pass:3"), ("streamer", "pass:3")])
+def test_an_actor_whose_loop_is_wedged_is_restarted_and_the_job_finishes(job12, tmp_path, own_home, actor, event):
+    """Its heartbeat thread still beats: only the loop's progress, which stopped, shows the deadlock."""
+    folder, inp, expected = job12
+    out = tmp_path / "out.jsonl"
+    spill("run", folder, inp, "-o", out, "--quiet", check=True, timeout=240,
+          env={"SPILL_HOME": str(own_home), f"SPILL_CRASH_{actor.upper()}": f"{event}:wedge", "SPILL_WEDGE_TIMEOUT": "5",
+               "SPILL_MAX_ROWS": "4"})
+    assert texts(read_output(out)) == expected   # every custom_id once (read_output), each resident mlx-lm's text
+    events = log_events("coordinator", own_home)
+    assert [e["role"] for e in events if e.get("event") == "actor hung; killing it"] == [actor]
+    assert [e["role"] for e in events if e.get("event") == "actor died; restarting"] == [actor]
