@@ -19,7 +19,7 @@ from pathlib import Path
 import zmq
 
 from spill import config, messages as m
-from spill.actor import Fault, run_actor
+from spill.actor import Fault, parent_watch, run_actor
 from spill.errors import SpillError
 from spill.memory import check_same, describe
 from spill.wire import Mailbox
@@ -42,15 +42,14 @@ END_GRACE_S = 5.0   # a stopping group waits this long at most for clients to se
 class Group:
     def __init__(self, box: Mailbox, sup: Supervisor, log):
         self.box, self.sup, self.log = box, sup, log
-        self.epoch = 0
-        self.model = ""
+        self.epoch, self.model = 0, ""
         self.queue: deque[tuple[JobRun, Path]] = deque()
         self.current: JobRun | None = None
         self.job_epoch: int | None = None         # the running job's first epoch: older results are not its own
         self.last: dict[str, dict] = {}          # final status of jobs that ended in this group
         self.crashes: dict[str, int] = {}         # actor restarts during the running job
-        self.waiting: set[str] = set(ACTORS)     # actors not READY yet
-        self.waiting_since = time.monotonic()
+        self.waiting, self.waiting_since = set(ACTORS), time.monotonic()   # actors not READY yet, since when
+        self.stirred = time.monotonic()           # the running job's rows last (re)submitted: check_stalled
         self.ready_rss: dict[str, tuple] = {}     # each actor's resident memory at its READY: (all, file pages)
         self.running = True
         self.stop_at: float | None = None        # `spill down`, or an embedded group left idle: stop then
@@ -74,7 +73,7 @@ class Group:
 
     def _on_actor(self, msg) -> None:
         if isinstance(msg, (m.Ready, m.Heartbeat)):
-            self.sup.beat(msg.role, msg.pid)
+            self.sup.beat(msg.role, msg.pid, *((msg.progress, msg.busy) if isinstance(msg, m.Heartbeat) else ()))
         if isinstance(msg, m.Ready):
             self.waiting.discard(msg.role)
             self.ready_rss[msg.role] = (msg.rss, msg.file)
@@ -128,20 +127,28 @@ class Group:
         self._broadcast_reset()
 
     def check_actors(self) -> None:
-        for role in self.sup.hung(config.liveness_timeout()):
-            self.log.warning("actor hung; killing it", role=role, deadline_s=config.liveness_timeout())
+        last = self.current.last_pass if self.current else None   # busy beats, the loop's count still: a deadlock
+        wedge, beat = config.wedge_timeout(last.seconds if last else 0.0), config.liveness_timeout()   # no beat: stopped
+        stuck = {role: wedge for role in self.sup.wedged(wedge)} | {role: beat for role in self.sup.hung(beat)}
+        for role, deadline in stuck.items():
+            self.log.warning("actor hung; killing it", role=role, deadline_s=deadline)
             self.sup.kill(role)
         for role, code in self.sup.dead():
-            self.log.warning("actor died; restarting", role=role, exit_code=code)
+            why = self.sup.why(role)   # an error no restart fixes (a corrupt shard): the job fails with it at once
+            self.log.warning("actor died; restarting", role=role, exit_code=code, error=why or None)
             self.crashes[role] = self.crashes.get(role, 0) + 1
-            if self.current is not None and self.crashes[role] > MAX_CRASHES:
-                self.fail(f"the {role} crashed {self.crashes[role]} times during this job; "
+            if self.current is not None and (why or self.crashes[role] > MAX_CRASHES):
+                self.fail(why or f"the {role} crashed {self.crashes[role]} times during this job; "
                           f"see {config.home() / 'run' / 'logs' / (role + '.log')}")
             self.sup.restart(role)
             if not self.waiting:
                 self.waiting_since = time.monotonic()
             self.waiting.add(role)
             self.epoch += 1    # whatever the group holds now is stale
+        quiet = time.monotonic() - max(self.sup.active_at, self.stirred)   # rows out, every actor idle: lost on the way
+        if self.current and self.current.in_flight and not self.waiting and quiet > config.stall_timeout():
+            self.log.warning("rows outstanding while every actor is idle; submitting them again", quiet_s=round(quiet))
+            self._restart_rows()
 
     def _broadcast_reset(self, model: str = "") -> None:
         for role in ACTORS:
@@ -151,7 +158,7 @@ class Group:
 
     def _restart_rows(self) -> None:
         """(Re)start the current job's unfinished rows on a fresh epoch."""
-        self.epoch += 1
+        self.epoch, self.stirred = self.epoch + 1, time.monotonic()
         if self.job_epoch is None:
             self.job_epoch = self.epoch
         self._broadcast_reset(self.model)
@@ -329,15 +336,6 @@ class Group:
                                     and (not self.clients or now >= self.stop_at + END_GRACE_S))
 
 
-def _watch_owner(fd: int, gone: threading.Event) -> None:
-    """Embedded group: the `spill run` that started it holds the other end of this pipe; EOF means it left."""
-    def watch():
-        while os.read(fd, 1):
-            pass
-        gone.set()
-    threading.Thread(target=watch, name="owner-watch", daemon=True).start()
-
-
 def run_coordinator_process(endpoints, args, log) -> None:
     try:
         run_lock = lock_run_dir()   # one group per run directory: its sockets have fixed names
@@ -354,7 +352,7 @@ def run_coordinator_process(endpoints, args, log) -> None:
     group = Group(box, sup, log)
     if args.get("owner_fd") is not None:
         group.owner = str(args.get("owner", ""))
-        _watch_owner(args["owner_fd"], group.owner_gone)
+        parent_watch(args["owner_fd"], group.owner_gone.set)   # embedded: the `spill run` that started it left
     telemetry = Telemetry(group, log)   # the metrics endpoint, fed from what the actors report
     log.info("memory", **group.memory)
     sup.start_all()

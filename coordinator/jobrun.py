@@ -5,6 +5,8 @@ import hashlib
 import time
 from collections import OrderedDict
 
+import msgpack
+
 from spill import config
 from spill import messages as m
 
@@ -14,6 +16,7 @@ from .batch_output import error_line, success_line
 from .jobstore import LIVE, Job
 
 SUBMIT_BATCH = 64
+SUBMIT_SHARE = 4   # a SUBMIT fills at most 1/4 of the frame cap: the TOKENIZED of its rows may outgrow their text
 
 
 class JobRun:
@@ -54,16 +57,32 @@ class JobRun:
         out = []
         if self.window - len(self.in_flight) < min(SUBMIT_BATCH, self.window):
             return out
+        limit = config.max_message_bytes() // SUBMIT_SHARE   # ZeroMQ drops a bigger frame without a word
         while self.cursor < len(self.requests) and len(self.in_flight) < self.window:
-            rows, room = [], min(SUBMIT_BATCH, self.window - len(self.in_flight))
+            rows, requests, size, room = [], [], 0, min(SUBMIT_BATCH, self.window - len(self.in_flight))
             while self.cursor < len(self.requests) and len(rows) < room:
                 if self.cursor in self.pending:
-                    rows.append(self.cursor)
+                    request = self._request(self.cursor)
+                    n = len(msgpack.packb(request, use_bin_type=True))
+                    if n > limit:
+                        self._too_big(self.cursor, n, limit)
+                    elif rows and size + n > limit:
+                        break   # the next SUBMIT starts with it
+                    else:
+                        rows.append(self.cursor)
+                        requests.append(request)
+                        size += n
                 self.cursor += 1
             if rows:
                 self.in_flight.update(dict.fromkeys(rows, time.monotonic()))
-                out.append(m.Submit(epoch, rows, [self._request(i) for i in rows]))
+                out.append(m.Submit(epoch, rows, requests))
         return out
+
+    def _too_big(self, row: int, n: int, limit: int) -> None:
+        r, mb = self.requests[row], 2 ** 20
+        why = (f"line {r.line}: the request is {n / mb:.1f} MB, more than a message between spill's processes may carry "
+               f"({limit / mb:.1f} MB a row); raise SPILL_MAX_MESSAGE_MB to {SUBMIT_SHARE * n / mb + 1:.0f} or shorten it")
+        self._write([error_line(r.custom_id, code="invalid_request", message=why)], [row])
 
     def _request(self, i: int) -> dict:
         r = self.requests[i]
@@ -158,7 +177,10 @@ class JobRun:
         """Seconds left: the rows left re-simulated with the refitted pass model (None without an estimate)."""
         if self.estimate is None:
             return None
-        return self.estimate.eta(self.pending, {r: n for r, (n, _) in self.tails.items()})
+        try:
+            return self.estimate.eta(self.pending, {r: n for r, (n, _) in self.tails.items()})
+        except Exception:  # noqa: BLE001 - a figure, never the group's end: a model changed mid-job fails where it is read
+            return None
 
     def live_eta(self) -> float | None:
         """The live view's ETA: the estimate's, else the time per row done in this session (None before the first)."""

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 
+from spill.actor import failure_file
 from spill.platform import learn_device, preload_env
 
 ACTORS = {"tokenizer": "spill.tokenizer_worker.process", "admission": "spill.admission.process",
@@ -25,6 +26,9 @@ class Supervisor:
         self._pipes: dict[str, int] = {}
         self.restarts = {role: 0 for role in ACTORS}
         self.seen: dict[str, float] = {}      # role -> when it last said READY or beat its heart
+        self.progress: dict[str, int] = {}    # role -> its loop's count at its last beat
+        self.moved: dict[str, tuple[float, bool]] = {}   # role -> (when its count last moved, busy at its last beat)
+        self.active_at = time.monotonic()     # when an actor last beat busy, or with its loop moved on
         learn_device()   # in a child, into SPILL_DEVICE: this process and the actors that never compute load no MLX
 
     def start(self, role: str) -> None:
@@ -37,6 +41,8 @@ class Supervisor:
                                             pass_fds=(read_end,), env=env, stdin=subprocess.DEVNULL)
         os.close(read_end)
         self.seen.pop(role, None)              # until its first beat, the READY deadline applies, not liveness
+        self.progress.pop(role, None)
+        self.moved.pop(role, None)
         if role in self._pipes:
             os.close(self._pipes[role])
         self._pipes[role] = write_end
@@ -51,16 +57,36 @@ class Supervisor:
         """Actors that exited, with their exit codes."""
         return [(role, p.returncode) for role, p in self.procs.items() if p.poll() is not None]
 
-    def beat(self, role: str, pid: int) -> None:
+    def why(self, role: str) -> str:
+        """The sentence a dead actor left for an error no restart fixes (spill.actor.run_actor), else ""."""
+        path = failure_file(self.procs[role].pid)
+        try:
+            why = path.read_text()
+        except OSError:
+            return ""
+        path.unlink(missing_ok=True)
+        return why
+
+    def beat(self, role: str, pid: int, progress: int = 0, busy: bool = True) -> None:
         """A READY or heartbeat from the running process of role (one from a process already replaced is ignored)."""
         if role in self.procs and self.procs[role].pid == pid:
-            self.seen[role] = time.monotonic()
+            self.seen[role] = now = time.monotonic()
+            moved = self.progress.get(role) != progress
+            self.moved[role] = (now if moved else self.moved.get(role, (now, busy))[0], busy)
+            if busy or moved:
+                self.active_at, self.progress[role] = now, progress
 
     def hung(self, deadline_s: float) -> list[str]:
         """Live actors that have not beaten for deadline_s seconds (stopped, or stuck holding the GIL)."""
         now = time.monotonic()
         return [role for role, p in self.procs.items()
                 if p.poll() is None and role in self.seen and now - self.seen[role] > deadline_s]
+
+    def wedged(self, deadline_s: float) -> list[str]:
+        """Live actors that beat, busy, with their loop's count still for deadline_s seconds (a deadlock)."""
+        now = time.monotonic()
+        return [role for role, (at, busy) in self.moved.items()
+                if busy and now - at > deadline_s and self.procs[role].poll() is None]
 
     def kill(self, role: str) -> None:
         """SIGKILL (which also ends a stopped process); dead() reports it and the usual restart follows."""

@@ -1,6 +1,7 @@
 """What every actor process does around its loop: logging, a parent watch, a ready handshake,
 fault-injection knobs for tests, and one place that catches a crash and logs it."""
 
+import contextlib
 import json
 import os
 import sys
@@ -12,16 +13,17 @@ from pathlib import Path
 import structlog
 
 from . import config
+from .errors import SpillError
 from .platform import without_torch
 from .wire import Endpoints
 
 
-def parent_watch(fd: int) -> None:
-    """Exit when the parent dies: its end of our pipe closes and a read returns EOF (portable)."""
+def parent_watch(fd: int, then=lambda: os._exit(0)) -> None:
+    """Exit (or `then()`) when the parent dies: its end of our pipe closes and a read returns EOF (portable)."""
     def watch():
         while os.read(fd, 1):
             pass
-        os._exit(0)
+        then()
     threading.Thread(target=watch, name="parent-watch", daemon=True).start()
 
 
@@ -89,18 +91,19 @@ def bind_context(msg) -> None:
 
 
 class Fault:
-    """SPILL_CRASH_<ROLE>="event:n" kills this process (like kill -9) at the n-th event."""
+    """SPILL_CRASH_<ROLE>="event:n" kills this process (like kill -9) at the n-th event; "event:n:wedge" blocks its
+    loop there for ever instead (a deadlock: the heartbeat thread still beats, the loop's progress stops)."""
 
     def __init__(self, role: str):
-        spec = config.crash_knob(role)
-        self.event, self.at = (spec.split(":")[0], int(spec.split(":")[1])) if spec else ("", 0)
+        spec = config.crash_knob(role).split(":")
+        self.event, self.at, self.wedge = (spec[0], int(spec[1]), spec[2:] == ["wedge"]) if spec[0] else ("", 0, False)
         self.seen = 0
 
     def tick(self, event: str) -> None:
         if event == self.event:
             self.seen += 1
             if self.seen == self.at:
-                os._exit(137)
+                threading.Event().wait() if self.wedge else os._exit(137)
 
 
 def run_actor(role: str, main) -> None:
@@ -114,9 +117,17 @@ def run_actor(role: str, main) -> None:
         main(Endpoints(**args["endpoints"]), args, log)
     except KeyboardInterrupt:
         pass
-    except BaseException:  # noqa: BLE001 - logged, then the supervisor sees the exit code
+    except BaseException as err:  # noqa: BLE001 - logged, then the supervisor sees the exit code
         log.error("crashed", traceback=traceback.format_exc())
+        if isinstance(err, SpillError):   # a fact about the user's files or input: no restart changes it
+            with contextlib.suppress(OSError):   # unwritten, it is a crash like any other
+                failure_file(os.getpid()).write_text(str(err))
         sys.exit(1)
+
+
+def failure_file(pid: int) -> Path:
+    """Where an actor that stopped on a SpillError leaves its sentence for the supervisor (supervisor.why)."""
+    return config.home() / "run" / f"failed-{pid}.txt"
 
 
 class EpochGate:
@@ -146,9 +157,15 @@ class EpochGate:
 HEARTBEAT_S = 1.0
 
 
-def heartbeat(endpoints: Endpoints, role: str) -> None:
-    """Tell the coordinator every second, from a thread, that this process is scheduled: a long pass keeps
-    beating, a stopped (SIGSTOP) or wedged process does not, and the coordinator restarts it."""
+class Progress:
+    """What the loop's beats say: batches handled (inbox advances it), and whether it is working now."""
+    def __init__(self):
+        self.batches, self.busy = 0, True
+
+
+def heartbeat(endpoints: Endpoints, role: str, progress: Progress) -> None:
+    """Tell the coordinator every second, from a thread, that this process is scheduled and how far its loop
+    has come: a stopped (SIGSTOP) process does not beat, a wedged loop beats without progress; both are restarted."""
     import time
 
     import zmq
@@ -159,8 +176,8 @@ def heartbeat(endpoints: Endpoints, role: str) -> None:
         sock = zmq.Context.instance().socket(zmq.PUSH)
         sock.setsockopt(zmq.LINGER, 0)
         sock.connect(endpoints.coordinator)
-        frame = encode(Heartbeat(role, os.getpid()))
         while True:
+            frame = encode(Heartbeat(role, os.getpid(), progress.batches, progress.busy))
             try:
                 sock.send(frame, zmq.NOBLOCK)
             except zmq.Again:   # the coordinator is not reading: it will see us when it does
@@ -174,18 +191,21 @@ def inbox(box, role: str, log, busy=lambda: False, wait=lambda: None):
     While `busy()` it does not block: a loop with work to do only drains what came; else it waits
     `wait()` seconds at most (None: until a message), and may yield an empty batch."""
     from .messages import Ready, Shutdown
-    heartbeat(box.endpoints, role)
+    progress = Progress()
+    heartbeat(box.endpoints, role, progress)
     from .memory import process_memory
     now = process_memory()
     box.send("coordinator", Ready(role, os.getpid(), now.rss, now.file))
     log.info("ready")
     gate = EpochGate()
     while True:
+        progress.batches += 1   # the loop came back for more: it is not wedged
         if busy():
             arrived = box.drain()
         else:
+            progress.busy = False
             first = box.recv(None if (w := wait()) is None else int(w * 1000) + 1)
-            arrived = ([] if first is None else [first]) + box.drain()
+            arrived, progress.busy = ([] if first is None else [first]) + box.drain(), True
         if any(isinstance(msg, Shutdown) for msg in arrived):
             return
         batch = [msg for a in arrived for msg in gate(a)]

@@ -63,6 +63,13 @@ def test_pass_delay() -> float:
     return float(os.environ.get("SPILL_TEST_PASS_DELAY", "0"))
 
 
+def test_drop() -> tuple[str, int]:
+    """For tests: SPILL_TEST_DROP="SUBMIT:n" loses the n-th message of that kind a process sends, as ZeroMQ
+    loses an oversized frame: ("SUBMIT", n); ("", 0) unset."""
+    kind, _, n = os.environ.get("SPILL_TEST_DROP", "").partition(":")
+    return (kind.upper(), int(n)) if n else ("", 0)
+
+
 def read_threads() -> int:
     """Threads reading one layer's chunks at once (SPILL_READ_THREADS, default 4): queue depth for the disk."""
     return max(1, int(os.environ.get("SPILL_READ_THREADS", "4")))
@@ -132,6 +139,18 @@ def liveness_timeout() -> float:
     """Seconds without a heartbeat before an actor counts as hung and is restarted (SPILL_LIVENESS_TIMEOUT, default 30).
     The heartbeat comes from a thread, so a long pass keeps beating; a stopped or wedged process does not."""
     return float(os.environ.get("SPILL_LIVENESS_TIMEOUT", "30"))
+
+
+def stall_timeout() -> float:
+    """Seconds every actor may sit idle while rows of the running job are out before the coordinator takes them
+    for lost on the way and submits them again (SPILL_STALL_TIMEOUT, default 30)."""
+    return float(os.environ.get("SPILL_STALL_TIMEOUT", "30"))
+
+
+def wedge_timeout(pass_s: float = 0.0) -> float:
+    """Seconds an actor may work without its loop coming round before it counts as wedged and is restarted: the
+    larger of SPILL_WEDGE_TIMEOUT (default 600; a first pass reads the whole model) and 10 of the last pass."""
+    return max(float(os.environ.get("SPILL_WEDGE_TIMEOUT", "600")), 10 * pass_s)
 
 
 def allow_remote() -> bool:

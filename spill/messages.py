@@ -63,6 +63,8 @@ class Ready:
 class Heartbeat:
     role: str
     pid: int
+    progress: int = 0        # message batches the actor's loop has handled (spill.actor.inbox): moves while it works
+    busy: bool = False       # its loop was working at the beat, not waiting for a message
 
 
 @dataclass

@@ -70,6 +70,7 @@ class Mailbox:
         self.inbox.setsockopt(zmq.LINGER, 0)
         self.inbox.setsockopt(zmq.MAXMSGSIZE, config.max_message_bytes())   # zmq drops a bigger frame's peer
         self.role, self.accepts, self.dropped = role, {int(k) for k in ACCEPTS[role]}, 0
+        self.lose, self.sent = config.test_drop(), 0   # tests: a message lost on the way
         address = getattr(endpoints, role)
         if address.startswith("ipc://") and os.path.exists(address[6:]):
             os.unlink(address[6:])   # left behind by a process that died
@@ -82,6 +83,10 @@ class Mailbox:
             self.out[peer] = sock
 
     def send(self, peer: str, msg) -> None:
+        if type(msg).__name__.upper() == self.lose[0]:
+            self.sent += 1
+            if self.sent == self.lose[1]:
+                return
         self.out[peer].send(messages.encode(msg))
 
     def recv(self, timeout_ms: int | None = None):

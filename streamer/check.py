@@ -16,25 +16,9 @@ import mlx.core as mx
 import numpy as np
 
 from spill.errors import SpillError
-from spill.tokenizer_worker.core import NO_REMOTE_CODE, refuse_remote_code
 
 from .core import Row, Streamer
-
-_TOPICS = [
-    "Why is the sky blue?",
-    "Write a haiku about disks.",
-    "List three prime numbers.",
-    "Explain what a transformer layer computes, step by step, for a reader new to the field.",
-    "Translate 'good morning' into French.",
-    "What is 17 times 23?",
-    "Summarise the plot of a story where a lighthouse keeper finds a message in a bottle.",
-    "Name the planets of the solar system in order from the sun.",
-    "Give a one-line definition of entropy.",
-    "Describe how a bicycle stays upright while moving, and why it falls over when it stops.",
-]
-_FILLER = ("The quick brown fox jumps over the lazy dog while the river runs past the old mill, "
-           "and the miller counts sacks of flour by lamplight. ")
-
+from .reference import resident_side
 
 @dataclass
 class CheckRow:
@@ -118,51 +102,11 @@ ULPS, ULPS_F32 = 4, 64
 DTYPES = {"bfloat16": mx.bfloat16, "float16": mx.float16, "float32": mx.float32}
 
 
-def check_prompts(tokenizer, n: int, long_tokens: int) -> list[list[int]]:
-    """n prompts of varied length; the last is at least `long_tokens` long (chunked prefill)."""
-    prompts = [_encode(tokenizer, _TOPICS[k % len(_TOPICS)] + " " + _FILLER * (k % 4)) for k in range(n - 1)]
-    repeats = 1
-    while len(long := _encode(tokenizer, _FILLER * repeats)) < long_tokens:
-        repeats += 1
-    return prompts + [long]
-
-
-def _encode(tokenizer, text: str) -> list[int]:
-    if getattr(tokenizer, "chat_template", None):
-        ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
-        return list(ids["input_ids"] if isinstance(ids, dict) else ids)
-    return tokenizer.encode(text)
-
-
 def join_schedule(n: int) -> dict[int, list[int]]:
     """Row indices added at each pass: most at pass 0, the rest join mid-run."""
     first = max(1, (n * 3) // 5)
     second = first + (n - first) // 2
     return {0: list(range(first)), 2: list(range(first, second)), 5: list(range(second, n))}
-
-
-def resident_reference(model, prompt: list[int], max_tokens: int, eos: set[int]):
-    """mlx-lm's own generate loop with the model resident; returns (tokens of every step, an EOS
-    included, logits per step)."""
-    from mlx_lm.generate import generate_step
-    logits = []
-
-    def capture(_tokens, step_logits):
-        logits.append(np.array(step_logits[0].astype(mx.float32)))
-        return step_logits
-
-    tokens = []
-    for tok, _ in generate_step(mx.array(prompt), model, max_tokens=max_tokens, logits_processors=[capture]):
-        tokens.append(int(tok))
-        if int(tok) in eos:
-            break
-    return tokens, logits
-
-
-def first_token(model, tokenizer, prompt: list[int]) -> int:
-    """The first token mlx_lm.generate gives for the prompt, greedy, in a call of its own."""
-    from mlx_lm.generate import stream_generate
-    return next(iter(stream_generate(model, tokenizer, mx.array(prompt), max_tokens=1))).token
 
 
 def compute_dtype(dtype: str | None):
@@ -177,44 +121,33 @@ def compute_dtype(dtype: str | None):
 def run_check(folder: str | Path, n: int = 20, max_tokens: int = 16, prefill_chunk: int = 128,
               dtype: str | None = None, tolerance: float | None = None) -> CheckReport:
     """Each prompt runs twice in the same streamed batch: free-running (its own greedy tokens) and
-    teacher-forced (fed the resident's tokens, so every step's logits can be compared)."""
-    from mlx.utils import tree_flatten
-    from mlx_lm.utils import load
+    teacher-forced (fed the resident's tokens, so every step's logits can be compared); the resident side
+    runs in a process of its own (reference.py)."""
     if n < 1:
         raise SpillError(f"--rows must be at least 1, got {n}")
     streamer = Streamer(folder, prefill_chunk=prefill_chunk, keep_logits=True, dtype=compute_dtype(dtype))
     try:
-        try:
-            model, tokenizer = load(str(folder), tokenizer_config=NO_REMOTE_CODE, trust_remote_code=False)
-        except Exception as err:  # mlx-lm's own load failed after our plan accepted the folder
-            refuse_remote_code(err, folder)
-            raise SpillError(f"mlx-lm could not load {folder} as a resident reference: {err}") from err
-        if streamer.dtype is not None:
-            model.set_dtype(streamer.dtype)
-        used = next(v.dtype for _, v in tree_flatten(model.parameters()) if mx.issubdtype(v.dtype, mx.floating))
-        eos = set(tokenizer.eos_token_ids)
-        prompts = check_prompts(tokenizer, n, long_tokens=3 * prefill_chunk)
+        dtype_name = None if streamer.dtype is None else str(streamer.dtype).removeprefix("mlx.core.")
+        ref = resident_side(folder, dtype_name, n, max_tokens, long_tokens=3 * prefill_chunk)
+        prompts, eos, used = ref["prompts"], frozenset(ref["eos"]), getattr(mx, ref["dtype"])
         schedule = join_schedule(n)
         rows: dict[str, CheckRow] = {}
         steps: dict[str, list[int]] = {}
         for joined, indices in schedule.items():
             for i in indices:
-                steps[str(i)], ref_logits = resident_reference(model, prompts[i], max_tokens, eos)
+                steps[str(i)], ref_logits, first = ref["rows"][i]
                 ref_logits = ref_logits[:len(steps[str(i)])]   # generate_step computes one step ahead
                 expected = [t for t in steps[str(i)] if t not in eos]
-                rows[str(i)] = CheckRow(str(i), len(prompts[i]), joined, expected, ref_logits,
-                                        first_expected=first_token(model, tokenizer, prompts[i]))
-        del model
+                rows[str(i)] = CheckRow(str(i), len(prompts[i]), joined, expected, ref_logits, first_expected=first)
         scale = max((float(np.abs(x).max()) for r in rows.values() for x in r.ref_logits), default=0.0)
         eps = float(mx.finfo(used).eps)
         derived = tolerance is None
         tol = (ULPS * eps + ULPS_F32 * float(mx.finfo(mx.float32).eps)) * max(scale, 1.0) if derived else tolerance
-        _stream(streamer, prompts, schedule, rows, steps, max_tokens, frozenset(eos), tol)
+        _stream(streamer, prompts, schedule, rows, steps, max_tokens, eos, tol)
     finally:
         streamer.close()
-    name = str(used).removeprefix("mlx.core.")
     device = "gpu" if mx.default_device() == mx.gpu else "cpu"
-    return CheckReport([rows[str(i)] for i in range(n)], name, device, eps, scale, tol, derived)
+    return CheckReport([rows[str(i)] for i in range(n)], ref["dtype"], device, eps, scale, tol, derived)
 
 
 _TEACHER = "/teacher"

@@ -1,21 +1,20 @@
-"""The weight reader: streams each layer's bytes from disk with explicit positional reads into reusable
-buffers (two below; one on the CPU, `platform.read_slots`), turns them into finished mx.arrays, and
-hands them to the compute thread in the pass's order. Never mmap: the page cache must not compete
-with the engine for memory. With read_ahead, two threads work ahead of the compute thread:
+"""The weight reader: streams each layer's bytes from disk with explicit positional reads into reusable buffers
+(two below; one on the CPU, `platform.read_slots`), turns them into finished mx.arrays, and hands them to the compute
+thread in the pass's order. Never mmap: the page cache must not compete with the engine for memory. With read_ahead,
+two threads work ahead of the compute thread (each step of theirs guarded: an error reaches take(), never a hang):
 
     read thread     read 0 > buf0 | read 1 > buf1 | read 2 > buf0 | read 3 > buf1 | ...
     convert thread        conv 0  |         conv 1 |         conv 2 |    ...
     compute thread            take(0), layer 0    | take(1), layer 1| take(2) ...
 
-A buffer is refilled only once its layer is converted; a layer is converted only once the previous
-one was taken, so at most two layers of mx.arrays are alive (the one computing, the one ready); with
-`in_flight` 1, only once the previous one was released: one layer alive (platform.layers_in_flight).
-Buffers (`into`, platform.read_into): "mlx", MLX memory, a tensor stored as computed a view of it, lent to its
-layer until the compute thread `release`s it, then read into again; "buffers", the reader's own, copied out;
-"pinned" (a CUDA GPU), its own, page-locked, each layer copied by the GPU into MLX memory lent as with "mlx".
-Floating tensors are cast to `dtype` in MLX. A layer is read as runs of whole pages, in chunks on `read_threads`
-(O_DIRECT where allowed: no page cache at all; pages.py), and its tensors converted on `convert_threads`.
-"""
+A buffer is refilled only once its layer is converted; a layer is converted only once the previous one was taken,
+so at most two layers of mx.arrays are alive (the one computing, the one ready); with `in_flight` 1, only once the
+previous one was released: one layer alive (platform.layers_in_flight). Buffers (`into`, platform.read_into): "mlx",
+MLX memory, a tensor stored as computed a view of it, lent to its layer until the compute thread `release`s it, then
+read into again; "buffers", the reader's own, copied out; "pinned" (a CUDA GPU), its own, page-locked, each layer
+copied by the GPU into MLX memory lent as with "mlx". Floating tensors are cast to `dtype` in MLX. A layer is read
+as runs of whole pages, in chunks on `read_threads` (O_DIRECT where allowed: no page cache at all; pages.py), and
+its tensors converted on `convert_threads`."""
 
 import os
 import sys
@@ -42,17 +41,13 @@ class WeightReader:
     def __init__(self, plan: ModelPlan, *, dtype: "mx.Dtype | None" = None, read_ahead: bool = True,
                  drop_cache: bool = True, read_threads: int | None = None, convert_threads: int | None = None,
                  direct: bool | None = None, into: str | None = None, engine=None, in_flight: int = 2):
-        self.plan = plan
+        self.plan, self.dtype, self.read_ahead, self.drop_cache = plan, dtype, read_ahead, drop_cache
         self.in_flight = in_flight    # layers of arrays alive: 1 waits for `release`, so a caller that keeps layers sets 2
-        self.dtype = dtype
-        self.read_ahead = read_ahead
-        self.drop_cache = drop_cache
         # one fd per shard, kept open; O_DIRECT only where every shard allows it
         paths = sorted({t.path for t in plan.resident} | {t.path for layer in plan.layers for t in layer})
         direct = (config.direct_io() if direct is None else direct) and drop_cache   # O_DIRECT never caches
         self._fds = open_direct(paths) if direct else None
-        self.direct = self._fds is not None
-        self._fds = self._fds or {p: open_file(p, drop_cache) for p in paths}
+        self.direct, self._fds = self._fds is not None, self._fds or {p: open_file(p, drop_cache) for p in paths}
         n_read = read_threads or config.read_threads()
         n_conv = self.convert_threads = convert_threads or config.convert_threads()
         self._read_pool = ThreadPoolExecutor(n_read, "spill-read") if n_read > 1 else None
@@ -67,8 +62,7 @@ class WeightReader:
         raise_cache_limit(plan, dtype, self._recycle)
         # pass state, guarded by _cv; positions index the pass's order
         self._cv = threading.Condition()
-        self._gen = 0                 # bumped by start_pass and close: stale work is dropped
-        self._order: list[int] = []
+        self._gen, self._order = 0, []   # _gen: bumped by start_pass and close, so stale work is dropped
         self._taken = self._next_read = self._next_conv = self._released = 0   # positions taken, read, converted, released
         self._filled: dict[int, int] = {}          # position -> buffer holding it, not yet converted
         self._ready: dict[int, dict] = {}          # position -> its converted tensors
@@ -76,8 +70,8 @@ class WeightReader:
         self._lent: dict[int, tuple] = {}          # position -> the MLX buffer its (taken or ready) layer views
         self._spare: list[tuple] = []              # buffers of released layers: read into again, no zero fill
         self.buffers_made = 0                      # MLX buffers allocated (and zero-filled) for reads
-        self._busy = 0                # IO-side threads inside a job
-        self._error: tuple[int, BaseException] | None = None   # (position, error) for take() to raise
+        self._busy, self._error = 0, None   # IO-side threads inside a job; (position, error) for take() to raise
+        self._dead: RuntimeError | None = None    # an IO-side thread stopped: take() and start_pass raise it
         self._closed, self._threads = False, []   # the read and convert threads, once started
         self._stats = {"bytes_read": 0, "read_s": 0.0, "wait_s": 0.0, "convert_s": 0.0, "layers": 0}
 
@@ -98,13 +92,10 @@ class WeightReader:
     # -- the interface ------------------------------------------------------------------------------
     def read_resident(self) -> dict[str, mx.array]:
         """Every tensor outside the layers, read once through a staging buffer of the largest one."""
-        if not self.plan.resident:
-            return {}
         out = {}
         for spec in self.plan.resident:
             [(_, pos)], spans, size = layout([spec])
-            staging = aligned_buffer(size)
-            self._read_spans(spans, staging, gen=None)
+            self._read_spans(spans, staging := aligned_buffer(size), gen=None)
             out[spec.name] = self._convert_tensor(spec, staging, pos)
         self._drop_files()
         return out
@@ -122,39 +113,38 @@ class WeightReader:
                 raise RuntimeError("start_pass on a closed WeightReader")
             self._gen += 1
             self._cv.notify_all()
-            while self._busy:           # let stale jobs notice the new generation and stop
+            while self._busy and not self._dead:   # let stale jobs notice the new generation and stop
                 self._cv.wait()
+            if self._dead:
+                raise self._dead
             self._order, self._taken, self._next_read, self._next_conv, self._released = order, 0, 0, 0, 0
             self._filled, self._ready, self._error, self._lent = {}, {}, None, {}   # unreleased: never reused
             self._free = [True] * len(self._bufs)
             if self.read_ahead and not self._threads:
-                self._threads = [threading.Thread(target=f, name=name, daemon=True) for f, name in
-                                 ((self._read_loop, "spill-read"), (self._convert_loop, "spill-convert"))]
+                self._threads = [threading.Thread(target=self._guarded, args=(f, name), name=name, daemon=True)
+                                 for f, name in ((self._read_loop, "spill-read"), (self._convert_loop, "spill-convert"))]
                 for t in self._threads:
                     t.start()
             self._cv.notify_all()
 
     def take(self, i: int) -> dict[str, mx.array]:
-        """Layer i's tensors, name -> evaluated mx.array; blocks until they are ready.
-        Layers must be taken in the pass's order."""
+        """Layer i's tensors, name -> evaluated mx.array, once ready; layers are taken in the pass's order."""
         t0 = time.perf_counter()
         with self._cv:
             pos = self._taken
             if pos >= len(self._order):
                 raise RuntimeError(f"take({i}): no layer left in this pass; call start_pass() first")
             if self._order[pos] != i:
-                raise RuntimeError(f"take({i}): layers are taken in the pass's order, the next one is "
-                                   f"{self._order[pos]}")
+                raise RuntimeError(f"take({i}): layers are taken in the pass's order, the next one is {self._order[pos]}")
             self._lent = {p: b for p, b in self._lent.items() if p >= pos}   # not released: left to its views
             self._released = max(self._released, pos)   # asked for: copied now even where the caller keeps layers
             self._cv.notify_all()
             if self.read_ahead:
-                while pos not in self._ready and not self._failed(pos) and not self._closed:
+                while pos not in self._ready and not self._failed(pos) and not self._closed and not self._dead:
                     self._cv.wait()
                 if pos not in self._ready:
-                    if self._closed:
-                        raise RuntimeError(f"take({i}) on a closed WeightReader")
-                    raise self._error[1]
+                    closed = RuntimeError(f"take({i}) on a closed WeightReader")
+                    raise closed if self._closed else self._dead or self._error[1]
                 out = self._ready.pop(pos)
                 self._taken += 1
                 self._cv.notify_all()
@@ -226,10 +216,11 @@ class WeightReader:
                 self._busy += 1
             def read():
                 self._bufs[slot] = self._buffer(self._bufs[slot])
-                return self._read_spans(self._layout[layer][1], self._bufs[slot][0], gen)
+                done = self._read_spans(self._layout[layer][1], self._bufs[slot][0], gen)
+                if pos == len(self._order) - 1:
+                    self._drop_files()
+                return done
             done = self._job(gen, pos, read)
-            if pos == len(self._order) - 1:
-                self._drop_files()
             with self._cv:
                 if done and gen == self._gen:
                     self._filled[pos] = slot
@@ -248,9 +239,12 @@ class WeightReader:
                 gen, pos = self._gen, self._next_conv
                 slot, layer = self._filled.pop(pos), self._order[pos]
                 self._busy += 1
-            out = self._job(gen, pos, lambda: self._convert_layer(layer, slot, gen))
-            if out is not None:
-                self._renew(slot, pos, layer)   # not under the lock: start_pass waits for this job before reusing slots
+            def convert():
+                out = self._convert_layer(layer, slot, gen)
+                if out is not None:   # the slot's next buffer; start_pass waits for this job before reusing slots
+                    self._renew(slot, pos, layer)
+                return out
+            out = self._job(gen, pos, convert)
             with self._cv:
                 if out is not None and gen == self._gen:
                     self._ready[pos] = out
@@ -259,9 +253,18 @@ class WeightReader:
                 self._busy -= 1
                 self._cv.notify_all()
 
+    def _guarded(self, loop, name: str) -> None:
+        """A read or convert loop; where it stops on an error outside any one job, take() and start_pass say so."""
+        try:
+            loop()
+        except BaseException as err:  # noqa: BLE001 - raised on the compute thread
+            with self._cv:
+                self._dead = RuntimeError(f"the weight reader's {name} thread stopped ({type(err).__name__}: {err})")
+                self._dead.__cause__ = err
+                self._cv.notify_all()
+
     def _job(self, gen: int, pos: int, work):
-        """Run one read or convert; an error is kept for take() of that position to raise (the
-        layers before it are still delivered)."""
+        """Run one read or convert; an error is kept for take() of that position (the layers before it are delivered)."""
         try:
             return work()
         except BaseException as err:  # noqa: BLE001 - re-raised on the compute thread
@@ -275,8 +278,7 @@ class WeightReader:
 
     # -- reading and converting ------------------------------------------------------------------------
     def _read_spans(self, spans: list["Span"], buf: np.ndarray, gen: int | None) -> bool:
-        """Read whole pages of each span into the buffer, in chunks (on the read threads, if several);
-        False if the pass was abandoned."""
+        """Whole pages of each span into the buffer, in chunks (on the read threads, if several); False if abandoned."""
         jobs = [(sp, k, min(_CHUNK, sp.length - k)) for sp in spans for k in range(0, sp.length, _CHUNK)]
         t0 = time.perf_counter()
         read = lambda job: self._read_chunk(*job, buf, gen)   # noqa: E731
@@ -312,8 +314,7 @@ class WeightReader:
         return done
 
     def _drop_files(self) -> None:
-        """Drop what the kernel read ahead past the last layer of a pass (the reads themselves
-        drop what they read): without this up to one readahead window per file stays cached."""
+        """Drop what the kernel read ahead past a pass's last layer (reads drop their own): else a window a file stays."""
         if self.drop_cache and sys.platform.startswith("linux"):
             for fd in self._fds.values():
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
@@ -363,10 +364,9 @@ class WeightReader:
         convert = lambda sp: self._convert_tensor(sp[0], buf, sp[1], owner, sp[2])    # noqa: E731
         arrays = map(convert, work) if self._conv_pool is None else self._conv_pool.map(convert, work)
         done = {sp[0].name: a for sp, a in zip(work, arrays)}
-        out = {spec.name: done[spec.name] for spec, _ in self._layout[i][0]}
         with self._cv:
             self._stats["convert_s"] += time.perf_counter() - t0
-        return out
+        return {spec.name: done[spec.name] for spec, _ in self._layout[i][0]}
 
     def _aligned(self, spec: TensorSpec, pos: int) -> bool:
         """Whether MLX can view a tensor at `pos` of a read buffer in place: a dtype it has, its bytes aligned."""

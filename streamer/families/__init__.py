@@ -35,6 +35,7 @@ def adapter_for(plan):
     if not v.runs:
         raise SpillError(f"model folder {plan.folder}: {v.why}")
     module, name = FAMILIES.get(v.model_type, ("llama", "LlamaAdapter"))
-    adapter = getattr(importlib.import_module(f".{module}", __name__), name)(plan.config)
+    from .rope import rope_config   # imported on use: it loads mlx-lm
+    adapter = getattr(importlib.import_module(f".{module}", __name__), name)(rope_config(plan.config, plan.folder))
     adapter.check_names(plan)
     return adapter

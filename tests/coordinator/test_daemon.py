@@ -26,12 +26,16 @@ class Sup:
     def __init__(self):
         self.killed, self.beats, self.stuck, self.restarted = [], [], [], []
         self.args = {}   # the actors' args (memory, budget_fraction), as the Supervisor holds them
+        self.active_at = 0.0   # when an actor last worked (Supervisor.beat)
 
     def dead(self):
         return [(r, -9) for r in self.killed if r not in self.restarted]
 
     def hung(self, deadline_s):
         return list(self.stuck)
+
+    def wedged(self, deadline_s):
+        return []
 
     def kill(self, role):
         self.killed.append(role)
@@ -40,8 +44,11 @@ class Sup:
     def restart(self, role):
         self.restarted.append(role)
 
-    def beat(self, role, pid):
+    def beat(self, role, pid, progress=0, busy=True):
         self.beats.append(role)
+
+    def why(self, role):
+        return ""
 
     def pids(self):
         return {}

@@ -30,9 +30,11 @@ def test_a_slow_pass_is_not_taken_for_a_hang(job8, tmp_path, llama_calibration):
     home = tmp_path / "home"     # a data home of its own: its logs are this group's alone
     seed_home(home, llama_calibration)
     spill("run", folder, one, "-o", tmp_path / "out.jsonl", "--quiet", check=True,
-          env={"SPILL_HOME": str(home), "SPILL_LIVENESS_TIMEOUT": "2", "SPILL_TEST_PASS_DELAY": "3"})   # each pass outlasts the deadline
+          env={"SPILL_HOME": str(home), "SPILL_LIVENESS_TIMEOUT": "2", "SPILL_STALL_TIMEOUT": "2",
+               "SPILL_TEST_PASS_DELAY": "3"})   # each pass outlasts both deadlines
     assert log_events("coordinator", home), "the group wrote no log"
-    assert not [e for e in log_events("coordinator", home) if e.get("event") in ("actor hung; killing it", "actor died; restarting")]
+    assert not [e for e in log_events("coordinator", home) if e.get("event") in (
+        "actor hung; killing it", "actor died; restarting", "rows outstanding while every actor is idle; submitting them again")]
 
 
 FOREIGN = r"""

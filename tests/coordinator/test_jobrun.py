@@ -124,3 +124,35 @@ def test_every_row_is_fed_and_finished_with_a_small_window(tmp_path, monkeypatch
         written += rows
         submits = run.refill(1)
     assert run.finished and sorted(written) == list(range(50))
+
+
+def test_an_estimate_that_cannot_re_read_the_model_leaves_the_job_running_without_an_eta(tmp_path):
+    """The live ETA re-plans the model's files; a shard cut short mid-job made that raise in the coordinator's loop
+    (the group died: "the spill group stopped answering"). The ETA is a figure shown, never the group's end."""
+    from types import SimpleNamespace
+
+    from spill.errors import SpillError
+    run, _ = _run(tmp_path)
+    def replan(pending, generated):
+        raise SpillError("model.safetensors: tensor x ends at byte 9, found a file of 4 bytes; re-download it")
+    run.estimate = SimpleNamespace(started=lambda at: None, eta=replan, first=None)
+    run.job.set_status("running")
+    run.on_pass(m.Pass(1, 0, 2.0, 0.1, 1.8, 2, 10, 2, [], 100, 200, 300))
+    assert run.live_eta() is None and run.passes == 1
+
+
+def test_every_submit_fits_the_frame_cap_by_bytes_and_a_row_over_it_is_an_error_line(tmp_path, monkeypatch):
+    """64 rows of up to 16 MB made one SUBMIT over the 256 MB cap, and ZeroMQ dropped it without a word."""
+    monkeypatch.setenv("SPILL_MAX_MESSAGE_MB", "1")   # a SUBMIT holds 256 KiB at most
+    inp = tmp_path / "big.jsonl"
+    sizes = [100_000] * 9 + [300_000] + [100_000] * 5
+    inp.write_text("".join(f'{{"custom_id": "r{i}", "prompt": "{"x" * n}"}}\n' for i, n in enumerate(sizes)))
+    requests, _ = read_batch(inp)
+    run = JobRun(Job.create(inp, "demo", {}, tmp_path / "big.out.jsonl"), requests, "demo", {"max_tokens": 1})
+    submits = run.submits(epoch=1)
+    assert [s.rows for s in submits] == [[0, 1], [2, 3], [4, 5], [6, 7], [8, 10], [11, 12], [13, 14]]
+    assert all(len(m.encode(s)) <= (1 << 20) // 4 for s in submits)
+    (line,) = read_output(tmp_path / "big.out.jsonl").values()
+    assert line["custom_id"] == "r9" and line["error"]["message"] == (
+        "line 10: the request is 0.3 MB, more than a message between spill's processes may carry (0.2 MB a row); "
+        "raise SPILL_MAX_MESSAGE_MB to 2 or shorten it")

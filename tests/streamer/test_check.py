@@ -89,3 +89,18 @@ def test_check_refuses_a_tokenizer_that_asks_for_its_repos_code_without_running_
     with pytest.raises(SpillError, match=r"its tokenizer needs code from the model's repository \(auto_map\)"):
         run_check(folder, n=2, max_tokens=2)
     assert not (folder / "RAN").exists()
+
+
+@cpu_default
+def test_a_defect_in_spill_s_attention_fails_the_check(make_tiny, monkeypatch):
+    """Streaming swaps the attention of mlx-lm's model module for its own (pooled, split); a reference run in this
+    process would run that swapped attention too and pass whatever it computes. Skewed here, the gate catches it."""
+    from mlx_lm.models import base, llama
+
+    from spill.streamer.groups import pooled_attention
+    def skewed(queries, keys, values, cache=None, scale=1.0, mask=None, sinks=None):
+        return base.scaled_dot_product_attention(queries, keys, values, cache=cache, scale=scale * 1.05, mask=mask,
+                                                 sinks=sinks)
+    monkeypatch.setattr(llama, "scaled_dot_product_attention", pooled_attention(skewed))
+    report = run_check(make_tiny("llama"), n=3, max_tokens=4, prefill_chunk=16)
+    assert not report.passed and report.max_logit_diff > report.tolerance
