@@ -102,6 +102,8 @@ class JobRun:
             self.in_flight.difference_update(rows)
             for row in rows:
                 self.tails.pop(row, None)
+            if not self.pending and self.passes:
+                history.written(self.job.dir, self.total)   # the plot's last point: every row done
 
     def on_pass(self, msg: m.Pass) -> None:
         now = time.monotonic()

@@ -124,3 +124,14 @@ def test_every_row_is_fed_and_finished_with_a_small_window(tmp_path, monkeypatch
         written += rows
         submits = run.refill(1)
     assert run.finished and sorted(written) == list(range(50))
+
+
+def test_the_pass_history_of_a_finished_job_ends_at_every_row_done(tmp_path):
+    """A pass counts its rows before their lines are written: `spill report` drew a 20/20 job ending at 10 done."""
+    from spill.coordinator import history
+    run, _ = _run(tmp_path)
+    run.submits(epoch=1)
+    run.on_pass(m.Pass(1, 0, 2.0, 0.1, 1.8, 2, 10, 2, [0, 1], 100, 200, 300))   # both rows end in this pass
+    run.on_done(m.Done(1, [0, 1], ["x", "y"], ["length", "length"], [1, 1], [5, 7]))
+    passes = history.read(run.job.dir)
+    assert len(passes) == 1 and passes[-1]["done"] == 2 == run.total
