@@ -11,6 +11,7 @@ from spill import config
 
 PROBE_READS = 6          # the read probe and the pass probe's passes each read the weights about once
 PROBE_TOKENS = 10_000    # tokens the layer probe pushes through one layer (prompts of up to 1,024, decode steps)
+PROBE_SETUP_S = 8.0      # loading, warming up and many small timed calls, whatever the size (the demo: 10 s)
 PASS_TOKENS = 300        # tokens the pass probe pushes through every layer (16 short prompts, a few decode steps)
 
 
@@ -69,7 +70,7 @@ def calibration_seconds(folder: Path) -> float:
     flops_per_s = 2 * 256 * h * h / max(time.perf_counter() - t0, 1e-9)
     params = plan.streamed_bytes / 2
     flops = 2 * params * (PROBE_TOKENS / layers + PASS_TOKENS)
-    return PROBE_READS * plan.streamed_bytes / 1e9 + flops / flops_per_s
+    return PROBE_SETUP_S + PROBE_READS * plan.streamed_bytes / 1e9 + flops / flops_per_s
 
 
 def calibrating(folder: Path, seconds: float | None = None):
