@@ -11,6 +11,8 @@ app = typer.Typer(no_args_is_help=True, add_completion=False, rich_markup_mode=N
                   help="spill: batch inference for models larger than memory.")
 
 
+MODEL_HELP = ("A local model folder, a tag (`spill models` lists them), a Hugging Face id org/name[@revision], "
+              "or 'demo' (a small generated model).")
 MEMORY_HELP = "Plan for this much memory (e.g. 48GB, 1.5GiB) instead of the detected working set."
 FRACTION_HELP = "Share of the working set that live allocation aims at (default 0.78; 0.90 of a CUDA GPU's memory)."
 
@@ -37,7 +39,7 @@ def _fail(err: Exception, code: int = 2) -> None:
 def make_model_cmd(
     out: Path = typer.Argument(..., help="Folder to write (must not exist or be empty)."),
     family: str = typer.Option("llama", help="Model family: llama, qwen2, mistral, qwen3, phi3, gemma2, gemma3_text."),
-    size: str = typer.Option("tiny", help="Size preset (tiny, small, 1b, 3b, deep)."),
+    size: str = typer.Option("tiny", help="Size preset: tiny, small, tall, lean, lean45, 1b, 3b or deep."),
     seed: int = typer.Option(0, help="Random seed; the same seed gives the same bytes."),
     dtype: str = typer.Option("bfloat16", help="Storage dtype: bfloat16, float16 or float32."),
     shard_size: str = typer.Option("", help="Shard the weights into files of at most this size (e.g. 500MB); empty: one file."),
@@ -56,7 +58,7 @@ def make_model_cmd(
 
 @app.command("check")
 def check_cmd(
-    model: Path = typer.Argument(..., help="A model folder (Hugging Face layout)."),
+    model: str = typer.Argument(..., help=MODEL_HELP),
     rows: int = typer.Option(20, help="How many prompts to run."),
     max_tokens: int = typer.Option(16, help="Tokens to generate per row."),
     prefill_chunk: int = typer.Option(128, help="Prompt positions a prefill group computes per pass."),
@@ -66,10 +68,11 @@ def check_cmd(
 ) -> None:
     """Run prompts streamed and resident (mlx-lm), greedy: teacher-forced logits within a tolerance of
     the dtype, and free-running identity."""
+    from spill.coordinator.preflight import model_folder
     from spill.coordinator.report import print_check
     from spill.streamer.check import run_check
     try:
-        report = run_check(model, n=rows, max_tokens=max_tokens, prefill_chunk=prefill_chunk, dtype=dtype,
+        report = run_check(model_folder(model), n=rows, max_tokens=max_tokens, prefill_chunk=prefill_chunk, dtype=dtype,
                            tolerance=tolerance)
     except SpillError as err:
         _fail(err)
@@ -99,7 +102,7 @@ def pull_cmd(model: str = typer.Argument(..., help="A tag, a Hugging Face id org
 
 @app.command("run")
 def run_cmd(
-    model: str = typer.Argument(None, help="A model folder, or 'demo' (a small generated model)."),
+    model: str = typer.Argument(None, help=MODEL_HELP),
     input: Path = typer.Argument(None, help="JSONL of requests (OpenAI Batch or {custom_id, prompt|messages})."),
     output: Path = typer.Option(None, "-o", "--output", help="Where results go (default: the job folder)."),
     max_tokens: int = typer.Option(256, help="Tokens per row when the row does not say."),
@@ -119,6 +122,9 @@ def run_cmd(
     from spill.memory import memory_args
     if resume is None and (model is None or input is None):
         _fail(SpillError("give MODEL and INPUT.jsonl, or --resume JOB_ID"))
+    if resume is not None and (model is not None or input is not None):
+        _fail(SpillError(f"--resume {resume} continues that job with its own model and input; give either "
+                         "MODEL and INPUT.jsonl, or --resume JOB_ID, not both"))
     if not every > 0:
         _fail(SpillError(f"--every must be a number of seconds above 0, found {every:g}"))
     try:
@@ -191,7 +197,7 @@ def status_cmd(job: str = typer.Argument(None, help="A job id (default: the runn
 
 @app.command("estimate")
 def estimate_cmd(
-    model: str = typer.Argument(..., help="A model folder, or 'demo'."),
+    model: str = typer.Argument(..., help=MODEL_HELP),
     input: Path = typer.Argument(..., help="JSONL of requests, as `spill run` takes it."),
     memory: str = typer.Option(None, help="Working set to plan for, e.g. 16GB (default: this machine's)."),
     max_tokens: int = typer.Option(256, help="Tokens per row when the row does not say."),
@@ -199,7 +205,8 @@ def estimate_cmd(
     stream: bool = typer.Option(False, "--stream", help="Price the run streamed even if the model fits resident."),
     budget_fraction: float = typer.Option(None, help=FRACTION_HELP),
 ) -> None:
-    """How long `spill run MODEL INPUT` will take here: the rows tokenized, the schedule simulated pass by pass."""
+    """How long `spill run MODEL INPUT` will take here: the rows tokenized, the schedule simulated pass by pass.
+    Exit code: 0 an estimate, 2 none (no row can run as given; the lines say why) or a usage error."""
     import json
     from spill.coordinator.estimate import estimate_file, format_estimate
     from spill.memory import memory_args
@@ -211,11 +218,14 @@ def estimate_cmd(
         _fail(err)
     typer.echo(json.dumps({**est.to_dict(), "advice": advice.line, "calibration": cal}) if as_json
                else format_estimate(est, cal, advice))
+    if not est.passes:   # "estimate: none" or "nothing to run": what `spill run` would refuse or fail
+        raise typer.Exit(2)
 
 
 @app.command("report")
 def report_cmd(job: str = typer.Argument(..., help="A job id (`spill status` lists them)."),
-               output: Path = typer.Option(None, "-o", "--output", help="PNG to write (default: report.png in the job folder).")) -> None:
+               output: Path = typer.Option(None, "-o", "--output", help="Image to write: .png, .svg or .pdf "
+                                                             "(default: report.png in the job folder).")) -> None:
     """Plot a job's passes: pass time against the roofline, memory, running rows, rows done against the estimate."""
     from spill.coordinator.plot import report_job
     try:

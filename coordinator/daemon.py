@@ -21,17 +21,18 @@ import zmq
 from spill import config, messages as m
 from spill.actor import Fault, parent_watch, run_actor
 from spill.errors import SpillError
-from spill.memory import check_same, describe
+from spill.memory import describe
 from spill.wire import Mailbox
 
-from .batch_input import read_batch
 from .batch_output import bad_row_line
 from .control import answer, open_control
-from .estimate import job_estimate, refusal
+from .estimate import job_estimate
 from .jobrun import JobRun
 from .jobstore import Job
-from .models import check_room, output_bytes, resolve, warning
+from .metrics_line import metrics_line
+from .models import warning
 from .rundir import LOCKED_EXIT, lock as lock_run_dir, remove_sockets, write_record, clear_record
+from .submit import prepare
 from .supervisor import ACTORS, Supervisor
 from .telemetry import Telemetry
 
@@ -57,6 +58,7 @@ class Group:
         self.owner = ""                           # embedded group: the `spill run` that started it
         self.owner_gone = threading.Event()       # set when that client's pipe closes: stop when idle
         self.memory = describe(sup.args)         # working set, its source, the budget
+        self.metrics = ""                         # where the metrics are served, or why not (metrics_line)
         self.fault = Fault("coordinator")         # tests: SPILL_CRASH_COORDINATOR="done:n" or "submit:n"
 
     # -- actors -----------------------------------------------------------------------------
@@ -184,26 +186,8 @@ class Group:
             self.fail(str(err) if isinstance(err, SpillError) else f"the job could not start ({_one_line(err)})")
 
     def submit(self, args: dict) -> dict:
-        check_same(self.sup.args, args)
-        job = Job.open(args["resume"]) if args.get("resume") else None
-        if job is not None:   # the job knows its input, model and output
-            args = {**args, "input": args.get("input") or job.meta["input"],
-                    "model": args.get("model") or job.meta["model"], "output": args.get("output") or job.meta.get("output")}
-        model, mem = resolve(args["model"]), {**args, **{k: self.sup.args.get(k) for k in ("memory", "budget_fraction")}}
-        if short := refusal(model, mem, self.ready_rss):   # no row would fit: no job is made, no output claimed
-            raise SpillError(short + ("" if self.owner else "; this group keeps the memory it was started with: "
-                                      "`spill down`, then `spill up` with more"))
-        requests, bad = read_batch(Path(args["input"]))
-        params = {"max_tokens": 256 if args.get("max_tokens") is None else args["max_tokens"],
-                  "temperature": args.get("temperature") or 0.0}
-        output = Path(args["output"]) if args.get("output") else None
-        if job is None and not args.get("new"):
-            job = Job.find(Path(args["input"]), output, args["model"])
-        if job is None:
-            job = Job.create(Path(args["input"]), args["model"], params, output)
-        job.check_input()
-        check_room(job.output_path, output_bytes(len(requests), params["max_tokens"]),
-                   "the job's output may need", "there, or write it elsewhere with -o")
+        s = prepare(args, self.sup.args, self.ready_rss, bool(self.owner))
+        job, args, model, mem, requests, bad, params = s.job, s.args, s.folder, s.memory, s.requests, s.bad, s.params
         if any(run.job.id == job.id for run, _ in self.queue) or (self.current and self.current.job.id == job.id):
             raise SpillError(f"job {job.id} is already running; follow it with `spill status {job.id}`")
         job.lock()
@@ -224,6 +208,7 @@ class Group:
         self.next_job()
         return {"job": job.id, "total": run.total, "done": run.total - len(run.pending), "invalid": len(bad),
                 "output": str(job.output_path), "queued": len(self.queue), "warning": warning(model),
+                "metrics": self.metrics,
                 **({"estimate": run.estimate.first_line, "advice": run.estimate.advice.line} if run.estimate else {})}
 
     def status(self, args: dict) -> dict:
@@ -314,7 +299,7 @@ class Group:
     def handle(self, req: m.Request) -> m.Reply:
         """Every request gets a reply: its data, or one sentence of what went wrong."""
         ops = {"ping": lambda a: {"pid": os.getpid()}, "submit": self.submit,
-               "status": lambda a: {**self.status(a), "memory": self.memory},
+               "status": lambda a: {**self.status(a), "memory": self.memory, "metrics": self.metrics},
                "interrupt": self.interrupt, "cancel": self.cancel, "down": self.down}
         if req.op not in ops:
             return m.Reply(False, error=f"unknown request {req.op!r}; this group answers {', '.join(ops)} "
@@ -354,6 +339,7 @@ def run_coordinator_process(endpoints, args, log) -> None:
         group.owner = str(args.get("owner", ""))
         parent_watch(args["owner_fd"], group.owner_gone.set)   # embedded: the `spill run` that started it left
     telemetry = Telemetry(group, log)   # the metrics endpoint, fed from what the actors report
+    group.metrics = metrics_line(telemetry.server is not None)
     log.info("memory", **group.memory)
     sup.start_all()
     poller = zmq.Poller()

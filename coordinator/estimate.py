@@ -15,7 +15,8 @@ from spill.admission.advisor import Advice, advise
 from spill.admission.calibration import open_calibration
 from spill.admission.passmodel import PassModel
 from spill.admission.prices import shortfall
-from spill.admission.simulate import Estimate, SimRow, simulate
+from spill.admission import simulate as sim
+from spill.admission.simulate import Estimate, SimRow, simulate, tier_of
 from spill.streamer.plan import load_plan
 from spill.tokenizer_worker.core import TokenizerCore
 
@@ -58,8 +59,12 @@ def estimate_file(model: str, input: Path, *, max_tokens: int = 256, memory: str
                   stream: bool = False, fraction: float | None = None) -> tuple[Estimate, dict, Advice]:
     """(the estimate, the calibration it used with the group's memory it priced, the advice) for a batch
     file as `spill run` would run it (`fraction`: --budget-fraction, None for the default)."""
+    from .first_use import calibrate, make_demo
+    if model == "demo":
+        make_demo()
     folder = resolve(model)
     requests, bad = read_batch(Path(input))
+    calibrate(folder)
     rows, errors = sim_rows(folder, requests, range(len(requests)), {"max_tokens": max_tokens})
     others = remembered_others()
     advice = advise_rows(folder, rows, memory=memory, stream=stream, name=model, fraction=fraction,
@@ -109,8 +114,26 @@ def estimate_rows(folder: Path, rows: list[SimRow], *, errors: int = 0, memory: 
     else:
         est = simulate(rows, policy, waiting, model, streamed, max_batch=max_batch, errors=errors,
                        read_once=0 if loaded else plan.streamed_bytes - streamed)
+        est.ideal_seconds = ideal(est, rows, model, streamed, max_batch)
     est.mode = "resident" if resident else "streamed"
+    est.tiers.sort(key=lambda t: TIER_ORDER.index(t.name.split()[0]) if t.name.split()[0] in TIER_ORDER else 3)
     return est, {"key": cal.key, "passes": cal.seen, **model.to_dict()}
+
+
+def ideal(est: Estimate, rows: list[SimRow], model: PassModel, streamed: int, max_batch) -> float:
+    """The roofline bound as simulate prices it, with each row held at the larger of the batch the budget fits
+    for it and the batch its tier reached in the simulation, weighted by its output tokens: priced at its tier's
+    first row's batch, or below the schedule's own, the "ideal" came out above the estimate (0.58x)."""
+    tiers: dict[str, list[SimRow]] = {}
+    for r in rows:
+        tiers.setdefault(r.tier or tier_of(r.prompt), []).append(r)
+    reached = {t.name: t.row_passes / t.passes for t in est.tiers if t.passes}
+    held = {name: sum(r.out / max(max_batch(r), reached.get(name, 1)) for r in mine) for name, mine in tiers.items()}
+    batch = {name: sum(r.out for r in tiers[name]) / held[name] if held[name] else 1 for name in tiers}
+    return sim._ideal(est.tiers, rows, model, streamed, lambda r: batch[r.tier or tier_of(r.prompt)])
+
+
+TIER_ORDER = ("short", "medium", "long")   # simulate's tiers come in the order of the rows
 
 
 def duration(seconds: float) -> str:

@@ -122,6 +122,8 @@ class JobRun:
                 self.in_flight.pop(row, None)
             for row in rows:
                 self.tails.pop(row, None)
+            if not self.pending and self.passes:
+                history.written(self.job.dir, self.total)   # the plot's last point: every row done
 
     def on_pass(self, msg: m.Pass) -> None:
         now = time.monotonic()

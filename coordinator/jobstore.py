@@ -21,10 +21,11 @@ from pathlib import Path
 from spill import config
 from spill.coordinator.batch_output import encode
 from spill.errors import SpillError
-from spill.files import replaced
+from spill.files import fsync as _fsync, fsync_dir as _fsync_dir, replaced
 
 STATUSES = ("queued", "running", "interrupted", "cancelled", "done", "failed")
 LIVE = ("queued", "running")   # a job in one of these whose lock nobody holds lost its coordinator: interrupted
+SETTINGS = ("memory", "budget_fraction", "stream")   # kept in job.json's params beside max_tokens, temperature
 NEW_JOB_HINT = "start a new job with `spill run --new`"   # the CLI owns this flag; keep the two in step
 
 
@@ -122,6 +123,11 @@ class Job:
                 return cls.open(meta["id"])
         return None
 
+    def settings(self) -> dict:
+        """The memory, budget_fraction and stream the job ran with, as `spill run --resume` starts it again."""
+        params = self.meta.get("params", {})
+        return {k: params[k] for k in SETTINGS if k in params}
+
     def done_ids(self) -> set[str]:
         return set(self._done)
 
@@ -165,12 +171,16 @@ class Job:
         """SpillError when the input file is gone or differs (sha256) from the one this job was created for."""
         path = Path(self.meta["input"])
         done = f"{len(self._done) + len(self._anon)} rows already in {self.output_path}"
+        new = NEW_JOB_HINT + (" and another -o path (that file stays the old job's)" if self.meta.get("output") else "")
         if not path.is_file():
             raise SpillError(f"{path}, the input of job {self.id}, no longer exists; put it back to continue, "
-                             f"or {NEW_JOB_HINT} ({done})")
-        if _sha256(path) != self.meta["input_sha256"]:
+                             f"or {new} ({done})")
+        if not self.resumable():
             raise SpillError(f"{path} changed since job {self.id} was created; restore it to continue that job, "
-                             f"or {NEW_JOB_HINT} ({done} belong to the old input)")
+                             f"or {new} ({done} belong to the old input)")
+
+    def resumable(self) -> bool:
+        return _resumable(self.meta)
 
     def lock(self) -> None:
         """Hold this job for this process until close() or exit (a crash releases it too)."""
@@ -290,12 +300,21 @@ def check_output_free(out: Path) -> None:
         if owner is not None and owner.get("status") == "done" and out.stat().st_size > 0:
             raise SpillError(f"{out} holds the finished output of job {owner['id']}; choose another -o path, "
                              f"or move that file away to run again")
+        if owner is not None and owner.get("status") != "done" and not _resumable(owner):
+            raise SpillError(f"{out} is the output of job {owner['id']}, whose input changed or is gone since; "
+                             f"choose another -o path, or move that file away")
         if owner is not None and owner.get("status") != "done":
             raise SpillError(f"{out} is the output of job {owner['id']} (model {owner.get('model')}, "
                              f"{owner.get('status')}); continue it with `spill run --resume {owner['id']}`, "
                              f"or choose another -o path")
         if out.stat().st_size > 0:
             raise SpillError(f"{out} already exists and is not empty; choose another -o path, or move that file away")
+
+
+def _resumable(meta: dict) -> bool:
+    """The job's input is still there, unchanged: `--resume` can continue it."""
+    path = Path(meta.get("input", ""))
+    return path.is_file() and _sha256(path) == meta.get("input_sha256")
 
 
 def _claim_output(out: Path) -> None:
@@ -368,25 +387,6 @@ def _write_json(path: Path, obj: dict) -> None:
             f.flush()
             _fsync(f.fileno())
     _fsync_dir(path.parent)
-
-
-def _fsync(fd: int) -> None:
-    """fsync; on macOS F_FULLFSYNC, since plain fsync there leaves the data in the drive's cache."""
-    if hasattr(fcntl, "F_FULLFSYNC"):
-        with contextlib.suppress(OSError):
-            fcntl.fcntl(fd, fcntl.F_FULLFSYNC)
-            return
-    os.fsync(fd)
-
-
-def _fsync_dir(path: Path) -> None:
-    """Make a new or renamed entry in this folder durable (some filesystems refuse; then there is nothing to do)."""
-    with contextlib.suppress(OSError):
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
 
 def _now() -> str:

@@ -41,9 +41,10 @@ def _view(s: dict, quiet: bool):
     if quiet:
         return line
     table = Table(expand=True, show_edge=False)
-    table.add_column("custom_id", no_wrap=True, max_width=24)
-    table.add_column("tokens", no_wrap=True, justify="right")
-    table.add_column("text so far", no_wrap=True, overflow="ellipsis")
+    # the text gives way first: at 80 columns rich would squeeze the tokens column out
+    table.add_column("custom_id", no_wrap=True, min_width=12, max_width=24)
+    table.add_column("tokens", no_wrap=True, justify="right", min_width=6)
+    table.add_column("text so far", no_wrap=True, overflow="ellipsis", ratio=1)
     for cid, n, tail in s.get("slots", [])[-8:]:
         table.add_row(str(cid)[:24], str(n), tail.replace("\n", " ")[-80:])
     return Group(table, line)

@@ -181,10 +181,12 @@ def check_room(folder: Path, need: int, what: str, fix: str) -> None:
     existing = Path(folder).expanduser().absolute()
     while not existing.exists():
         existing = existing.parent
-    free = shutil.disk_usage(existing).free
-    if need > free:
-        raise SpillError(f"{what} {need / 1e9:.1f} GB in {folder} but {free / 1e9:.1f} GB is free there; "
-                         f"free {(need - free) / 1e9:.1f} GB {fix}")
+    usage = shutil.disk_usage(existing)
+    free = usage.free
+    if need > free and usage.total:   # a total of 0: /proc and the like, whose own refusal names the fix
+        from spill.memory import format_size
+        raise SpillError(f"{what} {format_size(need)} in {folder} but {format_size(free)} is free there; "
+                         f"free {format_size(need - free)} {fix}")
 
 
 def output_bytes(rows: int, max_tokens: int) -> int:

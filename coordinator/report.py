@@ -45,6 +45,8 @@ def print_models(console: Console | None = None) -> None:
     """`spill models`: the curated tags, then what is cached locally (size, family, class)."""
     from .models import cached, tags
     console = console or Console()
+    if not console.is_terminal:   # piped: whole repo ids and folders, never cut to 80 columns
+        console.width = 1000
     here = {c.name: c for c in cached()}
     table = Table("tag", "repo", "revision", "quant", "cached", "note", title="tags (models.yaml)")
     for t in tags().values():

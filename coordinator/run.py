@@ -18,6 +18,8 @@ from spill.errors import SpillError
 from spill.memory import describe_line, memory_args
 
 from . import rundir
+from .first_use import make_demo
+from .metrics_line import NOT_SERVED
 from .preflight import check_run   # light: a refused command never imports ZeroMQ, numpy or MLX
 
 EXIT_FAILED_ROWS, EXIT_INTERRUPTED = 3, 130
@@ -65,6 +67,14 @@ def _connect(listen: str | None, memory: dict):
     raise GroupDead(rundir.held_by_sentence())
 
 
+def first_use(model: str | None):
+    """Around the submit: a model not calibrated here is calibrated by the group before it answers; say so."""
+    from contextlib import nullcontext
+    from .first_use import calibrated, calibrating, local_folder
+    folder = local_folder(model or "")
+    return nullcontext() if folder is None or calibrated(folder) else calibrating(folder)
+
+
 def _watched(client):
     """A client of a group in this data home learns at once when its coordinator exits (the run lock is freed)."""
     if rundir.record() is not None:
@@ -78,14 +88,14 @@ def run_job(*, model, input, output, max_tokens, temperature, resume, new, quiet
     openblas_note()
     args, finished = check_run(model=model, input=input, output=output, max_tokens=max_tokens,
                                temperature=temperature, resume=resume, new=new)
-    args["stream"] = stream or config.stream()   # the group's own SPILL_STREAM counts too
+    args["stream"] = bool(stream or config.stream() or args.get("stream"))   # the group's SPILL_STREAM counts too
     if finished is not None:
         c = finished.counts()
         typer.echo(f"job {finished.id} already ran this command: done, {c['succeeded']} succeeded, {c['failed']} "
                    f"failed; output {finished.output_path}. Add --new to run it again.")
         return 0
-    memory = memory or memory_args()
-    args = {**args, "memory": memory["memory"], "budget_fraction": memory["budget_fraction"]}
+    memory = {k: v if v is not None else args.get(k) for k, v in (memory or memory_args()).items()}   # resumed: the job's
+    args = {**args, **memory}
     from .client import GroupDead, leave_group
     from .jobstore import ask_to_stop
     from .live import follow
@@ -107,8 +117,11 @@ def run_job(*, model, input, output, max_tokens, temperature, resume, new, quiet
         second_press()
     previous = signal.signal(signal.SIGINT, on_sigint)
     try:
+        if args.get("model") == "demo":
+            make_demo()
         client, group = _connect(listen, memory)
-        info = client.request("submit", timeout_s=600, **args, client=os.getpid())
+        with first_use(args.get("model")):
+            info = client.request("submit", timeout_s=600, **args, client=os.getpid())
         job = info["job"]
         bad = info.get("invalid", 0)   # written as error lines at submit, so counted in done
         typer.echo(f"job {job}: {info['total']} rows, "
@@ -116,6 +129,8 @@ def run_job(*, model, input, output, max_tokens, temperature, resume, new, quiet
                    + f"{info['done'] - bad} already done; output {info['output']}")
         if info.get("warning"):
             typer.echo(f"warning: {info['warning']}")
+        if group is not None and info.get("metrics", "").startswith(NOT_SERVED):   # the group started here
+            typer.echo(f"warning: {info['metrics']}", err=True)
         if info.get("advice"):
             typer.echo(info["advice"])
         if info.get("estimate"):
@@ -195,14 +210,21 @@ def group_up(*, model, foreground, listen, memory: dict | None = None) -> str:
         rundir.rotate_logs()
         args = {"endpoints": eps.as_dict(), "actor_args": memory or memory_args(), "parent_fd": None}
         code = subprocess.run([sys.executable, "-m", "spill.coordinator.daemon", json.dumps(args)]).returncode
-        if code == rundir.LOCKED_EXIT:
-            raise SpillError(rundir.held_by_sentence())
+        if code == rundir.LOCKED_EXIT:   # lost a race to another `spill up`: a group is up, as below
+            return rundir.held_by_sentence()
         return "spill group stopped"
     proc = start_group(eps, embedded=False, actor_args=memory or memory_args())
     if proc is None:
-        raise SpillError(rundir.held_by_sentence())
-    return (f"spill group up (coordinator pid {proc.pid}, control {eps.control}); `spill run`, `status`, "
-            f"`cancel` and `down` find it through {rundir.run_dir() / 'group.json'}")
+        return rundir.held_by_sentence()
+    up = (f"spill group up (coordinator pid {proc.pid}, control {eps.control}); `spill run`, `status`, "
+          f"`cancel` and `down` find it through {rundir.run_dir() / 'group.json'}")
+    client = Client(eps)
+    metrics = client.request("status").get("metrics", "")
+    client.close()
+    if metrics.startswith(NOT_SERVED):
+        typer.echo(f"warning: {metrics}", err=True)
+        return up
+    return f"{up}\n{metrics}"
 
 
 def _answering(client) -> int:
@@ -261,7 +283,7 @@ def group_status(job, listen) -> str:
         return "no spill group is running" + _recent_jobs()
     s = client.request("status", job=job)
     procs = "  ".join(f"{role} pid {pid}" for role, pid in s.get("processes", {}).items())
-    mem = f"\n{describe_line(s['memory'])}" if s.get("memory") else ""
+    mem = "".join(f"\n{line}" for line in (describe_line(s["memory"]) if s.get("memory") else "", s.get("metrics")) if line)
     if not s.get("job"):
         return f"group: {procs}\nno job running{mem}" + _recent_jobs()
     return f"group: {procs}\njob {s['job']} {s.get('status')}: {progress_line(s)}{mem}" + _recent_jobs()

@@ -1,6 +1,8 @@
 """Writing a file whole: a hidden temporary name beside it, renamed over it once written, so a reader
 (or a process that starts after a crash) finds the old file or the new one, never half of one."""
 
+import contextlib
+import fcntl
 import os
 from contextlib import contextmanager
 from pathlib import Path
@@ -21,3 +23,22 @@ def replaced(path: Path):
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def fsync(fd: int) -> None:
+    """fsync; on macOS F_FULLFSYNC, since plain fsync there leaves the data in the drive's cache."""
+    if hasattr(fcntl, "F_FULLFSYNC"):
+        with contextlib.suppress(OSError):
+            fcntl.fcntl(fd, fcntl.F_FULLFSYNC)
+            return
+    os.fsync(fd)
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a new or renamed entry in this folder durable (some filesystems refuse; then there is nothing to do)."""
+    with contextlib.suppress(OSError):
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)

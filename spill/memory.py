@@ -49,8 +49,10 @@ def parse_size(text: str) -> int:
 
 
 def format_size(n: int) -> str:
-    """Bytes as GiB or MiB with one decimal, for people."""
-    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+    """Bytes as GiB, MiB or KiB with one decimal (bytes below a KiB), for people."""
+    if n < 2**10:
+        return f"{n} bytes"
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"
 
 
 # -- cgroups ------------------------------------------------------------------------------------

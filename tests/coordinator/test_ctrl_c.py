@@ -13,7 +13,9 @@ import pytest
 from .group_util import llama_job, read_output, seed_home, spill, texts
 from .pty_util import PtySpill
 
-SLOW = {"SPILL_MAX_ROWS": "4", "SPILL_TEST_PASS_DELAY": "0.05"}
+# 24 rows, 4 at a time, at least 0.1 s a pass: seconds of passes left after the third row, however busy the machine
+SLOW = {"SPILL_MAX_ROWS": "4", "SPILL_TEST_PASS_DELAY": "0.1"}
+HANG_S = 120   # a command still running after this long hangs; how fast it is belongs in a benchmark
 
 
 @pytest.fixture(scope="module")
@@ -62,16 +64,19 @@ def _stall(home, sig) -> None:
 
 
 def _status_of(job: str) -> str:
-    return spill("status", job, check=True).stdout
+    """`spill status JOB`; a group too busy to answer in its 10 s is asked again (its latency is not what this tests)."""
+    deadline = time.monotonic() + HANG_S
+    while (said := spill("status", job)).returncode != 0 and "did not answer" in said.stderr:
+        assert time.monotonic() < deadline, said.stderr
+    assert said.returncode == 0, said.stdout + said.stderr
+    return said.stdout
 
 
 def test_one_ctrl_c_stops_at_a_pass_boundary_and_prints_the_resume_command(job24, tmp_path, group):
     out = tmp_path / "out.jsonl"
     p = _start(job24, out)
-    pressed = time.monotonic()
     p.ctrl_c()
-    assert p.wait(timeout=30) == 130, p.output
-    assert time.monotonic() - pressed < 10, "Ctrl-C took more than a few seconds"
+    assert p.wait(timeout=HANG_S) == 130, p.output
     job = _job(p)
     assert f"resume with: spill run --resume {job}" in p.output and "Traceback" not in p.output
     assert 3 <= len(read_output(out)) < 24
@@ -90,12 +95,12 @@ def test_two_ctrl_c_stop_at_once_and_lose_nothing(job24, tmp_path, home, group):
         p.ctrl_c()
         time.sleep(0.2)                    # a quick second press: maybe before the first one's request went out
         p.ctrl_c()
-        assert p.wait(timeout=10) == 130, p.output
+        assert p.wait(timeout=HANG_S) == 130, p.output   # the group is stopped: only the client can end it
     finally:
         _stall(home, signal.SIGCONT)
     job = _job(p)
     assert "stopped at once" in p.output and f"resume with: spill run --resume {job}" in p.output
-    deadline = time.monotonic() + 30   # the group, running again, stops the job itself
+    deadline = time.monotonic() + HANG_S   # the group, running again, stops the job itself
     while "interrupted" not in _status_of(job):
         assert time.monotonic() < deadline, _status_of(job) + p.output
         time.sleep(0.2)
@@ -118,7 +123,7 @@ def test_one_ctrl_c_while_a_request_waits_still_stops_at_a_pass_boundary(job24, 
         time.sleep(1.0)
     finally:
         _stall(home, signal.SIGCONT)
-    assert p.wait(timeout=30) == 130, p.output
+    assert p.wait(timeout=HANG_S) == 130, p.output
     job = _job(p)
     assert "stopped at a pass boundary" in p.output and "Traceback" not in p.output
     assert "interrupted" in _status_of(job)

@@ -156,3 +156,13 @@ def test_every_submit_fits_the_frame_cap_by_bytes_and_a_row_over_it_is_an_error_
     assert line["custom_id"] == "r9" and line["error"]["message"] == (
         "line 10: the request is 0.3 MB, more than a message between spill's processes may carry (0.2 MB a row); "
         "raise SPILL_MAX_MESSAGE_MB to 2 or shorten it")
+
+def test_the_pass_history_of_a_finished_job_ends_at_every_row_done(tmp_path):
+    """A pass counts its rows before their lines are written: `spill report` drew a 20/20 job ending at 10 done."""
+    from spill.coordinator import history
+    run, _ = _run(tmp_path)
+    run.submits(epoch=1)
+    run.on_pass(m.Pass(1, 0, 2.0, 0.1, 1.8, 2, 10, 2, [0, 1], 100, 200, 300))   # both rows end in this pass
+    run.on_done(m.Done(1, [0, 1], ["x", "y"], ["length", "length"], [1, 1], [5, 7]))
+    passes = history.read(run.job.dir)
+    assert len(passes) == 1 and passes[-1]["done"] == 2 == run.total

@@ -9,6 +9,7 @@ import pytest
 
 from spill.coordinator import models
 from spill.errors import SpillError
+from spill.memory import format_size
 
 from .fake_hub import FakeHub, cache_model
 
@@ -155,8 +156,8 @@ def test_a_download_that_would_not_fit_is_refused_before_it_starts(hub, monkeypa
         monkeypatch.setenv("HF_ENDPOINT", endpoint)
         sentence = _error("org/huge")   # 2 PB of safetensors; the 4 PB .bin is not a file spill reads
     need = 2 * 10**15 + 700
-    assert sentence == (f"model 'org/huge' needs {need / 1e9:.1f} GB in {hub} but {free / 1e9:.1f} GB is free "
-                        f"there; free {(need - free) / 1e9:.1f} GB or point HF_HUB_CACHE at a disk with room")
+    assert sentence == (f"model 'org/huge' needs {format_size(need)} in {hub} but {format_size(free)} is free "
+                        f"there; free {format_size(need - free)} or point HF_HUB_CACHE at a disk with room")
     assert not list(hub.iterdir())
 
 
@@ -167,8 +168,8 @@ def test_output_room_is_checked_where_the_output_goes(tmp_path, monkeypatch):
     need = models.output_bytes(rows=2000, max_tokens=256)
     with pytest.raises(SpillError) as err:
         models.check_room(tmp_path / "job" / "out.jsonl", need, "the job's output may need", "there")
-    assert str(err.value) == (f"the job's output may need {need / 1e9:.1f} GB in {tmp_path / 'job' / 'out.jsonl'} "
-                              f"but 0.0 GB is free there; free {(need - 10**6) / 1e9:.1f} GB there")
+    assert str(err.value) == (f"the job's output may need 5.1 MiB in {tmp_path / 'job' / 'out.jsonl'} "
+                              f"but 976.6 KiB is free there; free 4.1 MiB there")   # readable units, never "0.0 GB"
     models.check_room(tmp_path, 10**5, "x", "y")   # room enough: nothing said
 
 

@@ -1,0 +1,70 @@
+"""What a submit checks and makes before the group queues a job: the job resumed or found (with every
+setting it ran with), the model, the rows, room for the output, and only then a new job. A refusal
+makes no job and no file."""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from spill.errors import SpillError
+from spill.memory import check_same, format_size
+
+from .batch_input import Request, read_batch
+from .estimate import refusal
+from .jobstore import Job, jobs_dir
+from .models import check_room, output_bytes, resolve
+
+
+@dataclass
+class Submitted:
+    job: Job
+    args: dict                # the request's arguments, a resumed job's own filled in
+    folder: Path              # the model's folder
+    memory: dict              # args with the group's memory and budget_fraction, as the estimate prices them
+    requests: list[Request]
+    bad: list                 # lines that cannot run: an error line each
+    params: dict              # what job.json keeps: max_tokens, temperature and the SETTINGS
+
+
+def prepare(args: dict, group_args: dict, ready_rss: dict, embedded: bool) -> Submitted:
+    """Everything a submit needs, in the order that leaves nothing behind when one step refuses."""
+    job = Job.open(args["resume"]) if args.get("resume") else None
+    if job is not None:   # the job knows its input, model, output and settings
+        args = resumed(job, args)
+        check_settings(group_args, job)
+    check_same(group_args, args)
+    folder, mem = resolve(args["model"]), {**args, **{k: group_args.get(k) for k in ("memory", "budget_fraction")}}
+    if short := refusal(folder, mem, ready_rss):   # no row would fit: no job is made, no output claimed
+        raise SpillError(short + ("" if embedded else "; this group keeps the memory it was started with: "
+                                  "`spill down`, then `spill up` with more"))
+    requests, bad = read_batch(Path(args["input"]))
+    params = {"max_tokens": 256 if args.get("max_tokens") is None else args["max_tokens"],
+              "temperature": args.get("temperature") or 0.0, "stream": bool(args.get("stream")),
+              **{k: group_args.get(k) for k in ("memory", "budget_fraction")}}
+    output = Path(args["output"]) if args.get("output") else None
+    if job is None and not args.get("new"):
+        job = Job.find(Path(args["input"]), output, args["model"])
+    check_room(job.output_path if job else output or jobs_dir(), output_bytes(len(requests), params["max_tokens"]),
+               "the job's output may need", "there, or write it elsewhere with -o")
+    if job is None:
+        job = Job.create(Path(args["input"]), args["model"], params, output)
+    job.check_input()
+    return Submitted(job, args, folder, mem, requests, bad, params)
+
+
+def resumed(job: Job, args: dict) -> dict:
+    """A resume's arguments: what the command gave, else what the job ran with."""
+    settings = job.settings()
+    return {**args, "input": args.get("input") or job.meta["input"], "model": args.get("model") or job.meta["model"],
+            "output": args.get("output") or job.meta.get("output"),
+            "stream": bool(args.get("stream") or settings.get("stream"))}
+
+
+def check_settings(group_args: dict, job: Job) -> None:
+    """A resumed job runs with the memory it was started with, or not at all (a --memory set to share the machine)."""
+    settings = job.settings()
+    for key, flag in (("memory", "--memory"), ("budget_fraction", "--budget-fraction")):
+        if key in settings and settings[key] != group_args.get(key):
+            show = lambda v: "none" if v is None else format_size(v) if key == "memory" else v   # noqa: E731
+            raise SpillError(f"job {job.id} ran with {flag} {show(settings[key])} but the running group was "
+                             f"started with {flag} {show(group_args.get(key))}; `spill down`, then "
+                             f"`spill run --resume {job.id}` runs it with its own settings")
