@@ -21,7 +21,8 @@ def test_run_prints_the_estimate_first_and_the_summary_last(make_tiny, tmp_path)
     assert summary["output_tokens"]["max"] <= 6 and summary["passes"] > 0 and summary["actual_seconds"] > 0
     assert lines[-1].startswith(f"{summary['passes']} passes, ")
     assert any(l.startswith("took ") and "against an estimate of" in l for l in lines)
-    assert len((job.dir / "passes.jsonl").read_text().splitlines()) == summary["passes"]
+    records = (job.dir / "passes.jsonl").read_text().splitlines()   # a pass each, then the last rows written
+    assert len(records) == summary["passes"] + 1 and '"written": true' in records[-1]
     report = spill("report", job.id, "-o", tmp_path / "r.png", check=True)
     assert report.stdout.strip() == str(tmp_path / "r.png")
     assert (tmp_path / "r.png").read_bytes()[:4] == b"\x89PNG"
