@@ -180,17 +180,6 @@ def set_blas_threads(n: int) -> bool:
     return True
 
 
-def blas_core() -> str:
-    """The CPU kernels the loaded OpenBLAS runs ("Haswell", "Cooperlake"), '' where none is loaded: a machine can
-    force older ones (OPENBLAS_CORETYPE); on the AVX-512 dev VM Haswell's GEMMs ran ~0.55x its own choice's."""
-    try:
-        name = ctypes.CDLL(None).openblas_get_corename
-    except (OSError, AttributeError):
-        return ""
-    name.restype = ctypes.c_char_p
-    return (name() or b"").decode()
-
-
 BIG_PRODUCT = 96    # rows of a matmul from which every core beats leaving one to the reader (2 vCPUs:
                     # 64 rows 3.59 s on one thread, 3.86 on two; 128 rows 5.05 on one, 4.34 on two)
 
