@@ -3,7 +3,7 @@ them, in one scratch folder and one fresh data home, each command's output match
 
 A block is lines `$ COMMAND` followed by what it prints. The output must match line by line, where a shown line
 `...` stands for any number of lines (progress lines come every few seconds), and within a line what depends on
-the machine or the moment matches its shape only: numbers (with their unit; `-` where none is known yet), durations, sizes, job ids, paths and
+the machine or the moment matches its shape only: a table's rules, numbers (with their unit; `-` where none is known yet), durations, sizes, job ids, paths and
 quoted text. A command must exit 0 unless it ends in `; echo "exit code $?"`, whose line is then matched too.
 A job id in a command stands for the last job id the docs' commands printed. Two commands are not run here:
 the install (`pip install -e ...`, this checkout is installed) and the test suite itself; `.ci/run` runs both,
@@ -28,6 +28,7 @@ INSTALL = re.compile(r"^pip install -e \S+ && ")
 TESTS = "python -m pytest -q"
 _SHAPES = [   # (what a shown line says, what the actual line may say instead), tried in this order
     (re.compile(r"'[^']*'|\"[^\"]*\""), r"('.*'|\".*\")"),
+    (re.compile(r"[─━═]+"), r"[─━═]+"),   # a table's rules, as wide as its widest cell
     (re.compile(JOB), JOB),
     (re.compile(r"(?<![\w.])(?:~|\.{0,2})/[^\s;,)]*"), r"\S+?"),
     (re.compile(r"\d+h \d{2}m|\d+m \d{2}s|(?<![\d.])\d+s\b"), r"(?:\d+h \d{2}m|\d+m \d{2}s|\d+s)"),
