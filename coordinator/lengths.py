@@ -3,7 +3,7 @@
 coordinator to read). The estimate imports this module, never the other way round.
 
 The coordinator lives as long as the group; a tokenizer or a probe's model loaded there (transformers,
-mlx-lm and the model's tokenizer: 49 MiB on lean45) would stay with it, memory the budget then takes
+mlx-lm and the model's tokenizer: 49 MiB on lean45, `benchmarks/group_memory.py`) would stay with it, memory the budget then takes
 from the KV cache. The child reads the batch file, tokenizes the rows asked for, calibrates if this
 model has no calibration here yet, prints the lengths and exits.
 """

@@ -182,8 +182,8 @@ def set_blas_threads(n: int) -> bool:
     return True
 
 
-BIG_PRODUCT = 96    # rows of a matmul from which every core beats leaving one to the reader (2 vCPUs:
-                    # 64 rows 3.59 s on one thread, 3.86 on two; 128 rows 5.05 on one, 4.34 on two)
+BIG_PRODUCT = 96    # rows of a matmul from which every core beats leaving one to the reader (benchmarks/cpu_threads.py,
+                    # 2 vCPUs: 64 rows 3.59 s on one thread, 3.86 on two; 128 rows 5.05 on one, 4.34 on two)
 
 
 def blas_threads_for(rows: int, chosen: int = 0, reading: bool = True) -> int:
