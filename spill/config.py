@@ -181,7 +181,8 @@ def log_level() -> str:
 def estimate_apart() -> bool:
     """Count a submitted job's tokens, and calibrate a new model, in a child process (SPILL_ESTIMATE_APART,
     default 1): the coordinator then holds no tokenizer for the group's life (47 MB on lean45,
-    `benchmarks/group_memory.py`), and each submit pays the child's start (~3 s). 0: in the coordinator (the test suite's many short jobs)."""
+    `benchmarks/group_memory.py`), and each submit pays the child's start (~3 s). 0: in the coordinator (the
+    test suite's many short jobs)."""
     return os.environ.get("SPILL_ESTIMATE_APART", "1") not in ("", "0")
 
 
