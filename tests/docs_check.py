@@ -99,7 +99,8 @@ def scratch(where: Path) -> dict:
     """A folder like a fresh checkout's (examples/ only) and the environment of a user on a fresh machine."""
     shutil.copytree(ROOT / "examples", where / "examples")
     env = {k: v for k, v in os.environ.items() if not k.startswith("SPILL_")}
-    env.update(SPILL_HOME=str(where / "home"), SPILL_METRICS_PORT="0", COLUMNS="100",
+    env.update(SPILL_HOME=str(where / "home"), SPILL_METRICS_PORT="0", COLUMNS="100", HF_HUB_OFFLINE="1",
+               HF_HUB_CACHE=str(where / "hf-cache"),   # `spill models` lists no model this machine happens to have
                PATH=f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}")
     return env
 
