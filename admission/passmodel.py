@@ -10,8 +10,7 @@
 `overlap` is how much of the shorter term hides under the longer one (1: perfect double buffering,
 0: read and compute in series); it is fitted from real passes, never assumed. A read-bound pass runs
 past its read by about the same time whatever its compute (the last layer, the logits, the reader's
-hand-offs): lean45's decode passes on 2 vCPUs, 0.36-0.37 s at 1.0-3.5 s of compute while the reader
-zero-filled a new buffer for each layer; 0.05-0.06 s once it read into released ones (eea0258).
+hand-offs); `benchmarks/pass_time.py` reports that tail beside the roofline.
 """
 
 from dataclasses import asdict, dataclass, field
@@ -107,7 +106,7 @@ class PassModel:
 def read_rate(reads, least: int = 0) -> float | None:
     """The median bytes/s of (bytes, read seconds, compute seconds) of passes whose reads the streamer timed
     (of `least` bytes or more): of the read-bound ones where three were. Only a read-bound pass waits on its
-    read, and reads between long computes run faster (lean45, 2 vCPUs: 0.84-0.94 GB/s against 0.66-0.68)."""
+    read, and reads between long computes run faster than reads back to back."""
     timed = [(b / r, r >= c) for b, r, c in reads if r and r > 0 and b and b >= least]
     bound = [rate for rate, longer in timed if longer]
     rates = bound if len(bound) >= 3 else [rate for rate, _ in timed]
@@ -159,7 +158,7 @@ def fit(prior: PassModel, passes: list[Observation], older: list[Observation] = 
     else the probe's until three passes were read-bound (waited longer than they computed)."""
     if not passes:
         return prior
-    # a term the prior leaves at zero (a calibration stored before it existed) is scaled like the fixed one,
+    # a term the prior leaves at zero (a stored calibration without it) is scaled like the fixed one,
     # a prompt token's cached context like a decode row's
     like = {"per_prefill_context_s": prior.per_context_token_s}
     prior_terms = np.array([getattr(prior, t) if getattr(prior, t) > 0 else max(like.get(t, prior.fixed_s), 1e-12)
@@ -170,8 +169,8 @@ def fit(prior: PassModel, passes: list[Observation], older: list[Observation] = 
     x, y = raw * prior_terms, np.array([p.compute_s for p in every])
     # a term its passes cannot tell from the fixed one keeps the prior's price: packed without single-row
     # and batched passes both, per row over fewer than 4 rows of spread (1-row passes put 0.95 s on a row)
-    # and context over fewer than CONTEXT_PASSES decode-only passes: a warm-up's few passes put its price on the
-    # rows (lean45: 0 and 0.069 s a row from 16 passes, against the probe's 1.0e-4 a token and 0.032 a row)
+    # and context over fewer than CONTEXT_PASSES decode-only passes: a warm-up's few passes would put its price
+    # on the rows
     decoding = (raw[:, 2] > 0) & (raw[:, 3] == 0)
     keys = raw[raw[:, 3] > 0, 6] / raw[raw[:, 3] > 0, 3]      # keys a prompt token scores, pass by pass
     frozen = [j for j, spread in ((1, np.ptp(raw[:, 1]) == 0), (2, np.ptp(raw[:, 2]) < 4),

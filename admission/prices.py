@@ -120,8 +120,8 @@ def sheet_for(plan, working_set: int, itemsize: int, *, prefill_tokens: int, pre
              "cache": cache_allowance(layer, cast, largest, recycles_layers()),   # MLX's buffer cache at its limit
              "activations":   # hidden states, MLP intermediates and attention scores of the prefill tokens
                  prefill_tokens * ((4 * hidden + 3 * inter) * itemsize + heads * prefill_chunk * 4),
-             # prompts' KV until they join the pool: twice on a CPU; once on a CUDA GPU, where the H200's prefill
-             # passes held 218 and 425 MiB above decode for 1,024 and 2,048 tokens (priced 232 and 464 MiB at once)
+             # prompts' KV until they join the pool: twice on a CPU, once on a CUDA GPU (docs/benchmarks.md,
+             # "Memory under the budget", measures both)
              "prefill_kv": (1 if host_set else 2) * prefill_tokens * kv_per_token,
              "others": others}                          # the other processes' RSS and the streamer's runtime
     host = {k: fixed.pop(k) for k in ("reader", "others")} if host_set else {}   # a CUDA GPU: the host's apart

@@ -132,8 +132,8 @@ def _beyond(slow, fast, tries: int) -> float:
 
 def _group_cost(adapter, h: int, dtype, chunk: int = 32) -> float:
     """Seconds layer 0 spends on one more prefill group (one row, `chunk` prompt tokens) beside 16 decoding
-    rows and a first group, through the streamer's own `run_layer`. (Not a share of the weights' trip: on 2
-    cores, lean45, a group cost ~0.5 s a pass with the MLP shared, ~0.9 s without, against 1.05 s of decode.)"""
+    rows and a first group, through the streamer's own `run_layer`: a group's own attention and its share of
+    the products, not a share of the weights' trip."""
     import mlx.core as mx
 
     def step(groups: int) -> float:
@@ -157,8 +157,8 @@ def _group_cost(adapter, h: int, dtype, chunk: int = 32) -> float:
 def _attention_per_token(adapter, layer, h: int, kv_heads: int, head_dim: int, dtype, rows: int = 16, short: int = 64,
                          long: int = 1024, tries: int = 5) -> float:
     """Seconds a decode step of `layer` spends per token of context its rows attend to, through the engine's
-    own KV pool: `rows` rows at `long` tokens of context against the same rows at `short`. (Priced from a
-    matmul's rate instead, lean45 on 2 vCPUs put 1.8e-6 s on a token of context where passes cost 1.4e-4.)"""
+    own KV pool: `rows` rows at `long` tokens of context against the same rows at `short` (a matmul's rate
+    prices it two orders of magnitude low: attention is dispatch and softmax, not products)."""
     import mlx.core as mx
     from spill.streamer.core import Row
     from spill.streamer.groups import Decode, Pool, RowState

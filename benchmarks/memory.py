@@ -20,7 +20,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from spill.child_cgroup import ChildCgroup  # noqa: E402
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))   # the checkout's tests.machine
+from tests.machine import ChildCgroup  # noqa: E402
 from pass_time import drop_cache, model_args, model_folder, resident_decode  # noqa: E402
 
 MIB = 2**20

@@ -25,10 +25,11 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(1, str(Path(__file__).resolve().parents[1]))   # the checkout's tests.machine
 from pass_time import drop_cache, model_args, model_folder, read_all  # noqa: E402
 from peers_report import child_stages, table, text_agreement, write_doc  # noqa: E402
 
-from spill.child_cgroup import ChildCgroup  # noqa: E402
+from tests.machine import ChildCgroup  # noqa: E402
 from spill.memory import parse_size  # noqa: E402
 from spill.platform import preload_env  # noqa: E402
 
@@ -289,8 +290,9 @@ def machine() -> str:
 
 def blas() -> str:
     """The OpenBLAS kernels spill's processes run: a child's, with OpenBLAS preloaded as spill preloads it."""
-    code = "from spill.platform import blas_core; print(blas_core())"
-    done = subprocess.run([sys.executable, "-c", code], env=preload_env(), capture_output=True, text=True, timeout=60)
+    code = "from tests.machine import blas_core; print(blas_core())"
+    done = subprocess.run([sys.executable, "-c", code], env=preload_env(), capture_output=True, text=True, timeout=60,
+                          cwd=HERE.parent)
     return done.stdout.strip()
 
 

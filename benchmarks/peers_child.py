@@ -171,7 +171,7 @@ def mlx_lm(spec: dict) -> dict:
 
 def peak_rss() -> int:
     """This process's peak resident memory since it started its program (VmHWM): ru_maxrss outlives exec, so it
-    also held the forking parent's RSS (the twenty-third session's table showed peers.py's 2,655 MiB for every peer)."""
+    also held the forking parent's RSS (ru_maxrss gave peers.py's own 2,655 MiB for every peer)."""
     with open("/proc/self/status") as f:
         hwm = next((line.split()[1] for line in f if line.startswith("VmHWM:")), None)
     return int(hwm) * 1024 if hwm else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

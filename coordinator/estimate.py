@@ -18,20 +18,11 @@ from spill.admission.prices import shortfall
 from spill.admission import simulate as sim
 from spill.admission.simulate import Estimate, SimRow, simulate, tier_of
 from spill.streamer.plan import load_plan
-from spill.tokenizer_worker.core import TokenizerCore
 
 from .batch_input import read_batch
 from .jobstore import _write_json
-from .lengths import measured_rows
+from .lengths import measured_rows, sim_rows
 from .models import resolve, variants
-
-
-def request_dict(r, defaults: dict) -> dict:
-    """A row as the tokenizer worker takes it, the job's defaults filled in."""
-    temperature = r.temperature if r.temperature is not None else defaults.get("temperature", 0.0)
-    return {"kind": r.kind, "messages": r.messages, "prompt": r.prompt,
-            "max_tokens": r.max_tokens or defaults.get("max_tokens", 256),
-            "temperature": temperature, "top_p": r.top_p, "top_k": r.top_k, "seed": r.seed, "stop": r.stop}
 
 
 def _group_file() -> Path:
@@ -81,21 +72,6 @@ def advise_rows(folder: Path, rows: list[SimRow], *, memory: str | None = None, 
     cal = open_calibration(folder)
     return advise(load_plan(folder), rows, memory, stream=stream or config.stream(), passes=cal.model,
                   variants=variants(name), others=others, fraction=fraction)
-
-
-def sim_rows(folder: Path, requests: list, which, defaults: dict) -> tuple[list[SimRow], int]:
-    """The rows `which` tokenized for real: (their SimRows, how many cannot run)."""
-    core = TokenizerCore(folder)
-    rows, errors, which = [], 0, list(which)
-    for k in range(0, len(which), 1024):
-        chunk = which[k:k + 1024]
-        asked = [request_dict(requests[i], defaults) for i in chunk]
-        for i, request, (ids, _why) in zip(chunk, asked, core.tokenize_many(chunk, asked, keep=False)):
-            if ids is None:
-                errors += 1
-            else:
-                rows.append(SimRow(i, len(ids), request["max_tokens"]))
-    return rows, errors
 
 
 def estimate_rows(folder: Path, rows: list[SimRow], *, errors: int = 0, memory: str | None = None,

@@ -1,8 +1,9 @@
-"""What a submitted job's estimate needs that loads libraries, done in a child process: the rows' real
-token counts and, at a model's first use, the calibration probes (stored for the coordinator to read).
+"""A job's rows' real token counts, for its estimate: here (`sim_rows`) or in a child process
+(`measured_rows`), which at a model's first use also runs the calibration probes (stored for the
+coordinator to read). The estimate imports this module, never the other way round.
 
 The coordinator lives as long as the group; a tokenizer or a probe's model loaded there (transformers,
-mlx-lm and the model's tokenizer: 49 MiB on lean45) would stay with it, memory the budget then takes
+mlx-lm and the model's tokenizer: 49 MiB on lean45, `benchmarks/group_memory.py`) would stay with it, memory the budget then takes
 from the KV cache. The child reads the batch file, tokenizes the rows asked for, calibrates if this
 model has no calibration here yet, prints the lengths and exits.
 """
@@ -14,6 +15,30 @@ from pathlib import Path
 
 from spill.admission.simulate import SimRow
 from spill.errors import SpillError
+
+
+def request_dict(r, defaults: dict) -> dict:
+    """A row as the tokenizer worker takes it, the job's defaults filled in."""
+    temperature = r.temperature if r.temperature is not None else defaults.get("temperature", 0.0)
+    return {"kind": r.kind, "messages": r.messages, "prompt": r.prompt,
+            "max_tokens": r.max_tokens or defaults.get("max_tokens", 256),
+            "temperature": temperature, "top_p": r.top_p, "top_k": r.top_k, "seed": r.seed, "stop": r.stop}
+
+
+def sim_rows(folder: Path, requests: list, which, defaults: dict) -> tuple[list[SimRow], int]:
+    """The rows `which` tokenized for real: (their SimRows, how many cannot run)."""
+    from spill.tokenizer_worker.core import TokenizerCore   # loads transformers: after without_torch in a child
+    core = TokenizerCore(folder)
+    rows, errors, which = [], 0, list(which)
+    for k in range(0, len(which), 1024):
+        chunk = which[k:k + 1024]
+        asked = [request_dict(requests[i], defaults) for i in chunk]
+        for i, request, (ids, _why) in zip(chunk, asked, core.tokenize_many(chunk, asked, keep=False)):
+            if ids is None:
+                errors += 1
+            else:
+                rows.append(SimRow(i, len(ids), request["max_tokens"]))
+    return rows, errors
 
 
 def measured_rows(folder: Path, input: Path, which, defaults: dict, timeout_s: float = 3600.0) -> tuple[list[SimRow], int]:
@@ -35,7 +60,6 @@ def main() -> None:
     without_torch()
     from spill.admission.calibration import open_calibration
     from .batch_input import read_batch
-    from .estimate import sim_rows
     ask = json.loads(sys.stdin.read())
     rows, errors = [], 0
     if ask["which"]:

@@ -3,7 +3,7 @@
     python grafana/dashboard.py           # writes grafana/spill-dashboard.json and grafana/spill-rules.yml
     python grafana/dashboard.py --check   # fails when a query names a metric spill/metrics.py does not
                                           # define, or when the files differ from what this writes
-    python grafana/dashboard.py --markdown  # the README's table of panels and their queries
+    python grafana/dashboard.py --markdown  # docs/observability.md's table of panels and their queries
 """
 
 import json
@@ -146,7 +146,7 @@ def dashboard_json() -> str:
 
 
 def panels_markdown() -> str:
-    """The README's panel list: row, panel and the query behind each line (kept in step by a test)."""
+    """docs/observability.md's panel list: row, panel and the query behind each line (kept in step by a test)."""
     lines = ["| row | panel | query |", "| --- | --- | --- |"]
     for row, panel, expr in queries():
         cell = expr.replace("|", "\\|")   # a pipe inside a table cell, code or not

@@ -199,8 +199,9 @@ def log_level() -> str:
 
 def estimate_apart() -> bool:
     """Count a submitted job's tokens, and calibrate a new model, in a child process (SPILL_ESTIMATE_APART,
-    default 1): the coordinator then holds no tokenizer for the group's life (47 MB on lean45), and each
-    submit pays the child's start (~3 s). 0: in the coordinator (the test suite's many short jobs)."""
+    default 1): the coordinator then holds no tokenizer for the group's life (47 MB on lean45,
+    `benchmarks/group_memory.py`), and each submit pays the child's start (~3 s). 0: in the coordinator (the
+    test suite's many short jobs)."""
     return os.environ.get("SPILL_ESTIMATE_APART", "1") not in ("", "0")
 
 
@@ -212,7 +213,7 @@ def stream() -> bool:
 
 BUDGET_FRACTION = 0.78   # --budget-fraction: the share of the working set live allocation aims at
 # ... on a CUDA GPU, whose own memory holds no page cache and nothing of the OS's: no knee to stay under, and the
-# GPU sheet priced the H200's peak 265-500 MiB above MLX's at 3 GiB (docs/benchmarks.md); the host's stays 0.78
+# GPU sheet priced the H200's peak 265-500 MiB above MLX's at a 3 GiB cap (`benchmarks/peers.py`); the host's stays 0.78
 GPU_BUDGET_FRACTION = 0.90
 
 

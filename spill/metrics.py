@@ -4,7 +4,7 @@ from these names and checked against them).
 The coordinator serves them all on one endpoint (default 127.0.0.1:9464): the actors already
 report each pass, each finished row and each error to it, so it holds the job's figures and
 keeps counters across actor restarts; what only the OS knows of each actor (resident memory,
-CPU, faults) it reads by pid. Why one endpoint and not one per process: the README, "Metrics".
+CPU, faults) it reads by pid. Why one endpoint and not one per process: docs/observability.md.
 
 Names follow Prometheus's conventions: `spill_` prefix, base units, `_total` on counters,
 labels from small fixed sets (tier, phase, kind, reason, actor, state), never a row or job id.

@@ -11,7 +11,8 @@ import sys
 
 OPENBLAS = "/usr/lib/x86_64-linux-gnu/libopenblas.so.0"
 # OpenBLAS's idle threads spin ~2^28 cycles after a GEMM, taking the cores the reader and converters need
-# between the layer's matmuls; at 2^4 they sleep at once (16 cores, batch 8: pass/IO 1.23 -> 1.12)
+# between the layer's matmuls; at 2^4 they sleep at once (benchmarks/pass_time.py, 16 cores, batch 8:
+# pass/IO 1.23 at OpenBLAS's default, 1.12 at 2^4)
 THREAD_TIMEOUT = "4"
 _TRIM = getattr(ctypes.CDLL(None), "malloc_trim", None) if sys.platform.startswith("linux") else None
 _CANDIDATES = [OPENBLAS, "/usr/lib/aarch64-linux-gnu/libopenblas.so.0"]
@@ -121,8 +122,8 @@ def default_dtype():
 def read_slots() -> int:
     """The reader's read-ahead buffers (config.read_slots where set): two, so a read never waits for the
     layer before it to be converted, except on a CPU of fewer than 8 cores, where that wait is short and
-    the second buffer's layer of memory buys more KV. Measured (docs/benchmarks.md, eighth session): the
-    H200's 16 cores, llama 3b, batches 8/32/128: 2.89/3.53/3.63 s a pass with two, 4.16/4.25/5.10 with
+    the second buffer's layer of memory buys more KV. `benchmarks/pass_time.py` under SPILL_READ_SLOTS=1 and 2
+    measures it: 16 cores, llama 3b, batches 8/32/128: 2.89/3.53/3.63 s a pass with two, 4.16/4.25/5.10 with
     one; 2 vCPUs, lean45: a pass 1.02-1.05x its read with two, 1.10-1.15x with one, and 57 MiB less KV."""
     from spill import config
     small_cpu = on_cpu() and (os.cpu_count() or 1) < 8
@@ -156,8 +157,9 @@ def _cores() -> int:
 def read_into() -> str:
     """Where the reader reads each layer (config.read_into): "mlx", straight into MLX memory; on a CUDA GPU
     "pinned", into its own page-locked buffers that the GPU's copy engine copies out. O_DIRECT into MLX's
-    managed memory there now and then left tensors wrong (4 of 12 tiny-model checks failed on the H200), and
-    a host copy into it ("buffers") cost a pass 1.35x its read (docs/benchmarks.md, sixteenth session)."""
+    managed memory there now and then left tensors wrong (4 of 12 tiny-model checks failed on the H200 under
+    `benchmarks/check_repeat.py`), and a host copy into it ("buffers") cost a pass 1.35x its read
+    (`benchmarks/pass_time.py` under SPILL_READ_INTO=buffers)."""
     from spill import config
     return config.read_into() or ("pinned" if on_cuda() else "mlx")
 
@@ -180,26 +182,15 @@ def set_blas_threads(n: int) -> bool:
     return True
 
 
-def blas_core() -> str:
-    """The CPU kernels the loaded OpenBLAS runs ("Haswell", "Cooperlake"), '' where none is loaded: a machine can
-    force older ones (OPENBLAS_CORETYPE); on the AVX-512 dev VM Haswell's GEMMs ran ~0.55x its own choice's."""
-    try:
-        name = ctypes.CDLL(None).openblas_get_corename
-    except (OSError, AttributeError):
-        return ""
-    name.restype = ctypes.c_char_p
-    return (name() or b"").decode()
-
-
-BIG_PRODUCT = 96    # rows of a matmul from which every core beats leaving one to the reader (2 vCPUs:
-                    # 64 rows 3.59 s on one thread, 3.86 on two; 128 rows 5.05 on one, 4.34 on two)
+BIG_PRODUCT = 96    # rows of a matmul from which every core beats leaving one to the reader (benchmarks/cpu_threads.py,
+                    # 2 vCPUs: 64 rows 3.59 s on one thread, 3.86 on two; 128 rows 5.05 on one, 4.34 on two)
 
 
 def blas_threads_for(rows: int, chosen: int = 0, reading: bool = True) -> int:
     """OpenBLAS threads for a pass whose largest matmul has `rows` rows: `chosen` (SPILL_BLAS_THREADS) if
     set; else every core for a large product (a long prefill chunk) or a pass that reads no layer (resident
-    weights), one core fewer for decode's small ones, so the weight reader keeps a core (2 vCPUs, 16 rows: 1.58 s
-    of compute on 2 threads, 1.22 on 1; resident, 32 rows: 0.45 s on 2, 0.62 on 1)."""
+    weights), one core fewer for decode's small ones, so the weight reader keeps a core (`benchmarks/cpu_threads.py`,
+    2 vCPUs, 16 rows: 1.58 s of compute on 2 threads, 1.22 on 1; resident, 32 rows: 0.45 s on 2, 0.62 on 1)."""
     if chosen > 0:
         return chosen
     cores = _cores()

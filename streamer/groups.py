@@ -267,8 +267,8 @@ class JointCache:
         return masks[0] if len(masks) == 1 else mx.concatenate(masks)
 
 
-DECODE_ROWS = 8   # rows of a decode step's attention each CPU stream takes at least (resident lean45 at 200 tokens,
-                  # OpenBLAS on 2 threads: 96 rows 0.85 s a pass whole, 0.74 split; 8 rows 0.28, 0.29)
+DECODE_ROWS = 8   # rows of a decode step's attention each CPU stream takes at least: fewer cost more in
+                  # dispatch than the split saves
 
 
 def decode_shares(rows: int) -> int:

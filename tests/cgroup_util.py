@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from spill.child_cgroup import ChildCgroup
+from .machine import ChildCgroup
 from spill.memory import own_cgroup
 
 from .streamer._safetensors_util import drop_from_cache

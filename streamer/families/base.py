@@ -125,7 +125,8 @@ class Adapter:
     def run_layer(self, i: int, hs: list[mx.array], masks: list, caches: list) -> list[mx.array]:
         """Every group's input through layer i: attention group by group (its own mask and cache), then
         the MLP once over all their tokens: a separate product through the weights costs a CPU their trip
-        through memory again (2 cores, lean45: one more group ~0.9 s a pass, ~0.5 with the MLP shared)."""
+        through memory again (`benchmarks/prefill_groups.py --unfused`, 2 cores, lean45: one more group ~0.9 s a pass,
+        ~0.5 with the MLP shared)."""
         layer = self.layers[i]
         if not self.fused_mlp or (len(hs) == 1 and not self._swiglu(layer.mlp)):
             return [layer(h, m, cache=c) for h, m, c in zip(hs, masks, caches)]

@@ -153,7 +153,7 @@ def test_the_hard_line_preempts_the_newest_rows_shrinks_the_pool_and_they_later_
 
 def test_a_preempted_pool_grows_again_after_passes_within_the_budget_and_waits_twice_as_long_each_time():
     """A preemption shrank the pool to the rows left, and it stayed shrunk until it drained: one spike cost a
-    job half its batch for ~15 minutes (the twelfth session's 200-row job). Now it may grow again once
+    job half its batch for ~15 minutes (`benchmarks/job.py`'s 200-row job). It may grow again once
     REGROW_PASSES passes in a row ran within the budget; each later preemption doubles that wait."""
     wait = policy_mod.REGROW_PASSES
     p = BudgetPolicy(sheet(slots_mb=100), max_rows=8)

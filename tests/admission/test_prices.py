@@ -60,7 +60,7 @@ def _layer(plan, itemsize):
 def test_a_float32_stored_plan_prices_a_freed_layer_in_the_cache_unless_the_reader_reads_into_it(make_tiny,
                                                                                                   monkeypatch):
     # measured: the streamer holds 2 converted layers and a cache of about 1 more (docs/benchmarks.md); on the
-    # CPU the reader reads into a released layer's memory (eea0258), so none waits in the cache
+    # CPU the reader reads into a released layer's memory (platform.recycles_layers), so none waits in the cache
     plan = load_plan(make_tiny("llama", dtype="float32"))
     layer = max(plan.layer_bytes(i) for i in range(len(plan.layers)))
     largest = max(t.nbytes for ts in plan.layers for t in ts)

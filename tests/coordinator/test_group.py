@@ -53,7 +53,7 @@ def test_up_run_status_down(job40, tmp_path, make_tiny):
 
 @pytest.mark.skipif(not Path("/proc/self/maps").exists(), reason="reads /proc")
 def test_the_coordinator_and_admission_never_load_mlx(make_tiny, tmp_path):
-    """Importing MLX's CUDA backend costs a process ~140 MB of its own memory (docs/benchmarks.md): the
+    """Importing MLX's CUDA backend costs a process ~140 MB of its own memory (`benchmarks/group_memory.py`): the
     coordinator and admission, which never compute, load no MLX (the tokenizer's mlx-lm does)."""
     apart = {"SPILL_ESTIMATE_APART": "1"}   # the default: a job's tokens are counted in a child
     try:

@@ -6,8 +6,7 @@ import subprocess
 import sys
 
 from spill.coordinator.batch_input import read_batch
-from spill.coordinator.estimate import sim_rows
-from spill.coordinator.lengths import measured_rows
+from spill.coordinator.lengths import measured_rows, sim_rows
 
 
 def _input(tmp_path):

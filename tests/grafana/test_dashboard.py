@@ -82,6 +82,6 @@ def test_promtool_checks_the_derived_queries_on_made_up_series(tmp_path):
     assert "SUCCESS" in result.stdout
 
 
-def test_the_readme_lists_every_panel_and_its_query():
-    readme = (GRAFANA.parent / "README.md").read_text()
+def test_the_observability_doc_lists_every_panel_and_its_query():
+    readme = (GRAFANA.parent / "docs" / "observability.md").read_text()
     assert load_dashboard().panels_markdown() in readme

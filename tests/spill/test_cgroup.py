@@ -31,7 +31,7 @@ def test_page_cache_is_charged_and_an_allocation_over_the_limit_is_oom_killed(tm
 
 
 def test_a_child_cgroup_can_be_made_under_a_given_parent():
-    from spill.child_cgroup import ChildCgroup
+    from ..machine import ChildCgroup
     with child_cgroup(300 * MIB) as outer:
         inner = ChildCgroup("inner", 100 * MIB, parent=outer.path)
         try:

@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -91,8 +92,9 @@ def test_openblas_threads_sleep_after_a_gemm_unless_the_user_chose_otherwise():
 def test_the_openblas_kernels_in_use_are_named_for_a_benchmarks_header():
     # a machine may force older kernels (OPENBLAS_CORETYPE): a benchmark must say which ran
     def core(env: dict) -> str:
-        code = "from spill.platform import blas_core; print(blas_core())"
-        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+        code = "from tests.machine import blas_core; print(blas_core())"
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60,
+                              cwd=Path(__file__).resolve().parents[2])
         assert done.returncode == 0, done.stderr
         return done.stdout.strip()
     base = {k: v for k, v in os.environ.items() if not k.startswith(("OPENBLAS_", "SPILL_NO_OPENBLAS", "LD_PRE"))}

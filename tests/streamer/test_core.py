@@ -71,7 +71,7 @@ def test_chunked_prefill_matches_unchunked(make_tiny):
 
 
 def test_a_pass_reports_the_keys_each_chunks_tokens_attend_to(make_tiny):
-    """A chunk late in a long prompt costs more than an early one (docs/benchmarks.md, tenth session), and a long
+    """A chunk late in a long prompt costs more than an early one (`benchmarks/prefill_groups.py --context`), and a long
     chunk more per token than a short one: a pass reports its prompt tokens times the keys each scores (the
     prompt cached before the chunk, and the chunk itself), for a price to be fitted."""
     s = Streamer(make_tiny("llama"), prefill_chunk=20)

@@ -1,13 +1,30 @@
-"""A smaller machine for tests and benchmarks: a child memory cgroup under this process's own, with
-a byte limit (v1 or v2; root or a delegated cgroup needed). Page cache is charged to the cgroup of the
-process that first reads a page, so drop a file from the cache before a command inside reads it."""
+"""What the tests and benchmarks ask of the machine they run on; spill itself uses none of it.
 
+`ChildCgroup` makes a smaller machine: a child memory cgroup under this process's own, with a byte limit
+(v1 or v2; root or a delegated cgroup needed). Page cache is charged to the cgroup of the process that
+first reads a page, so drop a file from the cache before a command inside reads it. `blas_core` names the
+OpenBLAS kernels a benchmark ran on.
+"""
+
+import ctypes
 import os
 import signal
 import time
 from pathlib import Path
 
-from .memory import own_cgroup
+from spill.memory import own_cgroup
+
+
+def blas_core() -> str:
+    """The CPU kernels the loaded OpenBLAS runs ("Haswell", "Cooperlake"), '' where none is loaded: a machine can
+    force older ones (OPENBLAS_CORETYPE), so a benchmark's header names the ones that ran."""
+    try:
+        name = ctypes.CDLL(None).openblas_get_corename
+    except (OSError, AttributeError):
+        return ""
+    name.restype = ctypes.c_char_p
+    return (name() or b"").decode()
+
 
 
 class ChildCgroup:
