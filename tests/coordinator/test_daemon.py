@@ -5,9 +5,11 @@ import json
 import os
 import time
 
+import pytest
 import structlog
 
 from spill import messages as m
+from spill.coordinator import estimating, first_use
 from spill.coordinator.daemon import Group
 from spill.coordinator.supervisor import ACTORS
 
@@ -54,6 +56,23 @@ class Sup:
         return {}
 
 
+@pytest.fixture(autouse=True)
+def no_estimate(monkeypatch):
+    """The jobs here run on a model that is only a config.json: each goes on without an estimate, at once."""
+    monkeypatch.setattr(estimating, "work", lambda ask, cancelled=None: {"estimate": None})
+    monkeypatch.setattr(first_use, "calibrated", lambda folder: True)   # no probe waits for an idle group
+
+
+def settle(g: Group) -> None:
+    """The loop's turns until every job's estimate is made, and the next job started."""
+    deadline = time.monotonic() + 30
+    while g.estimates.jobs:
+        assert time.monotonic() < deadline, "an estimate never ended"
+        g.check_estimates()
+        time.sleep(0.01)
+    g.next_job()
+
+
 def group() -> Group:
     g = Group(Box(), Sup(), structlog.get_logger())
     for role in ACTORS:
@@ -65,8 +84,10 @@ def submit(g: Group, tmp_path, name: str, rows: int = 2) -> dict:
     inp = tmp_path / f"{name}.jsonl"
     inp.write_text("".join(json.dumps({"custom_id": f"{name}{i}", "prompt": f"{name} {i}"}) + "\n" for i in range(rows)))
     (tmp_path / "config.json").write_text('{"model_type": "llama"}')   # submit classifies the model first
-    return g.handle(m.Request("submit", {"model": str(tmp_path), "input": str(inp),
-                                         "output": str(tmp_path / f"{name}.out.jsonl")})).data
+    reply = g.handle(m.Request("submit", {"model": str(tmp_path), "input": str(inp),
+                                          "output": str(tmp_path / f"{name}.out.jsonl")})).data
+    settle(g)
+    return reply
 
 
 def done(epoch: int, rows: list[int], text: str, job: str = "") -> m.Done:
