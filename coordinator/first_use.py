@@ -16,9 +16,9 @@ PASS_TOKENS = 300        # tokens the pass probe pushes through every layer (16 
 
 
 @contextmanager
-def working(what: str, done: str):
-    """Say `what` now, show the seconds going by, and `done` with the seconds it took at the end (unless the
-    block sets the dict it is given's "done" to None: it did not get done)."""
+def working(what: str, done: str | None):
+    """Say `what` now, show the seconds going by, and `done` with the seconds it took at the end (unless it is
+    None, or the block sets the dict it is given's "done" to None: it did not get done)."""
     started, said = time.monotonic(), {"done": done}
     if sys.stderr.isatty():
         from rich.console import Console

@@ -69,11 +69,15 @@ def _connect(listen: str | None, memory: dict):
 
 
 def first_use(model: str | None):
-    """Around the wait for the job's estimate: a model not calibrated here is calibrated by the group first; say so."""
+    """Around the wait for the job's estimate: a model not calibrated here is calibrated by the group first; say
+    so. Otherwise a spinner on a terminal, and nothing piped."""
+    import sys
     from contextlib import nullcontext
-    from .first_use import calibrated, calibrating, local_folder
+    from .first_use import calibrated, calibrating, local_folder, working
     folder = local_folder(model or "")
-    return nullcontext({}) if folder is None or calibrated(folder) else calibrating(folder)
+    if folder is not None and not calibrated(folder):
+        return calibrating(folder)
+    return working("estimating: counting the rows' tokens", None) if sys.stderr.isatty() else nullcontext({})
 
 
 def _watched(client):
