@@ -140,8 +140,12 @@ def open_calibration(folder: str | Path, dtype=None) -> Calibration:
 
 def stored_calibration(folder: str | Path) -> Calibration | None:
     """The calibration of this model on this machine if one was made; never probes."""
+    return Calibration.load(_key_of(folder, _plan_of(folder), None))
+
+
+def _plan_of(folder):
     from spill.streamer.plan import load_plan
-    return Calibration.load(_key_of(folder, load_plan(folder), None))
+    return load_plan(folder)
 
 
 def _key_of(folder, plan, dtype) -> str:
@@ -167,10 +171,14 @@ class Calibrator:
         """A new epoch; `resident`: passes read nothing, so no read time bounds a pass's prefill."""
         if model and model != self.model:
             self.model, self.cal = model, None
-            try:
-                self.cal = open_calibration(model)
-                self.log.info("calibration", key=self.cal.key, passes=self.cal.seen, **self.cal.model.to_dict())
-            except Exception as err:   # the streamer reports a model that cannot load; here it only costs the estimate
+            try:   # stored by the job's estimate before the job starts: admission never probes (nor loads MLX)
+                self.cal = stored_calibration(model)
+                if self.cal is None:
+                    self.log.warning("no calibration stored: the pace runs without a pass model", model=model)
+                else:
+                    self.cal.streamed_bytes = _plan_of(model).streamed_bytes
+                    self.log.info("calibration", key=self.cal.key, passes=self.cal.seen, **self.cal.model.to_dict())
+            except Exception as err:   # the streamer reports a model that cannot load; here it only costs the pace
                 self.log.warning("calibration_failed", model=model, error=str(err))
         if model:
             self.streamed = 0 if resident or self.cal is None else self.cal.streamed_bytes

@@ -20,13 +20,15 @@ import zmq
 
 from spill import config, messages as m
 from spill.actor import Fault, parent_watch, run_actor
-from spill.errors import SpillError
+from spill.errors import SpillError, one_line
 from spill.memory import describe
 from spill.wire import Mailbox
 
 from .batch_output import bad_row_line
+from .clients import check_clients
 from .control import answer, open_control
-from .estimate import job_estimate
+from .estimate import JobEstimate, group_others
+from .estimating import Estimates
 from .jobrun import JobRun
 from .jobstore import Job
 from .metrics_line import metrics_line
@@ -60,6 +62,7 @@ class Group:
         self.memory = describe(sup.args)         # working set, its source, the budget
         self.metrics = ""                         # where the metrics are served, or why not (metrics_line)
         self.fault = Fault("coordinator")         # tests: SPILL_CRASH_COORDINATOR="done:n" or "submit:n"
+        self.estimates = Estimates()              # queued jobs whose estimate is not made yet: `estimating`
 
     # -- actors -----------------------------------------------------------------------------
     def on_actor(self, msg) -> None:
@@ -70,7 +73,7 @@ class Group:
             self.log.error("actor message failed", kind=type(msg).__name__, traceback=traceback.format_exc())
             if self.current is not None:
                 self.fail(str(err) if isinstance(err, SpillError) else
-                          f"the coordinator could not handle a {type(msg).__name__} message ({_one_line(err)}); "
+                          f"the coordinator could not handle a {type(msg).__name__} message ({one_line(err)}); "
                           f"see {config.home() / 'run' / 'logs' / 'coordinator.log'} and resume the job")
 
     def _on_actor(self, msg) -> None:
@@ -169,7 +172,7 @@ class Group:
 
     # -- jobs ---------------------------------------------------------------------------------
     def next_job(self) -> None:
-        if self.current is not None or not self.queue:
+        if self.current is not None or not self.queue or self.queue[0][0] in self.estimates:
             return
         self.current, model = self.queue.popleft()
         self.model, self.job_epoch = str(model), None
@@ -183,7 +186,7 @@ class Group:
             elif not self.waiting:
                 self._restart_rows()
         except Exception as err:  # noqa: BLE001 - e.g. job.json cannot be written: this job fails, the group goes on
-            self.fail(str(err) if isinstance(err, SpillError) else f"the job could not start ({_one_line(err)})")
+            self.fail(str(err) if isinstance(err, SpillError) else f"the job could not start ({one_line(err)})")
 
     def submit(self, args: dict) -> dict:
         s = prepare(args, self.sup.args, self.ready_rss, bool(self.owner))
@@ -192,15 +195,16 @@ class Group:
             raise SpillError(f"job {job.id} is already running; follow it with `spill status {job.id}`")
         job.lock()
         try:
-            job.set_status("queued", total=len(requests) + len(bad))
+            job.set_status("estimating", total=len(requests) + len(bad))
             job.append([bad_row_line(b) for b in bad])
             run = JobRun(job, requests, args["model"], job.meta.get("params", params))
+            if run.pending:   # its estimate is made apart (estimating.py); the job waits for it, the reply does not
+                self.estimates.ask(run, model, mem, group_others(self.ready_rss))
+            else:
+                job.set_status("queued")
         except BaseException:
             job.close()     # not queued: a later run of the same command may take it
             raise
-        run.estimate = job_estimate(model, Path(args["input"]), run.pending, run.defaults, mem, self.log, self.ready_rss)
-        if run.estimate is not None:
-            job.set_status("queued", estimate=run.estimate.to_meta())
         self.fault.tick("submit")   # a test's crash while the client still waits for the reply
         self.queue.append((run, model))
         self.clients[job.id] = (str(args.get("client", "")), time.monotonic())
@@ -208,8 +212,21 @@ class Group:
         self.next_job()
         return {"job": job.id, "total": run.total, "done": run.total - len(run.pending), "invalid": len(bad),
                 "output": str(job.output_path), "queued": len(self.queue), "warning": warning(model),
-                "metrics": self.metrics,
-                **({"estimate": run.estimate.first_line, "advice": run.estimate.advice.line} if run.estimate else {})}
+                "metrics": self.metrics, "status": job.meta.get("status")}
+
+    def check_estimates(self) -> None:
+        """Jobs whose estimate is done go on: queued with it (or without, where pricing failed), or failed with why."""
+        for run, out in self.estimates.check(self.queue[0][0] if self.queue and self.current is None else None):
+            for note in out.get("notes", []):
+                self.log.warning(note.pop("event"), job=run.job.id, **note)
+            try:
+                if "error" in out:
+                    raise SpillError(out["error"])
+                run.estimate = JobEstimate.from_wire(out["folder"], out["estimate"]) if out["estimate"] else None
+                run.job.set_status("queued", **({"estimate": run.estimate.to_meta()} if run.estimate else {}))
+            except Exception as err:  # noqa: BLE001 - e.g. a model that cannot be read: this job fails, the group goes on
+                self.log.error("no estimate; job failed", job=run.job.id, error=str(err), traceback=out.get("traceback"))
+                self.stop_job(run, "failed", str(err) if isinstance(err, SpillError) else one_line(err))
 
     def status(self, args: dict) -> dict:
         runs = self.runs()
@@ -222,7 +239,8 @@ class Group:
         for i, run in enumerate(runs):
             if wanted in (None, run.job.id):
                 ahead = [{"job": r.job.id, "done": r.total - len(r.pending), "total": r.total} for r in runs[:i]]
-                return {**self._status_of(run), "processes": self._pids(), "queued": len(self.queue), "ahead": ahead}
+                return {**self._status_of(run), "processes": self._pids(), "queued": len(self.queue), "ahead": ahead,
+                        "estimating": self.estimates.phase(run)}
         if wanted in self.last:
             return {**self.last[wanted], "processes": self._pids()}
         if wanted:
@@ -243,7 +261,7 @@ class Group:
     def runs(self) -> list[JobRun]:
         return ([self.current] if self.current else []) + [run for run, _ in self.queue]
 
-    def stop_job(self, run: JobRun, status: str) -> dict:
+    def stop_job(self, run: JobRun, status: str, error: str | None = None) -> dict:
         """Stop a running or queued job; what is written stays written, and it can be resumed."""
         was = run.job.meta.get("status")
         if run is self.current:
@@ -252,7 +270,8 @@ class Group:
             self._broadcast_reset()
         else:
             self.queue = deque((r, mdl) for r, mdl in self.queue if r is not run)
-        run.job.set_status(status)
+            self.estimates.stop(run)
+        run.job.set_status(status, **({"error": error} if error else {}))
         run.job.close()
         self.last[run.job.id] = self._status_of(run)
         self.log.info("job stopped", job=run.job.id, status=status, was=was)
@@ -274,22 +293,7 @@ class Group:
         raise SpillError(f"job {args.get('job')} is not running or queued in this group; `spill status` lists the jobs")
 
     def check_clients(self) -> None:
-        """A queued job whose client is gone leaves the queue; the owner gone, its jobs stop and the group too once idle."""
-        now = time.monotonic()
-        live = {run.job.id for run in self.runs()}
-        for job, (client, seen) in list(self.clients.items()):
-            gone = self.owner_gone.is_set() and self.owner and client == self.owner
-            if job not in live and (gone or now - seen > config.client_timeout()):
-                del self.clients[job]    # ended, and its client never came back to see it
-        for run in self.runs():
-            client, seen = self.clients.get(run.job.id, ("", now))
-            asked = run.job.stop_asked()   # a second Ctrl-C: the file its client wrote before leaving
-            if asked or (self.owner_gone.is_set() and self.owner and client == self.owner) or \
-                    (run is not self.current and now - seen > config.client_timeout()):
-                self.log.warning("stop asked by a second Ctrl-C" if asked else "client gone; stopping its job", job=run.job.id)
-                self.stop_job(run, "interrupted")
-        if self.owner_gone.is_set() and not self.runs() and self.stop_at is None:
-            self.stop_at = now
+        check_clients(self)
 
     def down(self, _args: dict) -> dict:
         stopped = [self.stop_job(run, "interrupted") for run in self.runs()]
@@ -310,7 +314,7 @@ class Group:
             return m.Reply(False, error=str(err))
         except Exception as err:  # noqa: BLE001 - a request that breaks something gets its error, the group goes on
             self.log.error("request failed", op=req.op, traceback=traceback.format_exc())
-            return m.Reply(False, error=f"{req.op} failed ({_one_line(err)}); "
+            return m.Reply(False, error=f"{req.op} failed ({one_line(err)}); "
                                         f"see {config.home() / 'run' / 'logs' / 'coordinator.log'}")
 
     @property
@@ -357,6 +361,7 @@ def run_coordinator_process(endpoints, args, log) -> None:
                     group.fault.tick("done")   # counts rows written
             group.check_actors()
             group.check_clients()
+            group.check_estimates()
             group.next_job()
             telemetry.update()
             if group.waiting and time.monotonic() - group.waiting_since > config.ready_timeout():
@@ -374,10 +379,6 @@ def run_coordinator_process(endpoints, args, log) -> None:
         remove_sockets(endpoints)
         clear_record()
         os.close(run_lock)
-
-
-def _one_line(err: Exception) -> str:
-    return f"{type(err).__name__}: {' '.join(str(err).split())}"[:300]
 
 
 if __name__ == "__main__":

@@ -6,9 +6,11 @@ import json
 import os
 import time
 from collections import Counter
+from dataclasses import asdict
 from pathlib import Path
 
 from spill import config
+from spill.errors import SpillError
 from spill.admission import schedule
 from spill.memory import group_rss
 from spill.admission.advisor import Advice, advise
@@ -16,13 +18,21 @@ from spill.admission.calibration import open_calibration
 from spill.admission.passmodel import PassModel
 from spill.admission.prices import shortfall
 from spill.admission import simulate as sim
-from spill.admission.simulate import Estimate, SimRow, simulate, tier_of
+from spill.admission.simulate import Estimate, SimRow, Tier, simulate, tier_of
 from spill.streamer.plan import load_plan
+from spill.tokenizer_worker.core import TokenizerCore
 
 from .batch_input import read_batch
 from .jobstore import _write_json
-from .lengths import measured_rows, sim_rows
 from .models import resolve, variants
+
+
+def request_dict(r, defaults: dict) -> dict:
+    """A row as the tokenizer worker takes it, the job's defaults filled in."""
+    temperature = r.temperature if r.temperature is not None else defaults.get("temperature", 0.0)
+    return {"kind": r.kind, "messages": r.messages, "prompt": r.prompt,
+            "max_tokens": r.max_tokens or defaults.get("max_tokens", 256),
+            "temperature": temperature, "top_p": r.top_p, "top_k": r.top_k, "seed": r.seed, "stop": r.stop}
 
 
 def _group_file() -> Path:
@@ -72,6 +82,22 @@ def advise_rows(folder: Path, rows: list[SimRow], *, memory: str | None = None, 
     cal = open_calibration(folder)
     return advise(load_plan(folder), rows, memory, stream=stream or config.stream(), passes=cal.model,
                   variants=variants(name), others=others, fraction=fraction)
+
+
+def sim_rows(folder: Path, requests: list, which, defaults: dict, core=None) -> tuple[list[SimRow], int]:
+    """The rows `which` tokenized for real (by `core`, else the model's own TokenizerCore): (their SimRows, how
+    many cannot run)."""
+    core = core or TokenizerCore(folder)
+    rows, errors, which = [], 0, list(which)
+    for k in range(0, len(which), 1024):
+        chunk = which[k:k + 1024]
+        asked = [request_dict(requests[i], defaults) for i in chunk]
+        for i, request, (ids, _why) in zip(chunk, asked, core.tokenize_many(chunk, asked, keep=False)):
+            if ids is None:
+                errors += 1
+            else:
+                rows.append(SimRow(i, len(ids), request["max_tokens"]))
+    return rows, errors
 
 
 def estimate_rows(folder: Path, rows: list[SimRow], *, errors: int = 0, memory: str | None = None,
@@ -168,15 +194,30 @@ class JobEstimate:
     no more than `share` of the coordinator's time: a job of 50,000 rows takes a second to simulate)."""
 
     def __init__(self, folder: Path, rows: list[SimRow], errors: int, memory: str | None = None, every: float = 15.0,
-                 advice: Advice | None = None, share: float = 0.05, others: int = 0, fraction: float | None = None):
+                 advice: Advice | None = None, share: float = 0.05, others: int = 0, fraction: float | None = None,
+                 first: tuple[Estimate, dict] | None = None, cost: float | None = None):
+        """`first`: the pre-run figure and its calibration as simulated elsewhere (the estimate's child), `cost` its seconds."""
         self.folder, self.rows, self.memory, self.every, self.share = folder, rows, memory, every, share
         self.advice, self.others, self.fraction = advice or Advice(False, ""), others, fraction
         self.remembered = None     # the figure last written for `spill estimate`
         started = time.monotonic()
-        self.first, self.calibration = estimate_rows(folder, rows, errors=errors, memory=memory, fraction=fraction,
-                                                     resident=self.advice.resident, others=others)
+        self.first, self.calibration = first or estimate_rows(folder, rows, errors=errors, memory=memory,
+                                                              fraction=fraction, resident=self.advice.resident, others=others)
         self.eta_s, self.at = self.first.total_seconds, time.monotonic()
-        self.cost = self.at - started    # seconds the last simulation took
+        self.cost = self.at - started if cost is None else cost    # seconds the last simulation took
+
+    def to_wire(self) -> dict:
+        """What the estimate's child hands the coordinator (JSON): the rows, the pre-run figure, the advice."""
+        return {"rows": [[r.row, r.prompt, r.out, r.tier] for r in self.rows], "first": asdict(self.first),
+                "calibration": self.calibration, "advice": asdict(self.advice), "others": self.others,
+                "memory": self.memory, "fraction": self.fraction, "cost": self.cost}
+
+    @classmethod
+    def from_wire(cls, folder: Path, d: dict) -> "JobEstimate":
+        first = {**d["first"], "tiers": [Tier(**t) for t in d["first"]["tiers"]],
+                 "timeline": [tuple(p) for p in d["first"]["timeline"]]}
+        return cls(folder, [SimRow(*r) for r in d["rows"]], first["errors"], d["memory"], advice=Advice(**d["advice"]),
+                   others=d["others"], fraction=d["fraction"], first=(Estimate(**first), d["calibration"]), cost=d["cost"])
 
     def eta(self, pending: set[int], generated: dict[int, int]) -> float:
         """Seconds left: the rows still pending, less the tokens the running ones have generated."""
@@ -264,20 +305,41 @@ def refusal(folder: Path, args: dict, actors_rss: dict | None = None) -> str | N
 
 
 def job_estimate(folder: Path, input: Path, pending: set[int], defaults: dict, args: dict, log,
-                 actors_rss: dict | None = None) -> "JobEstimate | None":
+                 actors_rss: dict | None = None, others: int | None = None) -> "JobEstimate | None":
     """The advice and estimate of a submitted job's pending rows of `input` (`args`: the submit's memory,
-    budget_fraction, stream and model; `actors_rss`: each actor's (RSS, file pages) at READY), their tokens counted in a
-    child process (lengths.py), the group's own memory as admission prices it (group_others). A failure costs
-    the estimate, never the job."""
+    budget_fraction, stream and model), the group's own memory as admission prices it (`others`, else
+    group_others of `actors_rss`: each actor's (RSS, file pages) at READY). What the job cannot run without
+    raises a SpillError naming why (a tokenizer that does not load, a model that cannot be read); its
+    calibration is probed here at the model's first use. A failure in pricing costs the estimate, never the job."""
+    rows, errors = counted_rows(folder, input, pending, defaults)
     try:
-        if config.estimate_apart():   # in a child: no tokenizer stays in this process (lengths.py)
-            rows, errors = measured_rows(folder, input, pending, defaults)
-        else:
-            rows, errors = sim_rows(folder, read_batch(input)[0], sorted(pending), defaults) if pending else ([], 0)
-        memory, fraction, others = args.get("memory"), args.get("budget_fraction"), group_others(actors_rss)
+        open_calibration(folder)
+    except SpillError:
+        raise
+    except Exception as err:   # noqa: BLE001 - e.g. a family the probe cannot build: the streamer says why
+        log.warning("no calibration", error=str(err))
+        return None
+    try:
+        memory, fraction = args.get("memory"), args.get("budget_fraction")
+        others = group_others(actors_rss) if others is None else others
         advice = advise_rows(folder, rows, memory=memory, stream=bool(args.get("stream")), name=args.get("model", ""),
                              others=others, fraction=fraction)
         return JobEstimate(folder, rows, errors, memory, advice=advice, others=others, fraction=fraction)
     except Exception as err:
         log.warning("no estimate", error=str(err))
         return None
+
+
+def counted_rows(folder: Path, input: Path, pending: set[int], defaults: dict) -> tuple[list[SimRow], int]:
+    """sim_rows of the pending rows; a tokenizer that does not load is the sentence the tokenizer actor would fail
+    the job with."""
+    if not pending:
+        return [], 0
+    try:
+        core = TokenizerCore(folder)
+    except SpillError:
+        raise
+    except Exception as err:  # noqa: BLE001 - whatever the tokenizer's libraries raise
+        why = str(err).splitlines()[0] if str(err) else type(err).__name__
+        raise SpillError(f"{folder}: the tokenizer could not load ({why})") from None
+    return sim_rows(folder, read_batch(input)[0], sorted(pending), defaults, core)

@@ -16,20 +16,22 @@ PASS_TOKENS = 300        # tokens the pass probe pushes through every layer (16 
 
 
 @contextmanager
-def working(what: str, done: str):
-    """Say `what` now, show the seconds going by, and `done` with the seconds it took at the end."""
-    started = time.monotonic()
+def working(what: str, done: str | None):
+    """Say `what` now, show the seconds going by, and `done` with the seconds it took at the end (unless it is
+    None, or the block sets the dict it is given's "done" to None: it did not get done)."""
+    started, said = time.monotonic(), {"done": done}
     if sys.stderr.isatty():
         from rich.console import Console
         from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
         with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
                       console=Console(stderr=True), transient=True) as progress:
             progress.add_task(what, total=None)
-            yield
+            yield said
     else:
         print(what, file=sys.stderr, flush=True)
-        yield
-    print(f"{done} in {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
+        yield said
+    if said["done"]:
+        print(f"{said['done']} in {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
 
 
 def demo_folder() -> Path:

@@ -168,7 +168,9 @@ class JobRun:
                 "eta_s": eta, "slots": slots, "output": str(self.job.output_path), "passes": self.passes,
                 "streamer_pass_s": self.pass_seconds / self.passes if self.passes else None,
                 "wall_per_pass_s": (self.last_pass_at - self.first_pass_at) / (self.passes - 1) if self.passes > 1 else None,
-                "estimate": self.estimate.first.to_dict() if self.estimate else None, "summary": self.summary()}
+                "estimate": self.estimate.first.to_dict() if self.estimate else None, "summary": self.summary(),
+                "estimate_line": self.estimate.first_line if self.estimate else None,
+                "advice": self.estimate.advice.line if self.estimate else None}
 
     def on_budget(self, msg) -> None:
         """Admission priced the job: its figure of the group's memory is the one the ETA prices."""

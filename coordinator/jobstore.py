@@ -23,8 +23,8 @@ from spill.coordinator.batch_output import encode
 from spill.errors import SpillError
 from spill.files import fsync as _fsync, fsync_dir as _fsync_dir, replaced
 
-STATUSES = ("queued", "running", "interrupted", "cancelled", "done", "failed")
-LIVE = ("queued", "running")   # a job in one of these whose lock nobody holds lost its coordinator: interrupted
+STATUSES = ("estimating", "queued", "running", "interrupted", "cancelled", "done", "failed")
+LIVE = ("estimating", "queued", "running")   # one whose lock nobody holds lost its coordinator: interrupted
 SETTINGS = ("memory", "budget_fraction", "stream")   # kept in job.json's params beside max_tokens, temperature
 NEW_JOB_HINT = "start a new job with `spill run --new`"   # the CLI owns this flag; keep the two in step
 

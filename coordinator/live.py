@@ -24,6 +24,8 @@ def waiting_line(s: dict) -> str:
 
 
 def progress_line(s: dict) -> str:
+    if s.get("status") == "estimating":
+        return "estimating: " + (s.get("estimating") or "counting the rows' tokens")
     if s.get("status") == "queued":
         return waiting_line(s)
     def fmt(v, f):

@@ -23,6 +23,7 @@ from .metrics_line import NOT_SERVED
 from .preflight import check_run   # light: a refused command never imports ZeroMQ, numpy or MLX
 
 EXIT_FAILED_ROWS, EXIT_INTERRUPTED = 3, 130
+SUBMIT_TIMEOUT_S = 120   # the group answers once it has read the input; the estimate comes later (`estimating`)
 RESUME = "resume with: spill run --resume {}"
 
 
@@ -68,11 +69,15 @@ def _connect(listen: str | None, memory: dict):
 
 
 def first_use(model: str | None):
-    """Around the submit: a model not calibrated here is calibrated by the group before it answers; say so."""
+    """Around the wait for the job's estimate: a model not calibrated here is calibrated by the group first; say
+    so. Otherwise a spinner on a terminal, and nothing piped."""
+    import sys
     from contextlib import nullcontext
-    from .first_use import calibrated, calibrating, local_folder
+    from .first_use import calibrated, calibrating, local_folder, working
     folder = local_folder(model or "")
-    return nullcontext() if folder is None or calibrated(folder) else calibrating(folder)
+    if folder is not None and not calibrated(folder):
+        return calibrating(folder)
+    return working("estimating: counting the rows' tokens", None) if sys.stderr.isatty() else nullcontext({})
 
 
 def _watched(client):
@@ -120,8 +125,7 @@ def run_job(*, model, input, output, max_tokens, temperature, resume, new, quiet
         if args.get("model") == "demo":
             make_demo()
         client, group = _connect(listen, memory)
-        with first_use(args.get("model")):
-            info = client.request("submit", timeout_s=600, **args, client=os.getpid())
+        info = client.request("submit", timeout_s=SUBMIT_TIMEOUT_S, **args, client=os.getpid())
         job = info["job"]
         bad = info.get("invalid", 0)   # written as error lines at submit, so counted in done
         typer.echo(f"job {job}: {info['total']} rows, "
@@ -131,10 +135,6 @@ def run_job(*, model, input, output, max_tokens, temperature, resume, new, quiet
             typer.echo(f"warning: {info['warning']}")
         if group is not None and info.get("metrics", "").startswith(NOT_SERVED):   # the group started here
             typer.echo(f"warning: {info['metrics']}", err=True)
-        if info.get("advice"):
-            typer.echo(info["advice"])
-        if info.get("estimate"):
-            typer.echo(info["estimate"])
 
         def status():
             for _ in range(30):   # a second at a time, so a dead embedded group is seen at once
@@ -145,14 +145,21 @@ def run_job(*, model, input, output, max_tokens, temperature, resume, new, quiet
                 except GroupDead:
                     continue
             raise GroupDead(f"the spill group stopped answering; {RESUME.format(job)}")
+        with first_use(args.get("model")) as said:
+            s = _estimated(status)
+            if s.get("status") == "failed":
+                said["done"] = None   # not calibrated after all: the job's error says why
+        for line in (s.get("advice"), s.get("estimate_line")):
+            if line:
+                typer.echo(line)
         return _summary(follow(status, quiet=quiet, every=every))
     except KeyboardInterrupt:
         if job is None:
             typer.echo("\nstopped before the job started")
             return EXIT_INTERRUPTED
         s = client.request("interrupt", timeout_s=30, job=job)
-        typer.echo(f"\nstopped at a pass boundary: {s.get('done', '?')}/{s.get('total', '?')} rows written; "
-                   f"{RESUME.format(job)}")
+        when = "while estimating" if s.get("was") == "estimating" else "at a pass boundary"
+        typer.echo(f"\nstopped {when}: {s.get('done', '?')}/{s.get('total', '?')} rows written; {RESUME.format(job)}")
         return EXIT_INTERRUPTED
     finally:
         if group is not None:
@@ -160,6 +167,13 @@ def run_job(*, model, input, output, max_tokens, temperature, resume, new, quiet
         if client is not None:
             client.close()
         signal.signal(signal.SIGINT, previous)
+
+
+def _estimated(status, poll_s: float = 0.25) -> dict:
+    """The job's status once the group has made its estimate (or the job ended meanwhile)."""
+    while (s := status()).get("status") == "estimating":
+        time.sleep(poll_s)
+    return s
 
 
 def _summary(s: dict) -> int:

@@ -63,6 +63,11 @@ def test_pass_delay() -> float:
     return float(os.environ.get("SPILL_TEST_PASS_DELAY", "0"))
 
 
+def test_estimate_delay() -> float:
+    """For tests: seconds a submitted job's estimate waits before it starts, as a slow one would (SPILL_TEST_ESTIMATE_DELAY)."""
+    return float(os.environ.get("SPILL_TEST_ESTIMATE_DELAY", "0"))
+
+
 def test_drop() -> tuple[str, int]:
     """For tests: SPILL_TEST_DROP="SUBMIT:n" loses the n-th message of that kind a process sends, as ZeroMQ
     loses an oversized frame: ("SUBMIT", n); ("", 0) unset."""
@@ -198,10 +203,9 @@ def log_level() -> str:
 
 
 def estimate_apart() -> bool:
-    """Count a submitted job's tokens, and calibrate a new model, in a child process (SPILL_ESTIMATE_APART,
-    default 1): the coordinator then holds no tokenizer for the group's life (47 MB on lean45,
-    `benchmarks/group_memory.py`), and each submit pays the child's start (~3 s). 0: in the coordinator (the
-    test suite's many short jobs)."""
+    """Make a submitted job's estimate (its tokens counted, a new model calibrated) in a child process
+    (SPILL_ESTIMATE_APART, default 1): the coordinator then holds no tokenizer for the group's life (47 MB on
+    lean45, `benchmarks/group_memory.py`), and each job pays the child's start (~3 s). 0: in a thread of the coordinator (the test suite's many short jobs)."""
     return os.environ.get("SPILL_ESTIMATE_APART", "1") not in ("", "0")
 
 

@@ -7,3 +7,8 @@ class SpillError(Exception):
 
 class GroupDead(SpillError):
     """The group stopped answering: unrecoverable for this command (distinct from a row error)."""
+
+
+def one_line(err: BaseException) -> str:
+    """An unexpected error as one short line for a user's screen: its type and message (the traceback goes to a log)."""
+    return f"{type(err).__name__}: {' '.join(str(err).split())}"[:300]

@@ -102,6 +102,7 @@ def test_the_hook_refits_and_stores_after_each_pass_and_survives_a_bad_model(mak
     monkeypatch.setenv("SPILL_HOME", str(tmp_path))
     monkeypatch.setattr(cal, "read_probe", lambda files: 2e9)
     folder = str(make_tiny("llama", seed=3))
+    open_calibration(folder)           # the job's estimate stores it; admission only loads it
     hook = Calibrator(structlog.get_logger())
     hook.reset(folder)
     planned = PassShape(2, 16, 18, 4096)
@@ -144,6 +145,7 @@ def test_the_refit_keeps_a_sample_of_older_passes_beside_the_last_ones(tmp_path,
 def test_resident_passes_refit_the_compute_terms_too(make_tiny, monkeypatch, tmp_path):
     monkeypatch.setenv("SPILL_HOME", str(tmp_path))
     monkeypatch.setattr(cal, "read_probe", lambda files: 2e9)
+    open_calibration(make_tiny("llama", seed=3))
     hook = Calibrator(structlog.get_logger())
     hook.reset(str(make_tiny("llama", seed=3)), resident=True)
     for i in range(3):   # a resident pass reads nothing: still a measure of compute and overhead
@@ -239,6 +241,7 @@ def test_a_resident_job_has_no_read_to_hide_prefill_under(make_tiny, monkeypatch
     monkeypatch.setenv("SPILL_PREFILL_TOKENS", "3000")
     monkeypatch.setattr(cal, "read_probe", lambda files: 1e3)   # a disk so slow that streaming allows a lot
     folder = str(make_tiny("llama", seed=3))
+    open_calibration(folder)
     hook = Calibrator(structlog.get_logger())
     hook.reset(folder)
     assert hook.pace(0, 0, 0) > 3000
@@ -299,3 +302,13 @@ def test_the_first_use_bandwidth_is_the_reads_inside_the_probes_passes_when_slow
     monkeypatch.setattr(cal, "pass_probe", lambda folder, dtype: small)
     monkeypatch.setenv("SPILL_HOME", str(tmp_path / "other"))
     assert open_calibration(folder).model.bandwidth == 1.16e9
+
+
+def test_the_hook_never_probes_a_model_with_no_calibration_stored(make_tiny, monkeypatch, tmp_path):
+    """The job's estimate calibrates a new model before the job starts; admission only loads what it stored,
+    so it never runs a probe's streamer beside a job's (nor loads MLX for one)."""
+    monkeypatch.setenv("SPILL_HOME", str(tmp_path))
+    monkeypatch.setattr(cal, "compute_probe", lambda *a: pytest.fail("admission probed"))
+    hook = Calibrator(structlog.get_logger())
+    hook.reset(str(make_tiny("llama", seed=5)))
+    assert hook.cal is None and hook.pace(0, 0, 0, most=256) == 256

@@ -3,11 +3,14 @@
 import errno
 import json
 import os
+import threading
 import time
 
+import pytest
 import structlog
 
 from spill import messages as m
+from spill.coordinator import estimating, first_use
 from spill.coordinator.daemon import Group
 from spill.coordinator.supervisor import ACTORS
 
@@ -54,6 +57,23 @@ class Sup:
         return {}
 
 
+@pytest.fixture(autouse=True)
+def no_estimate(monkeypatch):
+    """The jobs here run on a model that is only a config.json: each goes on without an estimate, at once."""
+    monkeypatch.setattr(estimating, "work", lambda ask, cancelled=None: {"estimate": None})
+    monkeypatch.setattr(first_use, "calibrated", lambda folder: True)   # no probe waits for an idle group
+
+
+def settle(g: Group) -> None:
+    """The loop's turns until every job's estimate is made, and the next job started."""
+    deadline = time.monotonic() + 30
+    while g.estimates.jobs:
+        assert time.monotonic() < deadline, "an estimate never ended"
+        g.check_estimates()
+        time.sleep(0.01)
+    g.next_job()
+
+
 def group() -> Group:
     g = Group(Box(), Sup(), structlog.get_logger())
     for role in ACTORS:
@@ -61,12 +81,18 @@ def group() -> Group:
     return g
 
 
-def submit(g: Group, tmp_path, name: str, rows: int = 2) -> dict:
+def submit(g: Group, tmp_path, name: str, rows: int = 2, wait: bool = True, model=None) -> dict:
+    """Submit a job of `rows` rows on `model` (default: `tmp_path`, a config.json); `wait`: until it is estimated."""
     inp = tmp_path / f"{name}.jsonl"
     inp.write_text("".join(json.dumps({"custom_id": f"{name}{i}", "prompt": f"{name} {i}"}) + "\n" for i in range(rows)))
-    (tmp_path / "config.json").write_text('{"model_type": "llama"}')   # submit classifies the model first
-    return g.handle(m.Request("submit", {"model": str(tmp_path), "input": str(inp),
-                                         "output": str(tmp_path / f"{name}.out.jsonl")})).data
+    model = model or tmp_path
+    model.mkdir(exist_ok=True)
+    (model / "config.json").write_text('{"model_type": "llama"}')   # submit classifies the model first
+    reply = g.handle(m.Request("submit", {"model": str(model), "input": str(inp),
+                                          "output": str(tmp_path / f"{name}.out.jsonl")})).data
+    if wait:
+        settle(g)
+    return reply
 
 
 def done(epoch: int, rows: list[int], text: str, job: str = "") -> m.Done:
@@ -204,3 +230,39 @@ def test_admissions_price_of_the_group_reaches_the_running_jobs_estimate(tmp_pat
     g.on_actor(m.Budget(g.epoch, 1, 2**30, 2**29, 2**29, 2**29, 300 * 2**20, 0, 0, job=g.current.job.id))
     g.on_actor(m.Budget(g.epoch, 2, 2**30, 2**29, 2**29, 2**29, 200 * 2**20, 0, 0, job="another job"))
     assert Estimate.priced_at == [300 * 2**20]
+
+
+def test_a_job_starts_once_its_estimate_is_made_and_one_that_cannot_be_made_fails_that_job_alone(tmp_path, monkeypatch):
+    made = threading.Event()
+
+    def slow(ask, cancelled=None):
+        made.wait(30)
+        return {"error": f"model {ask['folder']}: cannot be read"} if "bad" in ask["input"] else {"estimate": None}
+    monkeypatch.setattr(estimating, "work", slow)
+    g = group()
+    bad, ok = submit(g, tmp_path, "bad", wait=False), submit(g, tmp_path, "ok", wait=False)
+    assert bad["status"] == ok["status"] == "estimating"   # the reply did not wait for the estimate
+    for _ in range(3):
+        g.check_estimates()
+        g.next_job()
+    assert g.current is None and g.status({"job": bad["job"]})["estimating"] == "counting the rows' tokens"
+    assert g.status({"job": ok["job"]})["estimating"] == "waiting for the estimate of the job ahead"
+    made.set()
+    settle(g)
+    assert g.status({"job": bad["job"]})["error"] == f"model {tmp_path}: cannot be read"
+    assert g.status({"job": bad["job"]})["status"] == "failed" and g.current.job.id == ok["job"]
+
+
+def test_a_first_use_probe_waits_until_no_job_runs(tmp_path, monkeypatch):
+    monkeypatch.setattr(first_use, "calibrated", lambda folder: folder.name != "new")
+    g = group()
+    a = submit(g, tmp_path, "a")
+    new = submit(g, tmp_path, "n", wait=False, model=tmp_path / "new")
+    for _ in range(3):
+        g.check_estimates()
+        time.sleep(0.01)
+    assert g.status({"job": new["job"]})["estimating"] == "the model is calibrated once no job runs (first use)"
+    g.on_actor(done(g.epoch, [0, 1], "text of a"))
+    assert g.status({"job": a["job"]})["status"] == "done"
+    settle(g)
+    assert g.current.job.id == new["job"]

@@ -217,13 +217,25 @@ def test_a_first_spill_estimate_says_it_makes_the_demo_and_calibrates(home, tmp_
     assert runner.invoke(app, ["estimate", "demo", str(_input(tmp_path))]).stderr == ""   # the second use: nothing
 
 
+class EstimatingClient(FakeClient):
+    """Takes the submit; the job is `estimating` at the first status, and the command stops at the second."""
+    def request(self, op, **args):
+        self.asked.append((op, args))
+        if op == "submit":
+            return {"job": "j1", "total": 3, "done": 0, "output": "out.jsonl"}
+        if [a for a, _ in self.asked].count("status") == 1:
+            return {"job": "j1", "status": "estimating"}
+        raise SpillError("stopped by the test")
+
+
 def test_a_first_spill_run_says_it_makes_the_demo_and_that_the_group_calibrates(home, tmp_path, monkeypatch):
     asked = []
-    monkeypatch.setattr(run, "_connect", lambda listen, memory: (FakeClient(asked), None))
+    monkeypatch.setattr(run, "_connect", lambda listen, memory: (EstimatingClient(asked), None))
     result = runner.invoke(app, ["run", "demo", str(_input(tmp_path))])
     said = result.stderr.splitlines()
     assert said[0] == "first use: making the demo model (a few seconds)"
-    assert said[2] == "calibrating this model on this machine (first use)" and asked[0][0] == "submit"
+    assert said[2] == "calibrating this model on this machine (first use)"
+    assert [op for op, _ in asked] == ["submit", "status", "status"]   # said while the job was estimating
 
 
 def test_a_metrics_port_already_taken_is_said_on_the_screen_and_in_status(home, tmp_path, llama_calibration):
