@@ -65,7 +65,6 @@ class Streamer:
         self._closed_s = {"wait_s": 0.0, "read_s": 0.0}   # reader seconds of readers closed since (resident)
         self.pools: dict[int, Pool] = {}             # a row's width -> the decode pool it joins
         self.reservation: dict[int, int] = {}        # width -> slots, as admission priced them
-        self.pool_moves = 0       # pools outgrown and copied (never, under admission's reservation)
         self.prefills: dict[int, Group] = {}         # prefill group (the plan's number) -> its rows and KV
         self.waiting: list[Row] = []                 # rows added by a caller that plans alone (`add`), not started
         self.opened, self.dropping = 0, []           # prefill groups that caller opened; rows it drops next
@@ -302,7 +301,6 @@ class Streamer:
                 old, pool = pool, Pool(*self._shape(width, pool.live + rows), len(self.adapter.layers))
                 pool.move(old)
                 self.pools[width] = pool
-                self.pool_moves += 1
                 _free_cache()   # the old pool's layers, freed one by one
             pool.join(g, js)
 
