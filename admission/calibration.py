@@ -127,7 +127,7 @@ def open_calibration(folder: str | Path, dtype=None) -> Calibration:
             pass
         mx.clear_cache()   # the probes' freed buffers: not kept for the life of the process that probed
         prior.bandwidth = read_probe(weight_files(folder))
-        # reads inside passes run slower than alone (lean45 on 2 vCPUs: 0.65-0.8 GB/s against 1.16);
+        # reads inside passes run slower than alone (they share the cores with the layers' math);
         # a pass of under 256 MiB times its calls, not the disk
         inside = read_rate(((p.bytes_streamed, p.read_s, p.compute_s) for p in passes), least=1 << 28)
         if inside:

@@ -34,15 +34,15 @@ class JobRun:
         self.left_at_start = len(self.pending)
         self.total = int(job.meta.get("total", len(requests)))
         self.started = time.monotonic()
-        self.generated = 0                # tokens generated this session
+        self.generated = 0                # tokens generated since this run of the job started
         self.last_pass: m.Pass | None = None
-        self.passes = 0                   # passes reported this session, and when the first and last came
+        self.passes = 0                   # passes reported in this run of the job, and when the first and last came
         self.pass_seconds = 0.0           # their summed duration as the streamer measured it
         self.first_pass_at = self.last_pass_at = 0.0
         self.peak_memory = 0
         self.tails: OrderedDict[int, tuple[int, str]] = OrderedDict()   # row -> (tokens, tail)
         self.estimate = None              # a JobEstimate, when the daemon could make one
-        self.finishes, self.lengths = [], []   # finish reason and output tokens of rows done this session
+        self.finishes, self.lengths = [], []   # finish reason and output tokens of rows done in this run
         self.first_pass_s = 0.0
 
     # -- what goes to the group ---------------------------------------------------------------
@@ -187,7 +187,7 @@ class JobRun:
             return None
 
     def live_eta(self) -> float | None:
-        """The live view's ETA: the estimate's, else the time per row done in this session (None before the first)."""
+        """The live view's ETA: the estimate's, else the time per row done in this run (None before the first)."""
         if self.estimate is not None:
             return self.eta()
         done_now = self.left_at_start - len(self.pending)

@@ -227,9 +227,8 @@ class Streamer:
         compute_s, streamed = 0.0, 0
         if missing:
             if self._cpu:
-                # MLX's CPU cache takes a freed buffer only while it fits under the limit and gives it back only at
-                # its size: what earlier passes left there (prompts' activations, logits) kept every freed layer out,
-                # so each was allocated anew (lean45, 23 rows: 651k page faults a pass, passes 6.6 s against ~4)
+                # MLX's CPU cache takes a freed buffer only while it fits under the limit: what earlier passes left
+                # there (prompts' activations, logits) would keep every freed layer out, each allocated (faulted) anew
                 mx.clear_cache()
             self.reader.start_pass(missing)
         for i in range(len(self.adapter.layers)):
