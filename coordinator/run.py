@@ -300,7 +300,9 @@ def group_status(job, listen) -> str:
     mem = "".join(f"\n{line}" for line in (describe_line(s["memory"]) if s.get("memory") else "", s.get("metrics")) if line)
     if not s.get("job"):
         return f"group: {procs}\nno job running{mem}" + _recent_jobs()
-    return f"group: {procs}\njob {s['job']} {s.get('status')}: {progress_line(s)}{mem}" + _recent_jobs()
+    line = progress_line(s)   # an estimating job's line names its status itself
+    state = "" if line.startswith(f"{s.get('status')}: ") else f"{s.get('status')}: "
+    return f"group: {procs}\njob {s['job']} {state}{line}{mem}" + _recent_jobs()
 
 
 def _recent_jobs(n: int = 10) -> str:
