@@ -28,14 +28,19 @@ class RowSampler:
 
     def __call__(self, logits: mx.array) -> mx.array:
         """logits [V] (float32) -> token id (scalar array)."""
-        p = self.params
-        logprobs = logits - mx.logsumexp(logits, keepdims=True)
-        if 0 < p.top_k < logprobs.shape[-1]:
-            logprobs = apply_top_k(logprobs, p.top_k)
-        if 0.0 < p.top_p < 1.0:
-            logprobs = apply_top_p(logprobs, p.top_p)
         self._key, sub = mx.random.split(self._key)
-        return mx.random.categorical(logprobs * (1.0 / p.temperature), key=sub)
+        return mx.random.categorical(target_logits(logits, self.params), key=sub)
+
+
+def target_logits(logits: mx.array, p: SamplingParams) -> mx.array:
+    """logits [..., V] -> the logits a sampled row draws from (softmax of them): top_k and top_p filter the
+    untempered log-probabilities, then the temperature scales what is left. One rule for every path."""
+    logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+    if 0 < p.top_k < logprobs.shape[-1]:
+        logprobs = apply_top_k(logprobs, p.top_k)
+    if 0.0 < p.top_p < 1.0:
+        logprobs = apply_top_p(logprobs, p.top_p)
+    return logprobs * (1.0 / p.temperature)
 
 
 def sample(logits: mx.array, samplers: list[RowSampler]) -> list[int]:
