@@ -59,6 +59,9 @@ class Draft:
 
     def __post_init__(self):
         self.tokens = np.asarray(self.tokens, dtype=np.int64).reshape(-1)
+        if self.probs is not None and (len(self.probs.shape) != 2 or self.probs.shape[0] != self.tokens.size):
+            raise ValueError(f"draft probabilities {tuple(self.probs.shape)}: expected [{self.tokens.size}, V], "
+                             "one distribution a draft token")
 
 
 @dataclass

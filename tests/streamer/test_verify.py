@@ -113,3 +113,5 @@ def test_uniforms_are_a_pure_function_of_seed_index_and_stream():
 def test_logits_of_the_wrong_shape_are_refused_with_what_was_expected():
     with pytest.raises(ValueError, match=r"expected \[3, V\]"):
         verify(mx.zeros((2, V)), [Draft([1, 2], GREEDY, 0, 0, 10)])
+    with pytest.raises(ValueError, match=r"draft probabilities \(1, 8\): expected \[2, V\]"):
+        Draft([1, 2], HOT, 0, 0, 10, probs=np.zeros((1, V)))
