@@ -93,7 +93,8 @@ def test_a_draft_model_row_accepts_what_the_target_agrees_with_and_never_what_it
     p0 = np.log(np.where(np.arange(V) == 2, 1e-30, 1.0)).astype(np.float32)   # the target never gives 2
     for seed in range(20):
         q = np.eye(V, dtype=np.float32)[[2]]
-        v = verify(mx.array(np.stack([p0, p0])), [Draft([2], SamplingParams(temperature=1.0), seed, 0, 100, probs=q)])[0]
+        row = Draft([2], SamplingParams(temperature=1.0), seed, 0, 100, probs=q)
+        v = verify(mx.array(np.stack([p0, p0])), [row])[0]
         assert v.accepted == 0 and v.tokens[0] != 2
 
 
