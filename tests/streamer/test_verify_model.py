@@ -1,6 +1,7 @@
 """The scheme the pass will run, on a real (tiny, random) model held resident by mlx-lm: each step feeds
 [last, d1..dk] over the row's cache, verifies, and moves the cache back to what was accepted + 1. Greedy
-text is the model's own whatever the drafts; accepted drafts save steps."""
+text is the model's own whatever the drafts, a seeded sampled row's the same with lookup drafts as without;
+accepted drafts save steps."""
 
 from pathlib import Path
 
@@ -25,7 +26,7 @@ def model(make_tiny):
     return m
 
 
-def speculative(model, drafter, k: int) -> tuple[list[int], int]:
+def speculative(model, drafter, k: int, params=SamplingParams()) -> tuple[list[int], int]:
     """STEPS greedy tokens after PROMPT, k drafts a step from drafter(history, k); -> (tokens, steps)."""
     cache = make_prompt_cache(model)
     mx.eval(model(mx.array(PROMPT[:-1])[None], cache=cache))   # the cache holds all but the last token
@@ -33,7 +34,7 @@ def speculative(model, drafter, k: int) -> tuple[list[int], int]:
     while len(out) < STEPS:
         drafts = drafter(PROMPT + out, k)
         logits = model(mx.array([(PROMPT + out)[-1], *drafts])[None], cache=cache)[0].astype(mx.float32)
-        v = verify(logits, [Draft(drafts, SamplingParams(), 0, len(out), STEPS - len(out))])[0]
+        v = verify(logits, [Draft(drafts, params, 7, len(out), STEPS - len(out))])[0]
         trim_prompt_cache(cache, len(drafts) - v.accepted)   # rejected drafts' KV goes
         out, steps = out + v.tokens, steps + 1
     return out, steps
@@ -62,3 +63,9 @@ def test_drafts_it_rejects_cost_no_token_either(model, greedy):
 def test_prompt_lookup_drafts_give_the_models_own_text(model, greedy):
     tokens, steps = speculative(model, lookup, 4)
     assert tokens == greedy and steps < STEPS   # the random model repeats itself: lookup finds it
+
+
+def test_a_seeded_sampled_row_gives_the_same_text_with_lookup_drafts_as_without(model):
+    hot = SamplingParams(temperature=0.8, top_p=0.95)
+    alone, steps = speculative(model, lambda history, k: [], 4, hot)
+    assert speculative(model, lookup, 4, hot)[0] == alone and steps == STEPS
