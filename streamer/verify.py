@@ -97,15 +97,15 @@ def verify(logits: mx.array, rows: list[Draft]) -> list[Verdict]:
     starts = np.cumsum(counts) - counts
     decided: list[tuple] = [None] * len(rows)   # per row: (the tokens decided, the drafts accepted)
 
-    def positions(which):
-        return mx.array(np.concatenate([np.arange(starts[i], starts[i] + counts[i]) for i in which]))
+    def positions(which):   # the logits of these rows' positions
+        return _take(logits, np.concatenate([np.arange(starts[i], starts[i] + counts[i]) for i in which]))
 
     greedy = [i for i, r in enumerate(rows) if r.params.greedy]
     if greedy:   # the target's argmax at every position
-        top = np.array(mx.argmax(logits[positions(greedy)], axis=-1))
+        top = np.array(mx.argmax(positions(greedy), axis=-1))
         _put(decided, greedy, _agree(top, [rows[i] for i in greedy]))
     for group in _by_params(rows, [i for i, r in enumerate(rows) if not r.params.greedy]):
-        p = mx.softmax(target_logits(logits[positions(group)].astype(mx.float32), rows[group[0]].params), axis=-1)
+        p = mx.softmax(target_logits(positions(group).astype(mx.float32), rows[group[0]].params), axis=-1)
         at = np.cumsum(counts[group]) - counts[group]    # each row's first position in p
         lookup = [j for j, i in enumerate(group) if rows[i].probs is None]
         if lookup:
@@ -162,7 +162,7 @@ def _lookup(p: mx.array, at: np.ndarray, rows: list[Draft]) -> list[tuple[list[i
     n = np.array([len(r.tokens) + 1 for r in rows])
     within = np.arange(n.sum()) - np.repeat(np.cumsum(n) - n, n)
     index = np.repeat([r.position for r in rows], n) + within
-    own = _draw(p[mx.array(np.repeat(at, n) + within)], uniforms(np.repeat([r.seed for r in rows], n), index, 1))
+    own = _draw(_take(p, np.repeat(at, n) + within), uniforms(np.repeat([r.seed for r in rows], n), index, 1))
     return _agree(own, rows)
 
 
@@ -191,6 +191,13 @@ def _rejection(p: mx.array, at: np.ndarray, rows: list[Draft]) -> list[tuple[lis
         dist[mx.array(rejected)] = mx.where(rest.sum(axis=-1, keepdims=True) > 0, rest, first)
     own = _draw(dist, uniforms([r.seed for r in rows], np.array([r.position for r in rows]) + accepted, 1))
     return [(r.tokens[:a].tolist() + [t], a) for r, a, t in zip(rows, accepted.tolist(), own.tolist())]
+
+
+def _take(x: mx.array, rows: np.ndarray) -> mx.array:
+    """x's rows at `rows`: x itself where they are all of them in order (no copy of [N, V])."""
+    if rows.size == x.shape[0] and (rows == np.arange(rows.size)).all():
+        return x
+    return x[mx.array(rows)]
 
 
 def _draw(dist: mx.array, v: np.ndarray) -> np.ndarray:
