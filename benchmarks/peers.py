@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(1, str(Path(__file__).resolve().parents[1]))   # the checkout's tests.machine
+sys.path.append(str(Path(__file__).resolve().parents[1]))   # last: tests.machine; an installed spill wins
 from pass_time import drop_cache, model_args, model_folder, read_all  # noqa: E402
 from peers_report import child_stages, table, text_agreement, write_doc  # noqa: E402
 
