@@ -30,6 +30,7 @@ from spill.factory.weights import DTYPES, encode
 from spill.files import check_new_folder, new_folder
 
 INSTALL = "pip install 'streamweights[gguf]'"
+SHARD = 5 * 10**9   # bytes a safetensors file holds at most, as Hugging Face checkpoints are sharded
 
 LAYER = {  # GGUF name after "blk.N." -> Hugging Face name after "model.layers.N."
     "attn_norm.weight": "input_layernorm.weight",
@@ -52,11 +53,10 @@ def import_gguf(src: Path, out: Path, *, dtype: str = "bfloat16") -> Path:
     # 1. check every input before touching the disk
     if dtype not in DTYPES:
         raise SpillError(f"unknown dtype {dtype!r}; choose one of: {', '.join(DTYPES)}")
-    src, out = Path(src).expanduser(), Path(out).expanduser()
+    src, out = Path(src).expanduser(), check_new_folder(out)
     reader = open_gguf(src)
     meta = metadata(reader)
     config = model_config(meta, {t.name for t in reader.tensors}, src, dtype)
-    out = check_new_folder(out)
 
     # 2. write into a hidden sibling folder, then rename it into place
     with new_folder(out) as tmp:
@@ -174,7 +174,8 @@ def _write_weights(reader, folder: Path, config: dict, dtype: str) -> None:
 
     tag, itemsize = DTYPES[dtype]
     shapes = [(name, tuple(int(d) for d in reversed(t.shape))) for name, t in tensors.items()]
-    write_model(folder, shapes, tag, itemsize, blocks, None)
+    total = sum(int(np.prod(shape)) for _, shape in shapes) * itemsize
+    write_model(folder, shapes, tag, itemsize, blocks, SHARD if total > SHARD else None)
 
 
 def _write_json(path: Path, data: dict) -> None:
