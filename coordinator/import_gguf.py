@@ -152,11 +152,11 @@ def unpermute_rope(w: np.ndarray, heads: int) -> np.ndarray:
 
 
 def _order(name: str) -> tuple:
-    """Embedding, then the layers in order, then the final norm and head: each layer's bytes together."""
+    """The embedding, the layers in order, then the final norm and the head: each layer's bytes together."""
     m = re.fullmatch(r"blk\.(\d+)\.(.+)", name)
     if m:
         return (1, int(m.group(1)), list(LAYER).index(m.group(2)))
-    return (0 if name == "token_embd.weight" else 2, 0, name)
+    return (0 if name == "token_embd.weight" else 2, 0, name != "output_norm.weight")
 
 
 def _write_weights(reader, folder: Path, config: dict, dtype: str) -> None:
