@@ -96,7 +96,7 @@ def model_config(meta: dict, names: set[str], src: Path, dtype: str) -> dict:
     arch = meta.get("general.architecture")
     if arch != "llama":
         raise SpillError(f"{src} holds a {arch!r} model; spill imports GGUF files of the llama architecture "
-                         "only (Llama, Mistral, SmolLM and their fine-tunes): convert the original checkpoint "
+                         "only (Llama, SmolLM and their fine-tunes): convert the original checkpoint "
                          "instead, or use a llama GGUF file")
     scaling = meta.get("llama.rope.scaling.type", "none")
     if scaling not in ("none", "linear") or "rope_freqs.weight" in names:
