@@ -56,6 +56,21 @@ def make_model_cmd(
     typer.echo(str(path))
 
 
+@app.command("import-gguf")
+def import_gguf_cmd(
+    file: Path = typer.Argument(..., help="A llama GGUF file (llama.cpp's format), quantized or not."),
+    out: Path = typer.Argument(..., help="Folder to write (must not exist or be empty)."),
+    dtype: str = typer.Option("bfloat16", help="Storage dtype of the dequantized weights: bfloat16, float16 or float32."),
+) -> None:
+    """Write a Hugging Face-layout model folder from a GGUF file (needs `pip install 'streamweights[gguf]'`)."""
+    from spill.coordinator.import_gguf import import_gguf
+    try:
+        path = import_gguf(file, out, dtype=dtype)
+    except SpillError as err:
+        _fail(err)
+    typer.echo(str(path))
+
+
 @app.command("check")
 def check_cmd(
     model: str = typer.Argument(..., help=MODEL_HELP),

