@@ -31,15 +31,18 @@ def hostfile(n: int, folder: Path) -> Path:
     return path
 
 
-def spawn(n: int, argv: list[str], *, env: dict | None = None, folder: Path | None = None) -> list[subprocess.Popen]:
-    """Start `python argv...` as ranks 0..n-1 of one ring; stdout and stderr piped, each in its own session."""
+def spawn(n: int, argv: list[str], *, env: dict | None = None, folder: Path | None = None,
+          cpus: list[set[int]] | None = None) -> list[subprocess.Popen]:
+    """Start `python argv...` as ranks 0..n-1 of one ring; stdout and stderr piped, each in its own session,
+    rank r on the cores cpus[r] where given."""
     hosts = hostfile(n, Path(folder or tempfile.mkdtemp(prefix="spill-ring-")))
     procs = []
     for rank in range(n):   # one rank is a group of its own: no ring to join
         ring = {"MLX_RANK": str(rank), "MLX_HOSTFILE": str(hosts)} if n > 1 else {}
         rank_env = {**os.environ, **(env or {}), **ring}
+        pin = (lambda cores=cpus[rank]: os.sched_setaffinity(0, cores)) if cpus else None
         procs.append(subprocess.Popen([sys.executable, *argv], env=rank_env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, text=True, start_new_session=True))
+                                      stderr=subprocess.PIPE, text=True, start_new_session=True, preexec_fn=pin))
     return procs
 
 
@@ -67,6 +70,7 @@ def wait(procs: list[subprocess.Popen], *, timeout: float) -> list[tuple[int, st
     return out
 
 
-def run(n: int, argv: list[str], *, timeout: float, env: dict | None = None) -> list[tuple[int, str, str]]:
+def run(n: int, argv: list[str], *, timeout: float, env: dict | None = None,
+        cpus: list[set[int]] | None = None) -> list[tuple[int, str, str]]:
     """`spawn` n ranks and `wait` for them."""
-    return wait(spawn(n, argv, env=env), timeout=timeout)
+    return wait(spawn(n, argv, env=env, cpus=cpus), timeout=timeout)
