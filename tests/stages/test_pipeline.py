@@ -9,6 +9,8 @@ import pytest
 
 from spill.stages import launch
 from spill.stages.pipeline import left_padded, micro_batches
+from spill.stages.split import stage_shares
+from spill.streamer.plan import load_plan
 
 PROMPTS = [[5, 9, 13, 2, 7], [30, 31], list(range(40, 60)), [3] * 17, [11, 12, 13, 14, 15, 16, 17], [100, 200, 300]]
 MAX_TOKENS = 8
@@ -59,9 +61,11 @@ def test_two_and_three_stages_give_mlx_lms_greedy_tokens_row_for_row(make_tiny, 
         assert all(rc == 0 for rc, _, _ in ranks), [err[-800:] for _, _, err in ranks]
         reports[n] = [json.loads(stdout.strip().splitlines()[-1]) for _, stdout, _ in ranks]
         assert json.loads(out.read_text()) == expected, f"{n} ranks"
-    for n, stages in reports.items():   # contiguous layer ranges covering the model, a rank each
-        assert [s["layers"][0] for s in stages][0] == 0 and stages[-1]["layers"][1] == 4
-        assert all(a["layers"][1] == b["layers"][0] for a, b in zip(stages, stages[1:]))
+    plan = load_plan(folder)
+    for n, stages in reports.items():   # each rank holds its share alone: its layers, what surrounds them
+        shares = stage_shares(plan, n)
+        assert [s["layers"] for s in stages] == [[s.layers.start, s.layers.stop] for s in shares]
+        assert [s["bytes"] for s in stages] == [s.bytes for s in shares]
     # every hop of the 2-rank ring measured, on every rank alike
     links = reports[2][0]["links"]
     assert len(links) == 2 and links == reports[2][1]["links"]
