@@ -11,7 +11,7 @@ which feeds them to the next round. With M >= N a stage always has a micro-batch
     stage 1          a    b    c    a'   b'
 
 Every micro-batch rides the same weights: a stage holds its layers for the whole round. Sends and receives
-run on a stream of their own, so a send of micro-batch j goes out while micro-batch j+1 computes.
+run on streams of their own, so a send of micro-batch j goes out while micro-batch j+1 computes.
 """
 
 import dataclasses
@@ -103,7 +103,9 @@ def run(stage: Stage, group, prompts: list[list[int]], max_tokens: int, m: int) 
     """Greedy generation of `max_tokens` tokens a row through the pipeline, `m` micro-batches a round. Every
     rank calls it with the same prompts (the plan); stage 0 returns each row's tokens, the others None."""
     n, rank = group.size(), group.rank()
-    link = mx.new_stream(mx.cpu)   # sends and receives beside the compute stream
+    # sends and receives each on a stream beside the compute stream: a send still going out never holds
+    # up the next micro-batch's input
+    inbound, outbound = mx.new_stream(mx.cpu), mx.new_stream(mx.cpu)
     batches = micro_batches(len(prompts), m)
     inputs = []
     for j, rows in enumerate(batches):
@@ -120,7 +122,7 @@ def run(stage: Stage, group, prompts: list[list[int]], max_tokens: int, m: int) 
             # 1. the input: the prompt or the last round's tokens (stage 0), hidden states (the others)
             if stage.first and step > 0:
                 if n > 1:
-                    tok = mx.distributed.recv((len(rows),), mx.int32, n - 1, group=group, stream=link)
+                    tok = mx.distributed.recv((len(rows),), mx.int32, n - 1, group=group, stream=inbound)
                     mx.eval(tok)
                     tokens[j].append(tok)
                 x = tokens[j][-1][:, None]
@@ -128,7 +130,7 @@ def run(stage: Stage, group, prompts: list[list[int]], max_tokens: int, m: int) 
                 x = inputs[j]
             else:
                 width = inputs[j].shape[1] if step == 0 else 1
-                x = mx.distributed.recv((len(rows), width, hidden), stage.dtype, rank - 1, group=group, stream=link)
+                x = mx.distributed.recv((len(rows), width, hidden), stage.dtype, rank - 1, group=group, stream=inbound)
                 mx.eval(x)
             t1 = time.perf_counter()
             # 2. this stage's layers; the last samples
@@ -142,14 +144,14 @@ def run(stage: Stage, group, prompts: list[list[int]], max_tokens: int, m: int) 
             if stage.last and n == 1:
                 tokens[j].append(out)
             else:
-                mx.async_eval(mx.distributed.send(out, (rank + 1) % n, group=group, stream=link))
+                mx.async_eval(mx.distributed.send(out, (rank + 1) % n, group=group, stream=outbound))
         timing.rounds.append((timing.busy_s - round_busy, time.perf_counter() - round_start))
     if stage.first and n > 1:   # the last round's tokens
         for j, rows in enumerate(batches):
-            tok = mx.distributed.recv((len(rows),), mx.int32, n - 1, group=group, stream=link)
+            tok = mx.distributed.recv((len(rows),), mx.int32, n - 1, group=group, stream=inbound)
             mx.eval(tok)
             tokens[j].append(tok)
-    mx.synchronize(link)
+    mx.synchronize(outbound)
     timing.wall_s = time.perf_counter() - start
     if not stage.first:
         return None, timing
