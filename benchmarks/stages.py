@@ -5,7 +5,8 @@ time, tokens/s, each stage's idle share (the bubble) measured and as the stage m
 
 Each rank runs `python -m spill.stages.run` on its layer range (resident), pinned to cores of its own where
 --cores-per-rank is given (OpenBLAS's threads set to match); the first round (the prompts) is left out of
-the decode figures. Every rank count must give the same tokens.
+the decode figures, and the first decode round (it holds the fill) from the steady idle share. Every rank
+count must give the same tokens.
 """
 
 import argparse
@@ -38,6 +39,11 @@ def parse() -> argparse.Namespace:
     return p.parse_args()
 
 
+def idle(rounds: list[list]) -> list[float]:
+    """Each stage's idle share over its (busy, wall) rounds."""
+    return [1 - sum(b for b, _ in d) / sum(w for _, w in d) for d in rounds]
+
+
 def one(n: int, args, folder: Path, prompts: Path, work: Path) -> dict:
     m = args.micro_batches or n
     out = work / f"tokens{n}.json"
@@ -50,10 +56,9 @@ def one(n: int, args, folder: Path, prompts: Path, work: Path) -> dict:
     if any(rc != 0 for rc, _, _ in ranks):
         sys.exit(f"{n} ranks failed:\n" + "\n".join(err[-1500:] for _, _, err in ranks))
     reports = [json.loads(stdout.strip().splitlines()[-1]) for _, stdout, _ in ranks]
-    decode = [r["rounds"][1:] for r in reports]   # (busy, wall) per decode round, per stage
+    # (busy, wall) per decode round, per stage; the first holds the fill (stage 0 waits for the prompts' round)
+    decode, steady = [r["rounds"][1:] for r in reports], [r["rounds"][2:] for r in reports]
     round_s = statistics.median(w for _, w in decode[0])
-    busy = [sum(b for b, _ in d) for d in decode]
-    wall = [sum(w for _, w in d) for d in decode]
     stage_s = [statistics.median(b for b, _ in d) / m for d in decode]   # one micro-batch's seconds a stage
     hidden = json.loads((folder / "config.json").read_text())["hidden_size"]
     rows_mb = args.rows / m
@@ -62,7 +67,7 @@ def one(n: int, args, folder: Path, prompts: Path, work: Path) -> dict:
              for i, h in enumerate(hops)] if n > 1 else [0.0]
     return {"ranks": n, "micro_batches": m, "layers": [r["layers"] for r in reports],
             "bytes": [r["bytes"] for r in reports], "round_s": round_s, "tokens_per_s": args.rows / round_s,
-            "idle_measured": [1 - b / w for b, w in zip(busy, wall)],
+            "idle_measured": idle(steady), "idle_with_fill": idle(decode),
             "idle_model": idle_shares(stage_s, hop_s, m), "stage_s": stage_s, "hop_s": hop_s, "links": hops,
             "tokens": json.loads(out.read_text())}
 
@@ -79,14 +84,15 @@ def main() -> None:
     results = [one(int(n), args, folder, prompts, work) for n in args.ranks.split(",")]
     print(f"model {folder.name}: {args.rows} rows, {args.prompt_tokens} prompt tokens, {args.max_tokens} new; "
           f"{args.cores_per_rank or 'all'} cores a rank")
-    print("ranks  mbs  layers               round ms  tok/s  speedup  idle measured      idle model         hop us")
+    print("ranks  mbs  layers                   round ms  tok/s  speedup  idle (steady)    with fill        model"
+          "            hop us")
     base = results[0]["tokens_per_s"]
     for r in results:
         same = "" if r["tokens"] == results[0]["tokens"] else "  TOKENS DIFFER"
-        print(f"{r['ranks']:>5}  {r['micro_batches']:>3}  {str(r['layers']):<20} {r['round_s'] * 1e3:8.1f}  "
-              f"{r['tokens_per_s']:5.0f}  {r['tokens_per_s'] / base:6.2f}x  "
-              f"{' '.join(f'{x:.2f}' for x in r['idle_measured']):<18} "
-              f"{' '.join(f'{x:.2f}' for x in r['idle_model']):<18} "
+        shares = " ".join(" ".join(f"{x:.2f}" for x in r[key]).ljust(16)
+                          for key in ("idle_measured", "idle_with_fill", "idle_model"))
+        print(f"{r['ranks']:>5}  {r['micro_batches']:>3}  {str(r['layers']):<24} {r['round_s'] * 1e3:8.1f}  "
+              f"{r['tokens_per_s']:5.0f}  {r['tokens_per_s'] / base:6.2f}x  {shares} "
               f"{' '.join(f'{h * 1e6:.0f}' for h in r['hop_s'])}{same}")
     for r in results[1:]:
         for i, h in enumerate(r["links"]):
