@@ -35,7 +35,10 @@ states (`link.Link.seconds`; the tokens on the last hop). Sends overlap the next
     idle_i = 1 - M * t_i / round                       stage i's idle share (its bubble)
 
 and a job of K rounds adds the fill, sum_{i < N-1} (t_i + l_i), once. Equal stages with M >= N and links
-faster than t / N leave no bubble; M = N with l > 0 idles each stage l / (t + l) of the round.
+faster than t / N leave no bubble; M = N with l > 0 idles each stage l / (t + l) of the round. A micro-batch
+is not free: each takes the stage's weights through memory again, t_i = w_i + r_i x rows (the pass model's
+fixed and per-row terms, a stage's share), so a round's work is M x w_i + r_i x B and M is the fewest >= N
+that hides the trip.
 """
 
 
