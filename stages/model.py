@@ -56,3 +56,14 @@ def idle_shares(stage_s: list[float], hop_s: list[float], m: int) -> list[float]
 def job_seconds(stage_s: list[float], hop_s: list[float], m: int, rounds: int) -> float:
     """`rounds` rounds and the fill: the first micro-batch reaching the last stage."""
     return rounds * round_seconds(stage_s, hop_s, m) + sum(stage_s[:-1]) + sum(hop_s[:-1])
+
+
+def best_micro_batches(fixed_s: list[float], per_row_s: list[float], hop_s: list[float], rows: int) -> int:
+    """The M (N..rows, at most a row each) with the shortest round, each stage's micro-batch priced fixed_s[i] + per_row_s[i] x rows / M;
+    the fewest where several tie."""
+    n = len(fixed_s)
+
+    def round_of(m: int) -> float:
+        return round_seconds([w + r * rows / m for w, r in zip(fixed_s, per_row_s)], hop_s, m)
+
+    return min(range(min(n, rows), rows + 1), key=lambda m: (round_of(m), m))

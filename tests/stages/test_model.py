@@ -2,7 +2,7 @@
 
 import pytest
 
-from spill.stages.model import idle_shares, job_seconds, round_seconds
+from spill.stages.model import best_micro_batches, idle_shares, job_seconds, round_seconds
 
 
 def test_equal_stages_with_enough_micro_batches_never_idle():
@@ -30,3 +30,11 @@ def test_the_slowest_stage_sets_the_round_and_the_others_wait_on_it():
 
 def test_a_job_adds_the_fill_once():
     assert job_seconds([1.0, 1.0, 1.0], [0.1, 0.1, 0.1], 3, rounds=10) == pytest.approx(10 * 3.3 + 2.2)
+
+
+def test_micro_batches_are_the_fewest_that_hide_the_trip():
+    # weights through memory cost 1 a micro-batch, rows 0.1 each: more micro-batches only add reads
+    assert best_micro_batches([1.0, 1.0], [0.1, 0.1], [0.0, 0.0], rows=64) == 2
+    # a slow link: a third micro-batch keeps the stages busy through the trip
+    assert best_micro_batches([1.0, 1.0], [0.1, 0.1], [1.0, 1.0], rows=64) == 3
+    assert best_micro_batches([1.0] * 3, [0.1] * 3, [0.0] * 3, rows=2) == 2   # never more than the rows
