@@ -22,7 +22,7 @@ from spill.platform import preload_env
 from spill.stages import launch
 from spill.stages.model import idle_shares
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # the checkout's benchmarks
+sys.path.append(str(Path(__file__).resolve().parents[1]))   # the checkout's benchmarks; an installed spill wins
 from benchmarks.pass_time import model_args, model_folder  # noqa: E402
 
 
