@@ -9,9 +9,6 @@ from typing import ClassVar
 
 from .typed import Count, Fraction, MaxTokens, Natural, Temperature
 
-__all__ = ["Ping", "SubmitJob", "Status", "Interrupt", "Cancel", "Down", "REQUESTS", "Refused", "Pong", "Queued",
-           "Slot", "Ahead", "JobStatus", "Stopped", "Stopping", "REPLIES"]
-
 
 # -- requests: each carries the control token, required on a tcp control socket --------------------------
 @dataclass

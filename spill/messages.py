@@ -13,10 +13,10 @@ from typing import Annotated
 import msgpack
 import numpy as np
 
-from . import control_messages as control
-from .control_messages import *  # noqa: F403 - the control plane's requests and replies are messages too
-from .typed import (MODEL_ROW, BadMessage, Count, Fraction, Int64, MaxTokens, Natural, OneOf, Packed, Pair, PerRow,
-                    Range, RequiredIf, RowId, SameLength, Seed, Temperature, TopK, checked)
+from .control_messages import (REPLIES, REQUESTS, Ahead, Cancel, Down, Interrupt, JobStatus, Ping,  # noqa: F401
+                               Pong, Queued, Refused, Slot, Status, Stopped, Stopping, SubmitJob)
+from .typed import (MODEL_ROW, BadMessage, Count, Fraction, Int64, MaxTokens, Natural, OneOf,  # noqa: F401
+                    Packed, Pair, PerRow, Range, RequiredIf, RowId, SameLength, Seed, Temperature, TopK, checked)
 
 FINISH = ("stop", "length")   # a finished row's reason
 
@@ -270,10 +270,10 @@ _TYPES = {Kind.READY: Ready, Kind.RESET: Reset, Kind.SUBMIT: Submit, Kind.TOKENI
           Kind.PLAN: Plan, Kind.TOKENS: Tokens, Kind.STOP: Stop, Kind.PASS: Pass, Kind.DONE: Done,
           Kind.ERROR: Error, Kind.PROGRESS: Progress, Kind.SHUTDOWN: Shutdown, Kind.HEARTBEAT: Heartbeat,
           Kind.BUDGET: Budget, Kind.ENDED: Ended,
-          Kind.PING: control.Ping, Kind.SUBMIT_JOB: control.SubmitJob, Kind.STATUS: control.Status,
-          Kind.INTERRUPT: control.Interrupt, Kind.CANCEL: control.Cancel, Kind.DOWN: control.Down,
-          Kind.REFUSED: control.Refused, Kind.PONG: control.Pong, Kind.QUEUED: control.Queued,
-          Kind.JOB_STATUS: control.JobStatus, Kind.STOPPED: control.Stopped, Kind.STOPPING: control.Stopping}
+          Kind.PING: Ping, Kind.SUBMIT_JOB: SubmitJob, Kind.STATUS: Status,
+          Kind.INTERRUPT: Interrupt, Kind.CANCEL: Cancel, Kind.DOWN: Down,
+          Kind.REFUSED: Refused, Kind.PONG: Pong, Kind.QUEUED: Queued,
+          Kind.JOB_STATUS: JobStatus, Kind.STOPPED: Stopped, Kind.STOPPING: Stopping}
 _KINDS = {t: k for k, t in _TYPES.items()}
 
 
