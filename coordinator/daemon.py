@@ -236,7 +236,7 @@ class Group:
     def _status(self, req: m.Status) -> dict:
         runs = self.runs()
         wanted = req.job
-        if wanted in self.clients and req.client == self.clients[wanted][0]:
+        if wanted in self.clients and req.client and req.client == self.clients[wanted][0]:
             # its own client is still there (a user's `spill status JOB` is not); once it has seen the end it is done
             self.clients[wanted] = (self.clients[wanted][0], time.monotonic())
             if wanted in self.last:
