@@ -1,5 +1,8 @@
 """The wire format and the epoch gate."""
 
+import copy
+import math
+
 import msgpack
 import pytest
 
@@ -42,6 +45,43 @@ def test_every_message_kind_round_trips_through_msgpack():
         assert data[0] == m._KINDS[type(msg)]
         assert m.decode(data) == msg
     assert m.unpack_tokens(_plan().tokens, _plan().lengths) == [[1, 2, 3], [], [70000]]
+
+
+def _leaves(value, path=()):
+    """(path, value) of every leaf of a decoded msgpack body: map keys and list indices."""
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else None
+    if items is None:
+        yield path, value
+    for key, inner in items or ():
+        yield from _leaves(inner, (*path, key))
+
+
+def _with(body, path, value):
+    body = copy.deepcopy(body)
+    inner = body
+    for step in path[:-1]:
+        inner = inner[step]
+    inner[path[-1]] = value
+    return body
+
+
+FIGURES = ("summary", "estimate")   # JobStatus's figure maps: shown to the user, their values not checked
+
+
+@pytest.mark.parametrize("msg", SAMPLES, ids=lambda msg: type(msg).__name__)
+def test_a_wrong_type_or_an_out_of_range_number_anywhere_in_a_message_is_refused_naming_that_field(msg):
+    name, body = type(msg).__name__, msgpack.unpackb(m.encode(msg)[1:])
+    for path, value in _leaves(body):
+        if name == "JobStatus" and path[0] in FIGURES:
+            continue
+        where = name + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path)
+        wrong = [[[True]]] + ([2**64 - 1] if type(value) is int and path[0] != "memory" else
+                              [math.inf] if type(value) is float else [])
+        for bad in wrong:
+            with pytest.raises(m.BadMessage) as err:
+                m.decode(bytes([m._KINDS[type(msg)]]) + msgpack.packb(_with(body, path, bad)))
+            said = str(err.value)   # names the field, or the item within it where None was in its place
+            assert said.startswith(where) and said[len(where)] in ":[", (where, bad, said)
 
 
 def test_the_gate_drops_old_epochs_and_holds_early_ones_until_their_reset():
