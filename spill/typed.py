@@ -1,7 +1,7 @@
 """The one rule for what crosses a process boundary: each field of a message declares its type and its
 range where it is declared, and `checked` applies them on decode to every message, nested records included.
 
-    rows: Annotated[list[RowId], ...]            each item an int in RowId's range
+    rows: list[RowId]                            each item an int in RowId's range (-1 to 2**31 - 1)
     tokens: Annotated[bytes, Packed(per="rows")]  int32 bytes, one per row
     texts: Annotated[list[str], PerRow]           as many items as the record's rows
 
@@ -106,7 +106,7 @@ def _clip(value) -> str:
 
 @functools.cache
 def _split(hint) -> tuple:
-    """(bare type, its type arguments, its value markers, its record markers)."""
+    """(bare type, its origin, its type arguments, its value markers, its record markers)."""
     marks: tuple = ()
     if typing.get_origin(hint) is Annotated:
         hint, marks = hint.__origin__, hint.__metadata__
