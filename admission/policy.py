@@ -39,6 +39,8 @@ from itertools import islice
 
 import numpy as np
 
+from spill.messages import RowSampling
+
 from . import allowance
 from .prices import Sheet, fmt
 
@@ -50,7 +52,7 @@ class Waiting:
     row: int
     prompt: np.ndarray        # int32 prompt ids
     max_tokens: int
-    sampling: list
+    sampling: RowSampling = RowSampling()
     width: int = 0            # the width of the pool it runs in, once admitted
     pool: int = 0             # that pool's class: its own, or a wider one it borrowed a free slot of
     again: bool = False       # sent back to the queue (preempted): it keeps the head, ahead of rows queued after it

@@ -120,14 +120,14 @@ def _waiting(msg: m.Tokenized) -> list[Waiting]:
     flat = np.frombuffer(msg.tokens, dtype=np.int32)
     ends = np.cumsum(msg.lengths)
     return [Waiting(row, flat[e - n:e].copy(), mt, sp)
-            for row, n, e, mt, sp in zip(msg.rows, msg.lengths, ends, msg.max_tokens, msg.sampling)]
+            for row, n, e, mt, sp in zip(msg.rows, msg.lengths, ends, msg.max_tokens, msg.sampling.rows())]
 
 
 def _plan(epoch: int, planned: Planned, eos: list[int], cache_limit: int) -> m.Plan:
     rows = [w for w, _ in planned.start]
     tokens = np.concatenate([w.prompt for w in rows]).astype(np.int32).tobytes() if rows else b""
     return m.Plan(epoch=epoch, rows=[w.row for w in rows], tokens=tokens, lengths=[len(w.prompt) for w in rows],
-                  max_tokens=[w.max_tokens for w in rows], sampling=[w.sampling for w in rows], eos=eos,
+                  max_tokens=[w.max_tokens for w in rows], sampling=m.Sampling.of(w.sampling for w in rows), eos=eos,
                   index=planned.index, widths=[w.width for w in rows], groups=[g for _, g in planned.start],
                   chunks=[[g, n] for g, n in planned.chunks.items()], drop=planned.drop, finish=planned.finish,
                   pools=planned.pools, cache_limit=cache_limit)

@@ -67,7 +67,7 @@ def policy_for(plan, memory_arg: str | None, model, resident: bool = False, frac
     policy, _ = budget_policy(plan, memory_arg, fraction, others=others, resident=resident)
 
     def waiting(r) -> Waiting:   # only the prompt's length matters to the policy: a view of no size
-        return Waiting(r.row, np.broadcast_to(np.int32(0), (r.prompt,)), r.max_tokens or r.out, [])
+        return Waiting(r.row, np.broadcast_to(np.int32(0), (r.prompt,)), r.max_tokens or r.out)
 
     def max_batch(r) -> int:   # the whole budget in slots of the row's width class, as the job's rows priced it
         s, width = policy.sheet, width_class(r.prompt + r.out)

@@ -23,16 +23,9 @@ from spill.streamer.plan import load_plan
 from spill.tokenizer_worker.core import TokenizerCore
 
 from .batch_input import read_batch
+from .jobrun import row_request
 from .jobstore import _write_json
 from .models import resolve, variants
-
-
-def request_dict(r, defaults: dict) -> dict:
-    """A row as the tokenizer worker takes it, the job's defaults filled in."""
-    temperature = r.temperature if r.temperature is not None else defaults.get("temperature", 0.0)
-    return {"kind": r.kind, "messages": r.messages, "prompt": r.prompt,
-            "max_tokens": r.max_tokens or defaults.get("max_tokens", 256),
-            "temperature": temperature, "top_p": r.top_p, "top_k": r.top_k, "seed": r.seed, "stop": r.stop}
 
 
 def _group_file() -> Path:
@@ -91,12 +84,12 @@ def sim_rows(folder: Path, requests: list, which, defaults: dict, core=None) -> 
     rows, errors, which = [], 0, list(which)
     for k in range(0, len(which), 1024):
         chunk = which[k:k + 1024]
-        asked = [request_dict(requests[i], defaults) for i in chunk]
+        asked = [row_request(requests[i], defaults, requests[i].seed) for i in chunk]
         for i, request, (ids, _why) in zip(chunk, asked, core.tokenize_many(chunk, asked, keep=False)):
             if ids is None:
                 errors += 1
             else:
-                rows.append(SimRow(i, len(ids), request["max_tokens"]))
+                rows.append(SimRow(i, len(ids), request.max_tokens))
     return rows, errors
 
 

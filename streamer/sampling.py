@@ -1,21 +1,9 @@
 """Per-row sampling: greedy by default; temperature, top_k, top_p with a per-row seed."""
 
-from dataclasses import dataclass
-
 import mlx.core as mx
 from mlx_lm.sample_utils import apply_top_k, apply_top_p
 
-
-@dataclass(frozen=True)
-class SamplingParams:
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int | None = None
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature <= 0.0
+from spill.messages import RowSampling as SamplingParams   # one row's, as the plan carries it
 
 
 class RowSampler:

@@ -10,7 +10,7 @@ MB = 2**20
 
 
 def rows(*lengths, max_tokens=10, start=0):
-    return [Waiting(start + i, np.arange(n, dtype=np.int32), max_tokens, [0.0, 1.0, 0, None])
+    return [Waiting(start + i, np.arange(n, dtype=np.int32), max_tokens)
             for i, n in enumerate(lengths)]
 
 

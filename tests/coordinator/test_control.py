@@ -39,3 +39,38 @@ def test_a_tcp_socket_makes_a_private_token_the_client_reads(monkeypatch, tmp_pa
         assert control.authorized(token, token) and not control.authorized(token, "") and control.authorized("", "")
     finally:
         sock.close()
+
+
+class Group:
+    """A group that answers every request it is handed with `reply`."""
+    def __init__(self, reply):
+        self.reply, self.asked = reply, []
+
+    def handle(self, req):
+        self.asked.append(req)
+        return self.reply
+
+
+def _answer(group, frame: bytes):
+    import structlog
+    from spill import messages as m
+    return m.decode(control.reply_frame(group, frame, "", "ipc://x", structlog.get_logger()))
+
+
+def test_a_request_with_a_field_out_of_range_is_refused_naming_it_and_reaches_no_handler():
+    import msgpack
+    from spill import messages as m
+    group = Group(m.Pong(1))
+    frame = bytes([m.Kind.SUBMIT_JOB]) + msgpack.packb({"model": "demo", "input": "in.jsonl", "max_tokens": -1})
+    assert _answer(group, frame) == m.Refused("not a spill request (SubmitJob.max_tokens: expected an int from 1 to "
+                                              "2147483647 or None, found -1)")
+    assert _answer(group, bytes([99]) + msgpack.packb({})) == m.Refused("not a spill request (unknown message kind 63)")
+    assert group.asked == []
+
+
+def test_a_reply_the_wire_cannot_carry_becomes_a_refusal_not_the_coordinators_end():
+    from spill import messages as m
+    group = Group(m.JobStatus("j", memory={"working_set": object()}))
+    reply = _answer(group, m.encode(m.Status("j")))
+    assert isinstance(reply, m.Refused) and reply.error.startswith("the group could not encode its JobStatus (TypeError")
+    assert group.asked == [m.Status("j")]

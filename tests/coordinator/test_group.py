@@ -124,11 +124,12 @@ def test_sigint_stops_at_a_pass_boundary_and_resume_finishes(job40, tmp_path):
 
 def _busy_group(monkeypatch, tmp_path, answers_after: float):
     """A group that holds the run directory but answers only a request that waits `answers_after` s or more."""
+    from spill import messages as m
     from spill.coordinator import rundir
     from spill.coordinator.client import Client
     monkeypatch.setenv("SPILL_HOME", str(tmp_path))
     monkeypatch.setattr(Client, "ping", lambda self, timeout_s=0.5: 4242 if timeout_s >= answers_after else 0)
-    monkeypatch.setattr(Client, "request", lambda self, kind, **kw: {"processes": {"coordinator": 4242}})
+    monkeypatch.setattr(Client, "request", lambda self, req, **kw: m.JobStatus(processes={"coordinator": 4242}))
     monkeypatch.setattr(rundir, "record", lambda: {"pid": 4242})
 
 

@@ -6,13 +6,12 @@ from spill import messages as m
 from spill.streamer.core import Row, Streamer
 from spill.streamer.process import StreamerActor
 
-GREEDY = [0.0, 1.0, 0, None]
 
 
 def plan(index, rows=(), prompts=(), max_tokens=4, groups=None, widths=None, chunks=(), **kw) -> m.Plan:
     tokens, lengths = m.pack_tokens(list(prompts))
     rows = list(rows)
-    return m.Plan(1, rows, tokens, lengths, [max_tokens] * len(rows), [GREEDY] * len(rows), [], index=index,
+    return m.Plan(1, rows, tokens, lengths, [max_tokens] * len(rows), m.Sampling.of([m.RowSampling()] * len(rows)), [], index=index,
                   widths=widths or [0] * len(rows), groups=groups or [1] * len(rows), chunks=[list(c) for c in chunks],
                   **kw)
 
