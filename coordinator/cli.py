@@ -14,6 +14,8 @@ app = typer.Typer(no_args_is_help=True, add_completion=False, rich_markup_mode=N
 MODEL_HELP = ("A local model folder, a tag (`spill models` lists them), a Hugging Face id org/name[@revision], "
               "or 'demo' (a small generated model).")
 MEMORY_HELP = "Plan for this much memory (e.g. 48GB, 1.5GiB) instead of the detected working set."
+KV_BITS_HELP = "Store the decode rows' K and V quantized to 8 or 4 bits (MLX's affine format): more rows a pass."
+KV_GROUP_HELP = "Values sharing one scale and bias in quantized KV: 32, 64 or 128 (must divide the head dimension)."
 FRACTION_HELP = "Share of the working set that live allocation aims at (default 0.78; 0.90 of a CUDA GPU's memory)."
 
 
@@ -65,6 +67,8 @@ def check_cmd(
     dtype: str = typer.Option(None, help="Compute dtype of both sides: bfloat16, float16 or float32 "
                                          "(default: float32 on the CPU, the stored dtype on a GPU)."),
     tolerance: float = typer.Option(None, help="Largest logit difference accepted (default: derived from the dtype)."),
+    kv_bits: int = typer.Option(None, help=KV_BITS_HELP),
+    kv_group_size: int = typer.Option(64, help=KV_GROUP_HELP),
 ) -> None:
     """Run prompts streamed and resident (mlx-lm), greedy: teacher-forced logits within a tolerance of
     the dtype, and free-running identity."""
@@ -73,7 +77,7 @@ def check_cmd(
     from spill.streamer.check import run_check
     try:
         report = run_check(model_folder(model), n=rows, max_tokens=max_tokens, prefill_chunk=prefill_chunk, dtype=dtype,
-                           tolerance=tolerance)
+                           tolerance=tolerance, kv_bits=kv_bits, kv_group_size=kv_group_size)
     except SpillError as err:
         _fail(err)
     if not print_check(report):
