@@ -75,6 +75,13 @@ class Reset:
     runtime: int = 0         # the streamer's RSS at its READY (interpreter, libraries): admission prices it
     runtime_file: int = 0    # of runtime, library pages: counted once with the other processes' own
     resident: bool = False   # keep every layer in memory after its first read (the advisor's choice)
+    kv_bits: int = 0         # the decode pools' K and V quantized to 8 or 4 bits (--kv-bits); 0: unquantized
+    kv_group_size: int = 64  # values per scale and bias of quantized KV (--kv-group-size)
+
+    @property
+    def kv(self) -> tuple | None:
+        """(bits, group size) of quantized KV, as admission prices it; None: unquantized."""
+        return (self.kv_bits, self.kv_group_size) if self.kv_bits else None
 
 
 @dataclass
@@ -239,7 +246,7 @@ _RANGES = {"epoch": COUNT, "index": COUNT, "pass_index": COUNT, "pid": COUNT, "r
            "lengths": COUNT, "max_tokens": COUNT, "prompt_tokens": COUNT, "completion_tokens": COUNT,
            "tokens": COUNT, "eos": COUNT, "seed": SEED, "top_k": (-1, COUNT[1]), "held_rows": COUNT,
            "preempted_rows": COUNT, "running_rows": COUNT, "widths": COUNT, "pools": COUNT, "groups": COUNT, "chunks": COUNT,
-           "drop": ROW, "finish": ROW, "plan": (-1, COUNT[1]), **dict.fromkeys(("working_set", "budget", "guard", "hard", "others"), BYTES)}
+           "drop": ROW, "finish": ROW, "plan": (-1, COUNT[1]), "kv_bits": (0, 8), "kv_group_size": (1, 1024), **dict.fromkeys(("working_set", "budget", "guard", "hard", "others"), BYTES)}
 _PARALLEL = {Submit: ("rows", "requests"), Tokenized: ("rows", "lengths", "max_tokens", "sampling"),
              Plan: ("rows", "lengths", "max_tokens", "sampling", "widths", "groups"), Tokens: ("rows", "finish"),
              Done: ("rows", "texts", "finish", "prompt_tokens", "completion_tokens"),

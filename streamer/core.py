@@ -162,6 +162,11 @@ class Streamer:
         `width` tokens; a pool above its slots shrinks at the next pass."""
         self.reservation = {width: slots for slots, width in pools}
 
+    def set_kv(self, bits: int | None, group_size: int) -> None:
+        """The decode pools' KV format of the next rows (a reset: no pool is held)."""
+        self.make_pool = pool_maker(bits, group_size, self.plan.kv_heads_and_dim[1])
+        self.kv_bits, self.kv_group_size = bits, group_size
+
     @property
     def resident(self) -> bool:
         return self.kept is not None

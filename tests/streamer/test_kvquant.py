@@ -54,3 +54,22 @@ def test_rows_leaving_growing_and_shrinking_quantized_pools_keep_their_tokens(ma
 def test_a_kv_format_the_model_cannot_take_is_one_sentence(make_tiny, bits, group, why):
     with pytest.raises(SpillError, match=why):
         Streamer(make_tiny("llama"), kv_bits=bits, kv_group_size=group)
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_a_quantized_pool_allocates_exactly_what_the_sheet_prices_for_it(make_tiny, bits):
+    """The pool's packed values, scales and biases are the bytes admission prices a slot's tokens at (kv_fields)."""
+    from spill.admission.prices import sheet_for
+    folder = make_tiny("llama")
+    s = Streamer(folder, prefill_chunk=64, kv_bits=bits, kv_group_size=32)
+    s.reserve([[3, 256]])
+    s.add(Row("a", PROMPTS[0], 4, width=256))
+    s.step()
+    pool = s.pools[256]
+    held = sum(x.nbytes for c in pool.caches for kv in (c.keys, c.values) for x in kv)
+    sheet = sheet_for(s.plan, 2**30, 4, prefill_tokens=512, kv=(bits, 32))   # float32 on the CPU
+    unquantized = sheet_for(s.plan, 2**30, 4, prefill_tokens=512)
+    assert held == 3 * 256 * sheet.kv_per_token
+    assert sheet.kv_per_token == unquantized.kv_per_token * (bits + 2 * 32 // 32) // 32   # 32 floats -> bits + 2 scales
+    assert sheet.prefill_kv([5, 9]) == unquantized.prefill_kv([5, 9])   # prompts' KV stays unquantized until it joins
+    s.close()
