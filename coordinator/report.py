@@ -21,9 +21,8 @@ def print_check(report, console: Console | None = None) -> bool:
     step = f" + 2^-{report.kv_bits} (a step of the KV format)" if report.kv_bits else ""
     how = (f"({ULPS} x eps {report.eps:.1e} + {ULPS_F32} x float32 eps{step}) x largest |logit| {report.scale:.2f}"
            if report.derived else "given with --tolerance")
-    kv = kv_format(report.kv_bits, report.kv_group_size)
-    against = ", against mlx-lm's QuantizedKVCache at the same format" if report.kv_bits else ""
-    console.print(f"dtype {report.dtype} on the {report.device}; KV {kv}{against}; tolerance {report.tolerance:.2e} ({how})",
+    kv = f"; KV {kv_format(report.kv_bits, report.kv_group_size)} against mlx-lm's QuantizedKVCache" if report.kv_bits else ""
+    console.print(f"dtype {report.dtype} on the {report.device}{kv}; tolerance {report.tolerance:.2e} ({how})",
                   soft_wrap=True)
     for r in report.failures():
         k = r.first_disagreement
