@@ -296,7 +296,8 @@ def summary_lines(s: dict) -> list[str]:
                      f"({s['actual_over_estimate']:.2f}x)")
     out = s.get("output_tokens") or {}
     reasons = ", ".join(f"{k} {v}" for k, v in sorted(s.get("finish_reasons", {}).items()))
-    lines.append(f"{s['passes']} passes, KV {s.get('kv', 'unquantized')}, {s.get('rows_per_hour') or 0:.0f} rows/hour; finish reasons: {reasons or 'none'}"
+    kv = f"KV {s['kv']}, " if s.get("kv", "unquantized") != "unquantized" else ""
+    lines.append(f"{s['passes']} passes, {kv}{s.get('rows_per_hour') or 0:.0f} rows/hour; finish reasons: {reasons or 'none'}"
                  + (f"; output tokens min {out['min']}, median {out['median']}, max {out['max']}" if out else ""))
     return lines
 

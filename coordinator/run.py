@@ -305,7 +305,7 @@ def group_status(job, listen) -> str:
         return f"group: {procs}\nno job running{mem}" + _recent_jobs()
     line = progress_line(s)   # an estimating job's line names its status itself
     state = "" if line.startswith(f"{s.get('status')}: ") else f"{s.get('status')}: "
-    kv = f"; KV {s['kv']}" if s.get("kv") else ""
+    kv = f"; KV {s['kv']}" if s.get("kv", "unquantized") != "unquantized" else ""   # the default unsaid
     return f"group: {procs}\njob {s['job']} {state}{line}{kv}{mem}" + _recent_jobs()
 
 
