@@ -78,11 +78,6 @@ class Reset:
     kv_bits: int = 0         # the decode pools' K and V quantized to 8 or 4 bits (--kv-bits); 0: unquantized
     kv_group_size: int = 64  # values per scale and bias of quantized KV (--kv-group-size)
 
-    @property
-    def kv(self) -> tuple | None:
-        """(bits, group size) of quantized KV, as admission prices it; None: unquantized."""
-        return (self.kv_bits, self.kv_group_size) if self.kv_bits else None
-
 
 @dataclass
 class Submit:
