@@ -95,7 +95,10 @@ def run_job(*, model, input, output, max_tokens, temperature, resume, new, quiet
     args, finished = check_run(model=model, input=input, output=output, max_tokens=max_tokens,
                                temperature=temperature, resume=resume, new=new)
     args["stream"] = bool(stream or config.stream() or args.get("stream"))   # the group's SPILL_STREAM counts too
-    if kv and kv.get("kv_bits") and not args.get("kv_bits"):
+    if kv and kv.get("kv_bits"):
+        if resume and (args.get("kv_bits"), args.get("kv_group_size") or 64) != (kv["kv_bits"], kv["kv_group_size"]):
+            raise SpillError(f"job {resume} runs with the KV format it started with; leave --kv-bits and "
+                             f"--kv-group-size out to continue it, or run its input as a new job with them")
         args.update(kv)
     if finished is not None:
         c = finished.counts()

@@ -59,6 +59,8 @@ def test_a_job_keeps_its_kv_format_for_the_group_and_for_resume(make_tiny, tmp_p
     assert (s.params["kv_bits"], s.params["kv_group_size"]) == (4, 32) and s.memory["kv_bits"] == 4   # the estimate's
     again = prepare({"resume": s.job.id}, {}, {}, True)
     assert again.memory["kv_bits"] == 4 and again.memory["kv_group_size"] == 32
+    other = runner.invoke(app, ["run", "--resume", s.job.id, "--kv-bits", "8", "--kv-group-size", "32"])
+    assert other.exit_code == 2 and f"job {s.job.id} runs with the KV format it started with; leave --kv-bits" in other.output
     run = JobRun(s.job, s.requests, folder, s.job.meta["params"])
     assert run.kv == (4, 32) and run.kv_format == "4-bit (group 32)"
     group = prepare({**args, "kv_bits": None, "kv_group_size": None, "new": True}, {"kv_bits": 8, "kv_group_size": 32}, {}, True)
