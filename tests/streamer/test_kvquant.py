@@ -15,7 +15,7 @@ cpu_default = pytest.mark.skipif(mx.default_device() == mx.gpu, reason="written 
 
 
 @cpu_default
-@pytest.mark.parametrize("family,bits", [("qwen2", 4), ("mistral", 8)]   # llama: tests/coordinator/test_cli.py)
+@pytest.mark.parametrize("family,bits", [("qwen2", 4), ("mistral", 8)])   # llama: tests/coordinator/test_cli.py
 def test_check_passes_against_mlx_lms_quantized_cache(make_tiny, family, bits):
     report = run_check(make_tiny(family), n=3, max_tokens=4, prefill_chunk=16, kv_bits=bits, kv_group_size=32)
     assert report.passed, [(r.id, r.max_logit_diff, r.first_disagreement) for r in report.failures()]
