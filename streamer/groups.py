@@ -20,7 +20,8 @@ frees its slot:
     1     -     (free)                     1 0 0 0 0 0 0 0  (computed, never sampled)
     2     3     c c c . . . . .            1 1 1 1 0 0 0 0
 
-Attention reads columns 0..max(len) of slots 0..last used; RoPE takes each row's own len.
+Attention reads columns 0..max(len) of slots 0..last used; RoPE takes each row's own len. With `--kv-bits`
+the pools are kvquant.QuantPools: the same slots and columns, K and V stored quantized.
 """
 
 import weakref
