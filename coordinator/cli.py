@@ -224,7 +224,7 @@ def estimate_cmd(
         memory_args(memory, budget_fraction)   # checked as `spill run` checks them
         kv = kv_args(kv_bits, kv_group_size)
         est, cal, advice = estimate_file(model, input, max_tokens=max_tokens, memory=memory, stream=stream,
-                                         fraction=budget_fraction, kv=(kv["kv_bits"], kv["kv_group_size"]) if kv_bits else None)
+                                         fraction=budget_fraction, kv=(kv_bits, kv["kv_group_size"]) if kv_bits else None)
     except SpillError as err:
         _fail(err)
     typer.echo(json.dumps({**est.to_dict(), "advice": advice.line, "calibration": cal}) if as_json
@@ -249,7 +249,8 @@ def kv_args(bits: int | None, group_size: int | None) -> dict:
     """--kv-bits and --kv-group-size checked (the model's head dimension is checked where it is read)."""
     from spill.streamer.shares import kv_refusal
     if group_size is not None and bits is None:
-        raise SpillError(f"--kv-group-size {group_size} sets quantized KV's groups; add --kv-bits 8 or 4, or leave it out")
+        raise SpillError(f"--kv-group-size {group_size} sets quantized KV's groups; add --kv-bits 8 or 4, "
+                         "or leave it out")
     if why := kv_refusal(bits, group_size or 64):
         raise SpillError(why)
     return {"kv_bits": bits, "kv_group_size": group_size or 64}

@@ -20,7 +20,7 @@ from spill.admission.prices import shortfall
 from spill.admission import simulate as sim
 from spill.admission.simulate import Estimate, SimRow, Tier, simulate, tier_of
 from spill.streamer.plan import load_plan
-from spill.streamer.shares import KV_GROUP_SIZES, kv_format
+from spill.streamer.shares import KV_GROUP_SIZES, kv_format, kv_refusal
 from spill.tokenizer_worker.core import TokenizerCore
 
 from .batch_input import read_batch
@@ -67,6 +67,8 @@ def estimate_file(model: str, input: Path, *, max_tokens: int = 256, memory: str
     if model == "demo":
         make_demo()
     folder = resolve(model)
+    if kv and (why := kv_refusal(*kv, load_plan(folder).kv_heads_and_dim[1])):
+        raise SpillError(why)
     requests, bad = read_batch(Path(input))
     calibrate(folder)
     rows, errors = sim_rows(folder, requests, range(len(requests)), {"max_tokens": max_tokens})
@@ -80,8 +82,8 @@ def estimate_file(model: str, input: Path, *, max_tokens: int = 256, memory: str
         alt, _ = estimate_rows(folder, rows, errors=errors + len(bad), memory=memory, resident=advice.resident,
                                fraction=fraction, others=others or 0, kv=eight)
         if alt.passes and alt.rows_per_pass > 1.05 * est.rows_per_pass:
-            est.kv_hint = (f"KV-bound (priced unquantized): --kv-bits 8 (8-bit KV, group {eight[1]}) would run {alt.rows_per_pass:.1f} rows "
-                           f"a pass against {est.rows_per_pass:.1f}, {duration(alt.total_seconds)} in all")
+            est.kv_hint = (f"KV-bound (priced unquantized): --kv-bits 8 (8-bit KV, group {eight[1]}) would run "
+                           f"{alt.rows_per_pass:.1f} rows a pass against {est.rows_per_pass:.1f}, {duration(alt.total_seconds)} in all")
     return est, {**cal, "group_memory": others}, advice
 
 

@@ -47,6 +47,8 @@ def test_a_kv_format_the_model_or_mlx_cannot_take_is_one_sentence(make_tiny, tmp
     assert alone.exit_code == 2 and "--kv-group-size 32 sets quantized KV's groups; add --kv-bits 8 or 4" in alone.output
     odd = runner.invoke(app, args + ["--kv-bits", "6"])
     assert odd.exit_code == 2 and "--kv-bits 6 is not one of 8, 4" in odd.output
+    wide = runner.invoke(app, args + ["--kv-bits", "8"])   # group 64, head dimension 32
+    assert wide.exit_code == 2 and "--kv-group-size 64 does not divide the model's head dimension 32" in wide.output
 
 
 def test_a_job_keeps_its_kv_format_for_the_group_and_for_resume(make_tiny, tmp_path, monkeypatch):
