@@ -160,7 +160,9 @@ class Group:
         for role in ACTORS:
             self.box.send(role, m.Reset(self.epoch, model, self.current.job.id if self.current else "",
                                         *self.ready_rss.get("streamer", (0, 0)),   # runtime, runtime_file
-                                        resident=bool(model) and self.current.resident))   # a model: a job runs
+                                        resident=bool(model) and self.current.resident,   # a model: a job runs
+                                        **dict(zip(("kv_bits", "kv_group_size"),
+                                                   self.current.kv if model else (0, 64)))))
 
     def _restart_rows(self) -> None:
         """(Re)start the current job's unfinished rows on a fresh epoch."""

@@ -121,7 +121,7 @@ class Estimates:
         from .first_use import calibrated
         ask = {"folder": str(folder), "input": str(args["input"]), "pending": sorted(run.pending),
                "defaults": run.defaults, "others": others,
-               "args": {k: args.get(k) for k in ("memory", "budget_fraction", "stream", "model")}}
+               "args": {k: args.get(k) for k in ("memory", "budget_fraction", "stream", "model", "kv_bits", "kv_group_size")}}
         self.jobs[run.job.id] = (run, Estimating(ask, probe=not calibrated(folder)))
 
     def __contains__(self, run) -> bool:

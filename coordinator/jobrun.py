@@ -139,6 +139,16 @@ class JobRun:
             self.tails.popitem(last=False)
 
     @property
+    def kv(self) -> tuple:
+        """(bits, group size) of the job's quantized KV; bits 0: unquantized (as Reset carries it)."""
+        return self.defaults.get("kv_bits") or 0, self.defaults.get("kv_group_size") or 64
+
+    @property
+    def kv_format(self) -> str:
+        from spill.streamer.shares import kv_format
+        return kv_format(self.kv[0] or None, self.kv[1])
+
+    @property
     def resident(self) -> bool:
         """The advisor's choice, made once when the job was submitted: every layer kept after its first read."""
         return bool(self.estimate and self.estimate.advice.resident)
@@ -161,7 +171,7 @@ class JobRun:
                 "wall_per_pass_s": (self.last_pass_at - self.first_pass_at) / (self.passes - 1) if self.passes > 1 else None,
                 "estimate": self.estimate.first.to_dict() if self.estimate else None, "summary": self.summary(),
                 "estimate_line": self.estimate.first_line if self.estimate else None,
-                "advice": self.estimate.advice.line if self.estimate else None}
+                "advice": self.estimate.advice.line if self.estimate else None, "kv": self.kv_format}
 
     def on_budget(self, msg) -> None:
         """Admission priced the job: its figure of the group's memory is the one the ETA prices."""
@@ -192,7 +202,7 @@ class JobRun:
     def summary(self) -> dict:
         from .estimate import summary
         return summary(self.estimate.first.total_seconds if self.estimate else None, self.actual_seconds(),
-                       self.finishes, self.lengths, self.passes)
+                       self.finishes, self.lengths, self.passes, self.kv_format)
 
 
 def row_request(r: Request, defaults: dict, seed: int | None) -> m.RowRequest:

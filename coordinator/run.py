@@ -88,12 +88,18 @@ def _watched(client):
 
 
 def run_job(*, model, input, output, max_tokens, temperature, resume, new, quiet, listen, every=10.0,
-            stream=False, memory: dict | None = None) -> int:
-    """`memory`: the checked --memory/--budget-fraction (memory_args: None where not given)."""
+            stream=False, memory: dict | None = None, kv: dict | None = None) -> int:
+    """`memory`: the checked --memory/--budget-fraction (memory_args: None where not given); `kv`: the checked
+    --kv-bits/--kv-group-size (a resumed job keeps its own)."""
     openblas_note()
     args, finished = check_run(model=model, input=input, output=output, max_tokens=max_tokens,
                                temperature=temperature, resume=resume, new=new)
     args["stream"] = bool(stream or config.stream() or args.get("stream"))   # the group's SPILL_STREAM counts too
+    if kv and kv.get("kv_bits"):
+        if resume and (args.get("kv_bits"), args.get("kv_group_size") or 64) != (kv["kv_bits"], kv["kv_group_size"]):
+            raise SpillError(f"job {resume} runs with the KV format it started with; leave --kv-bits and "
+                             f"--kv-group-size out to continue it, or run its input as a new job with them")
+        args.update(kv)
     if finished is not None:
         c = finished.counts()
         typer.echo(f"job {finished.id} already ran this command: done, {c['succeeded']} succeeded, {c['failed']} "
@@ -312,7 +318,8 @@ def group_status(job, listen) -> str:
         return f"group: {procs}\nno job running{mem}" + _recent_jobs()
     line = progress_line(s)   # an estimating job's line names its status itself
     state = "" if line.startswith(f"{s.status}: ") else f"{s.status}: "
-    return f"group: {procs}\njob {s.job} {state}{line}{mem}" + _recent_jobs()
+    kv = f"; KV {s.kv}" if s.kv != "unquantized" else ""   # the default unsaid
+    return f"group: {procs}\njob {s.job} {state}{line}{kv}{mem}" + _recent_jobs()
 
 
 def _recent_jobs(n: int = 10) -> str:

@@ -92,7 +92,7 @@ class Telemetry:
             self.run, self.running = run, 0
             structlog.contextvars.bind_contextvars(job=run.job.id)
             structlog.contextvars.unbind_contextvars("pass_index")
-            mt.build_info(run.model_name)
+            mt.build_info(run.model_name, run.kv_format)
             for gauge in (mt.JOB_ESTIMATE, mt.JOB_ESTIMATE_ERROR):
                 gauge.hide()   # until this job's figures come
             if run.estimate is not None:

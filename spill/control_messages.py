@@ -135,6 +135,7 @@ class JobStatus:
     queued: Count = 0
     ahead: list[Ahead] = field(default_factory=list)
     estimating: str | None = None     # what an estimating job waits for
+    kv: str = "unquantized"           # the decode pools' KV format (--kv-bits), as the summary names it
     memory: dict[str, str | float | None] | None = None   # what the group plans for (spill.memory.describe)
     metrics: str = ""
 

@@ -88,6 +88,8 @@ class Reset:
     runtime: Natural = 0     # the streamer's RSS at its READY (interpreter, libraries): admission prices it
     runtime_file: Natural = 0   # of runtime, library pages: counted once with the other processes' own
     resident: bool = False   # keep every layer in memory after its first read (the advisor's choice)
+    kv_bits: Annotated[int, Range(0, 8)] = 0            # the decode pools' K and V in 8 or 4 bits (--kv-bits); 0: unquantized
+    kv_group_size: Annotated[int, Range(1, 1024)] = 64  # values per scale and bias of quantized KV (--kv-group-size)
 
 
 @dataclass(frozen=True)

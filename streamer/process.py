@@ -33,12 +33,14 @@ class StreamerActor:
             if self.engine is not None:
                 self.engine.close()
             self.engine, self.model = None, ""
-            self.engine = Streamer(msg.model, prefill_chunk=self.prefill_chunk, resident=msg.resident)
+            self.engine = Streamer(msg.model, prefill_chunk=self.prefill_chunk, resident=msg.resident,
+                                   kv_bits=msg.kv_bits or None, kv_group_size=msg.kv_group_size)
             self.model = msg.model
         elif self.engine is not None:
             self.engine.clear()
             if msg.model:
                 self.engine.set_resident(msg.resident)   # the job's advice: keep the layers, or stream
+                self.engine.set_kv(msg.kv_bits or None, msg.kv_group_size)
 
     def run(self, msg: m.Plan) -> tuple[m.Tokens, m.Pass, list]:
         """The plan's pass: (tokens for the tokenizer, the report, rows refused as (row, why))."""
