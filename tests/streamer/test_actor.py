@@ -114,7 +114,7 @@ def test_a_reset_sets_the_kv_format_of_the_pools_the_job_runs_with(make_tiny):
     actor = StreamerActor()
     for epoch, bits, quantized in ((1, 8, True), (2, 0, False), (3, 4, True)):
         actor.reset(m.Reset(epoch, folder, kv_bits=bits, kv_group_size=32))
-        actor.run(m.Plan(epoch, [0], *m.pack_tokens([[5, 6, 7]]), [4], [GREEDY], [], widths=[0], groups=[1],
+        actor.run(m.Plan(epoch, [0], *m.pack_tokens([[5, 6, 7]]), [4], m.Sampling.of([m.RowSampling()]), [], widths=[0], groups=[1],
                          chunks=[[1, 8]]))
         pool = next(iter(actor.engine.pools.values()))
         assert isinstance(pool, QuantPool) == quantized and pool.bits == (bits or None)
