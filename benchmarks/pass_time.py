@@ -21,7 +21,8 @@ import sys
 import time
 from pathlib import Path
 
-from spill.platform import preload_env
+from spill import config
+from spill.platform import reexec_with_preload
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # the checkout's tests.machine
 from tests.machine import blas_core  # noqa: E402
@@ -33,8 +34,7 @@ GB = 1e9
 
 def model_args(p: argparse.ArgumentParser, size: str) -> None:
     """--models, --family, --size, --seed: the factory model a benchmark builds or reuses (`model_folder`)."""
-    home = os.environ.get("SPILL_HOME")
-    p.add_argument("--models", default=str(Path(home) / "bench") if home else "/tmp/spill-bench")
+    p.add_argument("--models", default=config.get("SPILL_TEST_BENCH_MODELS"))
     p.add_argument("--family", default="llama")
     p.add_argument("--size", default=size)
     p.add_argument("--seed", type=int, default=0)
@@ -314,10 +314,7 @@ def write_doc(path, lines) -> None:
 
 def main() -> None:
     a = parse()
-    env = preload_env()   # OpenBLAS must be loaded before MLX starts: re-exec once with it preloaded
-    if env.get("LD_PRELOAD") != os.environ.get("LD_PRELOAD") and not os.environ.get("_SPILL_BENCH_REEXEC"):
-        env["_SPILL_BENCH_REEXEC"] = "1"
-        os.execve(sys.executable, [sys.executable, *sys.argv], env)
+    reexec_with_preload(sys.argv)   # OpenBLAS must be loaded before MLX starts: re-exec once with it preloaded
     import mlx.core as mx
     import numpy as np
     if a.device != "default":

@@ -209,7 +209,8 @@ def _first_error(path) -> str:
     return "?"
 
 
-def group_up(*, model, foreground, listen, memory: dict | None = None) -> str:
+def group_up(*, model, foreground, listen, memory: dict | None = None, group_args: dict | None = None) -> str:
+    """`group_args`: the coordinator's own settings (`spill up`'s --allow-remote and --metrics-*)."""
     from .client import Client, endpoints, start_group
     eps = endpoints(_listen(listen))
     rec = rundir.record()
@@ -222,12 +223,13 @@ def group_up(*, model, foreground, listen, memory: dict | None = None) -> str:
         import subprocess
         import sys
         rundir.rotate_logs()
-        args = {"endpoints": eps.as_dict(), "actor_args": memory or memory_args(), "parent_fd": None}
+        args = {"endpoints": eps.as_dict(), "actor_args": memory or memory_args(), "group_args": group_args or {},
+                "parent_fd": None}
         code = subprocess.run([sys.executable, "-m", "spill.coordinator.daemon", json.dumps(args)]).returncode
         if code == rundir.LOCKED_EXIT:   # lost a race to another `spill up`: a group is up, as below
             return rundir.held_by_sentence()
         return "spill group stopped"
-    proc = start_group(eps, embedded=False, actor_args=memory or memory_args())
+    proc = start_group(eps, embedded=False, actor_args=memory or memory_args(), group_args=group_args)
     if proc is None:
         return rundir.held_by_sentence()
     up = (f"spill group up (coordinator pid {proc.pid}, control {eps.control}); `spill run`, `status`, "

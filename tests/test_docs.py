@@ -40,6 +40,6 @@ def test_every_spill_variable_the_code_reads_is_in_the_configuration_doc():
         for path in (ROOT / folder).rglob("*.py"):
             code |= set(re.findall(r"(?<![A-Z0-9_])_?SPILL_[A-Z0-9_]*[A-Z0-9]", path.read_text()))
     doc = (ROOT / "docs" / "configuration.md").read_text()
-    roles = {f"SPILL_CRASH_{r}" for r in ("COORDINATOR", "TOKENIZER", "ADMISSION", "STREAMER")}
+    roles = {f"SPILL_TEST_CRASH_{r}" for r in ("COORDINATOR", "TOKENIZER", "ADMISSION", "STREAMER")}
     missing = sorted(v for v in code - roles if f"`{v}" not in doc)
     assert not missing, f"read by the code, not in docs/configuration.md: {missing}"
