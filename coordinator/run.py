@@ -93,7 +93,7 @@ def run_job(*, model, input, output, max_tokens, temperature, resume, new, quiet
     openblas_note()
     args, finished = check_run(model=model, input=input, output=output, max_tokens=max_tokens,
                                temperature=temperature, resume=resume, new=new)
-    args["stream"] = bool(stream or config.stream() or args.get("stream"))   # the group's SPILL_STREAM counts too
+    args["stream"] = bool(stream or config.stream() or args.get("stream"))   # SPILL_STREAM: --stream's default
     if finished is not None:
         c = finished.counts()
         typer.echo(f"job {finished.id} already ran this command: done, {c['succeeded']} succeeded, {c['failed']} "

@@ -1,7 +1,7 @@
 """Every SPILL_* environment variable, declared once (name, default, type, meaning, category) and read here.
 
-Categories: USER (the table in docs/configuration.md), TUNING (its "Tuning" section: the engine's own choices,
-for measuring), TEST (SPILL_TEST_DROP and the like: fault injection, test sizes) and INTERNAL (set by spill for itself).
+Categories: USER (the table in docs/configuration.md), TUNING (its "Tuning" section: the engine's own
+choices, for measuring), TEST (SPILL_TEST_DROP and the like: faults, test sizes), INTERNAL (set by spill).
 A flag of `spill up` or `spill run` reaches the group as an argument of its processes, never through here.
 """
 
