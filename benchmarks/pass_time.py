@@ -125,7 +125,6 @@ def read_direct(files, threads, chunk=16 << 20) -> float:
 
 def cold_reads(files, reps, into: dict) -> None:
     """Append `reps` cold reads of each way of reading to `into` (way -> GB/s list), alternating."""
-    from spill import config
     ways = {"page cache, drop-behind, 1 thread, 64 MiB": read_all,
             f"O_DIRECT, huge pages, {config.read_threads()} threads, 16 MiB":
                 lambda f: read_direct(f, config.read_threads())}
@@ -255,7 +254,6 @@ def stream(folder, files, prompts, b, passes, read_ahead=True) -> dict:
 
 
 def reader_settings() -> str:
-    from spill import config
     from spill.platform import BIG_PRODUCT
     blas = config.blas_threads() or f"chosen each pass (every core from {BIG_PRODUCT} rows, one fewer below)"
     return (f"{config.read_threads()} read threads, {config.convert_threads()} convert threads, "
