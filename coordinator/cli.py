@@ -1,6 +1,5 @@
 """The `spill` command line."""
 
-import os
 from pathlib import Path
 
 import typer
@@ -174,14 +173,13 @@ def up_cmd(
 ) -> None:
     """Start the actor group and return (it keeps running until `spill down`)."""
     from spill.coordinator.run import group_up
-    from spill.coordinator.telemetry import metrics_env
+    from spill.coordinator.telemetry import metrics_args
     from spill.memory import memory_args
-    if allow_remote:
-        os.environ["SPILL_ALLOW_REMOTE"] = "1"   # read by the group through spill.config
     try:
-        metrics_env(metrics_host, metrics_port)
+        settings = {**metrics_args(metrics_host, metrics_port), **({"allow_remote": True} if allow_remote else {})}
         typer.echo(group_up(model=model, foreground=foreground, listen=listen,
-                            memory={**memory_args(memory, budget_fraction), **kv_args(kv_bits, kv_group_size)}))
+                            memory={**memory_args(memory, budget_fraction), **kv_args(kv_bits, kv_group_size)},
+                            group_args=settings))
     except SpillError as err:
         _fail(err)
 

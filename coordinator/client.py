@@ -91,14 +91,16 @@ class Client:
             self.sock = None
 
 
-def start_group(eps: Endpoints, *, embedded: bool, actor_args: dict | None = None,
+def start_group(eps: Endpoints, *, embedded: bool, actor_args: dict | None = None, group_args: dict | None = None,
                 timeout_s: float = 60.0) -> subprocess.Popen | None:
     """Start the coordinator (which starts the actors) in its own session, so the terminal's Ctrl-C
     reaches only this client. Embedded: it stops once this process has gone and its jobs are over.
-    None: another group took the run directory meanwhile; `endpoints()` now finds that one."""
-    check_address(eps.control)
+    None: another group took the run directory meanwhile; `endpoints()` now finds that one. `group_args`: the
+    coordinator's own (`spill up`'s allow_remote, metrics_host, metrics_port)."""
+    group_args = group_args or {}
+    check_address(eps.control, group_args.get("allow_remote", False))
     rundir.rotate_logs()
-    args = {"endpoints": eps.as_dict(), "actor_args": actor_args or {}, "parent_fd": None}
+    args = {"endpoints": eps.as_dict(), "actor_args": actor_args or {}, "group_args": group_args, "parent_fd": None}
     fds: tuple = ()
     if embedded:
         read_end, write_end = os.pipe()

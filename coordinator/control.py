@@ -31,9 +31,9 @@ def needs_token(address: str) -> bool:
     return address.startswith("tcp://")
 
 
-def check_address(address: str) -> None:
-    """SpillError for a tcp address other hosts could reach, unless the user allowed it."""
-    if not needs_token(address) or config.allow_remote():
+def check_address(address: str, allow_remote: bool = False) -> None:
+    """SpillError for a tcp address other hosts could reach, unless the user allowed it (`spill up --allow-remote`)."""
+    if not needs_token(address) or allow_remote:
         return
     host = address[len("tcp://"):].rsplit(":", 1)[0].strip("[]")
     try:
@@ -45,9 +45,9 @@ def check_address(address: str) -> None:
                          f"or pass --allow-remote to `spill up` (clients then need the token in {token_file()})")
 
 
-def open_control(ctx: zmq.Context, address: str) -> tuple[zmq.Socket, str]:
+def open_control(ctx: zmq.Context, address: str, allow_remote: bool = False) -> tuple[zmq.Socket, str]:
     """The bound REP socket and the token its requests must carry ("" for ipc)."""
-    check_address(address)
+    check_address(address, allow_remote)
     sock = ctx.socket(zmq.REP)
     sock.setsockopt(zmq.LINGER, 1000)
     sock.setsockopt(zmq.MAXMSGSIZE, config.max_message_bytes())
@@ -56,7 +56,7 @@ def open_control(ctx: zmq.Context, address: str) -> tuple[zmq.Socket, str]:
     sock.bind(address)
     token = ""
     if needs_token(address):
-        token = os.environ.get("SPILL_TOKEN") or secrets.token_urlsafe(32)
+        token = config.token() or secrets.token_urlsafe(32)
         fd = os.open(token_file(), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
         with open(fd, "w") as f:
             f.write(token + "\n")
@@ -68,7 +68,7 @@ def client_token(address: str) -> str:
     if not needs_token(address):
         return ""
     try:
-        return os.environ.get("SPILL_TOKEN") or token_file().read_text().strip()
+        return config.token() or token_file().read_text().strip()
     except OSError:
         return ""
 

@@ -62,7 +62,7 @@ class Group:
         self.owner_gone = threading.Event()       # set when that client's pipe closes: stop when idle
         self.memory = describe(sup.args)         # working set, its source, the budget
         self.metrics = ""                         # where the metrics are served, or why not (metrics_line)
-        self.fault = Fault("coordinator")         # tests: SPILL_CRASH_COORDINATOR="done:n" or "submit:n"
+        self.fault = Fault("coordinator")         # tests: SPILL_TEST_CRASH_COORDINATOR="done:n" or "submit:n"
         self.estimates = Estimates()              # queued jobs whose estimate is not made yet: `estimating`
 
     # -- actors -----------------------------------------------------------------------------
@@ -341,7 +341,8 @@ def run_coordinator_process(endpoints, args, log) -> None:
         os._exit(LOCKED_EXIT)
     os.chdir("/")   # paths arrive resolved by the client; nothing may depend on where the group started
     box = Mailbox(endpoints, "coordinator", sends_to=tuple(ACTORS))
-    control, token = open_control(box.ctx, endpoints.control)
+    settings = args.get("group_args", {})   # `spill up`'s flags
+    control, token = open_control(box.ctx, endpoints.control, settings.get("allow_remote", False))
     write_record(os.getpid(), endpoints.control)
     pidfile = config.home() / "run" / "coordinator.pid"
     pidfile.write_text(str(os.getpid()))
@@ -350,8 +351,9 @@ def run_coordinator_process(endpoints, args, log) -> None:
     if args.get("owner_fd") is not None:
         group.owner = str(args.get("owner", ""))
         parent_watch(args["owner_fd"], group.owner_gone.set)   # embedded: the `spill run` that started it left
-    telemetry = Telemetry(group, log)   # the metrics endpoint, fed from what the actors report
-    group.metrics = metrics_line(telemetry.server is not None)
+    # the metrics endpoint, fed from what the actors report
+    telemetry = Telemetry(group, log, settings.get("metrics_host"), settings.get("metrics_port"))
+    group.metrics = metrics_line(telemetry.server is not None, telemetry.host, telemetry.port)
     log.info("memory", **group.memory)
     sup.start_all()
     poller = zmq.Poller()

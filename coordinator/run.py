@@ -94,7 +94,7 @@ def run_job(*, model, input, output, max_tokens, temperature, resume, new, quiet
     openblas_note()
     args, finished = check_run(model=model, input=input, output=output, max_tokens=max_tokens,
                                temperature=temperature, resume=resume, new=new)
-    args["stream"] = bool(stream or config.stream() or args.get("stream"))   # the group's SPILL_STREAM counts too
+    args["stream"] = bool(stream or config.stream() or args.get("stream"))   # SPILL_STREAM: --stream's default
     if kv and kv.get("kv_bits"):
         if resume and (args.get("kv_bits"), args.get("kv_group_size") or 64) != (kv["kv_bits"], kv["kv_group_size"]):
             raise SpillError(f"job {resume} runs with the KV format it started with; leave --kv-bits and "
@@ -221,7 +221,8 @@ def _first_error(path) -> str:
     return "?"
 
 
-def group_up(*, model, foreground, listen, memory: dict | None = None) -> str:
+def group_up(*, model, foreground, listen, memory: dict | None = None, group_args: dict | None = None) -> str:
+    """`group_args`: the coordinator's own settings (`spill up`'s --allow-remote and --metrics-*)."""
     from .client import Client, endpoints, start_group
     eps = endpoints(_listen(listen))
     rec = rundir.record()
@@ -234,12 +235,13 @@ def group_up(*, model, foreground, listen, memory: dict | None = None) -> str:
         import subprocess
         import sys
         rundir.rotate_logs()
-        args = {"endpoints": eps.as_dict(), "actor_args": memory or memory_args(), "parent_fd": None}
+        args = {"endpoints": eps.as_dict(), "actor_args": memory or memory_args(), "group_args": group_args or {},
+                "parent_fd": None}
         code = subprocess.run([sys.executable, "-m", "spill.coordinator.daemon", json.dumps(args)]).returncode
         if code == rundir.LOCKED_EXIT:   # lost a race to another `spill up`: a group is up, as below
             return rundir.held_by_sentence()
         return "spill group stopped"
-    proc = start_group(eps, embedded=False, actor_args=memory or memory_args())
+    proc = start_group(eps, embedded=False, actor_args=memory or memory_args(), group_args=group_args)
     if proc is None:
         return rundir.held_by_sentence()
     up = (f"spill group up (coordinator pid {proc.pid}, control {eps.control}); `spill run`, `status`, "

@@ -18,6 +18,17 @@ def spill_home(tmp_path_factory):
     return home
 
 
+@pytest.fixture
+def on_device(monkeypatch):
+    """on_device(device, memory=None): this process takes the device as an actor takes the coordinator's answer."""
+    from spill import platform
+    monkeypatch.setattr(platform, "_KNOWN", {})
+
+    def use(device: str, memory: int | None = None) -> None:
+        platform.use_device({"device": device, **({} if memory is None else {"memory": memory})})
+    return use
+
+
 @pytest.fixture(scope="session")
 def make_tiny(tmp_path_factory, spill_home):
     """make_tiny(family, dtype="bfloat16", shard_size=None, bits=None) -> folder of a tiny random model."""

@@ -2,17 +2,16 @@
 line, no good row lost, and every row that reads as good fits the wire (issue 8)."""
 
 import json
-import os
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from spill import messages as m
+from spill import config, messages as m
 from spill.coordinator.batch_input import BadRow, _show, read_batch
 from spill.coordinator.batch_output import bad_row_line, encode
 from spill.coordinator.jobrun import row_request, row_seeds
 
-EXAMPLES = int(os.environ.get("SPILL_FUZZ_EXAMPLES", "60"))   # CI: bounded; by hand: SPILL_FUZZ_EXAMPLES=5000
+EXAMPLES = config.test_fuzz_examples()   # CI: bounded; by hand: SPILL_TEST_FUZZ_EXAMPLES=5000
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                              HealthCheck.function_scoped_fixture])
 json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
