@@ -25,7 +25,7 @@ from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(1, str(Path(__file__).resolve().parents[1]))   # the checkout's tests.machine
+sys.path.append(str(Path(__file__).resolve().parents[1]))   # last: tests.machine; an installed spill wins
 import three_tier  # noqa: E402
 from job import job_files, spill_in_cgroup  # noqa: E402
 from pass_time import drop_cache, model_args, model_folder  # noqa: E402
