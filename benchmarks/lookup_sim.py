@@ -84,6 +84,7 @@ def from_ids(path: Path) -> list[dict]:
 
 def from_job(inputs: Path, outputs: Path, model: str) -> list[dict]:
     """A job's rows as the model's tokenizer gives them: the prompt as the job encoded it, the output re-encoded."""
+    from spill.messages import RowRequest
     from spill.tokenizer_worker.core import TokenizerCore
     core = TokenizerCore(model)
     bodies = {}
@@ -98,8 +99,8 @@ def from_job(inputs: Path, outputs: Path, model: str) -> list[dict]:
         if body is None or not choice:
             continue
         text = choice[0].get("message", {}).get("content") if "message" in choice[0] else choice[0].get("text")
-        request = {"kind": "chat", "messages": body["messages"]} if "messages" in body else \
-            {"kind": "text", "prompt": body["prompt"]}
+        request = RowRequest("chat", 1, messages=body["messages"]) if "messages" in body else \
+            RowRequest("completion", 1, prompt=body["prompt"])
         rows.append({"prompt": core.encode(request), "tier": out["custom_id"].split("-")[0],
                      "output": core.tokenizer.encode(text or "", add_special_tokens=False)})
     return rows
