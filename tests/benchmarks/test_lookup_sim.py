@@ -4,6 +4,8 @@ import importlib.util
 import json
 from pathlib import Path
 
+from spill.messages import RowRequest
+
 ROOT = Path(__file__).resolve().parents[2]
 spec = importlib.util.spec_from_file_location("lookup_sim", ROOT / "benchmarks" / "lookup_sim.py")
 lookup_sim = importlib.util.module_from_spec(spec)
@@ -54,5 +56,5 @@ def test_a_jobs_rows_are_joined_by_custom_id_and_tokenized_as_the_job_did(make_t
         + json.dumps({"custom_id": "open-0", "response": None, "error": {"code": "x", "message": "y"}}) + "\n")
     rows = lookup_sim.from_job(inputs, outputs, str(folder))
     core = TokenizerCore(folder)
-    assert rows == [{"prompt": core.encode({"kind": "chat", "messages": [{"role": "user", "content": text}]}),
+    assert rows == [{"prompt": core.encode(RowRequest("chat", 1, messages=[{"role": "user", "content": text}])),
                      "tier": "edit", "output": core.tokenizer.encode("the cat sat", add_special_tokens=False)}]
