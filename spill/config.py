@@ -75,6 +75,12 @@ def test_drop() -> tuple[str, int]:
     return (kind.upper(), int(n)) if n else ("", 0)
 
 
+def test_alloc_fail() -> int:
+    """For tests: SPILL_TEST_ALLOC_FAIL=n makes the n-th buffer the weight reader allocates in a process raise, as MLX
+    does where it cannot allocate (Metal); 0, unset: never."""
+    return int(os.environ.get("SPILL_TEST_ALLOC_FAIL") or 0)
+
+
 def read_threads() -> int:
     """Threads reading one layer's chunks at once (SPILL_READ_THREADS, default 4): queue depth for the disk."""
     return max(1, int(os.environ.get("SPILL_READ_THREADS", "4")))
