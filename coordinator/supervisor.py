@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 
+from spill import config
 from spill.actor import failure_file
 from spill.platform import learn_device, preload_env
 
@@ -37,6 +38,8 @@ class Supervisor:
         env = preload_env() if role == "streamer" else dict(os.environ)
         if self.restarts[role]:
             env.pop(f"SPILL_CRASH_{role.upper()}", None)   # a fault fires once, not on every restart
+            if not config.test_alloc_fail()[1]:
+                env.pop("SPILL_TEST_ALLOC_FAIL", None)
         self.procs[role] = subprocess.Popen([sys.executable, "-m", ACTORS[role], json.dumps(args)],
                                             pass_fds=(read_end,), env=env, stdin=subprocess.DEVNULL)
         os.close(read_end)

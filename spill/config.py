@@ -75,10 +75,12 @@ def test_drop() -> tuple[str, int]:
     return (kind.upper(), int(n)) if n else ("", 0)
 
 
-def test_alloc_fail() -> int:
-    """For tests: SPILL_TEST_ALLOC_FAIL=n makes the n-th buffer the weight reader allocates in a process raise, as MLX
-    does where it cannot allocate (Metal); 0, unset: never."""
-    return int(os.environ.get("SPILL_TEST_ALLOC_FAIL") or 0)
+def test_alloc_fail() -> tuple[int, bool]:
+    """For tests: SPILL_TEST_ALLOC_FAIL=n makes the n-th buffer the weight reader allocates raise, as MLX does where it
+    cannot allocate (Metal), in a group's first streamer; "n:every" in each one that replaces it too: (n, every).
+    n 0, unset: never."""
+    n, _, every = os.environ.get("SPILL_TEST_ALLOC_FAIL", "").partition(":")
+    return int(n or 0), every == "every"
 
 
 def read_threads() -> int:

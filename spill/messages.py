@@ -115,6 +115,7 @@ class Tokens:
     rows: list[int]
     tokens: bytes            # one int32 per row
     finish: list[str]        # "" running, "stop" (EOS: not text), "length"
+    positions: list[int]     # each row's tokens before this one: where they differ from the text's, some were lost
 
 
 @dataclass
@@ -235,13 +236,13 @@ ROW = (MODEL_ROW, (1 << 31) - 1)     # row numbers within a job
 COUNT = (0, (1 << 31) - 1)           # token counts and ids, lengths, epochs, pass indices
 SEED = (0, (1 << 63) - 1)
 BYTES = (0, (1 << 63) - 1)
-_RANGES = {"epoch": COUNT, "index": COUNT, "pass_index": COUNT, "pid": COUNT, "rows": ROW, "finished": ROW,
+_RANGES = {"epoch": COUNT, "index": COUNT, "pass_index": COUNT, "positions": COUNT, "pid": COUNT, "rows": ROW, "finished": ROW,
            "lengths": COUNT, "max_tokens": COUNT, "prompt_tokens": COUNT, "completion_tokens": COUNT,
            "tokens": COUNT, "eos": COUNT, "seed": SEED, "top_k": (-1, COUNT[1]), "held_rows": COUNT,
            "preempted_rows": COUNT, "running_rows": COUNT, "widths": COUNT, "pools": COUNT, "groups": COUNT, "chunks": COUNT,
            "drop": ROW, "finish": ROW, "plan": (-1, COUNT[1]), **dict.fromkeys(("working_set", "budget", "guard", "hard", "others"), BYTES)}
 _PARALLEL = {Submit: ("rows", "requests"), Tokenized: ("rows", "lengths", "max_tokens", "sampling"),
-             Plan: ("rows", "lengths", "max_tokens", "sampling", "widths", "groups"), Tokens: ("rows", "finish"),
+             Plan: ("rows", "lengths", "max_tokens", "sampling", "widths", "groups"), Tokens: ("rows", "finish", "positions"),
              Done: ("rows", "texts", "finish", "prompt_tokens", "completion_tokens"),
              Error: ("rows", "codes", "messages"), Progress: ("rows", "tokens", "tails")}
 _REQUEST = {"kind": str, "messages": list[dict[str, str | None]] | None, "prompt": str | None,

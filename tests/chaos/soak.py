@@ -8,7 +8,8 @@ for about one trial in four) from Random(f"{s}:{k}"); the fault kinds take turns
     wedge    an actor's loop blocks for ever at its n-th event (SPILL_CRASH_<ROLE>=event:n:wedge), its heartbeat
              going on; SPILL_WEDGE_TIMEOUT=5 restarts it
     drop     the n-th message of a kind is lost on its way (SPILL_TEST_DROP=KIND:n); SPILL_STALL_TIMEOUT=3
-    alloc    the weight reader's n-th buffer fails to allocate (SPILL_TEST_ALLOC_FAIL=n)
+    alloc    the weight reader's n-th buffer fails to allocate (SPILL_TEST_ALLOC_FAIL=n[:every]), in the first
+             streamer or in every one
     corrupt  the model's shard is cut short, emptied or has its header overwritten after some rows are written
 
 A trial passes when the job finished with every custom_id exactly once and the text of a fault-free run, or
@@ -61,9 +62,10 @@ def draw(seed: int, k: int) -> dict:
         at = 1 if kind in ("SUBMIT", "TOKENIZED") else rng.randint(1, 8)
         return {"fault": fault, "group": group, "what": f"{kind}:{at}",
                 "env": {"SPILL_TEST_DROP": f"{kind}:{at}", "SPILL_STALL_TIMEOUT": "3"}}
-    if fault == "alloc":
-        at = rng.randint(1, 4)
-        return {"fault": fault, "group": group, "what": f"buffer {at}", "env": {"SPILL_TEST_ALLOC_FAIL": str(at)}}
+    if fault == "alloc":   # in the first streamer (a restart finds memory), or in each one (memory stays short)
+        at, every = rng.randint(1, 2), rng.random() < 0.5   # a streamer of the tiny llama makes 2
+        return {"fault": fault, "group": group, "what": f"buffer {at}{', every streamer' if every else ''}",
+                "env": {"SPILL_TEST_ALLOC_FAIL": f"{at}{':every' if every else ''}"}}
     how, after = rng.choice(("truncate", "empty", "header")), rng.randint(1, 6)
     return {"fault": fault, "group": group, "what": f"{how} after {after} rows", "how": how, "after": after,
             "cut": rng.uniform(0.2, 0.9), "env": {}}

@@ -17,7 +17,7 @@ def test_every_message_round_trips_through_msgpack():
                m.Tokenized(1, [0, 1, 2], tokens, lengths, [4, 4, 4], [[0.0, 1.0, 0, None]] * 3, [2]),
                m.Plan(1, [0, 1, 2], tokens, lengths, [4] * 3, [[0.7, 0.9, 40, 7]] * 3, [2], widths=[256, 256, 1280],
                       groups=[1, 1, 2], chunks=[[1, 64], [2, 8]], drop=[5], finish=[6], pools=[[12, 256], [3, 1280]]),
-               m.Tokens(1, 5, [0], b"\x01\x00\x00\x00", ["length"]), m.Stop(1, [0]),
+               m.Tokens(1, 5, [0], b"\x01\x00\x00\x00", ["length"], [3]), m.Stop(1, [0]),
                m.Pass(1, 5, 1.5, 0.1, 1.2, 8, 32, 8, [0], 10, 20, 30), m.Done(1, [0], ["hi"], ["stop"], [3], [1]),
                m.Error(1, [2], ["code"], ["why"]), m.Budget(1, 5, 2**34, 2**33, 2**33 + 1, 2**33 + 2, 10, 3, 1, 5e9, "j"), m.Progress(1, [0], [2], ["..."]), m.Shutdown("down"),
                m.Request("status", {"job": "j"}), m.Reply(False, {}, "no")]
@@ -51,7 +51,8 @@ def test_the_gate_drops_old_epochs_and_holds_early_ones_until_their_reset():
     (bytes([m.Kind.DONE]) + msgpack.packb({"epoch": 1, "rows": [1, 2], "texts": ["a"], "finish": ["stop"],
                                            "prompt_tokens": [1], "completion_tokens": [1]}),
      "Done: rows, texts, finish, prompt_tokens, completion_tokens differ in length"),
-    (bytes([m.Kind.TOKENS]) + msgpack.packb({"epoch": 1, "pass_index": 0, "rows": [1], "tokens": b"\x01", "finish": [""]}),
+    (bytes([m.Kind.TOKENS]) + msgpack.packb({"epoch": 1, "pass_index": 0, "rows": [1], "tokens": b"\x01", "finish": [""],
+                                             "positions": [0]}),
      "Tokens: 1 token bytes for 1 rows"),
     (bytes([m.Kind.PLAN]) + msgpack.packb({"epoch": 1, "rows": [0], "tokens": b"\x01\0\0\0", "lengths": [1],
                                             "max_tokens": [4], "sampling": [[0.5, 1.0, 0, -1]], "widths": [256],
