@@ -6,9 +6,9 @@ Trial k of seed s draws its fault, the fault's moment and the group (embedded, o
 for about one trial in four) from Random(f"{s}:{k}"); the fault kinds take turns:
 
     wedge    an actor's loop blocks for ever at its n-th event (SPILL_CRASH_<ROLE>=event:n:wedge), its heartbeat
-             going on; SPILL_WEDGE_TIMEOUT=5 restarts it
+             going on; SPILL_WEDGE_TIMEOUT=20 restarts it
     drop     the n-th message of a kind is lost on its way (SPILL_TEST_DROP=KIND:n); SPILL_STALL_TIMEOUT=3
-    alloc    the weight reader's n-th buffer fails to allocate (SPILL_TEST_ALLOC_FAIL=n[:every]), in the first
+    alloc    the weight reader's first buffer fails to allocate (SPILL_TEST_ALLOC_FAIL=1[:every]), in the first
              streamer or in every one
     corrupt  the model's shard is cut short, emptied or has its header overwritten after some rows are written
 
@@ -35,6 +35,7 @@ from .chaos import output_lines
 CAP_S = 240   # liveness bound of a trial: the deadlines below plus a model reload each, several times over
 FAST = {"SPILL_MAX_ROWS": "4", "SPILL_TEST_PASS_DELAY": "0.05", "SPILL_STREAM": "1", "SPILL_METRICS_PORT": "0"}
 FAULTS = ("wedge", "drop", "alloc", "corrupt")
+WEDGE_S = "20"   # longer than any loop turn here: a tokenizer loading under load 11 took over 5 s, and was killed
 WEDGES = {"tokenizer": ("submit", "tokens"), "admission": ("tokenized", "pass"), "streamer": ("pass",)}
 DROPS = ("SUBMIT", "TOKENIZED", "PLAN", "TOKENS", "PASS", "DONE")
 
@@ -55,7 +56,7 @@ def draw(seed: int, k: int) -> dict:
         role = rng.choice(sorted(WEDGES))
         event = rng.choice(WEDGES[role])
         at = 1 if event in ("submit", "tokenized") else rng.randint(1, 6)
-        env = {f"SPILL_CRASH_{role.upper()}": f"{event}:{at}:wedge", "SPILL_WEDGE_TIMEOUT": "5"}
+        env = {f"SPILL_CRASH_{role.upper()}": f"{event}:{at}:wedge", "SPILL_WEDGE_TIMEOUT": WEDGE_S}
         return {"fault": fault, "group": group, "what": f"{role} {event}:{at}", "env": env}
     if fault == "drop":
         kind = rng.choice(DROPS)
@@ -63,9 +64,9 @@ def draw(seed: int, k: int) -> dict:
         return {"fault": fault, "group": group, "what": f"{kind}:{at}",
                 "env": {"SPILL_TEST_DROP": f"{kind}:{at}", "SPILL_STALL_TIMEOUT": "3"}}
     if fault == "alloc":   # in the first streamer (a restart finds memory), or in each one (memory stays short)
-        at, every = rng.randint(1, 2), rng.random() < 0.5   # a streamer of the tiny llama makes 2
-        return {"fault": fault, "group": group, "what": f"buffer {at}{', every streamer' if every else ''}",
-                "env": {"SPILL_TEST_ALLOC_FAIL": f"{at}{':every' if every else ''}"}}
+        every = rng.random() < 0.5   # a streamer of the tiny llama allocates one buffer, in its first pass
+        return {"fault": fault, "group": group, "what": "every streamer" if every else "the first streamer",
+                "env": {"SPILL_TEST_ALLOC_FAIL": "1:every" if every else "1"}}
     how, after = rng.choice(("truncate", "empty", "header")), rng.randint(1, 6)
     return {"fault": fault, "group": group, "what": f"{how} after {after} rows", "how": how, "after": after,
             "cut": rng.uniform(0.2, 0.9), "env": {}}
