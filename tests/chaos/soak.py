@@ -120,7 +120,8 @@ def trial(t: dict, model: Path, inp: Path, reference: dict, calibration: Path, w
     if t["group"] == "up":
         up = subprocess.run([*cli, "up"], env=env, capture_output=True, text=True, timeout=CAP_S)
         if up.returncode != 0:
-            return {"outcome": "defect", "exit": up.returncode, "said": up.stderr.strip().splitlines()[-3:]}
+            return {"outcome": "defect", "exit": up.returncode, "seconds": round(time.monotonic() - started, 1),
+                    "said": up.stderr.strip().splitlines()[-3:]}
     proc = subprocess.Popen([*cli, "run", str(model), str(inp), "-o", str(out), "--quiet"], env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     if t["fault"] == "corrupt":
