@@ -35,21 +35,22 @@ class Advice:
 
 def advise(plan: ModelPlan, rows: list, memory_arg=None, *, stream: bool = False,
            passes: PassModel | None = None, variants: list[tuple[str, int, int]] = (), others: int = 0,
-           fraction: float | None = None) -> Advice:
+           fraction: float | None = None, kv: tuple | None = None) -> Advice:
     """`rows`: the job's SimRows (prompt, out); `passes`: the calibrated pass model, to weigh a resident
     batch smaller than the job's; `variants`: (tag, bits, group size) of quantized variants to name;
-    `others`: the group's processes' resident memory, as admission prices it; `fraction`: --budget-fraction."""
-    policy, ws = budget_policy(plan, memory_arg, fraction, others=others, resident=True)
+    `others`: the group's processes' resident memory, as admission prices it; `fraction`: --budget-fraction;
+    `kv`: the pools' KV quantization (bits, group size), None unquantized."""
+    policy, ws = budget_policy(plan, memory_arg, fraction, others=others, resident=True, kv=kv)
     s = policy.sheet
     width = width_class(max((r.prompt + r.out for r in rows), default=1))
     want = max(1, min(len(rows), policy.max_rows))
     slots = _slots(policy, want, width)
-    weights, kv = s.fixed["resident"], s.cost(want, width)
+    weights, held = s.fixed["resident"], s.cost(want, width)
     budget = f"the {fmt(s.budget)} memory budget"
-    streamed_slots = _slots(budget_policy(plan, memory_arg, fraction, others=others)[0], want, width)
+    streamed_slots = _slots(budget_policy(plan, memory_arg, fraction, others=others, kv=kv)[0], want, width)
     faster = 0 < slots < want and _faster(passes, plan, slots, streamed_slots, rows)
     fits = slots >= want or faster
-    what = (f"the weights ({fmt(weights)}) and the job's KV ({fmt(kv)} for {want} rows at once) fit {budget}"
+    what = (f"the weights ({fmt(weights)}) and the job's KV ({fmt(held)} for {want} rows at once) fit {budget}"
             if slots >= want else
             f"the weights ({fmt(weights)}) leave KV for {slots} of the job's {want} rows at once in {budget}, "
             f"faster by the pass model than streaming {streamed_slots} at once")
@@ -58,12 +59,12 @@ def advise(plan: ModelPlan, rows: list, memory_arg=None, *, stream: bool = False
     elif fits:
         line = f"resident: {what}; only the first pass reads the disk (--stream streams every pass)"
     else:
-        line = (f"streamed: resident, the weights ({fmt(weights)}), the job's KV ({fmt(kv)} for {want} rows at once) "
+        line = (f"streamed: resident, the weights ({fmt(weights)}), the job's KV ({fmt(held)} for {want} rows at once) "
                 f"and the buffers and activations ({fmt(sum(s.fixed.values()) - weights)}) would need more than "
                 f"{budget} ({s.fraction:.0%} of the {fmt(ws.bytes)} working set)")
-        if tag := _variant(plan, rows, memory_arg, passes, variants, others, fraction):
+        if tag := _variant(plan, rows, memory_arg, passes, variants, others, fraction, kv):
             line += f"; {tag} would fit resident: spill run {tag}"
-    return Advice(fits and not stream, line, weights, kv, s.budget, slots)
+    return Advice(fits and not stream, line, weights, held, s.budget, slots)
 
 
 def _slots(policy, want: int, width: int) -> int:
@@ -82,12 +83,13 @@ def _faster(passes: PassModel | None, plan: ModelPlan, resident: int, streamed: 
     return rate(resident, 0) > rate(streamed, plan.streamed_bytes)
 
 
-def _variant(plan, rows, memory_arg, passes, variants, others, fraction=None) -> str:
+def _variant(plan, rows, memory_arg, passes, variants, others, fraction=None, kv=None) -> str:
     """The first variant (most bits first) that would run resident, priced from this model's shapes."""
     if plan.config.get("quantization"):
         return ""
     for tag, bits, group in sorted(variants, key=lambda v: -v[1]):
-        if advise(quantized(plan, bits, group), rows, memory_arg, passes=passes, others=others, fraction=fraction).resident:
+        if advise(quantized(plan, bits, group), rows, memory_arg, passes=passes, others=others, fraction=fraction,
+                  kv=kv).resident:
             return tag
     return ""
 

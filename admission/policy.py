@@ -39,6 +39,8 @@ from itertools import islice
 
 import numpy as np
 
+from spill.messages import RowSampling
+
 from . import allowance
 from .prices import Sheet, fmt
 
@@ -50,7 +52,7 @@ class Waiting:
     row: int
     prompt: np.ndarray        # int32 prompt ids
     max_tokens: int
-    sampling: list
+    sampling: RowSampling = RowSampling()
     width: int = 0            # the width of the pool it runs in, once admitted
     pool: int = 0             # that pool's class: its own, or a wider one it borrowed a free slot of
     again: bool = False       # sent back to the queue (preempted): it keeps the head, ahead of rows queued after it
@@ -92,7 +94,6 @@ class BudgetPolicy:
         self.running: dict[int, Waiting] = {}    # admission order: the newest last
         self.live = 0                            # live allocation in the last pass report
         self.holding = False
-        self.preempting: set[int] = set()        # sent to the streamer, not yet reported dropped
         self.preemptions = 0                     # this job's: each doubles the calm a preempted pool waits
         self.calm = 0                            # passes in a row within the budget since the last one
         self.came = False                        # rows offered since the pools were last shared out
@@ -144,11 +145,9 @@ class BudgetPolicy:
     def finished(self, rows: list[int]) -> None:
         for row in rows:
             self.running.pop(row, None)
-            self.preempting.discard(row)
 
     def preempted(self, rows: list[int]) -> int:
         """Rows the streamer dropped: back to the head of the queue, in their order; how many."""
-        self.preempting.difference_update(rows)
         back = [self.running.pop(r) for r in [r for r in self.running if r in set(rows)]]   # admission order
         for w in back:
             w.again = True
@@ -312,10 +311,10 @@ class BudgetPolicy:
 
     def to_preempt(self) -> list[int]:
         """Above the hard line: the newest rows whose slots bring live allocation back under the guard
-        line (at least one; never the oldest); none while earlier ones are on their way. Their pools
-        shrink to the rows left (`shapes()`, sent with the PREEMPT)."""
+        line (at least one; never the oldest). Their pools shrink to the rows left (`shapes()`, the plan's
+        pools); the next plan waits for the report of this one, so `live` has seen them go."""
         s = self.sheet
-        if self.preempting or self.live < s.line(s.hard) or len(self.running) < 2:
+        if self.live < s.line(s.hard) or len(self.running) < 2:
             return []
         rows, left, touched = list(self.running.values()), self._held(), set()
         out, excess = [], self.live - s.line(s.guard)
@@ -330,12 +329,10 @@ class BudgetPolicy:
         for c in touched:
             self.pools[c].slots = self.pools[c].cap = left[c]
             self.pools[c].preempted = True
-        self.preempting.update(out)
         self.preemptions, self.calm = self.preemptions + 1, 0
         return out
 
     def clear(self) -> None:
         self.queue.clear()
         self.running.clear()
-        self.preempting.clear()
         self.live, self.holding, self.pools, self.preemptions, self.calm, self.came = 0, False, {}, 0, 0, False

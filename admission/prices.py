@@ -20,14 +20,16 @@ from dataclasses import dataclass, field
 from spill.config import BUDGET_FRACTION
 from spill.memory import cache_allowance
 from spill.platform import layers_in_flight, read_slots, recycles_layers
-from spill.streamer.shares import prefill_kv_tokens
+from spill.streamer.shares import kv_token_bytes, prefill_kv_tokens
 
 
 @dataclass
 class Sheet:
     """One model's prices on this machine."""
     working_set: int
-    kv_per_token: int                        # bytes of K and V for one token in every layer
+    kv_per_token: int                        # bytes of K and V for one token in every layer, as a decode pool holds it
+    prompt_kv_per_token: int = 0             # as a prefill group holds it (unquantized); 0: kv_per_token
+    kv: tuple | None = None                  # the pools' KV quantization (bits, group size); None: unquantized
     row_overhead: int = 0                    # per running row besides its KV (logits, hidden state)
     layers: int = 0                          # attention's copy of one layer's KV is priced per slot (0: not)
     fixed: dict[str, int] = field(default_factory=dict)
@@ -65,7 +67,7 @@ class Sheet:
     def prefill_kv(self, lengths: list[int]) -> int:
         """A prefill group's KV from its first chunk until it joins the pool: what Group.prefill allocates
         (prefill_kv_tokens). Groups draw on fixed["prefill_kv"] first (its margin: a layer's copy in flight)."""
-        return prefill_kv_tokens(lengths) * self.kv_per_token
+        return prefill_kv_tokens(lengths) * (self.prompt_kv_per_token or self.kv_per_token)
 
     def slot(self, width: int, widest: int) -> int:
         """A slot of `width` tokens and its row of one layer's KV padded to the widest pool (attention's copy)."""
@@ -96,9 +98,10 @@ _FLOAT = {"F16": 2, "BF16": 2, "F32": 4, "F64": 8}
 
 
 def sheet_for(plan, working_set: int, itemsize: int, *, prefill_tokens: int, prefill_chunk: int = 512,
-              others: int = 0, resident: bool = False, host_set: int = 0, **lines) -> Sheet:
+              others: int = 0, resident: bool = False, host_set: int = 0, kv: tuple | None = None, **lines) -> Sheet:
     """The price sheet of `plan` (a streamer ModelPlan) computed in `itemsize`-byte floats. `resident`:
-    every layer stays in memory after its first read (a fixed part), so no layer is in flight.
+    every layer stays in memory after its first read (a fixed part), so no layer is in flight. `kv`: (bits,
+    group size) of the decode pools' quantized KV (prompts' KV stays unquantized until it joins a pool).
     Each fixed price is what the streamer was measured to hold at its peak (docs/benchmarks.md, "Memory
     under the budget"); the margin is the cache's largest tensor, which the peak did not always fill."""
     def compute(t) -> int:
@@ -106,7 +109,8 @@ def sheet_for(plan, working_set: int, itemsize: int, *, prefill_tokens: int, pre
     c = plan.config
     hidden, heads, (kv_heads, head_dim) = int(c["hidden_size"]), int(c["num_attention_heads"]), plan.kv_heads_and_dim
     inter = int(c.get("intermediate_size") or 4 * hidden)
-    kv_per_token = len(plan.layers) * 2 * kv_heads * head_dim * itemsize
+    kv_per_token = kv_token_bytes(len(plan.layers), kv_heads, head_dim, itemsize, *(kv or ()))
+    prompt_kv = kv_token_bytes(len(plan.layers), kv_heads, head_dim, itemsize)
     layer = max((sum(compute(t) for t in ts) for ts in plan.layers), default=0)
     raw = max((sum(t.nbytes for t in ts) for ts in plan.layers), default=0)
     cast = max((sum(t.nbytes for t in ts if t.dtype in _FLOAT and _FLOAT[t.dtype] != itemsize)
@@ -122,11 +126,11 @@ def sheet_for(plan, working_set: int, itemsize: int, *, prefill_tokens: int, pre
                  prefill_tokens * ((4 * hidden + 3 * inter) * itemsize + heads * prefill_chunk * 4),
              # prompts' KV until they join the pool: twice on a CPU, once on a CUDA GPU (docs/benchmarks.md,
              # "Memory under the budget", measures both)
-             "prefill_kv": (1 if host_set else 2) * prefill_tokens * kv_per_token,
+             "prefill_kv": (1 if host_set else 2) * prefill_tokens * prompt_kv,
              "others": others}                          # the other processes' RSS and the streamer's runtime
     host = {k: fixed.pop(k) for k in ("reader", "others")} if host_set else {}   # a CUDA GPU: the host's apart
-    sheet = Sheet(working_set, kv_per_token=kv_per_token, layers=len(plan.layers), host=host, host_set=host_set,
-                  row_overhead=(int(c.get("vocab_size", 0)) + 4 * hidden) * 4, fixed=fixed, **lines)
+    sheet = Sheet(working_set, kv_per_token=kv_per_token, prompt_kv_per_token=prompt_kv, kv=kv, layers=len(plan.layers),
+                  host=host, host_set=host_set, row_overhead=(int(c.get("vocab_size", 0)) + 4 * hidden) * 4, fixed=fixed, **lines)
     # room for what each decode layer frees beside the freed layer (with Streamer.step's emptied cache: ~0 faults)
     fixed["cache_kv"] = 0 if resident else min(2 * max(sheet.kv_budget, 0) // max(len(plan.layers), 1), layer)
     return sheet

@@ -11,6 +11,7 @@ from spill import messages as m
 from spill.actor import Fault, inbox, run_actor
 from spill.errors import SpillError
 from spill.streamer.plan import load_plan
+from spill.streamer.shares import kv_format
 from spill.wire import Mailbox
 
 from . import schedule
@@ -96,10 +97,12 @@ def _price(msg: m.Reset, args: dict, box, log, calibrator=None):
     except SpillError:
         return None, 0   # the streamer fails the job with the loader's sentence
     others = _others_rss(runtime=(msg.runtime, msg.runtime_file))   # the other processes now, and the streamer's runtime
+    kv = (msg.kv_bits, msg.kv_group_size) if msg.kv_bits else None   # the pools' KV quantization
     policy, ws = budget_policy(plan, args.get("memory"), args.get("budget_fraction"), others,
-                               args.get("prefill_chunk", 512), resident=msg.resident)
+                               args.get("prefill_chunk", 512), resident=msg.resident, kv=kv)
     sheet = policy.sheet
-    log.info("budget", mode="resident" if msg.resident else "streamed", working_set=ws.bytes, source=ws.source, budget=sheet.budget, kv_budget=sheet.kv_budget,
+    log.info("budget", mode="resident" if msg.resident else "streamed", kv=kv_format(*(kv or (None,))),
+             working_set=ws.bytes, source=ws.source, budget=sheet.budget, kv_budget=sheet.kv_budget,
              kv_per_token=sheet.kv_per_token, **sheet.fixed, **{f"host_{k}": v for k, v in sheet.host.items()},
              **({"host_set": sheet.host_set} if sheet.host_set else {}))
     if (short := shortfall(sheet)) is not None:
@@ -120,14 +123,14 @@ def _waiting(msg: m.Tokenized) -> list[Waiting]:
     flat = np.frombuffer(msg.tokens, dtype=np.int32)
     ends = np.cumsum(msg.lengths)
     return [Waiting(row, flat[e - n:e].copy(), mt, sp)
-            for row, n, e, mt, sp in zip(msg.rows, msg.lengths, ends, msg.max_tokens, msg.sampling)]
+            for row, n, e, mt, sp in zip(msg.rows, msg.lengths, ends, msg.max_tokens, msg.sampling.rows())]
 
 
 def _plan(epoch: int, planned: Planned, eos: list[int], cache_limit: int) -> m.Plan:
     rows = [w for w, _ in planned.start]
     tokens = np.concatenate([w.prompt for w in rows]).astype(np.int32).tobytes() if rows else b""
     return m.Plan(epoch=epoch, rows=[w.row for w in rows], tokens=tokens, lengths=[len(w.prompt) for w in rows],
-                  max_tokens=[w.max_tokens for w in rows], sampling=[w.sampling for w in rows], eos=eos,
+                  max_tokens=[w.max_tokens for w in rows], sampling=m.Sampling.of(w.sampling for w in rows), eos=eos,
                   index=planned.index, widths=[w.width for w in rows], groups=[g for _, g in planned.start],
                   chunks=[[g, n] for g, n in planned.chunks.items()], drop=planned.drop, finish=planned.finish,
                   pools=planned.pools, cache_limit=cache_limit)

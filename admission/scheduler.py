@@ -133,7 +133,6 @@ class Scheduler:
         self.stops = []
         # 1. above the hard line: the newest rows go, each with the rest of its prefill group
         out.drop = self._mates(p.to_preempt())
-        p.preempting.clear()
         for row in out.drop:
             self._leave_group(row)
             self.status[row], self.context[row] = Status.WAITING, 0

@@ -60,10 +60,17 @@ class Estimate:
     stalled: bool = False     # the policy left rows waiting with nothing running
     mode: str = "streamed"    # or "resident": every pass after the first reads nothing
     shortfall: str | None = None   # why no row can run: the budget cannot hold the model's fixed part
+    kv: str = "unquantized"   # the decode pools' KV format priced (shares.kv_format)
+    kv_hint: str = ""         # a KV-bound job priced unquantized: what --kv-bits 8 would give
+
+    @property
+    def rows_per_pass(self) -> float:
+        """Running rows in a pass, on average over the passes."""
+        return sum(sum(r.values()) for r in self.running) / len(self.running) if self.running else 0.0
 
     def to_dict(self) -> dict:
         return {"total_seconds": round(self.total_seconds, 3), "ideal_seconds": round(self.ideal_seconds, 3),
-                "passes": self.passes, "mode": self.mode, "errors": self.errors, "priced_at_max_tokens": self.at_max_tokens, "shortfall": self.shortfall,
+                "passes": self.passes, "mode": self.mode, "kv": self.kv, "kv_hint": self.kv_hint or None, "errors": self.errors, "priced_at_max_tokens": self.at_max_tokens, "shortfall": self.shortfall,
                 "tiers": [t.to_dict() for t in self.tiers]}
 
 

@@ -17,12 +17,13 @@ import sys
 import tempfile
 from pathlib import Path
 
+from spill import config
 from spill.platform import preload_env
 
 
 def parse() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--models", default=os.environ.get("SPILL_BENCH_MODELS", "/tmp/spill-bench"))
+    p.add_argument("--models", default=config.get("SPILL_TEST_BENCH_MODELS"))
     p.add_argument("--family", default="llama")
     p.add_argument("--size", default="1b")
     p.add_argument("--passes", type=int, default=24)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from spill.platform import preload_env
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # the checkout's tests.machine
+sys.path.append(str(Path(__file__).resolve().parents[1]))   # last: tests.machine; an installed spill wins
 from tests.machine import blas_core  # noqa: E402
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from pass_time import GB, model_folder, read_direct, stream  # noqa: E402
 
-from spill.platform import preload_env  # noqa: E402
+from spill.platform import reexec_with_preload  # noqa: E402
 
 
 def main() -> None:
@@ -30,10 +30,7 @@ def main() -> None:
     p.add_argument("--settings", default="0:8,8:8,12:4")
     p.add_argument("--passes", type=int, default=3)
     a = p.parse_args()
-    env = preload_env()
-    if env.get("LD_PRELOAD") != os.environ.get("LD_PRELOAD") and not os.environ.get("_SPILL_BENCH_REEXEC"):
-        env["_SPILL_BENCH_REEXEC"] = "1"
-        os.execve(sys.executable, [sys.executable, *sys.argv], env)
+    reexec_with_preload(sys.argv)   # OpenBLAS must be loaded before MLX starts: re-exec once with it preloaded
     import mlx.core as mx
     import numpy as np
     mx.set_default_device(mx.cpu)

@@ -17,6 +17,8 @@ import sys
 import time
 from pathlib import Path
 
+from spill import config
+
 STEPS = ["import mlx.core as mx", "mx.default_device()", "mx.device_info()",
          "mx.eval(mx.zeros((4,)))", "mx.eval(mx.ones((256, 256)) @ mx.ones((256, 256)))"]
 ON_CPU = ["import mlx.core as mx", "mx.set_default_device(mx.cpu)", "mx.eval(mx.zeros((4,)))",
@@ -70,7 +72,7 @@ def main() -> None:
         result["actors"] = actors()
         for k, v in result["actors"].items():
             print(k, {f: round(b / 2**20) for f, b in v.items()}, "MiB")
-        home = Path(os.environ.get("SPILL_HOME", Path.home() / ".spill"))
+        home = config.home()
         logs = sorted((home / "run/logs").glob("admission.log*"), key=lambda f: f.stat().st_mtime)
         lines = [json.loads(ln) for f in logs for ln in f.read_text().splitlines()]
         budget = [ln for ln in lines if ln.get("event") == "budget"]

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(1, str(Path(__file__).resolve().parents[1]))   # the checkout's tests.machine
+sys.path.append(str(Path(__file__).resolve().parents[1]))   # last: tests.machine; an installed spill wins
 from tests.machine import ChildCgroup  # noqa: E402
 from pass_time import drop_cache, model_args, model_folder, resident_decode  # noqa: E402
 

@@ -43,6 +43,7 @@ def through_group(folder: Path, rows: int, max_tokens: int) -> dict:
     import psutil
 
     from spill import config
+    from spill import messages as m
     from spill.coordinator import history
     from spill.coordinator.client import Client, endpoints, start_group
     with tempfile.TemporaryDirectory() as tmp:
@@ -53,19 +54,18 @@ def through_group(folder: Path, rows: int, max_tokens: int) -> dict:
         group, client = start_group(eps, embedded=True), Client(eps)
         first = None   # (passes, CPU seconds by actor) when the first pass was seen
         try:
-            info = client.request("submit", timeout_s=600, model=str(folder), input=str(inp),
-                                  output=str(Path(tmp) / "out.jsonl"), max_tokens=max_tokens,
-                                  temperature=0.0, resume=None, new=True, client=os.getpid(), stream=True)   # as the core alone
-            while (s := client.request("status", job=info["job"], client=os.getpid()))["status"] != "done":
-                if first is None and s.get("passes"):
-                    first = (s["passes"], _cpu(psutil, s["processes"]))
+            info = client.request(m.SubmitJob(str(folder), str(inp), str(Path(tmp) / "out.jsonl"), max_tokens, 0.0,
+                                              new=True, stream=True, client=str(os.getpid())), timeout_s=600)   # as the core alone
+            while (s := client.request(m.Status(info.job, str(os.getpid())))).status != "done":
+                if first is None and s.passes:
+                    first = (s.passes, _cpu(psutil, s.processes))
                 time.sleep(0.2)
-            cpu = _cpu(psutil, s["processes"])
+            cpu = _cpu(psutil, s.processes)
         finally:
-            client.request("down")
+            client.request(m.Down())
             group.wait()
-    passes = history.read(config.home() / "jobs" / info["job"])
-    n = s["passes"] - first[0]
+    passes = history.read(config.home() / "jobs" / info.job)
+    n = s.passes - first[0]
     return {"status": s, "passes": passes, "cpu": {a: (cpu[a] - first[1].get(a, 0.0)) / n for a in cpu}}
 
 
@@ -96,10 +96,10 @@ def hops(a) -> None:
     prompts = [tok.encode(PROMPT.format(i=i, n=i * 7)) for i in range(a.rows)]
     s = through_group(Path(a.model), a.rows, a.max_tokens)["status"]
     core_s, core_n = core_alone(Path(a.model), prompts, a.max_tokens)
-    group_s = s["wall_per_pass_s"]
+    group_s = s.wall_per_pass_s
     print(f"model {a.model}, {a.rows} rows, max_tokens {a.max_tokens}")
     print(f"core alone:    {core_s:.3f} s/pass over {core_n} passes")
-    print(f"through group: {group_s:.3f} s/pass over {s['passes']} passes")
+    print(f"through group: {group_s:.3f} s/pass over {s.passes} passes")
     print(f"hop overhead:  {100 * (group_s / core_s - 1):+.1f}% of pass time")
 
 

@@ -21,9 +21,10 @@ import sys
 import time
 from pathlib import Path
 
-from spill.platform import preload_env
+from spill import config
+from spill.platform import reexec_with_preload
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # the checkout's tests.machine
+sys.path.append(str(Path(__file__).resolve().parents[1]))   # last: tests.machine; an installed spill wins
 from tests.machine import blas_core  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -33,8 +34,7 @@ GB = 1e9
 
 def model_args(p: argparse.ArgumentParser, size: str) -> None:
     """--models, --family, --size, --seed: the factory model a benchmark builds or reuses (`model_folder`)."""
-    home = os.environ.get("SPILL_HOME")
-    p.add_argument("--models", default=str(Path(home) / "bench") if home else "/tmp/spill-bench")
+    p.add_argument("--models", default=config.get("SPILL_TEST_BENCH_MODELS"))
     p.add_argument("--family", default="llama")
     p.add_argument("--size", default=size)
     p.add_argument("--seed", type=int, default=0)
@@ -125,7 +125,6 @@ def read_direct(files, threads, chunk=16 << 20) -> float:
 
 def cold_reads(files, reps, into: dict) -> None:
     """Append `reps` cold reads of each way of reading to `into` (way -> GB/s list), alternating."""
-    from spill import config
     ways = {"page cache, drop-behind, 1 thread, 64 MiB": read_all,
             f"O_DIRECT, huge pages, {config.read_threads()} threads, 16 MiB":
                 lambda f: read_direct(f, config.read_threads())}
@@ -255,7 +254,6 @@ def stream(folder, files, prompts, b, passes, read_ahead=True) -> dict:
 
 
 def reader_settings() -> str:
-    from spill import config
     from spill.platform import BIG_PRODUCT
     blas = config.blas_threads() or f"chosen each pass (every core from {BIG_PRODUCT} rows, one fewer below)"
     return (f"{config.read_threads()} read threads, {config.convert_threads()} convert threads, "
@@ -314,10 +312,7 @@ def write_doc(path, lines) -> None:
 
 def main() -> None:
     a = parse()
-    env = preload_env()   # OpenBLAS must be loaded before MLX starts: re-exec once with it preloaded
-    if env.get("LD_PRELOAD") != os.environ.get("LD_PRELOAD") and not os.environ.get("_SPILL_BENCH_REEXEC"):
-        env["_SPILL_BENCH_REEXEC"] = "1"
-        os.execve(sys.executable, [sys.executable, *sys.argv], env)
+    reexec_with_preload(sys.argv)   # OpenBLAS must be loaded before MLX starts: re-exec once with it preloaded
     import mlx.core as mx
     import numpy as np
     if a.device != "default":

@@ -25,11 +25,12 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(1, str(Path(__file__).resolve().parents[1]))   # the checkout's tests.machine
+sys.path.append(str(Path(__file__).resolve().parents[1]))   # last: tests.machine; an installed spill wins
 from pass_time import drop_cache, model_args, model_folder, read_all  # noqa: E402
 from peers_report import child_stages, table, text_agreement, write_doc  # noqa: E402
 
 from tests.machine import ChildCgroup  # noqa: E402
+from spill.coordinator import history  # noqa: E402
 from spill.memory import parse_size  # noqa: E402
 from spill.platform import preload_env  # noqa: E402
 
@@ -215,6 +216,20 @@ def budget_log(path: Path) -> dict:
     return out
 
 
+def decode_figures(passes: list[dict]) -> dict:
+    """spill's batch, passes, and decode step and tok/s over its full-batch decode passes (a job's history)."""
+    decode = [p for p in passes if p["prefill_tokens"] == 0 and p["decode_rows"] > 0]
+    r = {"batch": max((p["decode_rows"] for p in passes), default=0), "passes": len(passes)}
+    if decode:
+        full = [p for p in decode if p["decode_rows"] == r["batch"]] or decode
+        r["s_per_step"] = statistics.median(p["seconds"] for p in full)
+        # as each peer's: its batch over its mean step; and over every decode pass, a wave's tail included
+        r["decode_tps"] = r["batch"] * len(full) / sum(p["seconds"] for p in full)
+        r["decode_tps_all"] = sum(p["emitted"] for p in decode) / sum(p["seconds"] for p in decode)
+        r["bytes_per_pass"] = full[0]["bytes_streamed"]
+    return r
+
+
 def run_spill(a, folder: Path, texts: list[str], files, cap: str = "") -> dict:
     work = Path(a.work) / f"spill-{cap or a.cap}"   # a data home and output per run: an earlier run's would be
     shutil.rmtree(work, ignore_errors=True)         # read as this one's where this one fails
@@ -236,19 +251,10 @@ def run_spill(a, folder: Path, texts: list[str], files, cap: str = "") -> dict:
     if r["status"] == "failed" and r["rc"] == 3:
         r["status"] = "ok, some rows failed"
     jobs = sorted((home / "jobs").glob("*/passes.jsonl"), key=lambda p: p.stat().st_mtime)
-    passes = [json.loads(x) for x in jobs[-1].read_text().splitlines()] if jobs else []
+    passes = history.read(jobs[-1].parent) if jobs else []
     if jobs:   # every pass's memory and timings, beside the results (the job's folder goes with the machine)
         shutil.copy(jobs[-1], Path(a.work) / f"passes-spill-{cap or a.cap}.jsonl")
-    decode = [p for p in passes if p["prefill_tokens"] == 0 and p["decode_rows"] > 0]
-    r["batch"] = max((p["decode_rows"] for p in passes), default=0)
-    r["passes"] = len(passes)
-    if decode:
-        full = [p for p in decode if p["decode_rows"] == r["batch"]] or decode
-        r["s_per_step"] = statistics.median(p["seconds"] for p in full)
-        # as each peer's: its batch over its mean step; and over every decode pass, a wave's tail included
-        r["decode_tps"] = r["batch"] * len(full) / sum(p["seconds"] for p in full)
-        r["decode_tps_all"] = sum(p["emitted"] for p in decode) / sum(p["seconds"] for p in decode)
-        r["bytes_per_pass"] = full[0]["bytes_streamed"]
+    r.update(decode_figures(passes))
     within = peak_within(r.pop("gpu_samples", []), passes)
     if within is not None:
         r["gpu_used_passes"] = within

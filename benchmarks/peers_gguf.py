@@ -78,7 +78,7 @@ def add_vocab(writer, folder: Path, config: dict) -> None:
             tokens[i], types[i] = text, 3 if i in special else 1   # 3: control, 1: normal
     merges = [m if isinstance(m, str) else " ".join(m) for m in tok["model"].get("merges", [])]
     writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("default")
+    writer.add_tokenizer_pre("llama-bpe")   # llama.cpp's name for the factory's split (Llama 3's)
     writer.add_token_list(tokens)
     writer.add_token_types(types)
     writer.add_token_merges(merges)

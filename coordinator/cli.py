@@ -1,6 +1,5 @@
 """The `spill` command line."""
 
-import os
 from pathlib import Path
 
 import typer
@@ -14,6 +13,8 @@ app = typer.Typer(no_args_is_help=True, add_completion=False, rich_markup_mode=N
 MODEL_HELP = ("A local model folder, a tag (`spill models` lists them), a Hugging Face id org/name[@revision], "
               "or 'demo' (a small generated model).")
 MEMORY_HELP = "Plan for this much memory (e.g. 48GB, 1.5GiB) instead of the detected working set."
+KV_BITS_HELP = "Store the decode rows' K and V quantized to 8 or 4 bits (MLX's affine format): more rows a pass."
+KV_GROUP_HELP = "Values sharing one scale and bias in quantized KV: 32, 64 or 128 (must divide the head dimension)."
 FRACTION_HELP = "Share of the working set that live allocation aims at (default 0.78; 0.90 of a CUDA GPU's memory)."
 
 
@@ -56,6 +57,21 @@ def make_model_cmd(
     typer.echo(str(path))
 
 
+@app.command("import-gguf")
+def import_gguf_cmd(
+    file: Path = typer.Argument(..., help="A llama GGUF file (llama.cpp's format), quantized or not."),
+    out: Path = typer.Argument(..., help="Folder to write (must not exist or be empty)."),
+    dtype: str = typer.Option("bfloat16", help="Storage dtype of the dequantized weights: bfloat16, float16 or float32."),
+) -> None:
+    """Write a Hugging Face-layout model folder from a GGUF file (needs `pip install 'streamweights[gguf]'`)."""
+    from spill.coordinator.import_gguf import import_gguf
+    try:
+        path = import_gguf(file, out, dtype=dtype)
+    except SpillError as err:
+        _fail(err)
+    typer.echo(str(path))
+
+
 @app.command("check")
 def check_cmd(
     model: str = typer.Argument(..., help=MODEL_HELP),
@@ -65,6 +81,8 @@ def check_cmd(
     dtype: str = typer.Option(None, help="Compute dtype of both sides: bfloat16, float16 or float32 "
                                          "(default: float32 on the CPU, the stored dtype on a GPU)."),
     tolerance: float = typer.Option(None, help="Largest logit difference accepted (default: derived from the dtype)."),
+    kv_bits: int = typer.Option(None, help=KV_BITS_HELP),
+    kv_group_size: int = typer.Option(None, help=KV_GROUP_HELP + " Default 64."),
 ) -> None:
     """Run prompts streamed and resident (mlx-lm), greedy: teacher-forced logits within a tolerance of
     the dtype, and free-running identity."""
@@ -73,7 +91,7 @@ def check_cmd(
     from spill.streamer.check import run_check
     try:
         report = run_check(model_folder(model), n=rows, max_tokens=max_tokens, prefill_chunk=prefill_chunk, dtype=dtype,
-                           tolerance=tolerance)
+                           tolerance=tolerance, **kv_args(kv_bits, kv_group_size))
     except SpillError as err:
         _fail(err)
     if not print_check(report):
@@ -115,6 +133,8 @@ def run_cmd(
     stream: bool = typer.Option(False, "--stream", help="Stream the weights every pass even if the model fits resident (SPILL_STREAM=1)."),
     memory: str = typer.Option(None, help=MEMORY_HELP),
     budget_fraction: float = typer.Option(None, help=FRACTION_HELP),
+    kv_bits: int = typer.Option(None, help=KV_BITS_HELP),
+    kv_group_size: int = typer.Option(None, help=KV_GROUP_HELP + " Default 64."),
 ) -> None:
     """Run a JSONL batch: on the running group (`spill up`), or on one started for this job.
     Exit code: 0 every row succeeded, 3 some rows failed, 130 interrupted, 1 the job failed, 2 a usage error."""
@@ -130,7 +150,7 @@ def run_cmd(
     try:
         code = run_job(model=model, input=input, output=output, max_tokens=max_tokens, temperature=temperature,
                        resume=resume, new=new, quiet=quiet, listen=listen, every=every, stream=stream,
-                       memory=memory_args(memory, budget_fraction))
+                       memory=memory_args(memory, budget_fraction), kv=kv_args(kv_bits, kv_group_size))
     except GroupDead as err:   # not a usage error: the group stopped under the job
         _fail(err, 1)
     except SpillError as err:
@@ -148,17 +168,18 @@ def up_cmd(
     metrics_host: str = typer.Option(None, help="Address of the endpoint (default 127.0.0.1, this machine only)."),
     memory: str = typer.Option(None, help=MEMORY_HELP),
     budget_fraction: float = typer.Option(None, help=FRACTION_HELP),
+    kv_bits: int = typer.Option(None, help=KV_BITS_HELP + " The group's default for jobs that do not say."),
+    kv_group_size: int = typer.Option(None, help=KV_GROUP_HELP + " Default 64."),
 ) -> None:
     """Start the actor group and return (it keeps running until `spill down`)."""
     from spill.coordinator.run import group_up
-    from spill.coordinator.telemetry import metrics_env
+    from spill.coordinator.telemetry import metrics_args
     from spill.memory import memory_args
-    if allow_remote:
-        os.environ["SPILL_ALLOW_REMOTE"] = "1"   # read by the group through spill.config
     try:
-        metrics_env(metrics_host, metrics_port)
+        settings = {**metrics_args(metrics_host, metrics_port), **({"allow_remote": True} if allow_remote else {})}
         typer.echo(group_up(model=model, foreground=foreground, listen=listen,
-                            memory=memory_args(memory, budget_fraction)))
+                            memory={**memory_args(memory, budget_fraction), **kv_args(kv_bits, kv_group_size)},
+                            group_args=settings))
     except SpillError as err:
         _fail(err)
 
@@ -204,6 +225,8 @@ def estimate_cmd(
     as_json: bool = typer.Option(False, "--json", help="One JSON object: total_seconds, ideal_seconds, mode, tiers."),
     stream: bool = typer.Option(False, "--stream", help="Price the run streamed even if the model fits resident."),
     budget_fraction: float = typer.Option(None, help=FRACTION_HELP),
+    kv_bits: int = typer.Option(None, help=KV_BITS_HELP),
+    kv_group_size: int = typer.Option(None, help=KV_GROUP_HELP + " Default 64."),
 ) -> None:
     """How long `spill run MODEL INPUT` will take here: the rows tokenized, the schedule simulated pass by pass.
     Exit code: 0 an estimate, 2 none (no row can run as given; the lines say why) or a usage error."""
@@ -212,8 +235,9 @@ def estimate_cmd(
     from spill.memory import memory_args
     try:
         memory_args(memory, budget_fraction)   # checked as `spill run` checks them
+        kv = kv_args(kv_bits, kv_group_size)
         est, cal, advice = estimate_file(model, input, max_tokens=max_tokens, memory=memory, stream=stream,
-                                         fraction=budget_fraction)
+                                         fraction=budget_fraction, kv=(kv_bits, kv["kv_group_size"]) if kv_bits else None)
     except SpillError as err:
         _fail(err)
     typer.echo(json.dumps({**est.to_dict(), "advice": advice.line, "calibration": cal}) if as_json
@@ -232,6 +256,17 @@ def report_cmd(job: str = typer.Argument(..., help="A job id (`spill status` lis
         typer.echo(str(report_job(job, output)))
     except SpillError as err:
         _fail(err)
+
+
+def kv_args(bits: int | None, group_size: int | None) -> dict:
+    """--kv-bits and --kv-group-size checked (the model's head dimension is checked where it is read)."""
+    from spill.streamer.shares import kv_refusal
+    if group_size is not None and bits is None:
+        raise SpillError(f"--kv-group-size {group_size} sets quantized KV's groups; add --kv-bits 8 or 4, "
+                         "or leave it out")
+    if why := kv_refusal(bits, group_size or 64):
+        raise SpillError(why)
+    return {"kv_bits": bits, "kv_group_size": group_size or 64}
 
 
 def main() -> None:

@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import replace
 
 import zmq
 
@@ -31,19 +32,28 @@ class Client:
         self.sock = None
         self.alive = None    # set once the group's process is known: False the moment it has gone
 
-    def request(self, op: str, timeout_s: float | None = None, **args) -> dict:
+    def request(self, req, timeout_s: float | None = None):
+        """The group's reply to one request (m.REQUESTS): its own reply type; SpillError with the group's sentence
+        where it refused, GroupDead where it did not answer."""
         sock = self._socket()
-        sock.send(m.encode(m.Request(op, args, client_token(self.eps.control))))
+        sock.send(m.encode(replace(req, token=client_token(self.eps.control))))
         deadline = time.monotonic() + (timeout_s if timeout_s is not None else self.timeout_ms / 1000)
         while (raw := self._receive(sock, deadline)) is None:
             gone = self.alive is not None and not self.alive()
             if gone or time.monotonic() >= deadline:
-                raise GroupDead(f"the spill group {'stopped' if gone else 'did not answer'} during `{op}`; "
+                raise GroupDead(f"the spill group {'stopped' if gone else 'did not answer'} during `{req.op}`; "
                                 "see $SPILL_HOME/run/logs/, then run the command again")
-        reply = m.decode(raw)
-        if not reply.ok:
+        try:
+            reply = m.decode(raw)
+        except m.BadMessage as err:
+            raise SpillError(f"the spill group's answer to `{req.op}` is not a reply this client reads ({err}); "
+                             "run the same spill version as the group (`spill down`, then start it again)") from None
+        if isinstance(reply, m.Refused):
             raise SpillError(reply.error)
-        return reply.data
+        if not isinstance(reply, m.REPLIES[type(req)]):
+            raise SpillError(f"the spill group answered `{req.op}` with a {type(reply).__name__}; run the same spill "
+                             "version as the group (`spill down`, then start it again)")
+        return reply
 
     @staticmethod
     def _receive(sock, deadline: float) -> bytes | None:
@@ -59,7 +69,7 @@ class Client:
     def ping(self, timeout_s: float = 0.5) -> int:
         """The coordinator's pid, or 0 when no group answers."""
         try:
-            return self.request("ping", timeout_s=timeout_s)["pid"]
+            return self.request(m.Ping(), timeout_s=timeout_s).pid
         except GroupDead:
             return 0
 
@@ -81,14 +91,16 @@ class Client:
             self.sock = None
 
 
-def start_group(eps: Endpoints, *, embedded: bool, actor_args: dict | None = None,
+def start_group(eps: Endpoints, *, embedded: bool, actor_args: dict | None = None, group_args: dict | None = None,
                 timeout_s: float = 60.0) -> subprocess.Popen | None:
     """Start the coordinator (which starts the actors) in its own session, so the terminal's Ctrl-C
     reaches only this client. Embedded: it stops once this process has gone and its jobs are over.
-    None: another group took the run directory meanwhile; `endpoints()` now finds that one."""
-    check_address(eps.control)
+    None: another group took the run directory meanwhile; `endpoints()` now finds that one. `group_args`: the
+    coordinator's own (`spill up`'s allow_remote, metrics_host, metrics_port)."""
+    group_args = group_args or {}
+    check_address(eps.control, group_args.get("allow_remote", False))
     rundir.rotate_logs()
-    args = {"endpoints": eps.as_dict(), "actor_args": actor_args or {}, "parent_fd": None}
+    args = {"endpoints": eps.as_dict(), "actor_args": actor_args or {}, "group_args": group_args, "parent_fd": None}
     fds: tuple = ()
     if embedded:
         read_end, write_end = os.pipe()
@@ -134,7 +146,7 @@ def leave_group(proc: subprocess.Popen, client: "Client", timeout_s: float = 30.
     deadline = time.monotonic() + timeout_s
     while proc.poll() is None and time.monotonic() < deadline:
         try:
-            if client.request("status", timeout_s=0.5).get("job"):
+            if client.request(m.Status(), timeout_s=0.5).job:
                 return
         except (GroupDead, SpillError):
             pass

@@ -18,7 +18,7 @@ import zmq
 
 from spill import config
 from spill import messages as m
-from spill.errors import SpillError
+from spill.errors import SpillError, one_line
 
 LOOPBACK_NAMES = ("localhost",)
 
@@ -31,9 +31,9 @@ def needs_token(address: str) -> bool:
     return address.startswith("tcp://")
 
 
-def check_address(address: str) -> None:
-    """SpillError for a tcp address other hosts could reach, unless the user allowed it."""
-    if not needs_token(address) or config.allow_remote():
+def check_address(address: str, allow_remote: bool = False) -> None:
+    """SpillError for a tcp address other hosts could reach, unless the user allowed it (`spill up --allow-remote`)."""
+    if not needs_token(address) or allow_remote:
         return
     host = address[len("tcp://"):].rsplit(":", 1)[0].strip("[]")
     try:
@@ -45,9 +45,9 @@ def check_address(address: str) -> None:
                          f"or pass --allow-remote to `spill up` (clients then need the token in {token_file()})")
 
 
-def open_control(ctx: zmq.Context, address: str) -> tuple[zmq.Socket, str]:
+def open_control(ctx: zmq.Context, address: str, allow_remote: bool = False) -> tuple[zmq.Socket, str]:
     """The bound REP socket and the token its requests must carry ("" for ipc)."""
-    check_address(address)
+    check_address(address, allow_remote)
     sock = ctx.socket(zmq.REP)
     sock.setsockopt(zmq.LINGER, 1000)
     sock.setsockopt(zmq.MAXMSGSIZE, config.max_message_bytes())
@@ -56,7 +56,7 @@ def open_control(ctx: zmq.Context, address: str) -> tuple[zmq.Socket, str]:
     sock.bind(address)
     token = ""
     if needs_token(address):
-        token = os.environ.get("SPILL_TOKEN") or secrets.token_urlsafe(32)
+        token = config.token() or secrets.token_urlsafe(32)
         fd = os.open(token_file(), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
         with open(fd, "w") as f:
             f.write(token + "\n")
@@ -68,7 +68,7 @@ def client_token(address: str) -> str:
     if not needs_token(address):
         return ""
     try:
-        return os.environ.get("SPILL_TOKEN") or token_file().read_text().strip()
+        return config.token() or token_file().read_text().strip()
     except OSError:
         return ""
 
@@ -82,16 +82,26 @@ def refusal(address: str) -> str:
             f"set SPILL_TOKEN to the contents of {token_file()} on the group's machine")
 
 
-def answer(group, frame: bytes, token: str, address: str, log) -> m.Reply:
-    """The reply to one control frame: a bad frame or a wrong token gets an error, never silence."""
+def answer(group, frame: bytes, token: str, address: str, log):
+    """The reply to one control frame: a bad frame, a field out of its range or a wrong token gets Refused with one
+    sentence, never silence."""
     try:
         req = m.decode(frame)
-        if not isinstance(req, m.Request):
-            raise m.BadMessage(f"expected a request, found {type(req).__name__}")
     except m.BadMessage as err:
         log.warning("bad control frame", why=str(err), size=len(frame))
-        return m.Reply(False, error=f"not a spill request ({err})")
-    if not authorized(token, req.token):
+        return m.Refused(f"not a spill request ({err})")
+    if isinstance(req, m.REQUESTS) and not authorized(token, req.token):
         log.warning("control request refused: wrong token", op=req.op)
-        return m.Reply(False, error=refusal(address))
+        return m.Refused(refusal(address))
     return group.handle(req)
+
+
+def reply_frame(group, frame: bytes, token: str, address: str, log) -> bytes:
+    """answer() encoded; a reply that cannot be encoded is a Refused naming why, so the client is never left waiting."""
+    reply = answer(group, frame, token, address, log)
+    try:
+        return m.encode(reply)
+    except Exception as err:  # noqa: BLE001 - a value the wire does not carry: a bug, the group's error, not its end
+        log.error("reply not encoded", reply=type(reply).__name__, error=str(err))
+        return m.encode(m.Refused(f"the group could not encode its {type(reply).__name__} ({one_line(err)}); "
+                                  f"see {config.home() / 'run' / 'logs' / 'coordinator.log'}"))

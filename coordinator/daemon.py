@@ -14,6 +14,7 @@ import threading
 import time
 import traceback
 from collections import deque
+from dataclasses import fields
 from pathlib import Path
 
 import zmq
@@ -26,7 +27,7 @@ from spill.wire import Mailbox
 
 from .batch_output import bad_row_line
 from .clients import check_clients
-from .control import answer, open_control
+from .control import open_control, reply_frame
 from .estimate import JobEstimate, group_others
 from .estimating import Estimates
 from .jobrun import JobRun
@@ -61,7 +62,7 @@ class Group:
         self.owner_gone = threading.Event()       # set when that client's pipe closes: stop when idle
         self.memory = describe(sup.args)         # working set, its source, the budget
         self.metrics = ""                         # where the metrics are served, or why not (metrics_line)
-        self.fault = Fault("coordinator")         # tests: SPILL_CRASH_COORDINATOR="done:n" or "submit:n"
+        self.fault = Fault("coordinator")         # tests: SPILL_TEST_CRASH_COORDINATOR="done:n" or "submit:n"
         self.estimates = Estimates()              # queued jobs whose estimate is not made yet: `estimating`
 
     # -- actors -----------------------------------------------------------------------------
@@ -161,7 +162,9 @@ class Group:
         for role in ACTORS:
             self.box.send(role, m.Reset(self.epoch, model, self.current.job.id if self.current else "",
                                         *self.ready_rss.get("streamer", (0, 0)),   # runtime, runtime_file
-                                        resident=bool(model) and self.current.resident))   # a model: a job runs
+                                        resident=bool(model) and self.current.resident,   # a model: a job runs
+                                        **dict(zip(("kv_bits", "kv_group_size"),
+                                                   self.current.kv if model else (0, 64)))))
 
     def _restart_rows(self) -> None:
         """(Re)start the current job's unfinished rows on a fresh epoch."""
@@ -190,7 +193,8 @@ class Group:
         except Exception as err:  # noqa: BLE001 - e.g. job.json cannot be written: this job fails, the group goes on
             self.fail(str(err) if isinstance(err, SpillError) else f"the job could not start ({one_line(err)})")
 
-    def submit(self, args: dict) -> dict:
+    def submit(self, req: m.SubmitJob) -> m.Queued:
+        args = {f.name: getattr(req, f.name) for f in fields(req) if f.name != "token"}
         s = prepare(args, self.sup.args, self.ready_rss, bool(self.owner))
         job, args, model, mem, requests, bad, params = s.job, s.args, s.folder, s.memory, s.requests, s.bad, s.params
         if any(run.job.id == job.id for run, _ in self.queue) or (self.current and self.current.job.id == job.id):
@@ -212,9 +216,8 @@ class Group:
         self.clients[job.id] = (str(args.get("client", "")), time.monotonic())
         self.last.pop(job.id, None)   # resumed in this group: its old ending is history
         self.next_job()
-        return {"job": job.id, "total": run.total, "done": run.total - len(run.pending), "invalid": len(bad),
-                "output": str(job.output_path), "queued": len(self.queue), "warning": warning(model),
-                "metrics": self.metrics, "status": job.meta.get("status")}
+        return m.Queued(job.id, run.total, run.total - len(run.pending), len(bad), str(job.output_path), len(self.queue),
+                        warning(model), self.metrics, job.meta.get("status"))
 
     def check_estimates(self) -> None:
         """Jobs whose estimate is done go on: queued with it (or without, where pricing failed), or failed with why."""
@@ -230,17 +233,21 @@ class Group:
                 self.log.error("no estimate; job failed", job=run.job.id, error=str(err), traceback=out.get("traceback"))
                 self.stop_job(run, "failed", str(err) if isinstance(err, SpillError) else one_line(err))
 
-    def status(self, args: dict) -> dict:
+    def status(self, req: m.Status) -> m.JobStatus:
+        """The job asked about (the running one when none is named) with the group's processes and memory."""
+        return m.JobStatus(**self._status(req), memory=self.memory, metrics=self.metrics)
+
+    def _status(self, req: m.Status) -> dict:
         runs = self.runs()
-        wanted = args.get("job")
-        if wanted in self.clients and str(args.get("client")) == self.clients[wanted][0]:
+        wanted = req.job
+        if wanted in self.clients and req.client and req.client == self.clients[wanted][0]:
             # its own client is still there (a user's `spill status JOB` is not); once it has seen the end it is done
             self.clients[wanted] = (self.clients[wanted][0], time.monotonic())
             if wanted in self.last:
                 del self.clients[wanted]
         for i, run in enumerate(runs):
             if wanted in (None, run.job.id):
-                ahead = [{"job": r.job.id, "done": r.total - len(r.pending), "total": r.total} for r in runs[:i]]
+                ahead = [m.Ahead(r.job.id, r.total - len(r.pending), r.total) for r in runs[:i]]
                 return {**self._status_of(run), "processes": self._pids(), "queued": len(self.queue), "ahead": ahead,
                         "estimating": self.estimates.phase(run)}
         if wanted in self.last:
@@ -263,7 +270,7 @@ class Group:
     def runs(self) -> list[JobRun]:
         return ([self.current] if self.current else []) + [run for run, _ in self.queue]
 
-    def stop_job(self, run: JobRun, status: str, error: str | None = None) -> dict:
+    def stop_job(self, run: JobRun, status: str, error: str | None = None) -> m.Stopped:
         """Stop a running or queued job; what is written stays written, and it can be resumed."""
         was = run.job.meta.get("status")
         if run is self.current:
@@ -277,47 +284,48 @@ class Group:
         run.job.close()
         self.last[run.job.id] = self._status_of(run)
         self.log.info("job stopped", job=run.job.id, status=status, was=was)
-        return {"job": run.job.id, "was": was, "done": run.total - len(run.pending), "total": run.total}
+        return m.Stopped(run.job.id, was, run.total - len(run.pending), run.total)
 
-    def interrupt(self, args: dict) -> dict:
+    def interrupt(self, req: m.Interrupt) -> m.Stopped:
         """Stop a job at the next pass boundary (Ctrl-C in its `spill run`)."""
         for run in self.runs():
-            if args.get("job") in (None, run.job.id):
+            if req.job in (None, run.job.id):
                 self.clients.pop(run.job.id, None)   # the client asking is the one following it
                 return self.stop_job(run, "interrupted")
-        return {"job": args.get("job")}
+        return m.Stopped(req.job)
 
-    def cancel(self, args: dict) -> dict:
+    def cancel(self, req: m.Cancel) -> m.Stopped:
         """`spill cancel JOB`: stop a running or queued job; re-running its command does not continue it."""
         for run in self.runs():
-            if run.job.id == args.get("job"):
+            if run.job.id == req.job:
                 return self.stop_job(run, "cancelled")
-        raise SpillError(f"job {args.get('job')} is not running or queued in this group; `spill status` lists the jobs")
+        raise SpillError(f"job {req.job} is not running or queued in this group; `spill status` lists the jobs")
 
     def check_clients(self) -> None:
         check_clients(self)
 
-    def down(self, _args: dict) -> dict:
+    def down(self, _req: m.Down) -> m.Stopping:
         stopped = [self.stop_job(run, "interrupted") for run in self.runs()]
         self.stop_at = time.monotonic()
-        return {"stopped": stopped}
+        return m.Stopping(stopped)
 
-    def handle(self, req: m.Request) -> m.Reply:
-        """Every request gets a reply: its data, or one sentence of what went wrong."""
-        ops = {"ping": lambda a: {"pid": os.getpid()}, "submit": self.submit,
-               "status": lambda a: {**self.status(a), "memory": self.memory, "metrics": self.metrics},
-               "interrupt": self.interrupt, "cancel": self.cancel, "down": self.down}
-        if req.op not in ops:
-            return m.Reply(False, error=f"unknown request {req.op!r}; this group answers {', '.join(ops)} "
-                                        "(is the client the same spill version as the group?)")
+    def ping(self, _req: m.Ping) -> m.Pong:
+        return m.Pong(os.getpid())
+
+    def handle(self, req):
+        """Every request gets a reply: its own, or Refused with one sentence of what went wrong."""
+        ops = {m.Ping: self.ping, m.SubmitJob: self.submit, m.Status: self.status, m.Interrupt: self.interrupt,
+               m.Cancel: self.cancel, m.Down: self.down}
+        if type(req) not in ops:
+            return m.Refused(f"unknown request {type(req).__name__}; this group answers "
+                             f"{', '.join(t.op for t in ops)} (is the client the same spill version as the group?)")
         try:
-            return m.Reply(True, ops[req.op](req.args))
+            return ops[type(req)](req)
         except SpillError as err:
-            return m.Reply(False, error=str(err))
+            return m.Refused(str(err))
         except Exception as err:  # noqa: BLE001 - a request that breaks something gets its error, the group goes on
             self.log.error("request failed", op=req.op, traceback=traceback.format_exc())
-            return m.Reply(False, error=f"{req.op} failed ({one_line(err)}); "
-                                        f"see {config.home() / 'run' / 'logs' / 'coordinator.log'}")
+            return m.Refused(f"{req.op} failed ({one_line(err)}); see {config.home() / 'run' / 'logs' / 'coordinator.log'}")
 
     @property
     def stopping(self) -> bool:
@@ -335,7 +343,8 @@ def run_coordinator_process(endpoints, args, log) -> None:
         os._exit(LOCKED_EXIT)
     os.chdir("/")   # paths arrive resolved by the client; nothing may depend on where the group started
     box = Mailbox(endpoints, "coordinator", sends_to=tuple(ACTORS))
-    control, token = open_control(box.ctx, endpoints.control)
+    settings = args.get("group_args", {})   # `spill up`'s flags
+    control, token = open_control(box.ctx, endpoints.control, settings.get("allow_remote", False))
     write_record(os.getpid(), endpoints.control)
     pidfile = config.home() / "run" / "coordinator.pid"
     pidfile.write_text(str(os.getpid()))
@@ -344,8 +353,9 @@ def run_coordinator_process(endpoints, args, log) -> None:
     if args.get("owner_fd") is not None:
         group.owner = str(args.get("owner", ""))
         parent_watch(args["owner_fd"], group.owner_gone.set)   # embedded: the `spill run` that started it left
-    telemetry = Telemetry(group, log)   # the metrics endpoint, fed from what the actors report
-    group.metrics = metrics_line(telemetry.server is not None)
+    # the metrics endpoint, fed from what the actors report
+    telemetry = Telemetry(group, log, settings.get("metrics_host"), settings.get("metrics_port"))
+    group.metrics = metrics_line(telemetry.server is not None, telemetry.host, telemetry.port)
     log.info("memory", **group.memory)
     sup.start_all()
     poller = zmq.Poller()
@@ -355,7 +365,7 @@ def run_coordinator_process(endpoints, args, log) -> None:
         while not group.stopping:
             ready = dict(poller.poll(200))
             if control in ready:
-                control.send(m.encode(answer(group, control.recv(), token, endpoints.control, log)))
+                control.send(reply_frame(group, control.recv(), token, endpoints.control, log))
             for msg in box.drain():   # after a slow request too: heartbeats are read before liveness is judged
                 telemetry.on_actor(msg)
                 group.on_actor(msg)

@@ -20,19 +20,13 @@ from spill.admission.prices import shortfall
 from spill.admission import simulate as sim
 from spill.admission.simulate import Estimate, SimRow, Tier, simulate, tier_of
 from spill.streamer.plan import load_plan
+from spill.streamer.shares import KV_GROUP_SIZES, kv_format, kv_refusal
 from spill.tokenizer_worker.core import TokenizerCore
 
 from .batch_input import read_batch
+from .jobrun import row_request
 from .jobstore import _write_json
 from .models import resolve, variants
-
-
-def request_dict(r, defaults: dict) -> dict:
-    """A row as the tokenizer worker takes it, the job's defaults filled in."""
-    temperature = r.temperature if r.temperature is not None else defaults.get("temperature", 0.0)
-    return {"kind": r.kind, "messages": r.messages, "prompt": r.prompt,
-            "max_tokens": r.max_tokens or defaults.get("max_tokens", 256),
-            "temperature": temperature, "top_p": r.top_p, "top_k": r.top_k, "seed": r.seed, "stop": r.stop}
 
 
 def _group_file() -> Path:
@@ -57,31 +51,42 @@ def remembered_others() -> int | None:
 
 
 def estimate_file(model: str, input: Path, *, max_tokens: int = 256, memory: str | None = None,
-                  stream: bool = False, fraction: float | None = None) -> tuple[Estimate, dict, Advice]:
+                  stream: bool = False, fraction: float | None = None,
+                  kv: tuple | None = None) -> tuple[Estimate, dict, Advice]:
     """(the estimate, the calibration it used with the group's memory it priced, the advice) for a batch
-    file as `spill run` would run it (`fraction`: --budget-fraction, None for the default)."""
+    file as `spill run` would run it (`fraction`: --budget-fraction, None for the default; `kv`: the KV
+    quantization, (bits, group size), None unquantized)."""
     from .first_use import calibrate, make_demo
     if model == "demo":
         make_demo()
     folder = resolve(model)
+    if kv and (why := kv_refusal(*kv, load_plan(folder).kv_heads_and_dim[1])):
+        raise SpillError(why)
     requests, bad = read_batch(Path(input))
     calibrate(folder)
     rows, errors = sim_rows(folder, requests, range(len(requests)), {"max_tokens": max_tokens})
     others = remembered_others()
     advice = advise_rows(folder, rows, memory=memory, stream=stream, name=model, fraction=fraction,
-                         others=others or 0)
+                         others=others or 0, kv=kv)
     est, cal = estimate_rows(folder, rows, errors=errors + len(bad), memory=memory, resident=advice.resident,
-                             fraction=fraction, others=others or 0)
+                             fraction=fraction, others=others or 0, kv=kv)
+    if kv is None and est.passes and not est.shortfall:   # KV-bound: 8-bit KV fits more rows a pass
+        eight = (8, max(g for g in KV_GROUP_SIZES[:2] if load_plan(folder).kv_heads_and_dim[1] % g == 0))
+        alt, _ = estimate_rows(folder, rows, errors=errors + len(bad), memory=memory, resident=advice.resident,
+                               fraction=fraction, others=others or 0, kv=eight)
+        if alt.passes and alt.rows_per_pass > 1.05 * est.rows_per_pass:
+            est.kv_hint = (f"KV-bound (priced unquantized): --kv-bits 8 (8-bit KV, group {eight[1]}) would run "
+                           f"{alt.rows_per_pass:.1f} rows a pass against {est.rows_per_pass:.1f}, {duration(alt.total_seconds)} in all")
     return est, {**cal, "group_memory": others}, advice
 
 
 def advise_rows(folder: Path, rows: list[SimRow], *, memory: str | None = None, stream: bool = False,
-                name: str = "", others: int = 0, fraction: float | None = None) -> Advice:
+                name: str = "", others: int = 0, fraction: float | None = None, kv: tuple | None = None) -> Advice:
     """Resident or streamed for these rows (admission/advisor.py); `name`: the MODEL argument, whose
     quantized variants in models.yaml are named when it does not fit; `others`: the group's RSS."""
     cal = open_calibration(folder)
     return advise(load_plan(folder), rows, memory, stream=stream or config.stream(), passes=cal.model,
-                  variants=variants(name), others=others, fraction=fraction)
+                  variants=variants(name), others=others, fraction=fraction, kv=kv)
 
 
 def sim_rows(folder: Path, requests: list, which, defaults: dict, core=None) -> tuple[list[SimRow], int]:
@@ -91,25 +96,25 @@ def sim_rows(folder: Path, requests: list, which, defaults: dict, core=None) -> 
     rows, errors, which = [], 0, list(which)
     for k in range(0, len(which), 1024):
         chunk = which[k:k + 1024]
-        asked = [request_dict(requests[i], defaults) for i in chunk]
+        asked = [row_request(requests[i], defaults, requests[i].seed) for i in chunk]
         for i, request, (ids, _why) in zip(chunk, asked, core.tokenize_many(chunk, asked, keep=False)):
             if ids is None:
                 errors += 1
             else:
-                rows.append(SimRow(i, len(ids), request["max_tokens"]))
+                rows.append(SimRow(i, len(ids), request.max_tokens))
     return rows, errors
 
 
 def estimate_rows(folder: Path, rows: list[SimRow], *, errors: int = 0, memory: str | None = None,
                   resident: bool = False, loaded: bool = False, fraction: float | None = None,
-                  others: int = 0, model: PassModel | None = None) -> tuple[Estimate, dict]:
+                  others: int = 0, model: PassModel | None = None, kv: tuple | None = None) -> tuple[Estimate, dict]:
     """Resident: the first pass reads every layer (none once `loaded`), later ones nothing (compute alone).
     `others`: the group's processes' memory, which the budget leaves out of the KV as admission does.
     `model`: a pass model to price with in place of this machine's stored calibration."""
     plan = load_plan(folder)
     cal = open_calibration(folder)
     model = model or cal.model
-    policy, waiting, max_batch = schedule.policy_for(plan, memory, model, resident, fraction, others)
+    policy, waiting, max_batch = schedule.policy_for(plan, memory, model, resident, fraction, others, kv)
     streamed = 0 if resident else plan.streamed_bytes
     if (short := shortfall(policy.sheet)) is not None:   # admission fails such a job before its first pass
         est = Estimate(0.0, 0.0, 0, [], errors=errors, shortfall=short)
@@ -117,7 +122,7 @@ def estimate_rows(folder: Path, rows: list[SimRow], *, errors: int = 0, memory: 
         est = simulate(rows, policy, waiting, model, streamed, max_batch=max_batch, errors=errors,
                        read_once=0 if loaded else plan.streamed_bytes - streamed)
         est.ideal_seconds = ideal(est, rows, model, streamed, max_batch)
-    est.mode = "resident" if resident else "streamed"
+    est.mode, est.kv = "resident" if resident else "streamed", kv_format(*(kv or (None,)))
     est.tiers.sort(key=lambda t: TIER_ORDER.index(t.name.split()[0]) if t.name.split()[0] in TIER_ORDER else 3)
     return est, {"key": cal.key, "passes": cal.seen, **model.to_dict()}
 
@@ -154,7 +159,8 @@ def estimate_line(est: Estimate) -> str:
     if not est.passes:
         return "estimate: nothing to run" + (f", all {est.errors} rows cannot run (counted as errors)" if est.errors else "")
     ratio = est.total_seconds / est.ideal_seconds if est.ideal_seconds else float("nan")
-    return (f"estimate: {duration(est.total_seconds)} in {est.passes} {est.mode} passes "
+    kv = f" with {est.kv} KV" if est.kv != "unquantized" else ""
+    return (f"estimate: {duration(est.total_seconds)} in {est.passes} {est.mode} passes{kv} "
             f"(ideal {duration(est.ideal_seconds)}, {ratio:.2f}x)")
 
 
@@ -177,6 +183,8 @@ def format_estimate(est: Estimate, calibration: dict, advice: Advice | None = No
                      f"{duration(t.seconds):>10}{duration(t.ideal_seconds):>10}")
     if est.shortfall:
         lines.append(est.shortfall)
+    if est.kv_hint:
+        lines.append(est.kv_hint)
     if est.errors:
         lines.append(f"{est.errors} rows cannot run: counted as errors, not priced")
     if "group_memory" in calibration:
@@ -195,14 +203,15 @@ class JobEstimate:
 
     def __init__(self, folder: Path, rows: list[SimRow], errors: int, memory: str | None = None, every: float = 15.0,
                  advice: Advice | None = None, share: float = 0.05, others: int = 0, fraction: float | None = None,
-                 first: tuple[Estimate, dict] | None = None, cost: float | None = None):
+                 first: tuple[Estimate, dict] | None = None, cost: float | None = None, kv: tuple | None = None):
         """`first`: the pre-run figure and its calibration as simulated elsewhere (the estimate's child), `cost` its seconds."""
         self.folder, self.rows, self.memory, self.every, self.share = folder, rows, memory, every, share
-        self.advice, self.others, self.fraction = advice or Advice(False, ""), others, fraction
+        self.advice, self.others, self.fraction, self.kv = advice or Advice(False, ""), others, fraction, kv
         self.remembered = None     # the figure last written for `spill estimate`
         started = time.monotonic()
         self.first, self.calibration = first or estimate_rows(folder, rows, errors=errors, memory=memory,
-                                                              fraction=fraction, resident=self.advice.resident, others=others)
+                                                              fraction=fraction, resident=self.advice.resident, others=others,
+                                                              kv=kv)
         self.eta_s, self.at = self.first.total_seconds, time.monotonic()
         self.cost = self.at - started if cost is None else cost    # seconds the last simulation took
 
@@ -210,14 +219,15 @@ class JobEstimate:
         """What the estimate's child hands the coordinator (JSON): the rows, the pre-run figure, the advice."""
         return {"rows": [[r.row, r.prompt, r.out, r.tier] for r in self.rows], "first": asdict(self.first),
                 "calibration": self.calibration, "advice": asdict(self.advice), "others": self.others,
-                "memory": self.memory, "fraction": self.fraction, "cost": self.cost}
+                "memory": self.memory, "fraction": self.fraction, "cost": self.cost, "kv": self.kv}
 
     @classmethod
     def from_wire(cls, folder: Path, d: dict) -> "JobEstimate":
         first = {**d["first"], "tiers": [Tier(**t) for t in d["first"]["tiers"]],
                  "timeline": [tuple(p) for p in d["first"]["timeline"]]}
         return cls(folder, [SimRow(*r) for r in d["rows"]], first["errors"], d["memory"], advice=Advice(**d["advice"]),
-                   others=d["others"], fraction=d["fraction"], first=(Estimate(**first), d["calibration"]), cost=d["cost"])
+                   others=d["others"], fraction=d["fraction"], first=(Estimate(**first), d["calibration"]), cost=d["cost"],
+                   kv=tuple(d["kv"]) if d.get("kv") else None)
 
     def eta(self, pending: set[int], generated: dict[int, int]) -> float:
         """Seconds left: the rows still pending, less the tokens the running ones have generated."""
@@ -231,8 +241,8 @@ class JobEstimate:
             left = [SimRow(r.row, r.prompt, max(r.out - g, 1), r.tier, context=r.prompt + g if g else 0)
                     for r in self.rows if r.row in pending for g in [generated.get(r.row, 0)]]
             self.eta_s, self.at = estimate_rows(self.folder, left, memory=self.memory, resident=self.advice.resident,
-                                                loaded=True, others=self.others,
-                                                fraction=self.fraction)[0].total_seconds, now
+                                                loaded=True, others=self.others, fraction=self.fraction,
+                                                kv=self.kv)[0].total_seconds, now
             self.cost = time.monotonic() - now
         return max(self.eta_s - (now - self.at), 0.0)
 
@@ -263,14 +273,15 @@ class JobEstimate:
                 "timeline": [[round(t, 3), n] for t, n in points]}
 
 
-def summary(estimate_s: float | None, actual_s: float, finishes: list[str], lengths: list[int], passes: int) -> dict:
+def summary(estimate_s: float | None, actual_s: float, finishes: list[str], lengths: list[int], passes: int,
+            kv: str = "unquantized") -> dict:
     """The end-of-job figures: estimate against actual, finish reasons, output lengths, rates."""
     lengths = sorted(lengths)
     return {"estimate_seconds": round(estimate_s, 1) if estimate_s else None, "actual_seconds": round(actual_s, 1),
             "actual_over_estimate": round(actual_s / estimate_s, 3) if estimate_s else None,
             "finish_reasons": dict(Counter(finishes)),
             "output_tokens": {"min": lengths[0], "median": lengths[len(lengths) // 2], "max": lengths[-1]} if lengths else {},
-            "passes": passes, "rows_per_hour": round(len(finishes) / actual_s * 3600, 1) if actual_s > 0 else None}
+            "passes": passes, "kv": kv, "rows_per_hour": round(len(finishes) / actual_s * 3600, 1) if actual_s > 0 else None}
 
 
 def summary_lines(s: dict) -> list[str]:
@@ -280,7 +291,8 @@ def summary_lines(s: dict) -> list[str]:
                      f"({s['actual_over_estimate']:.2f}x)")
     out = s.get("output_tokens") or {}
     reasons = ", ".join(f"{k} {v}" for k, v in sorted(s.get("finish_reasons", {}).items()))
-    lines.append(f"{s['passes']} passes, {s.get('rows_per_hour') or 0:.0f} rows/hour; finish reasons: {reasons or 'none'}"
+    kv = f"KV {s['kv']}, " if s.get("kv", "unquantized") != "unquantized" else ""
+    lines.append(f"{s['passes']} passes, {kv}{s.get('rows_per_hour') or 0:.0f} rows/hour; finish reasons: {reasons or 'none'}"
                  + (f"; output tokens min {out['min']}, median {out['median']}, max {out['max']}" if out else ""))
     return lines
 
@@ -322,9 +334,10 @@ def job_estimate(folder: Path, input: Path, pending: set[int], defaults: dict, a
     try:
         memory, fraction = args.get("memory"), args.get("budget_fraction")
         others = group_others(actors_rss) if others is None else others
+        kv = (args["kv_bits"], args.get("kv_group_size") or 64) if args.get("kv_bits") else None
         advice = advise_rows(folder, rows, memory=memory, stream=bool(args.get("stream")), name=args.get("model", ""),
-                             others=others, fraction=fraction)
-        return JobEstimate(folder, rows, errors, memory, advice=advice, others=others, fraction=fraction)
+                             others=others, fraction=fraction, kv=kv)
+        return JobEstimate(folder, rows, errors, memory, advice=advice, others=others, fraction=fraction, kv=kv)
     except Exception as err:
         log.warning("no estimate", error=str(err))
         return None

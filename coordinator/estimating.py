@@ -74,7 +74,8 @@ class Estimating:
             self.thread.start()
             return
         self.dir = Path(tempfile.mkdtemp(prefix="spill-estimate-"))
-        (self.dir / "ask.json").write_text(json.dumps(self.ask))
+        from spill.platform import learn_device
+        (self.dir / "ask.json").write_text(json.dumps({**self.ask, "device": learn_device()}))
         with open(self.dir / "said.txt", "wb") as said:   # the child's own output, read only when it fails
             self.proc = subprocess.Popen([sys.executable, "-m", "spill.coordinator.lengths", str(self.dir)],
                                          stdin=subprocess.DEVNULL, stdout=said, stderr=subprocess.STDOUT)
@@ -121,7 +122,7 @@ class Estimates:
         from .first_use import calibrated
         ask = {"folder": str(folder), "input": str(args["input"]), "pending": sorted(run.pending),
                "defaults": run.defaults, "others": others,
-               "args": {k: args.get(k) for k in ("memory", "budget_fraction", "stream", "model")}}
+               "args": {k: args.get(k) for k in ("memory", "budget_fraction", "stream", "model", "kv_bits", "kv_group_size")}}
         self.jobs[run.job.id] = (run, Estimating(ask, probe=not calibrated(folder)))
 
     def __contains__(self, run) -> bool:

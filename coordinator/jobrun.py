@@ -5,8 +5,6 @@ import hashlib
 import time
 from collections import OrderedDict
 
-import msgpack
-
 from spill import config
 from spill import messages as m
 
@@ -62,8 +60,9 @@ class JobRun:
             rows, requests, size, room = [], [], 0, min(SUBMIT_BATCH, self.window - len(self.in_flight))
             while self.cursor < len(self.requests) and len(rows) < room:
                 if self.cursor in self.pending:
-                    request = self._request(self.cursor)
-                    n = len(msgpack.packb(request, use_bin_type=True))
+                    r = self.requests[self.cursor]
+                    request = row_request(r, self.defaults, r.seed if r.seed is not None else self.seeds[self.cursor])
+                    n = len(m.pack(request))
                     if n > limit:
                         self._too_big(self.cursor, n, limit)
                     elif rows and size + n > limit:
@@ -83,14 +82,6 @@ class JobRun:
         why = (f"line {r.line}: the request is {n / mb:.1f} MB, more than a message between spill's processes may carry "
                f"({limit / mb:.1f} MB a row); raise SPILL_MAX_MESSAGE_MB to {SUBMIT_SHARE * n / mb + 1:.0f} or shorten it")
         self._write([error_line(r.custom_id, code="invalid_request", message=why)], [row])
-
-    def _request(self, i: int) -> dict:
-        r = self.requests[i]
-        temperature = r.temperature if r.temperature is not None else self.defaults.get("temperature", 0.0)
-        return {"kind": r.kind, "messages": r.messages, "prompt": r.prompt,
-                "max_tokens": r.max_tokens or self.defaults.get("max_tokens", 256),
-                "temperature": temperature, "top_p": r.top_p, "top_k": r.top_k,
-                "seed": r.seed if r.seed is not None else self.seeds[i], "stop": r.stop}
 
     # -- what comes back ------------------------------------------------------------------------
     def on_done(self, msg: m.Done) -> None:
@@ -148,6 +139,16 @@ class JobRun:
             self.tails.popitem(last=False)
 
     @property
+    def kv(self) -> tuple:
+        """(bits, group size) of the job's quantized KV; bits 0: unquantized (as Reset carries it)."""
+        return self.defaults.get("kv_bits") or 0, self.defaults.get("kv_group_size") or 64
+
+    @property
+    def kv_format(self) -> str:
+        from spill.streamer.shares import kv_format
+        return kv_format(self.kv[0] or None, self.kv[1])
+
+    @property
     def resident(self) -> bool:
         """The advisor's choice, made once when the job was submitted: every layer kept after its first read."""
         return bool(self.estimate and self.estimate.advice.resident)
@@ -162,7 +163,7 @@ class JobRun:
         rate = self.generated / elapsed
         p = self.last_pass
         eta = self.live_eta() if self.job.meta.get("status") in (*LIVE, "done") else None   # ended early: none
-        slots = [(self.requests[r].custom_id, n, tail) for r, (n, tail) in list(self.tails.items())[-8:]]
+        slots = [m.Slot(self.requests[r].custom_id, n, tail) for r, (n, tail) in list(self.tails.items())[-8:]]
         return {"job": self.job.id, "status": self.job.meta.get("status"), "done": done, "total": self.total,
                 "tokens_per_s": rate, "pass_s": p.seconds if p else None, "peak_memory": self.peak_memory,
                 "eta_s": eta, "slots": slots, "output": str(self.job.output_path), "passes": self.passes,
@@ -170,7 +171,7 @@ class JobRun:
                 "wall_per_pass_s": (self.last_pass_at - self.first_pass_at) / (self.passes - 1) if self.passes > 1 else None,
                 "estimate": self.estimate.first.to_dict() if self.estimate else None, "summary": self.summary(),
                 "estimate_line": self.estimate.first_line if self.estimate else None,
-                "advice": self.estimate.advice.line if self.estimate else None}
+                "advice": self.estimate.advice.line if self.estimate else None, "kv": self.kv_format}
 
     def on_budget(self, msg) -> None:
         """Admission priced the job: its figure of the group's memory is the one the ETA prices."""
@@ -201,7 +202,14 @@ class JobRun:
     def summary(self) -> dict:
         from .estimate import summary
         return summary(self.estimate.first.total_seconds if self.estimate else None, self.actual_seconds(),
-                       self.finishes, self.lengths, self.passes)
+                       self.finishes, self.lengths, self.passes, self.kv_format)
+
+
+def row_request(r: Request, defaults: dict, seed: int | None) -> m.RowRequest:
+    """A row as the tokenizer takes it: the job's max_tokens and temperature where the line set none."""
+    temperature = r.temperature if r.temperature is not None else defaults.get("temperature") or 0.0
+    sampling = m.RowSampling(float(temperature), r.top_p or 1.0, r.top_k or 0, seed)
+    return m.RowRequest(r.kind, r.max_tokens or defaults.get("max_tokens") or 256, r.messages, r.prompt, sampling, r.stop)
 
 
 def row_seeds(job_id: str, requests: list[Request]) -> list[int]:

@@ -25,7 +25,8 @@ from spill.files import fsync as _fsync, fsync_dir as _fsync_dir, replaced
 
 STATUSES = ("estimating", "queued", "running", "interrupted", "cancelled", "done", "failed")
 LIVE = ("estimating", "queued", "running")   # one whose lock nobody holds lost its coordinator: interrupted
-SETTINGS = ("memory", "budget_fraction", "stream")   # kept in job.json's params beside max_tokens, temperature
+SETTINGS = ("memory", "budget_fraction", "stream", "kv_bits", "kv_group_size")   # kept in job.json's params beside
+                                                                                  # max_tokens, temperature
 NEW_JOB_HINT = "start a new job with `spill run --new`"   # the CLI owns this flag; keep the two in step
 
 
@@ -124,7 +125,7 @@ class Job:
         return None
 
     def settings(self) -> dict:
-        """The memory, budget_fraction and stream the job ran with, as `spill run --resume` starts it again."""
+        """The memory, budget_fraction, stream and KV format the job ran with, as `spill run --resume` starts it again."""
         params = self.meta.get("params", {})
         return {k: params[k] for k in SETTINGS if k in params}
 

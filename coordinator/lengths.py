@@ -23,12 +23,14 @@ def _exit_when_orphaned(parent: int) -> None:
 
 
 def main() -> None:
-    from spill.platform import without_torch
+    from spill.platform import use_device, without_torch
     without_torch()
     threading.Thread(target=_exit_when_orphaned, args=(os.getppid(),), daemon=True).start()
     from .estimating import work
     folder = Path(sys.argv[1])
-    outcome = work(json.loads((folder / "ask.json").read_text()))
+    ask = json.loads((folder / "ask.json").read_text())
+    use_device(ask.get("device"))   # as the coordinator learnt it: this child loads MLX only to compute
+    outcome = work(ask)
     tmp = folder / "out.json.tmp"
     tmp.write_text(json.dumps(outcome))
     tmp.rename(folder / "out.json")   # whole or absent: a child killed while writing leaves no half of it

@@ -10,35 +10,37 @@ from rich.live import Live
 from rich.table import Table
 from rich.text import Text
 
+from spill.messages import JobStatus
+
 FINAL = ("done", "interrupted", "cancelled", "failed")
 
 
-def waiting_line(s: dict) -> str:
-    """A queued job: what it waits behind."""
-    ahead = s.get("ahead") or []
-    if not ahead:
+def waiting_line(s) -> str:
+    """A queued job (an m.JobStatus): what it waits behind."""
+    if not s.ahead:
         return "queued: starting"
-    first = ahead[0]
-    more = f", then {len(ahead) - 1} more queued job(s)" if len(ahead) > 1 else ""
-    return f"queued behind job {first['job']} ({first['done']}/{first['total']} rows){more}"
+    first = s.ahead[0]
+    more = f", then {len(s.ahead) - 1} more queued job(s)" if len(s.ahead) > 1 else ""
+    return f"queued behind job {first.job} ({first.done}/{first.total} rows){more}"
 
 
-def progress_line(s: dict) -> str:
-    if s.get("status") == "estimating":
-        return "estimating: " + (s.get("estimating") or "counting the rows' tokens")
-    if s.get("status") == "queued":
+def progress_line(s) -> str:
+    """A job's one line, from its m.JobStatus."""
+    if s.status == "estimating":
+        return "estimating: " + (s.estimating or "counting the rows' tokens")
+    if s.status == "queued":
         return waiting_line(s)
     def fmt(v, f):
         return f.format(v) if v is not None else "-"
-    eta = s.get("eta_s")
+    eta = s.eta_s
     # a running row gains one token per pass, so its per-token latency is the pass time
     eta_txt = f"{int(eta // 3600)}h{int(eta % 3600 // 60):02d}m{int(eta % 60):02d}s" if eta is not None else "-"
-    return (f"rows {s.get('done', 0)}/{s.get('total', '?')}  {fmt(s.get('tokens_per_s'), '{:.1f}')} tok/s  "
-            f"latency {fmt(s.get('pass_s'), '{:.2f}')} s/token  pass {fmt(s.get('pass_s'), '{:.2f}')} s  "
-            f"peak {s.get('peak_memory', 0) / 2**30:.2f} GiB  ETA {eta_txt}")
+    return (f"rows {s.done or 0}/{'?' if s.total is None else s.total}  {fmt(s.tokens_per_s, '{:.1f}')} tok/s  "
+            f"latency {fmt(s.pass_s, '{:.2f}')} s/token  pass {fmt(s.pass_s, '{:.2f}')} s  "
+            f"peak {s.peak_memory / 2**30:.2f} GiB  ETA {eta_txt}")
 
 
-def _view(s: dict, quiet: bool):
+def _view(s, quiet: bool):
     line = Text(progress_line(s))
     if quiet:
         return line
@@ -47,35 +49,34 @@ def _view(s: dict, quiet: bool):
     table.add_column("custom_id", no_wrap=True, min_width=12, max_width=24)
     table.add_column("tokens", no_wrap=True, justify="right", min_width=6)
     table.add_column("text so far", no_wrap=True, overflow="ellipsis", ratio=1)
-    for cid, n, tail in s.get("slots", [])[-8:]:
-        table.add_row(str(cid)[:24], str(n), tail.replace("\n", " ")[-80:])
+    for slot in s.slots[-8:]:
+        table.add_row(str(slot.custom_id)[:24], str(slot.tokens), slot.tail.replace("\n", " ")[-80:])
     return Group(table, line)
 
 
-def follow(status, quiet: bool = False, poll_s: float = 0.25, every: float = 10.0) -> dict:
-    """Show the job until it ends (`status()` gives its figures); returns its last status."""
+def follow(status, quiet: bool = False, poll_s: float = 0.25, every: float = 10.0):
+    """Show the job until it ends (`status()` gives its m.JobStatus); returns its last status."""
     if not sys.stdout.isatty():
         return follow_plain(status, quiet=quiet, every=every, poll_s=poll_s)
-    with Live(_view({}, quiet), console=Console(), refresh_per_second=8, transient=False) as live:
+    with Live(_view(JobStatus(), quiet), console=Console(), refresh_per_second=8, transient=False) as live:
         while True:
             s = status()
             live.update(_view(s, quiet))
-            if s.get("status") in FINAL:
+            if s.status in FINAL:
                 return s
             time.sleep(poll_s)
 
 
 def follow_plain(status, *, quiet: bool, every: float, poll_s: float = 0.25,
-                 clock=time.monotonic, sleep=time.sleep) -> dict:
+                 clock=time.monotonic, sleep=time.sleep):
     """Piped: a progress line every `every` seconds whether or not a row finished; --quiet: none."""
     next_at = clock()
     while True:
         s = status()
-        if s.get("status") in FINAL:
+        if s.status in FINAL:
             return s
         if not quiet and clock() >= next_at:
-            slots = s.get("slots") or []
-            latest = f"  | {slots[-1][0]}: {slots[-1][2][-60:]!r}" if slots else ""
+            latest = f"  | {s.slots[-1].custom_id}: {s.slots[-1].tail[-60:]!r}" if s.slots else ""
             print(progress_line(s) + latest, flush=True)
             next_at = clock() + every
         sleep(poll_s)

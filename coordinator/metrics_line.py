@@ -1,13 +1,10 @@
 """Where the group's metrics are served, in one line for `spill up`, `spill status` and `spill run`."""
 
-from spill import config
-
 NOT_SERVED = "metrics: not served"
 
 
-def metrics_line(served: bool) -> str:
+def metrics_line(served: bool, host: str, port: int) -> str:
     """`served`: the endpoint was bound (the telemetry's server is up); a port in use says how to pick another."""
-    host, port = config.metrics_host(), config.metrics_port()
     if port == 0:
         return "metrics: none (port 0)"
     if served:

@@ -17,9 +17,12 @@ def print_check(report, console: Console | None = None) -> bool:
                       f"{r.agree}/{len(r.ref_logits) - r.ties}")
     console.print(table)
     from spill.streamer.check import ULPS, ULPS_F32
-    how = (f"({ULPS} x eps {report.eps:.1e} + {ULPS_F32} x float32 eps) x largest |logit| {report.scale:.2f}"
+    from spill.streamer.shares import kv_format
+    step = f" + 2^-{report.kv_bits} (a step of the KV format)" if report.kv_bits else ""
+    how = (f"({ULPS} x eps {report.eps:.1e} + {ULPS_F32} x float32 eps{step}) x largest |logit| {report.scale:.2f}"
            if report.derived else "given with --tolerance")
-    console.print(f"dtype {report.dtype} on the {report.device}; tolerance {report.tolerance:.2e} ({how})",
+    kv = f"; KV {kv_format(report.kv_bits, report.kv_group_size)} against mlx-lm's QuantizedKVCache" if report.kv_bits else ""
+    console.print(f"dtype {report.dtype} on the {report.device}{kv}; tolerance {report.tolerance:.2e} ({how})",
                   soft_wrap=True)
     for r in report.failures():
         k = r.first_disagreement

@@ -88,12 +88,18 @@ def _watched(client):
 
 
 def run_job(*, model, input, output, max_tokens, temperature, resume, new, quiet, listen, every=10.0,
-            stream=False, memory: dict | None = None) -> int:
-    """`memory`: the checked --memory/--budget-fraction (memory_args: None where not given)."""
+            stream=False, memory: dict | None = None, kv: dict | None = None) -> int:
+    """`memory`: the checked --memory/--budget-fraction (memory_args: None where not given); `kv`: the checked
+    --kv-bits/--kv-group-size (a resumed job keeps its own)."""
     openblas_note()
     args, finished = check_run(model=model, input=input, output=output, max_tokens=max_tokens,
                                temperature=temperature, resume=resume, new=new)
-    args["stream"] = bool(stream or config.stream() or args.get("stream"))   # the group's SPILL_STREAM counts too
+    args["stream"] = bool(stream or config.stream() or args.get("stream"))   # SPILL_STREAM: --stream's default
+    if kv and kv.get("kv_bits"):
+        if resume and (args.get("kv_bits"), args.get("kv_group_size") or 64) != (kv["kv_bits"], kv["kv_group_size"]):
+            raise SpillError(f"job {resume} runs with the KV format it started with; leave --kv-bits and "
+                             f"--kv-group-size out to continue it, or run its input as a new job with them")
+        args.update(kv)
     if finished is not None:
         c = finished.counts()
         typer.echo(f"job {finished.id} already ran this command: done, {c['succeeded']} succeeded, {c['failed']} "
@@ -101,6 +107,7 @@ def run_job(*, model, input, output, max_tokens, temperature, resume, new, quiet
         return 0
     memory = {k: v if v is not None else args.get(k) for k, v in (memory or memory_args()).items()}   # resumed: the job's
     args = {**args, **memory}
+    from spill import messages as m
     from .client import GroupDead, leave_group
     from .jobstore import ask_to_stop
     from .live import follow
@@ -125,31 +132,31 @@ def run_job(*, model, input, output, max_tokens, temperature, resume, new, quiet
         if args.get("model") == "demo":
             make_demo()
         client, group = _connect(listen, memory)
-        info = client.request("submit", timeout_s=SUBMIT_TIMEOUT_S, **args, client=os.getpid())
-        job = info["job"]
-        bad = info.get("invalid", 0)   # written as error lines at submit, so counted in done
-        typer.echo(f"job {job}: {info['total']} rows, "
+        info = client.request(m.SubmitJob(**args, client=str(os.getpid())), timeout_s=SUBMIT_TIMEOUT_S)
+        job = info.job
+        bad = info.invalid   # written as error lines at submit, so counted in done
+        typer.echo(f"job {job}: {info.total} rows, "
                    + (f"{bad} invalid (an error line each in the output), " if bad else "")
-                   + f"{info['done'] - bad} already done; output {info['output']}")
-        if info.get("warning"):
-            typer.echo(f"warning: {info['warning']}")
-        if group is not None and info.get("metrics", "").startswith(NOT_SERVED):   # the group started here
-            typer.echo(f"warning: {info['metrics']}", err=True)
+                   + f"{info.done - bad} already done; output {info.output}")
+        if info.warning:
+            typer.echo(f"warning: {info.warning}")
+        if group is not None and info.metrics.startswith(NOT_SERVED):   # the group started here
+            typer.echo(f"warning: {info.metrics}", err=True)
 
         def status():
             for _ in range(30):   # a second at a time, so a dead embedded group is seen at once
                 if group is not None and group.poll() is not None:
                     break
                 try:
-                    return client.request("status", timeout_s=1, job=job, client=os.getpid())
+                    return client.request(m.Status(job, str(os.getpid())), timeout_s=1)
                 except GroupDead:
                     continue
             raise GroupDead(f"the spill group stopped answering; {RESUME.format(job)}")
         with first_use(args.get("model")) as said:
             s = _estimated(status)
-            if s.get("status") == "failed":
+            if s.status == "failed":
                 said["done"] = None   # not calibrated after all: the job's error says why
-        for line in (s.get("advice"), s.get("estimate_line")):
+        for line in (s.advice, s.estimate_line):
             if line:
                 typer.echo(line)
         return _summary(follow(status, quiet=quiet, every=every))
@@ -157,9 +164,9 @@ def run_job(*, model, input, output, max_tokens, temperature, resume, new, quiet
         if job is None:
             typer.echo("\nstopped before the job started")
             return EXIT_INTERRUPTED
-        s = client.request("interrupt", timeout_s=30, job=job)
-        when = "while estimating" if s.get("was") == "estimating" else "at a pass boundary"
-        typer.echo(f"\nstopped {when}: {s.get('done', '?')}/{s.get('total', '?')} rows written; {RESUME.format(job)}")
+        s = client.request(m.Interrupt(job), timeout_s=30)
+        when = "while estimating" if s.was == "estimating" else "at a pass boundary"
+        typer.echo(f"\nstopped {when}: {_known(s.done)}/{_known(s.total)} rows written; {RESUME.format(job)}")
         return EXIT_INTERRUPTED
     finally:
         if group is not None:
@@ -169,30 +176,35 @@ def run_job(*, model, input, output, max_tokens, temperature, resume, new, quiet
         signal.signal(signal.SIGINT, previous)
 
 
-def _estimated(status, poll_s: float = 0.25) -> dict:
-    """The job's status once the group has made its estimate (or the job ended meanwhile)."""
-    while (s := status()).get("status") == "estimating":
+def _known(value) -> str:
+    return "?" if value is None else str(value)
+
+
+def _estimated(status, poll_s: float = 0.25):
+    """The job's status (m.JobStatus) once the group has made its estimate (or the job ended meanwhile)."""
+    while (s := status()).status == "estimating":
         time.sleep(poll_s)
     return s
 
 
-def _summary(s: dict) -> int:
-    """The job's last line(s): what succeeded and failed, where the output is, and the exit code."""
-    job, status = s["job"], s["status"]
-    counts = f"{s.get('done')}/{s.get('total')} rows, {s.get('succeeded', 0)} succeeded, {s.get('failed', 0)} failed"
+def _summary(s) -> int:
+    """The job's last line(s) from its final m.JobStatus: what succeeded and failed, where the output is, and the
+    exit code."""
+    job, status = s.job, s.status
+    counts = f"{s.done}/{s.total} rows, {s.succeeded} succeeded, {s.failed} failed"
     if status in ("interrupted", "cancelled"):
         typer.echo(f"job {job} {status}: {counts}; {RESUME.format(job)}")
         return EXIT_INTERRUPTED
-    typer.echo(f"job {job} {status}: {counts}; output {s.get('output')}")
-    if status == "done" and s.get("summary"):
+    typer.echo(f"job {job} {status}: {counts}; output {s.output}")
+    if status == "done" and s.summary:
         from .estimate import summary_lines
-        typer.echo("\n".join(summary_lines(s["summary"])))
+        typer.echo("\n".join(summary_lines(s.summary)))
     if status == "failed":
-        typer.echo(f"spill: {s.get('error')}", err=True)
+        typer.echo(f"spill: {s.error}", err=True)
         return 1
-    if s.get("failed"):
-        typer.echo(f"{s['failed']} row(s) failed: their lines in the output carry \"error\"; "
-                   f"the first: {_first_error(s.get('output'))}")
+    if s.failed:
+        typer.echo(f"{s.failed} row(s) failed: their lines in the output carry \"error\"; "
+                   f"the first: {_first_error(s.output)}")
         return EXIT_FAILED_ROWS
     return 0
 
@@ -209,7 +221,8 @@ def _first_error(path) -> str:
     return "?"
 
 
-def group_up(*, model, foreground, listen, memory: dict | None = None) -> str:
+def group_up(*, model, foreground, listen, memory: dict | None = None, group_args: dict | None = None) -> str:
+    """`group_args`: the coordinator's own settings (`spill up`'s --allow-remote and --metrics-*)."""
     from .client import Client, endpoints, start_group
     eps = endpoints(_listen(listen))
     rec = rundir.record()
@@ -222,18 +235,20 @@ def group_up(*, model, foreground, listen, memory: dict | None = None) -> str:
         import subprocess
         import sys
         rundir.rotate_logs()
-        args = {"endpoints": eps.as_dict(), "actor_args": memory or memory_args(), "parent_fd": None}
+        args = {"endpoints": eps.as_dict(), "actor_args": memory or memory_args(), "group_args": group_args or {},
+                "parent_fd": None}
         code = subprocess.run([sys.executable, "-m", "spill.coordinator.daemon", json.dumps(args)]).returncode
         if code == rundir.LOCKED_EXIT:   # lost a race to another `spill up`: a group is up, as below
             return rundir.held_by_sentence()
         return "spill group stopped"
-    proc = start_group(eps, embedded=False, actor_args=memory or memory_args())
+    proc = start_group(eps, embedded=False, actor_args=memory or memory_args(), group_args=group_args)
     if proc is None:
         return rundir.held_by_sentence()
     up = (f"spill group up (coordinator pid {proc.pid}, control {eps.control}); `spill run`, `status`, "
           f"`cancel` and `down` find it through {rundir.run_dir() / 'group.json'}")
+    from spill import messages as m
     client = Client(eps)
-    metrics = client.request("status").get("metrics", "")
+    metrics = client.request(m.Status()).metrics
     client.close()
     if metrics.startswith(NOT_SERVED):
         typer.echo(f"warning: {metrics}", err=True)
@@ -254,26 +269,28 @@ def _answering(client) -> int:
 
 
 def group_down(listen) -> str:
+    from spill import messages as m
     from .client import Client, endpoints
     client = Client(endpoints(_listen(listen)))
     if not _answering(client):
         return "no spill group is running"
-    stopped = client.request("down").get("stopped", [])
+    stopped = client.request(m.Down()).stopped
     deadline = time.monotonic() + 30
     while rundir.record() is not None and time.monotonic() < deadline:   # return once it is down
         time.sleep(0.1)
-    lines = [f"job {j['job']} ({j['was']}, {j['done']}/{j['total']} rows written) is interrupted; "
-             f"{RESUME.format(j['job'])}" for j in stopped]
+    lines = [f"job {j.job} ({j.was}, {j.done}/{j.total} rows written) is interrupted; "
+             f"{RESUME.format(j.job)}" for j in stopped]
     return "\n".join(["spill group stopped" + ("" if stopped else "; no job was running or queued"), *lines])
 
 
 def cancel_job(job: str, listen) -> str:
     """Stop a running or queued job; with no group up, mark an unfinished job cancelled."""
+    from spill import messages as m
     from .client import Client, endpoints
     client = Client(endpoints(_listen(listen)))
     if _answering(client):
-        s = client.request("cancel", job=job)
-        return f"job {job} cancelled ({s['was']}, {s['done']}/{s['total']} rows written); {RESUME.format(job)}"
+        s = client.request(m.Cancel(job))
+        return f"job {job} cancelled ({s.was}, {s.done}/{s.total} rows written); {RESUME.format(job)}"
     from .jobstore import Job
     j = Job.open(job)
     if j.meta.get("status") in ("done", "failed", "cancelled"):
@@ -283,6 +300,7 @@ def cancel_job(job: str, listen) -> str:
 
 
 def group_status(job, listen) -> str:
+    from spill import messages as m
     from .client import Client, endpoints
     from .live import progress_line
     openblas_note()
@@ -295,14 +313,15 @@ def group_status(job, listen) -> str:
             return (f"no spill group is running; job {j.id} is {j.meta.get('status')}: {len(j.done_ids())}/"
                     f"{j.meta.get('total')} rows ({c['succeeded']} succeeded, {c['failed']} failed) in {j.output_path}")
         return "no spill group is running" + _recent_jobs()
-    s = client.request("status", job=job)
-    procs = "  ".join(f"{role} pid {pid}" for role, pid in s.get("processes", {}).items())
-    mem = "".join(f"\n{line}" for line in (describe_line(s["memory"]) if s.get("memory") else "", s.get("metrics")) if line)
-    if not s.get("job"):
+    s = client.request(m.Status(job))
+    procs = "  ".join(f"{role} pid {pid}" for role, pid in s.processes.items())
+    mem = "".join(f"\n{line}" for line in (describe_line(s.memory) if s.memory else "", s.metrics) if line)
+    if not s.job:
         return f"group: {procs}\nno job running{mem}" + _recent_jobs()
     line = progress_line(s)   # an estimating job's line names its status itself
-    state = "" if line.startswith(f"{s.get('status')}: ") else f"{s.get('status')}: "
-    return f"group: {procs}\njob {s['job']} {state}{line}{mem}" + _recent_jobs()
+    state = "" if line.startswith(f"{s.status}: ") else f"{s.status}: "
+    kv = f"; KV {s.kv}" if s.kv != "unquantized" else ""   # the default unsaid
+    return f"group: {procs}\njob {s.job} {state}{line}{kv}{mem}" + _recent_jobs()
 
 
 def _recent_jobs(n: int = 10) -> str:

@@ -7,6 +7,8 @@ from pathlib import Path
 
 from spill.errors import SpillError
 from spill.memory import check_same, format_size
+from spill.streamer.plan import load_plan
+from spill.streamer.shares import kv_refusal
 
 from .batch_input import Request, read_batch
 from .estimate import refusal
@@ -39,7 +41,8 @@ def prepare(args: dict, group_args: dict, ready_rss: dict, embedded: bool) -> Su
     requests, bad = read_batch(Path(args["input"]))
     params = {"max_tokens": 256 if args.get("max_tokens") is None else args["max_tokens"],
               "temperature": args.get("temperature") or 0.0, "stream": bool(args.get("stream")),
-              **{k: group_args.get(k) for k in ("memory", "budget_fraction")}}
+              **{k: group_args.get(k) for k in ("memory", "budget_fraction")}, **kv_settings(args, group_args, folder)}
+    mem.update((k, params[k]) for k in ("kv_bits", "kv_group_size"))   # the KV format its estimate prices
     output = Path(args["output"]) if args.get("output") else None
     if job is None and not args.get("new"):
         job = Job.find(Path(args["input"]), output, args["model"])
@@ -56,7 +59,17 @@ def resumed(job: Job, args: dict) -> dict:
     settings = job.settings()
     return {**args, "input": args.get("input") or job.meta["input"], "model": args.get("model") or job.meta["model"],
             "output": args.get("output") or job.meta.get("output"),
-            "stream": bool(args.get("stream") or settings.get("stream"))}
+            "stream": bool(args.get("stream") or settings.get("stream")),
+            **{k: settings[k] if k in settings else args.get(k) for k in ("kv_bits", "kv_group_size")}}
+
+
+def kv_settings(args: dict, group_args: dict, folder: Path) -> dict:
+    """The job's --kv-bits and --kv-group-size, else the group's (`spill up`), checked against the model."""
+    given = args if args.get("kv_bits") else group_args
+    bits, group = given.get("kv_bits") or None, given.get("kv_group_size") or 64
+    if why := kv_refusal(bits, group, load_plan(folder).kv_heads_and_dim[1] if bits else None):
+        raise SpillError(why)
+    return {"kv_bits": bits, "kv_group_size": group}
 
 
 def check_settings(group_args: dict, job: Job) -> None:

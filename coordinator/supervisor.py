@@ -21,7 +21,7 @@ ACTORS = {"tokenizer": "spill.tokenizer_worker.process", "admission": "spill.adm
 class Supervisor:
     def __init__(self, endpoints, args: dict | None = None, log=None):
         self.endpoints = endpoints
-        self.args = args or {}
+        self.args = {**(args or {}), "device": learn_device()}   # learnt in a child: no MLX here nor in most actors
         self.log = log
         self.procs: dict[str, subprocess.Popen] = {}
         self._pipes: dict[str, int] = {}
@@ -30,14 +30,13 @@ class Supervisor:
         self.progress: dict[str, int] = {}    # role -> its loop's count at its last beat
         self.moved: dict[str, tuple[float, bool]] = {}   # role -> (when its count last moved, busy at its last beat)
         self.active_at = time.monotonic()     # when an actor last beat busy, or with its loop moved on
-        learn_device()   # in a child, into SPILL_DEVICE: this process and the actors that never compute load no MLX
 
     def start(self, role: str) -> None:
         read_end, write_end = os.pipe()
         args = {**self.args, "endpoints": self.endpoints.as_dict(), "parent_fd": read_end}
         env = preload_env() if role == "streamer" else dict(os.environ)
         if self.restarts[role]:
-            env.pop(f"SPILL_CRASH_{role.upper()}", None)   # a fault fires once, not on every restart
+            env.pop(config.crash_name(role), None)   # a fault fires once, not on every restart
             if not config.test_alloc_fail()[1]:
                 env.pop("SPILL_TEST_ALLOC_FAIL", None)
         self.procs[role] = subprocess.Popen([sys.executable, "-m", ACTORS[role], json.dumps(args)],

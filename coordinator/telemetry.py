@@ -3,7 +3,6 @@ serves them on one endpoint. The daemon calls `on_actor` with each message befor
 handles it (so a row still pending is known to be newly written) and `update` once per loop. It keeps
 no row's state: a row's submission time is the job run's, the rows running are admission's count."""
 
-import os
 import socket
 import time
 
@@ -17,8 +16,10 @@ from spill.errors import SpillError
 
 
 class Telemetry:
-    def __init__(self, group, log):
+    def __init__(self, group, log, host: str | None = None, port: int | None = None):
+        """host, port: `spill up --metrics-host/--metrics-port` where given, else SPILL_METRICS_HOST/PORT."""
         self.group, self.log = group, log
+        self.host, self.port = host or config.metrics_host(), config.metrics_port() if port is None else port
         self.run = None                      # the current job's JobRun, or the last one's
         self.running = 0                     # rows prefilling or decoding, as admission last counted them
         self.epoch = group.epoch
@@ -27,7 +28,7 @@ class Telemetry:
         self.processes = mt.ProcessCollector(group.sup.pids, lambda: group.sup.restarts)
         mt.REGISTRY.register(self.processes)
         mt.build_info("")
-        self.serve(config.metrics_host(), config.metrics_port())
+        self.serve(self.host, self.port)
 
     def serve(self, host: str, port: int) -> None:
         """Serve on host:port; a port in use is logged, never fatal (`spill up` checks it first)."""
@@ -92,7 +93,7 @@ class Telemetry:
             self.run, self.running = run, 0
             structlog.contextvars.bind_contextvars(job=run.job.id)
             structlog.contextvars.unbind_contextvars("pass_index")
-            mt.build_info(run.model_name)
+            mt.build_info(run.model_name, run.kv_format)
             for gauge in (mt.JOB_ESTIMATE, mt.JOB_ESTIMATE_ERROR):
                 gauge.hide()   # until this job's figures come
             if run.estimate is not None:
@@ -161,21 +162,19 @@ def _budget(msg: m.Budget) -> None:
     mt.PREEMPTIONS.inc(msg.preempted_rows)
 
 
-def metrics_env(host: str | None, port: int | None) -> None:
-    """`spill up --metrics-host/--metrics-port`: checked here when given, handed to the group by
-    environment. The default port, when taken, costs only a warning in the coordinator's log."""
+def metrics_args(host: str | None, port: int | None) -> dict:
+    """`spill up --metrics-host/--metrics-port`, checked when given: the coordinator's arguments (the group reads
+    what is not given from SPILL_METRICS_HOST/PORT). The default port, when taken, costs a warning in its log."""
     if port is None and host is None:
-        return
-    if port is not None:
-        if not 0 <= port <= 65535:
-            raise SpillError(f"--metrics-port {port} is not a port; give 1-65535, or 0 to serve no metrics")
-        os.environ["SPILL_METRICS_PORT"] = str(port)
-    if host is not None:
-        os.environ["SPILL_METRICS_HOST"] = host
-    host, port = config.metrics_host(), config.metrics_port()
+        return {}
+    if port is not None and not 0 <= port <= 65535:
+        raise SpillError(f"--metrics-port {port} is not a port; give 1-65535, or 0 to serve no metrics")
+    host = host or config.metrics_host()
+    port = config.metrics_port() if port is None else port
     if port and not _free(host, port):
         raise SpillError(f"cannot serve metrics on {host}:{port}: the address is in use or not this machine's "
                          f"(a spill group already up? see `spill status`); choose another with --metrics-port")
+    return {"metrics_host": host, "metrics_port": port}
 
 
 def _free(host: str, port: int) -> bool:

@@ -49,7 +49,7 @@ ROWS = [
         ("Rows per hour", "short", [q(f"3600 * sum(rate(spill_rows_completed_total[{W}]))", "rows/h")]),
         ("Tokens per second", "short", [q(f"rate(spill_generated_tokens_total[{W}])", "generated"),
                                         q(f"rate(spill_prompt_tokens_total[{W}])", "prompt")]),
-        ("Build", "short", [q("spill_build_info", "{{version}} {{backend}} {{model}}")]),
+        ("Build", "short", [q("spill_build_info", "{{version}} {{backend}} {{model}} {{kv}}")]),
     ]),
     ("Passes", [
         ("Pass duration", "s", [q(quantile(0.5, "spill_pass_duration_seconds"), "median"),

@@ -14,7 +14,7 @@ import structlog
 
 from . import config
 from .errors import SpillError
-from .platform import without_torch
+from .platform import use_device, without_torch
 from .wire import Endpoints
 
 
@@ -91,7 +91,7 @@ def bind_context(msg) -> None:
 
 
 class Fault:
-    """SPILL_CRASH_<ROLE>="event:n" kills this process (like kill -9) at the n-th event; "event:n:wedge" blocks its
+    """SPILL_TEST_CRASH_<ROLE>="event:n" kills this process (like kill -9) at the n-th event; "event:n:wedge" blocks its
     loop there for ever instead (a deadlock: the heartbeat thread still beats, the loop's progress stops)."""
 
     def __init__(self, role: str):
@@ -110,6 +110,7 @@ def run_actor(role: str, main) -> None:
     """Entry of an actor process: `python -m spill.<actor>.process '<json args>'`."""
     without_torch()
     args = json.loads(sys.argv[1])
+    use_device(args.get("device"))   # the coordinator's (an actor's argument); the coordinator learns its own
     if args.get("parent_fd") is not None:
         parent_watch(args["parent_fd"])
     log = setup_logging(role)

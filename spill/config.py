@@ -1,7 +1,107 @@
-"""Configuration read from the environment, declared once with its defaults."""
+"""Every SPILL_* environment variable, declared once (name, default, type, meaning, category) and read here.
+
+Categories: USER (the table in docs/configuration.md), TUNING (its "Tuning" section: the engine's own
+choices, for measuring), TEST (SPILL_TEST_DROP and the like: faults, test sizes), INTERNAL (set by spill).
+A flag of `spill up` or `spill run` reaches the group as an argument of its processes, never through here.
+"""
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
+
+USER, TUNING, TEST, INTERNAL = "user", "tuning", "test", "internal"
+ROLES = ("coordinator", "tokenizer", "admission", "streamer")
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+@dataclass(frozen=True)
+class Knob:
+    name: str
+    default: str      # as the environment spells it; "" is unset (the code's own choice)
+    type: type        # int, float, str or bool ("0" and "" are false)
+    meaning: str
+    category: str
+
+
+KNOBS = {k.name: k for k in (
+    Knob("SPILL_HOME", "~/.streamweights", str, "the data home: models/, jobs/, calibration/, run/, cache/", USER),
+    Knob("SPILL_TOKEN", "", str, "the token every tcp control request carries (default: made at start, "
+         "in run/control.token)", USER),
+    Knob("SPILL_STREAM", "0", bool, "1: stream every pass even where the model fits resident, as --stream", USER),
+    Knob("SPILL_METRICS_PORT", "9464", int, "port of the group's Prometheus endpoint (`spill up --metrics-port`); "
+         "0 serves none", USER),
+    Knob("SPILL_METRICS_HOST", "127.0.0.1", str, "address of the endpoint (`spill up --metrics-host`)", USER),
+    Knob("SPILL_LOG_LEVEL", "info", str, "lowest level the actors log; warning drops the per-pass lines", USER),
+    Knob("SPILL_LOG_MAX_BYTES", str(20 * 10**6), int, "size at which an actor's JSON log rotates", USER),
+    Knob("SPILL_LOG_BACKUPS", "3", int, "rotated logs kept per actor besides the live one", USER),
+    Knob("SPILL_NO_OPENBLAS", "0", bool, "1: do not preload OpenBLAS on Linux, and do not warn that it is missing",
+         USER),
+    Knob("SPILL_MAX_ROWS", "256", int, "decode slots at most; the memory budget sizes the batch below it", TUNING),
+    Knob("SPILL_PREFILL_TOKENS", "4096", int, "prompt tokens started per pass, at most", TUNING),
+    Knob("SPILL_GUARD_LINE", "", float, "share of the working set above which nothing new is admitted "
+         "(default 0.80, 0.93 on a CUDA GPU, and 2 points above a higher --budget-fraction)", TUNING),
+    Knob("SPILL_HARD_LINE", "", float, "share above which the newest rows are preempted (default 0.90, 0.97 on a "
+         "CUDA GPU, and 4 points above a higher --budget-fraction)", TUNING),
+    Knob("SPILL_SUBMIT_WINDOW", "1024", int, "rows of a job submitted to the group and unfinished at once; keep it "
+         "well above the largest batch", TUNING),
+    Knob("SPILL_CLIENT_TIMEOUT", "10", float, "seconds a queued job waits for its `spill run` to ask about it "
+         "before it leaves the queue", TUNING),
+    Knob("SPILL_READY_TIMEOUT", "120", float, "seconds an actor has to say READY after it starts", TUNING),
+    Knob("SPILL_LIVENESS_TIMEOUT", "30", float, "seconds without a heartbeat before an actor is restarted", TUNING),
+    Knob("SPILL_STALL_TIMEOUT", "30", float, "seconds every actor may sit idle with rows of the running job out "
+         "before the coordinator takes them for lost and submits them again", TUNING),
+    Knob("SPILL_WEDGE_TIMEOUT", "600", float, "seconds an actor may work without its loop coming round before it "
+         "is restarted; at least 10 of the last pass", TUNING),
+    Knob("SPILL_MAX_MESSAGE_MB", "256", float, "frames above this size are refused on every socket", TUNING),
+    Knob("SPILL_ESTIMATE_APART", "1", bool, "0: count a job's tokens (and calibrate) in a thread of the "
+         "coordinator, not in a child (~3 s a job; the child keeps no tokenizer in the group)", TUNING),
+    Knob("SPILL_READ_THREADS", "4", int, "threads reading one layer's chunks at once (queue depth for the disk)",
+         TUNING),
+    Knob("SPILL_CONVERT_THREADS", "", int, "threads converting a layer's tensors into MLX arrays (default half the "
+         "cores, at most 8)", TUNING),
+    Knob("SPILL_BLAS_THREADS", "0", int, "OpenBLAS threads for the layer math on the CPU (0: chosen each pass)",
+         TUNING),
+    Knob("SPILL_READ_SLOTS", "0", int, "read-ahead buffers, a layer of memory each (0: 2; 1 on a CPU of fewer "
+         "than 8 cores)", TUNING),
+    Knob("SPILL_LAYERS_IN_FLIGHT", "0", int, "converted layers alive at once, 1 or 2 (0: 2; 1 on a CUDA GPU)",
+         TUNING),
+    Knob("SPILL_ACT_STREAMS", "", int, "CPU streams a SwiGLU and a prompt's attention are split over; 1 turns "
+         "it off (default one a core, at most 8; 1 on a GPU)", TUNING),
+    Knob("SPILL_DIRECT_IO", "1", bool, "0: read weights through the page cache, dropping behind, not O_DIRECT",
+         TUNING),
+    Knob("SPILL_HUGE_PAGES", "1", bool, "0: leave MLX's 4 KiB pages under the read buffers (Linux)", TUNING),
+    Knob("SPILL_READ_INTO", "", str, "where the reader reads: mlx, buffers or pinned (default mlx; pinned on a "
+         "CUDA GPU)", TUNING),
+    *(Knob(f"SPILL_TEST_CRASH_{role.upper()}", "", str, f"event:n[:wedge]: crash the {role} at its n-th event, "
+           "or with :wedge stop its loop there (its heartbeat goes on)", TEST) for role in ROLES),
+    Knob("SPILL_TEST_DROP", "", str, "KIND:n: a process loses the n-th message of that kind it sends, as ZeroMQ "
+         "loses an oversized frame", TEST),
+    Knob("SPILL_TEST_ALLOC_FAIL", "", str, "n[:every]: the n-th buffer the weight reader allocates raises as MLX "
+         "does when it cannot allocate, in the group's first streamer (:every: in each one replacing it too)", TEST),
+    Knob("SPILL_TEST_ESTIMATE_DELAY", "0", float, "seconds a job's estimate waits before it starts", TEST),
+    Knob("SPILL_TEST_PASS_DELAY", "0", float, "seconds the streamer sleeps after each pass, to widen a race", TEST),
+    Knob("SPILL_TEST_FUZZ_EXAMPLES", "60", int, "examples each fuzz test generates", TEST),
+    Knob("SPILL_TEST_BENCH_MODELS", "/tmp/spill-bench", str, "the benchmarks' model folder", TEST),
+    Knob("_SPILL_REEXEC", "0", bool, "set by `spill` (or a benchmark) when it restarts itself with OpenBLAS "
+         "preloaded", INTERNAL),
+)}
+
+
+def get(name: str, env=None):
+    """The declared variable `name` from `env` (default the process's environment), typed; None where it and its
+    default are unset. A value that does not parse is one sentence naming the variable."""
+    knob = KNOBS[name]
+    raw = (os.environ if env is None else env).get(name, "").strip() or knob.default
+    if knob.type is bool:
+        return raw not in ("", "0")
+    if not raw:
+        return None
+    try:
+        return knob.type(raw)
+    except ValueError:
+        from .errors import SpillError
+        raise SpillError(f"{name}={raw!r} is not {'a whole number' if knob.type is int else 'a number'}; "
+                         f"set it to one ({knob.meaning}), or unset it") from None
 
 
 def check_writable(run_dir: Path) -> None:
@@ -17,125 +117,107 @@ def check_writable(run_dir: Path) -> None:
 
 
 def home() -> Path:
-    """The data home: models/, jobs/, calibration/, run/, cache/ (SPILL_HOME, default ~/.streamweights)."""
-    return Path(os.environ.get("SPILL_HOME", "~/.streamweights")).expanduser()
+    return Path(get("SPILL_HOME")).expanduser()
+
+
+def crash_name(role: str) -> str:
+    return f"SPILL_TEST_CRASH_{role.upper()}"
 
 
 def crash_knob(role: str) -> str:
-    """Fault injection for tests: SPILL_CRASH_<ROLE>="event:n" crashes that actor at its n-th event."""
-    return os.environ.get(f"SPILL_CRASH_{role.upper()}", "")
+    return get(crash_name(role)) or ""
 
 
 def ready_timeout() -> float:
-    """Seconds an actor has to say READY after start (SPILL_READY_TIMEOUT, default 120)."""
-    return float(os.environ.get("SPILL_READY_TIMEOUT", "120"))
+    return get("SPILL_READY_TIMEOUT")
 
 
 def max_rows() -> int:
-    """Slots of the decode pool, at most (SPILL_MAX_ROWS, default 256); the memory budget sizes it below that."""
-    return int(os.environ.get("SPILL_MAX_ROWS", "256"))
+    return get("SPILL_MAX_ROWS")
 
 
 def guard_line(gpu: bool = False, fraction: float = 0.0) -> float:
-    """Share of the working set above which admission admits nothing (SPILL_GUARD_LINE, default 0.80; 0.93 on a
-    CUDA GPU's own memory, `gpu`: 3 points above its budget as 0.80 is 2 above 0.78), and 2 points above a
-    budget `fraction` set higher."""
-    if os.environ.get("SPILL_GUARD_LINE"):
-        return float(os.environ["SPILL_GUARD_LINE"])
-    return min(1.0, max(0.93 if gpu else 0.80, fraction + 0.02))
+    """SPILL_GUARD_LINE where set; else 0.80 (0.93 on a CUDA GPU's own memory, `gpu`: 3 points above its budget as
+    0.80 is 2 above 0.78), and 2 points above a budget `fraction` set higher."""
+    chosen = get("SPILL_GUARD_LINE")
+    return chosen if chosen is not None else min(1.0, max(0.93 if gpu else 0.80, fraction + 0.02))
 
 
 def hard_line(gpu: bool = False, fraction: float = 0.0) -> float:
-    """Share of the working set above which admission preempts the newest rows (SPILL_HARD_LINE, default 0.90;
-    0.97 on a CUDA GPU's own memory), and 4 points above a budget `fraction` set higher."""
-    if os.environ.get("SPILL_HARD_LINE"):
-        return float(os.environ["SPILL_HARD_LINE"])
-    return min(1.0, max(0.97 if gpu else 0.90, fraction + 0.04))
+    """SPILL_HARD_LINE where set; else 0.90 (0.97 on a CUDA GPU's own memory), and 4 points above a budget
+    `fraction` set higher."""
+    chosen = get("SPILL_HARD_LINE")
+    return chosen if chosen is not None else min(1.0, max(0.97 if gpu else 0.90, fraction + 0.04))
 
 
 def prefill_tokens() -> int:
-    """Prompt tokens admitted per pass, at most (SPILL_PREFILL_TOKENS, default 4096)."""
-    return int(os.environ.get("SPILL_PREFILL_TOKENS", "4096"))
+    return get("SPILL_PREFILL_TOKENS")
 
 
 def test_pass_delay() -> float:
-    """For tests: seconds the streamer sleeps after each pass, to widen a race (SPILL_TEST_PASS_DELAY)."""
-    return float(os.environ.get("SPILL_TEST_PASS_DELAY", "0"))
+    return get("SPILL_TEST_PASS_DELAY")
 
 
 def test_estimate_delay() -> float:
-    """For tests: seconds a submitted job's estimate waits before it starts, as a slow one would (SPILL_TEST_ESTIMATE_DELAY)."""
-    return float(os.environ.get("SPILL_TEST_ESTIMATE_DELAY", "0"))
+    return get("SPILL_TEST_ESTIMATE_DELAY")
 
 
 def test_drop() -> tuple[str, int]:
-    """For tests: SPILL_TEST_DROP="SUBMIT:n" loses the n-th message of that kind a process sends, as ZeroMQ
-    loses an oversized frame: ("SUBMIT", n); ("", 0) unset."""
-    kind, _, n = os.environ.get("SPILL_TEST_DROP", "").partition(":")
+    """SPILL_TEST_DROP="SUBMIT:n" as ("SUBMIT", n); ("", 0) unset."""
+    kind, _, n = (get("SPILL_TEST_DROP") or "").partition(":")
     return (kind.upper(), int(n)) if n else ("", 0)
 
 
 def test_alloc_fail() -> tuple[int, bool]:
-    """For tests: SPILL_TEST_ALLOC_FAIL=n makes the n-th buffer the weight reader allocates raise, as MLX does where it
-    cannot allocate (Metal), in a group's first streamer; "n:every" in each one that replaces it too: (n, every).
-    n 0, unset: never."""
-    n, _, every = os.environ.get("SPILL_TEST_ALLOC_FAIL", "").partition(":")
+    """SPILL_TEST_ALLOC_FAIL="n[:every]" as (n, every); (0, False) unset."""
+    n, _, every = (get("SPILL_TEST_ALLOC_FAIL") or "").partition(":")
     return int(n or 0), every == "every"
 
 
+def test_fuzz_examples() -> int:
+    return get("SPILL_TEST_FUZZ_EXAMPLES")
+
+
 def read_threads() -> int:
-    """Threads reading one layer's chunks at once (SPILL_READ_THREADS, default 4): queue depth for the disk."""
-    return max(1, int(os.environ.get("SPILL_READ_THREADS", "4")))
+    return max(1, get("SPILL_READ_THREADS"))
 
 
 def convert_threads() -> int:
-    """Threads converting a layer's tensors into MLX arrays (SPILL_CONVERT_THREADS, default half the
-    cores, at most 8)."""
-    default = max(1, min(8, (os.cpu_count() or 2) // 2))
-    return max(1, int(os.environ.get("SPILL_CONVERT_THREADS", str(default))))
+    chosen = get("SPILL_CONVERT_THREADS")
+    return max(1, chosen if chosen is not None else min(8, (os.cpu_count() or 2) // 2))
 
 
 def blas_threads() -> int:
-    """OpenBLAS threads for the layer math on the CPU (SPILL_BLAS_THREADS, default 0: OpenBLAS's own,
-    one per core); fewer leave cores to the reader's threads."""
-    return max(0, int(os.environ.get("SPILL_BLAS_THREADS", "0")))
+    return max(0, get("SPILL_BLAS_THREADS"))
 
 
 def read_slots() -> int:
-    """Layers read ahead into buffers of their own, besides the one computing and the next one ready
-    (SPILL_READ_SLOTS; 0, the default: `platform.read_slots` chooses). Each costs a layer of memory."""
-    return max(0, int(os.environ.get("SPILL_READ_SLOTS") or 0))
+    """0: `platform.read_slots` chooses."""
+    return max(0, get("SPILL_READ_SLOTS"))
 
 
 def layers_in_flight() -> int:
-    """Converted layers alive at once while streaming, 1 or 2 (SPILL_LAYERS_IN_FLIGHT; 0, the default:
-    `platform.layers_in_flight` chooses)."""
-    return min(2, max(0, int(os.environ.get("SPILL_LAYERS_IN_FLIGHT") or 0)))
+    """0: `platform.layers_in_flight` chooses."""
+    return min(2, max(0, get("SPILL_LAYERS_IN_FLIGHT")))
 
 
 def activation_streams() -> int | None:
-    """CPU streams a large SwiGLU and a prompt's attention are split over (SPILL_ACT_STREAMS; 1 turns it off; unset:
-    `platform.activation_streams` chooses)."""
-    return int(os.environ["SPILL_ACT_STREAMS"]) if os.environ.get("SPILL_ACT_STREAMS") else None
+    """None: `platform.activation_streams` chooses."""
+    return get("SPILL_ACT_STREAMS")
 
 
 def direct_io() -> bool:
-    """Read weights with O_DIRECT where the OS and the file system allow it (SPILL_DIRECT_IO, default 1;
-    0 reads through the page cache, dropping behind)."""
-    return os.environ.get("SPILL_DIRECT_IO", "1") != "0"
+    return get("SPILL_DIRECT_IO")
 
 
 def huge_pages() -> bool:
-    """Back the MLX memory weights are read into with huge pages where Linux can (SPILL_HUGE_PAGES, default 1;
-    0 leaves MLX's 4 KiB pages: for comparison, or a kernel where collapsing them costs more than it saves)."""
-    return os.environ.get("SPILL_HUGE_PAGES", "1") != "0"
+    return get("SPILL_HUGE_PAGES")
 
 
 def read_into() -> str | None:
-    """SPILL_READ_INTO: "mlx" (each layer read straight into MLX-owned memory, its tensors views of it),
-    "buffers" (into the reader's own buffers, then copied out) or "pinned" (into its own page-locked buffers,
-    then copied by a CUDA GPU's copy engine; "buffers" without one); None: the device's default (platform.py)."""
-    chosen = os.environ.get("SPILL_READ_INTO") or None
+    """"mlx" (straight into MLX-owned memory), "buffers" (the reader's own, copied out) or "pinned" (its own
+    page-locked ones, copied by a CUDA GPU's copy engine); None: the device's default (platform.py)."""
+    chosen = get("SPILL_READ_INTO")
     if chosen not in (None, "mlx", "buffers", "pinned"):
         from .errors import SpillError
         raise SpillError(f"SPILL_READ_INTO={chosen} is not a reader setting: use mlx, buffers or pinned, "
@@ -144,65 +226,49 @@ def read_into() -> str | None:
 
 
 def max_message_bytes() -> int:
-    """Frames larger than this are refused on every socket (SPILL_MAX_MESSAGE_MB, default 256)."""
-    return int(float(os.environ.get("SPILL_MAX_MESSAGE_MB", "256")) * (1 << 20))
+    return int(get("SPILL_MAX_MESSAGE_MB") * (1 << 20))
 
 
 def liveness_timeout() -> float:
-    """Seconds without a heartbeat before an actor counts as hung and is restarted (SPILL_LIVENESS_TIMEOUT, default 30).
-    The heartbeat comes from a thread, so a long pass keeps beating; a stopped or wedged process does not."""
-    return float(os.environ.get("SPILL_LIVENESS_TIMEOUT", "30"))
+    """The heartbeat comes from a thread, so a long pass keeps beating; a stopped or wedged process does not."""
+    return get("SPILL_LIVENESS_TIMEOUT")
 
 
 def stall_timeout() -> float:
-    """Seconds every actor may sit idle while rows of the running job are out before the coordinator takes them
-    for lost on the way and submits them again (SPILL_STALL_TIMEOUT, default 30)."""
-    return float(os.environ.get("SPILL_STALL_TIMEOUT", "30"))
+    return get("SPILL_STALL_TIMEOUT")
 
 
 def wedge_timeout(pass_s: float = 0.0) -> float:
-    """Seconds an actor may work without its loop coming round before it counts as wedged and is restarted: the
-    larger of SPILL_WEDGE_TIMEOUT (default 600; a first pass reads the whole model) and 10 of the last pass."""
-    return max(float(os.environ.get("SPILL_WEDGE_TIMEOUT", "600")), 10 * pass_s)
-
-
-def allow_remote() -> bool:
-    """Let the control socket listen on an address other hosts can reach (SPILL_ALLOW_REMOTE=1; `spill up --allow-remote`)."""
-    return os.environ.get("SPILL_ALLOW_REMOTE", "") == "1"
+    """The larger of SPILL_WEDGE_TIMEOUT (a first pass reads the whole model) and 10 of the last pass."""
+    return max(get("SPILL_WEDGE_TIMEOUT"), 10 * pass_s)
 
 
 def client_timeout() -> float:
-    """Seconds a queued job waits for its `spill run` to ask about it before it leaves the queue
-    (SPILL_CLIENT_TIMEOUT, default 10): a killed client's job does not run unattended later."""
-    return float(os.environ.get("SPILL_CLIENT_TIMEOUT", "10"))
+    return get("SPILL_CLIENT_TIMEOUT")
 
 
 def metrics_host() -> str:
-    """Address the group's metrics endpoint listens on (SPILL_METRICS_HOST, default loopback only)."""
-    return os.environ.get("SPILL_METRICS_HOST", "127.0.0.1")
+    return get("SPILL_METRICS_HOST")
 
 
 def metrics_port() -> int:
-    """Port of the group's Prometheus endpoint (SPILL_METRICS_PORT, default 9464; 0 serves none)."""
-    return int(os.environ.get("SPILL_METRICS_PORT", "9464"))
+    return get("SPILL_METRICS_PORT")
+
+
+def token() -> str:
+    return get("SPILL_TOKEN") or ""
 
 
 def log_max_bytes() -> int:
-    """Size at which an actor's JSON log rotates (SPILL_LOG_MAX_BYTES, default 20 MB)."""
-    return int(os.environ.get("SPILL_LOG_MAX_BYTES", str(20 * 10**6)))
+    return get("SPILL_LOG_MAX_BYTES")
 
 
 def log_backups() -> int:
-    """Rotated log files kept per actor besides the live one (SPILL_LOG_BACKUPS, default 3)."""
-    return int(os.environ.get("SPILL_LOG_BACKUPS", "3"))
-
-
-LOG_LEVELS = ("debug", "info", "warning", "error")
+    return get("SPILL_LOG_BACKUPS")
 
 
 def log_level() -> str:
-    """Lowest level the actors log (SPILL_LOG_LEVEL, default info; warning drops the per-pass lines)."""
-    level = os.environ.get("SPILL_LOG_LEVEL", "info").strip().lower()
+    level = get("SPILL_LOG_LEVEL").lower()
     if level not in LOG_LEVELS:
         from .errors import SpillError
         raise SpillError(f"SPILL_LOG_LEVEL={os.environ['SPILL_LOG_LEVEL']!r} is not a log level; "
@@ -211,16 +277,18 @@ def log_level() -> str:
 
 
 def estimate_apart() -> bool:
-    """Make a submitted job's estimate (its tokens counted, a new model calibrated) in a child process
-    (SPILL_ESTIMATE_APART, default 1): the coordinator then holds no tokenizer for the group's life (47 MB on
-    lean45, `benchmarks/group_memory.py`), and each job pays the child's start (~3 s). 0: in a thread of the coordinator (the test suite's many short jobs)."""
-    return os.environ.get("SPILL_ESTIMATE_APART", "1") not in ("", "0")
+    """1: a submitted job's estimate in a child process, so the coordinator holds no tokenizer for the group's life
+    (47 MB on lean45, `benchmarks/group_memory.py`); 0: in a thread (the test suite's many short jobs)."""
+    return get("SPILL_ESTIMATE_APART")
 
 
 def stream() -> bool:
-    """Stream every job's weights from disk even where the model and the job's KV fit resident
-    (SPILL_STREAM=1; `spill run --stream`). Default 0: the advisor keeps a model that fits resident."""
-    return os.environ.get("SPILL_STREAM", "0") not in ("", "0")
+    """The default of --stream: the advisor otherwise keeps a model that fits resident."""
+    return get("SPILL_STREAM")
+
+
+def no_openblas(env=None) -> bool:
+    return get("SPILL_NO_OPENBLAS", env)
 
 
 BUDGET_FRACTION = 0.78   # --budget-fraction: the share of the working set live allocation aims at
@@ -230,7 +298,4 @@ GPU_BUDGET_FRACTION = 0.90
 
 
 def submit_window() -> int:
-    """Rows of a job submitted to the group and not yet finished, at most (SPILL_SUBMIT_WINDOW, default
-    1024): the coordinator feeds more as rows finish, so the group's memory does not grow with the job.
-    Keep it well above the largest batch admission can run."""
-    return int(os.environ.get("SPILL_SUBMIT_WINDOW", "1024"))
+    return get("SPILL_SUBMIT_WINDOW")

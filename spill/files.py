@@ -4,8 +4,11 @@
 import contextlib
 import fcntl
 import os
+import shutil
 from contextlib import contextmanager
 from pathlib import Path
+
+from spill.errors import SpillError
 
 
 def temporary_for(path: Path) -> Path:
@@ -23,6 +26,34 @@ def replaced(path: Path):
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def check_new_folder(out: Path) -> Path:
+    """`out` as a folder to write, which must not exist or be empty; one sentence otherwise."""
+    out = Path(out).expanduser()
+    if out.exists() and not out.is_dir():
+        raise SpillError(f"output path {out} is a file; give a folder path that does not exist yet")
+    if out.is_dir() and any(out.iterdir()):
+        raise SpillError(f"output folder {out} exists and is not empty; choose a new folder or empty it first")
+    return out
+
+
+@contextmanager
+def new_folder(out: Path):
+    """Yield a hidden empty folder beside `out` to write; when the block ends without an error it is renamed to
+    `out` (checked by `check_new_folder`), else removed: a reader finds the whole folder or none."""
+    out = check_new_folder(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        yield tmp
+        if out.exists():
+            out.rmdir()   # empty, checked above
+        os.rename(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def fsync(fd: int) -> None:

@@ -128,8 +128,8 @@ PREEMPTIONS = Counter("spill_preemptions_total", "Rows preempted (KV dropped, qu
                       registry=REGISTRY)
 
 # -- build ----------------------------------------------------------------------------------------
-BUILD = Gauge("spill_build_info", "Always 1: spill's version, the MLX backend and the job's model.",
-              ["version", "backend", "model"], registry=REGISTRY)
+BUILD = Gauge("spill_build_info", "Always 1: spill's version, the MLX backend, the job's model and its KV format.",
+              ["version", "backend", "model", "kv"], registry=REGISTRY)
 
 # Known label values start at zero, so rate() sees a series' first increase.
 for _, _tier in TIERS:
@@ -146,9 +146,9 @@ for _kind in ("minor", "major"):
 ONLY_WITH_CGROUP = "spill_memory_cgroup_usage_bytes"
 
 
-def build_info(model: str) -> None:
+def build_info(model: str, kv: str = "unquantized") -> None:
     BUILD.clear()
-    BUILD.labels(_version(), _backend(), model).set(1)
+    BUILD.labels(_version(), _backend(), model, kv).set(1)
 
 
 @functools.cache

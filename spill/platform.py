@@ -27,8 +27,9 @@ def without_torch() -> None:
 def preload_env(env: dict | None = None) -> dict:
     """A copy of `env` with OpenBLAS added to LD_PRELOAD where it exists (Linux only), its threads set to
     sleep as soon as a GEMM ends unless the user chose OPENBLAS_THREAD_TIMEOUT."""
+    from spill import config
     env = dict(os.environ if env is None else env)
-    if not sys.platform.startswith("linux") or env.get("SPILL_NO_OPENBLAS"):
+    if not sys.platform.startswith("linux") or config.no_openblas(env):
         return env
     lib = next((p for p in _CANDIDATES if os.path.exists(p)), None)
     current = env.get("LD_PRELOAD", "")
@@ -39,30 +40,38 @@ def preload_env(env: dict | None = None) -> dict:
     return env
 
 
-def reexec_with_preload() -> None:
-    """Restart this command once with OpenBLAS preloaded, if it is not already."""
+def reexec_with_preload(argv: list[str] | None = None) -> None:
+    """Restart this command (`argv`, default `spill`'s) once with OpenBLAS preloaded, if it is not already."""
+    from spill import config
     env = preload_env()
-    if env.get("LD_PRELOAD") != os.environ.get("LD_PRELOAD") and not os.environ.get("_SPILL_REEXEC"):
+    if env.get("LD_PRELOAD") != os.environ.get("LD_PRELOAD") and not config.get("_SPILL_REEXEC"):
         env["_SPILL_REEXEC"] = "1"
-        os.execve(sys.executable, [sys.executable, "-m", "spill.coordinator.cli", *sys.argv[1:]], env)
+        argv = argv or ["-m", "spill.coordinator.cli", *sys.argv[1:]]
+        os.execve(sys.executable, [sys.executable, *argv], env)
 
 
 def openblas_missing() -> bool:
     """True on Linux when no OpenBLAS can be preloaded (and the user did not opt out with SPILL_NO_OPENBLAS)."""
-    if not sys.platform.startswith("linux") or os.environ.get("SPILL_NO_OPENBLAS"):
+    from spill import config
+    if not sys.platform.startswith("linux") or config.no_openblas():
         return False
     return not any(os.path.exists(p) for p in _CANDIDATES)
 
 
-DEVICE_ENV = "SPILL_DEVICE"   # the coordinator's answer of device(), for the processes it starts
-MEMORY_ENV = "SPILL_DEVICE_MEMORY"   # and of device_memory() (0: none)
+_KNOWN: dict = {}   # {"device": str, "memory": int}: the coordinator's answer, an argument of the processes it starts
+
+
+def use_device(known: dict | None) -> None:
+    """Take device() and device_memory() as the coordinator learnt them (an actor's `device` argument)."""
+    _KNOWN.clear()
+    _KNOWN.update(known or {})
 
 
 def device() -> str:
-    """MLX's default device: "cpu" or "gpu-<name>". From SPILL_DEVICE where the coordinator set it, so a
-    process that never computes does not load MLX (its CUDA backend costs each process ~140 MB)."""
-    if os.environ.get(DEVICE_ENV):
-        return os.environ[DEVICE_ENV]
+    """MLX's default device: "cpu" or "gpu-<name>". As the coordinator learnt it where it did, so a process that
+    never computes does not load MLX (its CUDA backend costs each process ~140 MB)."""
+    if _KNOWN.get("device"):
+        return _KNOWN["device"]
     import mlx.core as mx
     if mx.default_device() == mx.cpu:
         return "cpu"
@@ -76,31 +85,32 @@ def device() -> str:
 def device_memory() -> int | None:
     """A CUDA GPU's memory, which MLX's arrays there must fit: what is free when the group learns it (MLX reads it
     system-wide, so a desktop's or another job's is left to them), else its total; None on a CPU and on Apple
-    silicon (whose working set Metal gives). From SPILL_DEVICE_MEMORY where the coordinator set it."""
+    silicon (whose working set Metal gives). As the coordinator learnt it where it did."""
     if not on_cuda():
         return None
-    if os.environ.get(MEMORY_ENV):
-        return int(os.environ[MEMORY_ENV]) or None
+    if "memory" in _KNOWN:
+        return int(_KNOWN["memory"]) or None
     import mlx.core as mx
     info = mx.device_info()
     return int(info.get("free_memory") or info.get("total_memory") or info.get("memory_size") or 0) or None
 
 
-def learn_device() -> str:
-    """device() and device_memory(), asked of MLX in a short-lived child and kept in SPILL_DEVICE and
-    SPILL_DEVICE_MEMORY for this process and those it starts: the coordinator learns them without loading MLX."""
-    if not os.environ.get(DEVICE_ENV):
+def learn_device() -> dict:
+    """device() and device_memory() as {"device", "memory"}, asked of MLX in a short-lived child and kept for this
+    process, which hands them to those it starts: the coordinator learns them without loading MLX."""
+    if not _KNOWN.get("device"):
         code = "from spill.platform import device, device_memory; print(device()); print(device_memory() or 0)"
         try:
             done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
             answer = done.stdout.strip().splitlines()[-2:] if done.returncode == 0 else []
         except (OSError, subprocess.SubprocessError):
             answer = []
-        if len(answer) == 2:
-            os.environ[DEVICE_ENV], os.environ[MEMORY_ENV] = answer
+        if len(answer) == 2 and answer[1].isdigit():
+            use_device({"device": answer[0], "memory": int(answer[1])})
         else:   # asked here, loading MLX
-            os.environ[DEVICE_ENV], os.environ[MEMORY_ENV] = device(), str(device_memory() or 0)
-    return os.environ[DEVICE_ENV]
+            use_device({"device": device()})
+            _KNOWN["memory"] = device_memory() or 0
+    return dict(_KNOWN)
 
 
 def on_cpu() -> bool:

@@ -7,6 +7,11 @@ bf16 one rounding step can flip a flat argmax and free-running paths then diverg
 identity (0 difference is expected in float32) is reported beside it, not gated. The rows exercise
 what the streamer does differently from mlx-lm: varied lengths in one batch, rows joining mid-run,
 and a prompt long enough to be prefilled in several chunks.
+
+With quantized KV (`--kv-bits`) the resident side is mlx-lm's own quantized cache (QuantizedKVCache, its
+quantized attention) at the same bits and group size: the prompt computed unquantized and its KV quantized once
+after it, as a row joining a decode pool, then `generate_step(..., kv_bits, kv_group_size, quantized_kv_start=0)`;
+the tolerance adds one quantization step of the format at the largest logit.
 """
 
 from dataclasses import dataclass, field
@@ -60,7 +65,14 @@ class CheckReport:
     eps: float                 # machine epsilon of the dtype
     scale: float               # largest |logit| the resident produced
     tolerance: float
-    derived: bool              # tolerance = (ULPS x eps + ULPS_F32 x eps of float32) x scale, else given
+    derived: bool              # tolerance = (ULPS x eps + ULPS_F32 x eps of float32 + kv_step) x scale, else given
+    kv_bits: int | None = None     # the decode pools' KV format; the reference quantizes the same way
+    kv_group_size: int = 64
+
+    @property
+    def kv_step(self) -> float:
+        """One quantization step of the KV format, relative (2^-bits): K or V rounded the other way once."""
+        return 2.0 ** -self.kv_bits if self.kv_bits else 0.0
 
     @property
     def max_logit_diff(self) -> float:
@@ -119,16 +131,19 @@ def compute_dtype(dtype: str | None):
 
 
 def run_check(folder: str | Path, n: int = 20, max_tokens: int = 16, prefill_chunk: int = 128,
-              dtype: str | None = None, tolerance: float | None = None) -> CheckReport:
+              dtype: str | None = None, tolerance: float | None = None, kv_bits: int | None = None,
+              kv_group_size: int = 64) -> CheckReport:
     """Each prompt runs twice in the same streamed batch: free-running (its own greedy tokens) and
     teacher-forced (fed the resident's tokens, so every step's logits can be compared); the resident side
     runs in a process of its own (reference.py)."""
     if n < 1:
         raise SpillError(f"--rows must be at least 1, got {n}")
-    streamer = Streamer(folder, prefill_chunk=prefill_chunk, keep_logits=True, dtype=compute_dtype(dtype))
+    streamer = Streamer(folder, prefill_chunk=prefill_chunk, keep_logits=True, dtype=compute_dtype(dtype),
+                        kv_bits=kv_bits, kv_group_size=kv_group_size)
+    kv = None if kv_bits is None else {"kv_bits": kv_bits, "kv_group_size": kv_group_size}
     try:
         dtype_name = None if streamer.dtype is None else str(streamer.dtype).removeprefix("mlx.core.")
-        ref = resident_side(folder, dtype_name, n, max_tokens, long_tokens=3 * prefill_chunk)
+        ref = resident_side(folder, dtype_name, n, max_tokens, long_tokens=3 * prefill_chunk, kv=kv)
         prompts, eos, used = ref["prompts"], frozenset(ref["eos"]), getattr(mx, ref["dtype"])
         schedule = join_schedule(n)
         rows: dict[str, CheckRow] = {}
@@ -141,13 +156,14 @@ def run_check(folder: str | Path, n: int = 20, max_tokens: int = 16, prefill_chu
                 rows[str(i)] = CheckRow(str(i), len(prompts[i]), joined, expected, ref_logits, first_expected=first)
         scale = max((float(np.abs(x).max()) for r in rows.values() for x in r.ref_logits), default=0.0)
         eps = float(mx.finfo(used).eps)
-        derived = tolerance is None
-        tol = (ULPS * eps + ULPS_F32 * float(mx.finfo(mx.float32).eps)) * max(scale, 1.0) if derived else tolerance
+        derived, step = tolerance is None, 2.0 ** -kv_bits if kv_bits else 0.0
+        tol = (ULPS * eps + ULPS_F32 * float(mx.finfo(mx.float32).eps) + step) * max(scale, 1.0) if derived else tolerance
         _stream(streamer, prompts, schedule, rows, steps, max_tokens, eos, tol)
     finally:
         streamer.close()
     device = "gpu" if mx.default_device() == mx.gpu else "cpu"
-    return CheckReport([rows[str(i)] for i in range(n)], ref["dtype"], device, eps, scale, tol, derived)
+    return CheckReport([rows[str(i)] for i in range(n)], ref["dtype"], device, eps, scale, tol, derived, kv_bits,
+                       kv_group_size)
 
 
 _TEACHER = "/teacher"

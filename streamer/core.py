@@ -26,6 +26,7 @@ from spill.platform import blas_threads_for, default_dtype, layers_in_flight, re
 
 from .families import adapter_for
 from .groups import Decode, Group, Pool, RowState
+from .kvquant import pool_maker
 from .shares import bucket, chunk_for
 from .plan import load_plan
 from .reader import WeightReader
@@ -47,11 +48,13 @@ def _in_flight(resident: bool) -> int:
 class Streamer:
     def __init__(self, folder, *, dtype: mx.Dtype | None = "auto", prefill_chunk: int = 512,
                  read_ahead: bool = True, drop_cache: bool = True, keep_logits: bool = False,
-                 seed: int = 0, resident: bool = False):
+                 seed: int = 0, resident: bool = False, kv_bits: int | None = None, kv_group_size: int = 64):
         if prefill_chunk < 1:
             raise SpillError(f"prefill_chunk must be at least 1, got {prefill_chunk}")
         self.plan = load_plan(folder)
         self.adapter = adapter_for(self.plan)
+        self.kv_bits, self.kv_group_size = kv_bits, kv_group_size   # the decode pools' KV format (kvquant.py)
+        self.make_pool = pool_maker(kv_bits, kv_group_size, self.plan.kv_heads_and_dim[1])
         self.dtype = default_dtype() if dtype == "auto" else dtype
         self.prefill_chunk = prefill_chunk
         self.prefill_budget: int | None = None   # prompt tokens a pass of `step` may prefill in all; None: a chunk a row
@@ -158,6 +161,11 @@ class Streamer:
         """The decode pools' shapes, reserved by admission: [slots, width] each, `slots` rows of up to
         `width` tokens; a pool above its slots shrinks at the next pass."""
         self.reservation = {width: slots for slots, width in pools}
+
+    def set_kv(self, bits: int | None, group_size: int) -> None:
+        """The decode pools' KV format of the next rows (a reset: no pool is held)."""
+        self.make_pool = pool_maker(bits, group_size, self.plan.kv_heads_and_dim[1])
+        self.kv_bits, self.kv_group_size = bits, group_size
 
     @property
     def resident(self) -> bool:
@@ -296,9 +304,9 @@ class Streamer:
         for width, js in picks.items():
             rows, pool = [g.rows[j] for j in js], self.pools.get(width)
             if pool is None:
-                pool = self.pools[width] = Pool(*self._shape(width, rows), len(self.adapter.layers))
+                pool = self.pools[width] = self.make_pool(*self._shape(width, rows), len(self.adapter.layers))
             elif not pool.fits(rows):   # rows past the reservation: a bigger pool, copied once
-                old, pool = pool, Pool(*self._shape(width, pool.live + rows), len(self.adapter.layers))
+                old, pool = pool, self.make_pool(*self._shape(width, pool.live + rows), len(self.adapter.layers))
                 pool.move(old)
                 self.pools[width] = pool
                 _free_cache()   # the old pool's layers, freed one by one
@@ -319,7 +327,7 @@ class Streamer:
             pool = pool.without_finished()
             slots = self.reservation.get(width, 0) if width else 0
             if pool is not None and len(pool.live) <= slots < pool.slots:
-                old, pool = pool, Pool(slots, pool.width, len(self.adapter.layers))
+                old, pool = pool, self.make_pool(slots, pool.width, len(self.adapter.layers))
                 pool.move(old)
                 del old
                 shrunk = True

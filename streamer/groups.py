@@ -20,7 +20,8 @@ frees its slot:
     1     -     (free)                     1 0 0 0 0 0 0 0  (computed, never sampled)
     2     3     c c c . . . . .            1 1 1 1 0 0 0 0
 
-Attention reads columns 0..max(len) of slots 0..last used; RoPE takes each row's own len.
+Attention reads columns 0..max(len) of slots 0..last used; RoPE takes each row's own len. With `--kv-bits`
+the pools are kvquant.QuantPools: the same slots and columns, K and V stored quantized.
 """
 
 import weakref
@@ -115,6 +116,12 @@ class SlotCache:
         self.keys[slot:slot + 1, :, :n, :] = keys
         self.values[slot:slot + 1, :, :n, :] = values
 
+    admit = place   # a joining row's prompt KV, as its prefill group computed it
+
+    def take(self, slot: int, n: int) -> tuple:
+        """Columns 0..n-1 of a slot, copied out in the pool's own format (for `place` elsewhere)."""
+        return mx.contiguous(self.keys[slot:slot + 1, :, :n, :]), mx.contiguous(self.values[slot:slot + 1, :, :n, :])
+
     def update_and_fetch(self, keys: mx.array, values: mx.array):
         """keys [used, heads, 1, head_dim] of this pass, written at each slot's len in place."""
         p = self.pool
@@ -138,12 +145,13 @@ class Pool:
     """The decode group: rows in preallocated KV slots (see the module docstring)."""
 
     prefilling = False
+    slot_cache, bits = SlotCache, None   # kvquant.QuantPool: its own cache, K and V quantized
 
     def __init__(self, slots: int, width: int, layers: int):
         self.slots, self.width = slots, width
         self.rows: list[RowState | None] = [None] * slots
         self.lens = np.zeros(slots, dtype=np.int32)     # tokens held per slot
-        self.caches = [SlotCache(self) for _ in range(layers)]
+        self.caches = [self.slot_cache(self) for _ in range(layers)]
 
     def fits(self, rows: list[RowState]) -> bool:
         free = sum(r is None for r in self.rows)
@@ -158,7 +166,7 @@ class Pool:
             r = group.rows[j]
             slot = self.rows.index(None)
             for mine, theirs in zip(self.caches, group.caches):
-                mine.place(slot, theirs.keys[j:j + 1, :, pads[j]:end, :], theirs.values[j:j + 1, :, pads[j]:end, :])
+                mine.admit(slot, theirs.keys[j:j + 1, :, pads[j]:end, :], theirs.values[j:j + 1, :, pads[j]:end, :])
             self.rows[slot], self.lens[slot] = r, end - pads[j]
 
     def move(self, old: "Pool") -> None:
@@ -172,7 +180,7 @@ class Pool:
                 moved.append((j, slot, int(old.lens[j])))
         for mine, theirs in zip(self.caches, old.caches):
             for j, slot, n in moved:
-                mine.place(slot, theirs.keys[j:j + 1, :, :n, :], theirs.values[j:j + 1, :, :n, :])
+                mine.place(slot, *theirs.take(j, n))
             mx.eval(mine.keys, mine.values)
             theirs.keys = theirs.values = None
 
@@ -218,8 +226,7 @@ class Pool:
             self.rows[hole], self.lens[hole], self.rows[last], self.lens[last] = self.rows[last], moves[-1][2], None, 0
         for c in self.caches if moves and self.caches[0].keys is not None else ():
             # the moving rows' KV copied out first: a write from a slice of the pool itself copies the whole pool
-            rows = [(mx.contiguous(c.keys[j:j + 1, :, :n, :]), mx.contiguous(c.values[j:j + 1, :, :n, :]))
-                    for _, j, n in moves]
+            rows = [c.take(j, n) for _, j, n in moves]
             mx.eval(rows)
             for (hole, _, _), (k, v) in zip(moves, rows):
                 c.place(hole, k, v)
@@ -235,6 +242,7 @@ class JointCache:
     def __init__(self, decode: "Decode", layer: int):
         self.decode, self.pools = weakref.proxy(decode), decode.pools   # no cycle: replaced pools go at once
         self.parts = [p.caches[layer] for p in self.pools]
+        self.kv_bits = self.pools[0].bits   # one KV format for every pool (not `bits`: mlx-lm reads that)
 
     @property
     def offset(self) -> mx.array:
@@ -254,10 +262,15 @@ class JointCache:
         span, ks, vs, start = max(p.span for p in self.pools), [], [], 0
         for p, c in zip(self.pools, self.parts):
             k, v = c.update_and_fetch(keys[start:start + p.used], values[start:start + p.used])
+            if self.kv_bits:   # quantized: `pooled_attention` reads each pool's own, nothing to join
+                start += p.used
+                continue
             pad = [(0, 0), (0, 0), (0, span - k.shape[2]), (0, 0)]
             ks.append(mx.pad(k, pad) if span > k.shape[2] else k)
             vs.append(mx.pad(v, pad) if span > v.shape[2] else v)
             start += p.used
+        if self.kv_bits:
+            return None, None
         return (ks[0], vs[0]) if len(ks) == 1 else (mx.concatenate(ks), mx.concatenate(vs))
 
     def make_mask(self, n: int, window_size: int | None = None, **_) -> mx.array:
@@ -283,6 +296,8 @@ def pooled_attention(original):
     or, a pool too small to split, whole on the stream with the least work so far (pools side by side)."""
     def sdpa(queries, keys, values, cache, scale, mask, sinks=None):
         streams = cpu_streams(sdpa.split) if sdpa.split > 1 and sinks is None else []
+        if isinstance(cache, JointCache) and cache.kv_bits:   # quantized pools (kvquant.py) attend on their own
+            return cache.pools[0].attend(cache, queries, scale, mask, sinks, streams)
         if (not isinstance(cache, JointCache) or len(cache.pools) < 2 or sinks is not None
                 or not isinstance(mask, mx.array)):
             if streams and isinstance(keys, mx.array):

@@ -13,7 +13,6 @@ from spill.wire import Mailbox
 
 without_torch()   # here, not only in run_actor: .core imports mlx-lm, whose transformers would import torch
 from .core import PassPlan, Row, Streamer  # noqa: E402
-from .sampling import SamplingParams  # noqa: E402
 
 
 
@@ -34,12 +33,14 @@ class StreamerActor:
             if self.engine is not None:
                 self.engine.close()
             self.engine, self.model = None, ""
-            self.engine = Streamer(msg.model, prefill_chunk=self.prefill_chunk, resident=msg.resident)
+            self.engine = Streamer(msg.model, prefill_chunk=self.prefill_chunk, resident=msg.resident,
+                                   kv_bits=msg.kv_bits or None, kv_group_size=msg.kv_group_size)
             self.model = msg.model
         elif self.engine is not None:
             self.engine.clear()
             if msg.model:
                 self.engine.set_resident(msg.resident)   # the job's advice: keep the layers, or stream
+                self.engine.set_kv(msg.kv_bits or None, msg.kv_group_size)
 
     def run(self, msg: m.Plan) -> tuple[m.Tokens, m.Pass, list]:
         """The plan's pass: (tokens for the tokenizer, the report, rows refused as (row, why))."""
@@ -47,10 +48,9 @@ class StreamerActor:
             self.engine.set_cache_limit(msg.cache_limit)
             self.cache_limit = msg.cache_limit
         eos = frozenset(msg.eos)
-        start = [(Row(row, prompt, max_tokens, SamplingParams(temperature=t, top_p=p, top_k=k, seed=seed), eos,
-                      width=width), group)
-                 for row, prompt, max_tokens, (t, p, k, seed), width, group in zip(
-                     msg.rows, m.unpack_tokens(msg.tokens, msg.lengths), msg.max_tokens, msg.sampling, msg.widths,
+        start = [(Row(row, prompt, max_tokens, sampling, eos, width=width), group)
+                 for row, prompt, max_tokens, sampling, width, group in zip(
+                     msg.rows, m.unpack_tokens(msg.tokens, msg.lengths), msg.max_tokens, msg.sampling.rows(), msg.widths,
                      msg.groups)]
         report = self.engine.run(PassPlan(start, dict(map(tuple, msg.chunks)), msg.drop, msg.finish, msg.pools))
         refused, self.engine.refused = self.engine.refused, []

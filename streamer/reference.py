@@ -28,18 +28,20 @@ _FILLER = ("The quick brown fox jumps over the lazy dog while the river runs pas
            "and the miller counts sacks of flour by lamplight. ")
 
 
-def resident_side(folder: str | Path, dtype: str | None, n: int, max_tokens: int, long_tokens: int) -> dict:
+def resident_side(folder: str | Path, dtype: str | None, n: int, max_tokens: int, long_tokens: int,
+                  kv: dict | None = None) -> dict:
     """In a fresh process: the prompts, the EOS ids, the dtype the resident model computed in, and per prompt the
-    resident's tokens of every step (an EOS included), its logits per step and mlx_lm.generate's first token."""
+    resident's tokens of every step (an EOS included), its logits per step and mlx_lm.generate's first token.
+    `kv`: mlx-lm's own quantized KV cache from the first token on (kv_bits, kv_group_size); None: unquantized."""
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
         try:
-            return pool.submit(_resident, str(folder), dtype, n, max_tokens, long_tokens).result()
+            return pool.submit(_resident, str(folder), dtype, n, max_tokens, long_tokens, kv).result()
         except BrokenProcessPool:
             raise SpillError(f"the resident reference for {folder} stopped before it finished; it holds the whole "
                              "model in memory: run `spill check` where that fits, or with fewer --rows") from None
 
 
-def _resident(folder: str, dtype: str | None, n: int, max_tokens: int, long_tokens: int) -> dict:
+def _resident(folder: str, dtype: str | None, n: int, max_tokens: int, long_tokens: int, kv: dict | None) -> dict:
     from mlx.utils import tree_flatten
     from mlx_lm.utils import load, load_config
 
@@ -57,7 +59,9 @@ def _resident(folder: str, dtype: str | None, n: int, max_tokens: int, long_toke
     used = next(v.dtype for _, v in tree_flatten(model.parameters()) if mx.issubdtype(v.dtype, mx.floating))
     eos = set(tokenizer.eos_token_ids)
     prompts = check_prompts(tokenizer, n, long_tokens)
-    rows = [(*resident_reference(model, p, max_tokens, eos), first_token(model, tokenizer, p)) for p in prompts]
+    kv = dict(kv, quantized_kv_start=0) if kv else {}
+    rows = [(*resident_reference(model, p, max_tokens, eos, **kv), first_token(model, tokenizer, p))
+            for p in prompts]
     return {"prompts": prompts, "eos": sorted(eos), "dtype": str(used).removeprefix("mlx.core."), "rows": rows}
 
 
@@ -77,7 +81,7 @@ def _encode(tokenizer, text: str) -> list[int]:
     return tokenizer.encode(text)
 
 
-def resident_reference(model, prompt: list[int], max_tokens: int, eos: set[int]):
+def resident_reference(model, prompt: list[int], max_tokens: int, eos: set[int], **kv):
     """mlx-lm's own generate loop with the model resident; returns (tokens of every step, an EOS
     included, logits per step)."""
     from mlx_lm.generate import generate_step
@@ -87,12 +91,30 @@ def resident_reference(model, prompt: list[int], max_tokens: int, eos: set[int])
         logits.append(np.array(step_logits[0].astype(mx.float32)))
         return step_logits
 
-    tokens = []
-    for tok, _ in generate_step(mx.array(prompt), model, max_tokens=max_tokens, logits_processors=[capture]):
+    tokens, cache = [], None
+    if kv:   # the prompt unquantized, its KV quantized once after it (as a row joins a pool), then mlx-lm's own decode
+        cache, prompt = _quantized_prompt(model, prompt, kv, logits)
+        tokens.append(prompt[0])
+        if prompt[0] in eos or max_tokens == 1:
+            return tokens, logits
+        max_tokens -= 1
+    for tok, _ in generate_step(mx.array(prompt), model, max_tokens=max_tokens, logits_processors=[capture],
+                                prompt_cache=cache, **kv):
         tokens.append(int(tok))
         if int(tok) in eos:
             break
     return tokens, logits
+
+
+def _quantized_prompt(model, prompt: list[int], kv: dict, logits: list) -> tuple[list, list[int]]:
+    """The prompt through mlx-lm's model and cache, its logits kept, the cache turned into mlx-lm's quantized one:
+    (that cache, [the greedy first token])."""
+    from mlx_lm.models.cache import make_prompt_cache
+    cache = make_prompt_cache(model)
+    first = model(mx.array(prompt)[None], cache=cache)[0, -1].astype(mx.float32)
+    logits.append(np.array(first))
+    cache = [c.to_quantized(group_size=kv["kv_group_size"], bits=kv["kv_bits"]) for c in cache]
+    return cache, [int(mx.argmax(first))]
 
 
 def first_token(model, tokenizer, prompt: list[int]) -> int:

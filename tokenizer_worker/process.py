@@ -53,10 +53,8 @@ def _submit(box, core: TokenizerCore, msg: m.Submit, job: str) -> None:
         box.send("coordinator", m.Error(msg.epoch, bad, ["context_length_exceeded"] * len(bad), why, job))
     if ok:
         tokens, lengths = m.pack_tokens(seqs)
-        sampling = [[r.get("temperature") or 0.0, r.get("top_p") or 1.0, r.get("top_k") or 0, r.get("seed")]
-                    for _, r in ok]
-        box.send("admission", m.Tokenized(msg.epoch, [r for r, _ in ok], tokens, lengths,
-                                          [r["max_tokens"] for _, r in ok], sampling, core.eos))
+        box.send("admission", m.Tokenized(msg.epoch, [r for r, _ in ok], tokens, lengths, [r.max_tokens for _, r in ok],
+                                          m.Sampling.of(r.sampling for _, r in ok), core.eos))
 
 
 def _tokens(box, core: TokenizerCore, msg: m.Tokens, job: str, log) -> None:

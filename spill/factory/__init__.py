@@ -23,6 +23,7 @@ from spill.factory.presets import SIZES, Shape
 from spill.factory.safetensors_writer import parse_size, write_model
 from spill.factory.tokenizer import load_or_train, tokenizer_config
 from spill.factory.weights import DTYPES, tensor_blocks
+from spill.files import check_new_folder, new_folder
 
 __all__ = ["make_model", "FAMILIES", "SIZES"]
 
@@ -52,28 +53,14 @@ def make_model(out: Path, *, family: str, size: str = "tiny", seed: int = 0,
         raise SpillError(f"cannot quantize to {bits} bits in groups of {group_size}; "
                          "choose 4 or 8 bits and a group size of 32, 64 or 128")
     max_bytes = None if shard_size is None else parse_size(shard_size)
-    out = Path(out).expanduser()
-    if out.exists() and not out.is_dir():
-        raise SpillError(f"output path {out} is a file; give a folder path that does not exist yet")
-    if out.is_dir() and any(out.iterdir()):
-        raise SpillError(f"output folder {out} exists and is not empty; choose a new folder or empty it first")
+    out = check_new_folder(out)
     tied = size in fam.tied_sizes if tie_word_embeddings is None else tie_word_embeddings
 
     # 2. write into a hidden sibling folder, then rename it into place
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.partial-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    try:
+    with new_folder(out) as tmp:
         _write(tmp, fam, shape, seed=seed, dtype=dtype, tied=tied, max_bytes=max_bytes)
         if bits is not None:
-            tmp = _quantized(tmp, bits, group_size)
-        if out.exists():
-            out.rmdir()  # empty, checked above
-        os.rename(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+            os.rename(_quantized(tmp, bits, group_size), tmp)   # _quantized removed tmp
     return out.resolve()
 
 

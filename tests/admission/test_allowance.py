@@ -26,7 +26,7 @@ def price(kv_at_zero=72 * MB, per_token=MB // 32):
 
 
 def job(n, prompt, out):
-    return [Waiting(i, np.zeros(prompt, np.int32), out, []) for i in range(n)]
+    return [Waiting(i, np.zeros(prompt, np.int32), out) for i in range(n)]
 
 
 def test_the_allowance_that_advances_the_most_rows_is_chosen_not_the_most():
@@ -59,7 +59,7 @@ def test_a_new_choice_never_leaves_the_pools_less_kv_than_they_hold():
     p = BudgetPolicy(price()(2048), max_rows=1000, prefill_tokens=2048, price=price(), least=128)
     p.offer(job(1000, 64, 256))
     assert p.priced_prefill == 128 and p.admit()
-    more = [Waiting(5000 + i, np.zeros(64, np.int32), 1, []) for i in range(20_000)]
+    more = [Waiting(5000 + i, np.zeros(64, np.int32), 1) for i in range(20_000)]
     known = [(len(w.prompt), w.max_tokens, p.sheet.slot(*[schedule.width_class(w.full_length)] * 2))
              for w in [*p.running.values(), *p.queue, *more]]
     assert allowance.choose(known, price(), 2048, 128, 1000)[0] == 1024   # with nothing reserved
@@ -108,11 +108,11 @@ def test_running_rows_have_no_prompt_left_to_start_as_the_live_estimate_offers_t
     counts its running rows the same way, so the two choose alike: here 512, where their prompts counted gave 1,024."""
     sheet = price(kv_at_zero=200 * MB)
     p = BudgetPolicy(sheet(2048), max_rows=1000, prefill_tokens=2048, price=sheet, least=128)
-    p.offer([Waiting(i, np.zeros(300, np.int32), 200, []) for i in range(100)])
+    p.offer([Waiting(i, np.zeros(300, np.int32), 200) for i in range(100)])
     for _ in range(30):
         p.admit()
     assert len(p.running) == 84
-    p.offer([Waiting(1000 + i, np.zeros(64, np.int32), 16, []) for i in range(100)])
+    p.offer([Waiting(1000 + i, np.zeros(64, np.int32), 16) for i in range(100)])
     slot = lambda w: p.sheet.slot(*[schedule.width_class(w.full_length)] * 2)
     live = [(0, w.max_tokens, slot(w)) for w in p.running.values()] + [(len(w.prompt), w.max_tokens, slot(w))
                                                                        for w in p.queue]

@@ -12,7 +12,7 @@ LIFE = ("pending", "in_flight", "running", "started", "prefilling", "decoding", 
 ALLOWED = {
     # the scheduler: every row's status, its queue and its groups
     ("admission/scheduler.py", "status"), ("admission/scheduler.py", "stops"), ("admission/scheduler.py", "deferred"),
-    ("admission/policy.py", "queue"), ("admission/policy.py", "running"), ("admission/policy.py", "preempting"),
+    ("admission/policy.py", "queue"), ("admission/policy.py", "running"),
     # the streamer's tensor state keyed by row id, and the rows of a caller that plans alone
     ("streamer/core.py", "rows"), ("streamer/core.py", "waiting"), ("streamer/core.py", "left"),
     ("streamer/groups.py", "rows"),

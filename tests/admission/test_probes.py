@@ -40,11 +40,11 @@ class ColdStartStreamer:
         pass
 
 
-def test_the_pass_probe_times_a_prefill_that_is_not_the_first(monkeypatch, tmp_path):
+def test_the_pass_probe_times_a_prefill_that_is_not_the_first(monkeypatch, tmp_path, on_device):
     """On a fresh H200 the probe's prefill pass, the process's first, priced a prompt token at 0.044 s
     against 0.00044 once MLX's kernels were compiled: the estimate said 13 minutes for a 2.5-minute job."""
     monkeypatch.setattr(core, "Streamer", ColdStartStreamer)
-    monkeypatch.setenv("SPILL_DEVICE", "gpu-Fake CUDA")
+    on_device("gpu-Fake CUDA")
     prefill, many, one = probes.pass_probe(tmp_path, None)
     n = probes.PROBE_ROWS   # the warm-up's rows end with their pass: the decode passes are the probe's rows alone
     assert ColdStartStreamer.ran == [(n, 0), (n, 0), (0, n), (0, n), (0, 1)]
@@ -53,10 +53,10 @@ def test_the_pass_probe_times_a_prefill_that_is_not_the_first(monkeypatch, tmp_p
     assert (one.decode_rows, one.compute_s) == (1, WARM)
 
 
-def test_on_the_cpu_the_probe_spends_no_pass_warming_up_a_prefill(monkeypatch, tmp_path):
+def test_on_the_cpu_the_probe_spends_no_pass_warming_up_a_prefill(monkeypatch, tmp_path, on_device):
     """A first prefill costs what the next does there (3.82 s and 3.79 s, the factory's small llama, 2 vCPUs)."""
     monkeypatch.setattr(core, "Streamer", ColdStartStreamer)
-    monkeypatch.setenv("SPILL_DEVICE", "cpu")
+    on_device("cpu")
     prefill, many, one = probes.pass_probe(tmp_path, None)
     n = probes.PROBE_ROWS
     assert ColdStartStreamer.ran == [(n, 0), (0, n), (0, n), (0, 1)]

@@ -139,10 +139,10 @@ def test_each_pass_report_is_answered_by_the_next_plan_and_only_one_plan_runs_at
     try:
         coordinator.send("admission", m.Reset(1, str(make_tiny("llama")), "job"))
         tokenizer.send("admission", m.Tokenized(1, list(range(4)), *m.pack_tokens([[5, 6, 7]] * 4), [8] * 4,
-                                                [[0.0, 1.0, 0, None]] * 4))
+                                                m.Sampling.of([m.RowSampling()] * 4)))
         first = plan()
         assert first.rows == [0, 1, 2, 3] and first.index == 0
-        tokenizer.send("admission", m.Tokenized(1, [4, 5], *m.pack_tokens([[1, 2]] * 2), [8] * 2, [[0.0, 1.0, 0, None]] * 2))
+        tokenizer.send("admission", m.Tokenized(1, [4, 5], *m.pack_tokens([[1, 2]] * 2), [8] * 2, m.Sampling.of([m.RowSampling()] * 2)))
         assert streamer.recv(timeout_ms=500) is None     # the streamer runs plan 0: nothing more until its report
         tokenizer.send("admission", m.Stop(1, [2]))      # a stop string: the next plan frees its slot
         streamer.send("admission", m.Pass(1, 0, 0.5, 0.1, 0.2, 0, 12, 4, [], 1 << 20, 1 << 20, 1 << 20, "job", plan=0))

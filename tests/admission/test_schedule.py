@@ -170,13 +170,12 @@ def test_the_budget_shrinks_the_prefill_allowance_it_prices_to_leave_room_for_kv
     assert s.kv_budget >= s.fixed["activations"] + s.fixed["prefill_kv"] or tight.prefill_tokens == 64
 
 
-def test_a_cuda_gpus_budget_is_its_memory_with_the_hosts_apart(make_tiny, monkeypatch):
+def test_a_cuda_gpus_budget_is_its_memory_with_the_hosts_apart(make_tiny, monkeypatch, on_device):
     """As the supervisor passes the device down there: the GPU's memory is the working set (--memory sets it),
     the host's (a cgroup's limit, else physical memory) holds the reader's buffers and the other processes."""
     from spill import memory, platform
     from spill.streamer.plan import load_plan
-    monkeypatch.setenv("SPILL_DEVICE", "gpu-NVIDIA H200")
-    monkeypatch.setenv("SPILL_DEVICE_MEMORY", str(4 << 30))
+    on_device("gpu-NVIDIA H200", 4 << 30)
     monkeypatch.setattr(platform.sys, "platform", "linux")
     plan = load_plan(make_tiny("llama"))
     policy, ws = schedule.budget_policy(plan, others=1 << 20)
@@ -186,19 +185,18 @@ def test_a_cuda_gpus_budget_is_its_memory_with_the_hosts_apart(make_tiny, monkey
     assert capped.working_set == 1 << 30 and capped.host_set == memory.host_set().bytes
     line = memory.describe_line(memory.describe({"memory": None}))
     assert "working set 4.0 GiB (cuda)" in line and "the host's" in line
-    monkeypatch.setenv("SPILL_DEVICE", "cpu")
+    on_device("cpu")
     assert schedule.budget_policy(plan, "1GiB")[0].sheet.host_set == 0   # one budget elsewhere
 
 
-def test_a_cuda_gpus_own_memory_is_budgeted_nearer_its_size_and_the_hosts_as_before(make_tiny, monkeypatch):
+def test_a_cuda_gpus_own_memory_is_budgeted_nearer_its_size_and_the_hosts_as_before(make_tiny, monkeypatch, on_device):
     """No page cache lives in a discrete GPU's memory: its budget is 90% (lines at 93 and 97%), one layer of
     weights is in flight, and the host's budget stays 78%; --budget-fraction still sets the GPU's."""
     from spill import memory, platform
     from spill.streamer.plan import load_plan
     plan = load_plan(make_tiny("llama"))
     cpu = schedule.budget_policy(plan, "1GiB")[0].sheet
-    monkeypatch.setenv("SPILL_DEVICE", "gpu-NVIDIA H200")
-    monkeypatch.setenv("SPILL_DEVICE_MEMORY", str(4 << 30))
+    on_device("gpu-NVIDIA H200", 4 << 30)
     monkeypatch.setattr(platform.sys, "platform", "linux")
     gpu = schedule.budget_policy(plan, "1GiB")[0].sheet
     assert (cpu.fraction, cpu.guard, cpu.hard) == (0.78, 0.80, 0.90)
@@ -209,15 +207,14 @@ def test_a_cuda_gpus_own_memory_is_budgeted_nearer_its_size_and_the_hosts_as_bef
 
 
 @pytest.mark.parametrize("gpu", [False, True])
-def test_a_budget_fraction_set_above_the_guard_line_lifts_the_lines_with_it(make_tiny, monkeypatch, gpu):
+def test_a_budget_fraction_set_above_the_guard_line_lifts_the_lines_with_it(make_tiny, monkeypatch, gpu, on_device):
     """--budget-fraction 0.95 left the guard at 80% (93% on a CUDA GPU): every pass above it held, so the pools
     never grew past it, and the hard line at 90% preempted rows the budget had priced in. The lines keep their
     distance above a budget set higher; SPILL_GUARD_LINE / SPILL_HARD_LINE still set them outright."""
     from spill import platform
     from spill.streamer.plan import load_plan
     if gpu:
-        monkeypatch.setenv("SPILL_DEVICE", "gpu-NVIDIA H200")
-        monkeypatch.setenv("SPILL_DEVICE_MEMORY", str(4 << 30))
+        on_device("gpu-NVIDIA H200", 4 << 30)
         monkeypatch.setattr(platform.sys, "platform", "linux")
     plan = load_plan(make_tiny("llama"))
     policy = schedule.budget_policy(plan, "1GiB", fraction=0.95)[0]

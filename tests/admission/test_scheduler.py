@@ -132,8 +132,8 @@ def test_a_long_prompt_at_the_budgets_edge_is_priced_at_what_it_allocates_and_ne
         s, fixed = edge_sheet()
         p = BudgetPolicy(s, max_rows=16, prefill_tokens=64)
         sched = Scheduler(p, chunk=64)
-        short = [Waiting(i, np.zeros(16, np.int32), 20, []) for i in range(10)]
-        sched.offer(short + [Waiting(99, np.zeros(700, np.int32), 8, [])])
+        short = [Waiting(i, np.zeros(16, np.int32), 20) for i in range(10)]
+        sched.offer(short + [Waiting(99, np.zeros(700, np.int32), 8)])
         return sched, fixed, s
     sched, fixed, s = job()
     high, drops, ended = run_at_the_edge(sched, fixed)
@@ -148,5 +148,5 @@ def test_a_long_prompt_at_the_budgets_edge_is_priced_at_what_it_allocates_and_ne
 def test_a_prompt_whose_kv_never_fits_beside_its_slot_is_refused_with_its_sentence():
     s, _ = edge_sheet()
     sched = Scheduler(BudgetPolicy(s, max_rows=8, prefill_tokens=64))
-    refused = sched.offer([Waiting(0, np.zeros(900, np.int32), 8, [])])   # a 1,024-token slot and 772 KiB more
+    refused = sched.offer([Waiting(0, np.zeros(900, np.int32), 8)])   # a 1,024-token slot and 772 KiB more
     assert refused and "its KV cache needs" in refused[0][1] and sched.status[0] == Status.FINISHED

@@ -23,7 +23,7 @@ def FifoPolicy(max_rows=64, prefill_tokens=4096):
 
 
 def waiting(r: SimRow) -> Waiting:
-    return Waiting(r.row, np.zeros(r.prompt, np.int32), r.max_tokens or r.out, [])
+    return Waiting(r.row, np.zeros(r.prompt, np.int32), r.max_tokens or r.out)
 
 
 def job(n=150, seed=1):
@@ -162,7 +162,7 @@ def test_the_simulated_schedule_is_the_one_a_real_streamed_run_plays(make_tiny, 
     def policy():
         return BudgetPolicy(Sheet(2**34, kv_per_token=1), max_rows=6, prefill_tokens=64)
     sched = Scheduler(policy(), lambda *a: schedule.pace(None, 0, *a), 64)
-    sched.offer([Waiting(r.row, np.array(prompts[r.row], np.int32), r.out, []) for r in rows])
+    sched.offer([Waiting(r.row, np.array(prompts[r.row], np.int32), r.out) for r in rows])
     schedule.interleave(sched.policy.queue, schedule.prompt_length)
     streamer, emitted, tiers = Streamer(folder, prefill_chunk=64), {r.row: 0 for r in rows}, {}
     while sched.busy:

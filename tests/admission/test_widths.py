@@ -15,7 +15,7 @@ def mixed(n_short=20, n_long=20, start=0):
     out = []
     for i in range(n_short + n_long):
         long_ = i % 2 == 1 if i < 2 * min(n_short, n_long) else n_long > n_short
-        out.append(Waiting(start + i, np.zeros(900 if long_ else 45, np.int32), 128, [0.0, 1.0, 0, None]))
+        out.append(Waiting(start + i, np.zeros(900 if long_ else 45, np.int32), 128))
     return out
 
 
@@ -64,7 +64,7 @@ def test_the_pools_never_exceed_the_kv_budget_and_every_row_runs_in_a_pool_as_wi
     rnd = random.Random(3)
     p = BudgetPolicy(sheet(slots_mb=30), max_rows=24, prefill_tokens=3000)
     lengths = [rnd.choice([20, 45, 300, 420, 700, 900, 1500]) for _ in range(300)]
-    p.offer([Waiting(i, np.zeros(n, np.int32), rnd.randint(1, 128), []) for i, n in enumerate(lengths)])
+    p.offer([Waiting(i, np.zeros(n, np.int32), rnd.randint(1, 128)) for i, n in enumerate(lengths)])
     done = 0
     while p.queue or p.running:
         p.admit()
@@ -101,7 +101,7 @@ def test_a_class_is_the_length_rounded_to_an_eighth_of_its_doubling_and_never_fi
 def test_rows_of_a_short_prompt_and_few_new_tokens_reserve_their_length_not_the_next_64():
     """A 64 + 16-token row held a slot of 128 tokens, which capped the H200 peers run at 66 rows where ~100 fit."""
     p = BudgetPolicy(sheet(slots_mb=40), prefill_tokens=100_000)   # 40 slots of 256 tokens
-    p.offer([Waiting(i, np.zeros(64, np.int32), 16, []) for i in range(200)])   # 80 tokens: class 80
+    p.offer([Waiting(i, np.zeros(64, np.int32), 16) for i in range(200)])   # 80 tokens: class 80
     assert len(p.admit()) == 128 and pools(p) == {80: 128} and p.reserved() == 40 * MB
 
 

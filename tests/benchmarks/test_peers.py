@@ -1,6 +1,7 @@
 """peers.py's own bookkeeping: a peer that failed keeps the setting it ran with; the GPU's memory by phase."""
 
 import importlib.util
+import json
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -41,3 +42,16 @@ def test_the_gpu_watch_keeps_its_samples_above_the_memory_in_use_before(monkeypa
     with peers.GpuWatch() as watch:
         time.sleep(0.9)
     assert watch.peak == 800 and [u for _, u in watch.samples][:3] == [300, 800, 200]
+
+
+def test_spills_figures_come_from_its_passes_and_skip_the_written_records(tmp_path):
+    """A job's history ends with a record of the rows written after its last pass (no pass fields): read by
+    hand, it failed the run with KeyError 'prefill_tokens'."""
+    from spill.coordinator import history
+    lines = [{"prefill_tokens": 512, "decode_rows": 4, "seconds": 3.0, "emitted": 4, "bytes_streamed": 9, "done": 0},
+             {"prefill_tokens": 0, "decode_rows": 4, "seconds": 1.0, "emitted": 4, "bytes_streamed": 9, "done": 0},
+             {"prefill_tokens": 0, "decode_rows": 4, "seconds": 3.0, "emitted": 4, "bytes_streamed": 9, "done": 0},
+             {"written": True, "time": 0.0, "done": 4}]
+    (tmp_path / history.FILE).write_text("".join(f"{json.dumps(x)}\n" for x in lines))
+    r = peers.decode_figures(history.read(tmp_path))
+    assert (r["batch"], r["passes"], r["s_per_step"], r["decode_tps"]) == (4, 3, 2.0, 2.0)

@@ -27,6 +27,8 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+from spill import config
+
 TIERS = [("short", "Name a colour.", 4), ("medium", "Summarise this: " + "the river runs to the sea. " * 20, 8),
          ("long", "Translate this: " + "a quiet morning over the hills and the town. " * 60, 12)]
 FAST = {"SPILL_MAX_ROWS": "4", "SPILL_TEST_PASS_DELAY": "0.05", "SPILL_STREAM": "1"}   # streamed, as in the tests
@@ -164,7 +166,7 @@ def remount(where: Path, options: str) -> None:
 
 # -- the scenarios: each returns one trial's figures ----------------------------------------------
 def trial_kill(model, inp, expected, work: Path, rng: random.Random) -> dict:
-    out, home = work / "out.jsonl", Path(os.environ["SPILL_HOME"])
+    out, home = work / "out.jsonl", config.home()
     proc = start(model, inp, out)
     pids = wait_group(home, proc)
     wait_for_rows(out, rng.randint(0, len(expected) - 2), proc)
@@ -181,8 +183,8 @@ def trial_kill(model, inp, expected, work: Path, rng: random.Random) -> dict:
 def trial_stop(model, inp, expected, work: Path, rng: random.Random) -> dict:
     out, home = work / "out.jsonl", work / "home"      # a data home of its own: its logs are this group's alone
     env = {"SPILL_LIVENESS_TIMEOUT": "5", "SPILL_HOME": str(home)}
-    if (Path(os.environ["SPILL_HOME"]) / "calibration").is_dir():   # the model's calibration: no probe in this group
-        shutil.copytree(Path(os.environ["SPILL_HOME"]) / "calibration", home / "calibration")
+    if (config.home() / "calibration").is_dir():   # the model's calibration: no probe in this group
+        shutil.copytree(config.home() / "calibration", home / "calibration")
     proc = start(model, inp, out, env)
     pids = wait_group(home, proc)
     wait_for_rows(out, rng.randint(1, len(expected) - 2), proc)

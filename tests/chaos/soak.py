@@ -5,7 +5,7 @@
 Trial k of seed s draws its fault, the fault's moment and the group (embedded, or a long-lived `spill up`
 for about one trial in four) from Random(f"{s}:{k}"); the fault kinds take turns:
 
-    wedge    an actor's loop blocks for ever at its n-th event (SPILL_CRASH_<ROLE>=event:n:wedge), its heartbeat
+    wedge    an actor's loop blocks for ever at its n-th event (SPILL_TEST_CRASH_<ROLE>=event:n:wedge), its heartbeat
              going on; SPILL_WEDGE_TIMEOUT=20 restarts it
     drop     the n-th message of a kind is lost on its way (SPILL_TEST_DROP=KIND:n); SPILL_STALL_TIMEOUT=3
     alloc    the weight reader's first buffer fails to allocate (SPILL_TEST_ALLOC_FAIL=1[:every]), in the first
@@ -35,6 +35,7 @@ from .chaos import output_lines
 CAP_S = 240   # liveness bound of a trial: the deadlines below plus a model reload each, several times over
 FAST = {"SPILL_MAX_ROWS": "4", "SPILL_TEST_PASS_DELAY": "0.05", "SPILL_STREAM": "1", "SPILL_METRICS_PORT": "0"}
 FAULTS = ("wedge", "drop", "alloc", "corrupt")
+OUTCOMES = ("identical", "sentence", "hang", "defect")
 WEDGE_S = "20"   # longer than any loop turn here: a tokenizer loading under load 11 took over 5 s, and was killed
 WEDGES = {"tokenizer": ("submit", "tokens"), "admission": ("tokenized", "pass"), "streamer": ("pass",)}
 DROPS = ("SUBMIT", "TOKENIZED", "PLAN", "TOKENS", "PASS", "DONE")
@@ -56,7 +57,7 @@ def draw(seed: int, k: int) -> dict:
         role = rng.choice(sorted(WEDGES))
         event = rng.choice(WEDGES[role])
         at = 1 if event in ("submit", "tokenized") else rng.randint(1, 6)
-        env = {f"SPILL_CRASH_{role.upper()}": f"{event}:{at}:wedge", "SPILL_WEDGE_TIMEOUT": WEDGE_S}
+        env = {f"SPILL_TEST_CRASH_{role.upper()}": f"{event}:{at}:wedge", "SPILL_WEDGE_TIMEOUT": WEDGE_S}
         return {"fault": fault, "group": group, "what": f"{role} {event}:{at}", "env": env}
     if fault == "drop":
         kind = rng.choice(DROPS)
@@ -181,7 +182,7 @@ def summary(results: list[dict]) -> list[dict]:
         mine = [r for r in results if r["fault"] == fault]
         if mine:
             rows.append({"fault": fault, "trials": len(mine), "up": sum(r["group"] == "up" for r in mine),
-                         **{o: sum(r["outcome"] == o for r in mine) for o in ("identical", "sentence", "hang", "defect")},
+                         **{o: sum(r["outcome"] == o for r in mine) for o in OUTCOMES},
                          "median_s": statistics.median(r["seconds"] for r in mine),
                          "max_s": max(r["seconds"] for r in mine)})
     return rows

@@ -19,9 +19,9 @@ def test_a_seed_draws_the_same_trials_and_the_faults_take_turns():
     assert drawn == [soak.draw(7, k) for k in range(8)]
     assert [t["fault"] for t in drawn] == list(soak.FAULTS) * 2
     assert drawn != [soak.draw(8, k) for k in range(8)]
-    assert all(set(t["env"]) <= {"SPILL_CRASH_TOKENIZER", "SPILL_CRASH_ADMISSION", "SPILL_CRASH_STREAMER",
-                                 "SPILL_WEDGE_TIMEOUT", "SPILL_TEST_DROP", "SPILL_STALL_TIMEOUT",
-                                 "SPILL_TEST_ALLOC_FAIL"} for t in drawn)
+    knobs = {"SPILL_TEST_CRASH_TOKENIZER", "SPILL_TEST_CRASH_ADMISSION", "SPILL_TEST_CRASH_STREAMER",
+             "SPILL_WEDGE_TIMEOUT", "SPILL_TEST_DROP", "SPILL_STALL_TIMEOUT", "SPILL_TEST_ALLOC_FAIL"}
+    assert all(set(t["env"]) <= knobs for t in drawn)
 
 
 def test_the_verdict_is_identical_a_sentence_a_hang_or_a_defect(tmp_path):
@@ -29,7 +29,8 @@ def test_the_verdict_is_identical_a_sentence_a_hang_or_a_defect(tmp_path):
     assert soak.judge(0, "", whole, REFERENCE, hung=False)["outcome"] == "identical"
     assert soak.judge(None, "", whole, REFERENCE, hung=True)["outcome"] == "hang"
     part = _out(tmp_path, [("a", "one two")])
-    assert soak.judge(1, "spill: x.safetensors changed; re-download it\n", part, REFERENCE, False)["outcome"] == "sentence"
+    said = "spill: x.safetensors changed; re-download it\n"
+    assert soak.judge(1, said, part, REFERENCE, False)["outcome"] == "sentence"
     assert soak.judge(0, "", part, REFERENCE, False)["outcome"] == "defect"             # a row lost, exit 0
     assert soak.judge(1, "spill: a\nspill: b\n", part, REFERENCE, False)["outcome"] == "defect"   # not one sentence
     assert soak.judge(1, "Traceback (most recent call last):\n", part, REFERENCE, False)["outcome"] == "defect"

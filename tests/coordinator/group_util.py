@@ -10,6 +10,8 @@ from pathlib import Path
 
 import mlx.core as mx
 
+from spill import config
+
 QUESTIONS = ["What is the capital of France?", "Write a haiku about the sea.", "Explain photosynthesis.",
              "List three uses of a paperclip.", "What is 12 times 12?", "Translate 'thank you' into Spanish.",
              "Name a grey cat.", "Why do leaves change colour in autumn?", "Summarise the water cycle.",
@@ -91,7 +93,7 @@ def resident_texts(folder: Path, rows: list[dict]) -> dict[str, str]:
 
 def last_actor_pids(n: int = 3) -> list[int]:
     """Pids of the last n actors the coordinator started (from its JSON log)."""
-    log = Path(os.environ["SPILL_HOME"]) / "run" / "logs" / "coordinator.log"
+    log = config.home() / "run" / "logs" / "coordinator.log"
     started = [json.loads(line) for line in log.read_text().splitlines() if '"started"' in line]
     return [e["actor_pid"] for e in started[-n:]]
 
@@ -116,7 +118,7 @@ def assert_actors_exit(pids: list[int], within_s: float = 10.0) -> None:
 
 def log_events(role: str, home: Path | None = None) -> list[dict]:
     """The JSON log events of one process of the group (a line still being written is skipped)."""
-    path, events = Path(home or os.environ["SPILL_HOME"]) / "run" / "logs" / f"{role}.log", []
+    path, events = Path(home or config.home()) / "run" / "logs" / f"{role}.log", []
     for line in path.read_text().splitlines() if path.exists() else []:
         try:
             events.append(json.loads(line))

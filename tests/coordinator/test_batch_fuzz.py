@@ -2,17 +2,16 @@
 line, no good row lost, and every row that reads as good fits the wire (issue 8)."""
 
 import json
-import os
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from spill import messages as m
+from spill import config, messages as m
 from spill.coordinator.batch_input import BadRow, _show, read_batch
 from spill.coordinator.batch_output import bad_row_line, encode
-from spill.coordinator.jobrun import row_seeds
+from spill.coordinator.jobrun import row_request, row_seeds
 
-EXAMPLES = int(os.environ.get("SPILL_FUZZ_EXAMPLES", "60"))   # CI: bounded; by hand: SPILL_FUZZ_EXAMPLES=5000
+EXAMPLES = config.test_fuzz_examples()   # CI: bounded; by hand: SPILL_TEST_FUZZ_EXAMPLES=5000
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                              HealthCheck.function_scoped_fixture])
 json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
@@ -60,9 +59,7 @@ def test_good_rows_survive_any_garbage_between_them(tmp_path_factory, goods, bad
         json.loads(encode(bad_row_line(b)))    # the error line is valid JSON
     assert len({r.line for r in requests} | {b.line for b in bad}) == len(requests) + len(bad)
     seeds = row_seeds("job", requests)
-    reqs = [{"kind": r.kind, "messages": r.messages, "prompt": r.prompt, "max_tokens": r.max_tokens or 16,
-             "temperature": r.temperature, "top_p": r.top_p, "top_k": r.top_k,
-             "seed": r.seed if r.seed is not None else s, "stop": r.stop} for r, s in zip(requests, seeds)]
+    reqs = [row_request(r, {"max_tokens": 16}, r.seed if r.seed is not None else s) for r, s in zip(requests, seeds)]
     assert m.decode(m.encode(m.Submit(1, list(range(len(reqs))), reqs))).requests == reqs   # fits the wire
 
 

@@ -31,6 +31,16 @@ def test_check_in_bfloat16_states_dtype_tolerance_and_both_figures(make_tiny):
     assert last.startswith("passed: ") and "near-ties left out); free-running " in last
 
 
+def test_check_with_quantized_kv_names_the_format_its_reference_and_both_figures(make_tiny):
+    result = runner.invoke(app, ["check", str(make_tiny("llama")), "--rows", "3", "--max-tokens", "4",
+                                 "--prefill-chunk", "16", "--kv-bits", "8", "--kv-group-size", "32"], terminal_width=200)
+    assert result.exit_code == 0, result.output
+    assert "dtype float32 on the cpu; KV 8-bit (group 32) against mlx-lm's QuantizedKVCache; tolerance " in result.output
+    assert "(4 x eps 1.2e-07 + 64 x float32 eps + 2^-8 (a step of the KV format)) x largest |logit|" in result.output
+    last = result.output.rstrip().splitlines()[-1]
+    assert last.startswith("passed: teacher-forced max |Δ logit| ") and last.endswith("free-running 3/3 identical")
+
+
 def test_check_with_an_unknown_dtype_is_one_line(make_tiny):
     line = _one_line_error(["check", str(make_tiny("llama")), "--dtype", "fp8"])
     assert line == "spill: --dtype 'fp8' is not one of bfloat16, float16, float32; pick one of them or leave it out"

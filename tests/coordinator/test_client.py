@@ -25,7 +25,7 @@ def _group(eps: Endpoints, bound: threading.Event, ops: list, first: bool = Fals
             *envelope, raw = sock.recv_multipart()
             ops.append(m.decode(raw).op)
             if answer:
-                sock.send_multipart([*envelope, m.encode(m.Reply(True, {"done": done}))])
+                sock.send_multipart([*envelope, m.encode(m.Stopped("j", "running", done, 9))])
     finally:
         sock.close()
 
@@ -43,8 +43,8 @@ def test_a_request_interrupted_while_it_waits_leaves_the_client_able_to_send(tmp
     try:
         signal.setitimer(signal.ITIMER_REAL, 0.3)   # Ctrl-C while `status` waits for its answer
         with pytest.raises(KeyboardInterrupt):
-            client.request("status", timeout_s=5)
-        assert client.request("interrupt", timeout_s=5) == {"done": 3}
+            client.request(m.Status(), timeout_s=5)
+        assert client.request(m.Interrupt(), timeout_s=5).done == 3
     finally:
         signal.signal(signal.SIGALRM, previous)
         client.close()
@@ -56,12 +56,12 @@ def test_a_late_answer_to_a_timed_out_request_is_not_taken_for_the_next_ones(tmp
     eps, bound, ops = Endpoints.in_dir(tmp_path), threading.Event(), []
     client = Client(eps)
     with pytest.raises(GroupDead):
-        client.request("status", timeout_s=0.2)     # sent before the group is there; answered after the timeout
+        client.request(m.Status(), timeout_s=0.2)     # sent before the group is there; answered after the timeout
     group = threading.Thread(target=_group, args=(eps, bound, ops, True))
     group.start()
     try:
         bound.wait(10)
-        assert client.request("interrupt", timeout_s=5) == {"done": 3}
+        assert client.request(m.Interrupt(), timeout_s=5).done == 3
     finally:
         client.close()
         group.join()
@@ -73,13 +73,13 @@ def test_a_late_answer_to_a_timed_out_request_does_not_hang_the_next_one_past_it
     eps, bound, ops = Endpoints.in_dir(tmp_path), threading.Event(), []
     client = Client(eps)
     with pytest.raises(GroupDead):
-        client.request("ping", timeout_s=0.2)
+        client.request(m.Ping(), timeout_s=0.2)
     group = threading.Thread(target=_group, args=(eps, bound, ops, True, False))
     group.start()
     try:
         bound.wait(10)
         with pytest.raises(GroupDead, match="did not answer during `submit`"):
-            client.request("submit", timeout_s=2)
+            client.request(m.SubmitJob(), timeout_s=2)
     finally:
         client.close()
         group.join()

@@ -11,7 +11,7 @@ import structlog
 
 from spill import config
 from spill import messages as m
-from spill.coordinator import estimating, first_use
+from spill.coordinator import daemon, estimating, first_use
 from spill.coordinator.daemon import Group
 from spill.coordinator.supervisor import ACTORS
 
@@ -82,15 +82,14 @@ def group() -> Group:
     return g
 
 
-def submit(g: Group, tmp_path, name: str, rows: int = 2, wait: bool = True, model=None) -> dict:
+def submit(g: Group, tmp_path, name: str, rows: int = 2, wait: bool = True, model=None) -> m.Queued:
     """Submit a job of `rows` rows on `model` (default: `tmp_path`, a config.json); `wait`: until it is estimated."""
     inp = tmp_path / f"{name}.jsonl"
     inp.write_text("".join(json.dumps({"custom_id": f"{name}{i}", "prompt": f"{name} {i}"}) + "\n" for i in range(rows)))
     model = model or tmp_path
     model.mkdir(exist_ok=True)
     (model / "config.json").write_text('{"model_type": "llama"}')   # submit classifies the model first
-    reply = g.handle(m.Request("submit", {"model": str(model), "input": str(inp),
-                                          "output": str(tmp_path / f"{name}.out.jsonl")})).data
+    reply = g.handle(m.SubmitJob(str(model), str(inp), str(tmp_path / f"{name}.out.jsonl")))
     if wait:
         settle(g)
     return reply
@@ -106,12 +105,12 @@ def test_a_result_of_the_previous_job_is_not_written_into_the_next(tmp_path):
     a = submit(g, tmp_path, "a")
     b = submit(g, tmp_path, "b")
     epoch_a = g.epoch
-    g.handle(m.Request("interrupt", {"job": a["job"]}))
+    g.handle(m.Interrupt(a.job))
     g.next_job()                                       # b starts in the same loop turn
-    assert g.current.job.id == b["job"]
+    assert g.current.job.id == b.job
     g.on_actor(done(epoch_a, [0], "text of a0"))        # late: the tokenizer finished it before the reset
     assert read_output(tmp_path / "b.out.jsonl") == {}
-    g.on_actor(done(g.epoch, [1], "text of a1", job=a["job"]))   # stamped with the other job
+    g.on_actor(done(g.epoch, [1], "text of a1", job=a.job))   # stamped with the other job
     assert read_output(tmp_path / "b.out.jsonl") == {}
     g.on_actor(done(g.epoch, [0, 1], "text of b"))
     out = read_output(tmp_path / "b.out.jsonl")
@@ -119,13 +118,28 @@ def test_a_result_of_the_previous_job_is_not_written_into_the_next(tmp_path):
         {"b0": "text of b", "b1": "text of b"}
 
 
-def test_an_unknown_request_and_a_crashing_request_get_replies(tmp_path):
+def test_an_unknown_request_and_a_crashing_request_get_replies(tmp_path, monkeypatch):
     g = group()
-    reply = g.handle(m.Request("bogus", {}))
-    assert not reply.ok and reply.error.startswith("unknown request 'bogus'; this group answers ping, submit,")
-    reply = g.handle(m.Request("submit", {"model": 5}))
-    assert not reply.ok and reply.error.startswith("submit failed (")
-    assert g.handle(m.Request("ping", {})).ok
+    reply = g.handle(m.Ready("x", 1))
+    assert reply.error == ("unknown request Ready; this group answers ping, submit, status, interrupt, cancel, down "
+                           "(is the client the same spill version as the group?)")
+    monkeypatch.setattr(daemon, "prepare", lambda *args: 1 / 0)   # a bug on the submit's path
+    reply = g.handle(m.SubmitJob(str(tmp_path), "in.jsonl"))
+    assert isinstance(reply, m.Refused) and reply.error.startswith("submit failed (ZeroDivisionError")
+    assert g.handle(m.Ping()) == m.Pong(os.getpid())
+
+
+def test_each_request_type_is_answered_by_its_own_handler_with_its_reply_type(tmp_path):
+    g = group()
+    a, b = submit(g, tmp_path, "a"), submit(g, tmp_path, "b")
+    assert isinstance(a, m.Queued) and a.status == "estimating"   # the reply does not wait for the estimate
+    asked = [m.Ping(), m.Status(a.job), m.Interrupt(a.job), m.Cancel(b.job), m.Down()]
+    assert {type(req) for req in asked} | {m.SubmitJob} == set(m.REQUESTS)
+    for req in asked:
+        assert type(g.handle(req)) is m.REPLIES[type(req)], req
+    assert g.handle(m.Status(b.job)) == m.JobStatus(**{**g._status(m.Status(b.job)), "memory": g.memory,
+                                                        "metrics": g.metrics})
+    assert isinstance(g.handle(m.Cancel(b.job)), m.Refused)   # cancelled already: one sentence, no traceback
 
 
 def test_an_output_that_cannot_be_opened_is_an_error_reply_not_a_dead_group(tmp_path):
@@ -133,10 +147,10 @@ def test_an_output_that_cannot_be_opened_is_an_error_reply_not_a_dead_group(tmp_
     inp = tmp_path / "in.jsonl"
     inp.write_text('{"custom_id": "a", "prompt": "x"}\n')
     (tmp_path / "config.json").write_text('{"model_type": "llama"}')
-    reply = g.handle(m.Request("submit", {"model": str(tmp_path), "input": str(inp), "output": "/proc/x.jsonl"}))
-    assert not reply.ok
+    reply = g.handle(m.SubmitJob(str(tmp_path), str(inp), "/proc/x.jsonl"))
+    assert isinstance(reply, m.Refused)
     assert reply.error.startswith("cannot create -o /proc/x.jsonl (") and "choose a path in a folder you can write" in reply.error
-    assert submit(g, tmp_path, "ok")["job"]
+    assert submit(g, tmp_path, "ok").job
 
 
 def test_a_failed_write_fails_that_job_and_the_next_one_runs(tmp_path, monkeypatch):
@@ -151,15 +165,15 @@ def test_a_failed_write_fails_that_job_and_the_next_one_runs(tmp_path, monkeypat
     monkeypatch.setattr(os, "write", full)
     g.on_actor(done(g.epoch, [1], "second"))
     monkeypatch.setattr(os, "write", real_write)
-    status = g.status({"job": a["job"]})
-    assert status["status"] == "failed"
-    assert status["error"] == (f"no space left to write {tmp_path / 'a.out.jsonl'}; free some space and run the "
-                               f"same command again to continue job {a['job']}")
+    status = g.status(m.Status(a.job))
+    assert status.status == "failed"
+    assert status.error == (f"no space left to write {tmp_path / 'a.out.jsonl'}; free some space and run the "
+                               f"same command again to continue job {a.job}")
     assert list(read_output(tmp_path / "a.out.jsonl")) == ["a0"]      # valid, and resumable from a1
     g.next_job()
-    assert g.current.job.id == b["job"]
+    assert g.current.job.id == b.job
     g.on_actor(done(g.epoch, [0, 1], "b"))
-    assert g.status({"job": b["job"]})["status"] == "done"
+    assert g.status(m.Status(b.job)).status == "done"
 
 
 def test_a_bug_while_handling_an_actor_message_fails_the_job_not_the_group(tmp_path, monkeypatch):
@@ -167,8 +181,8 @@ def test_a_bug_while_handling_an_actor_message_fails_the_job_not_the_group(tmp_p
     a = submit(g, tmp_path, "a")
     monkeypatch.setattr(g.current, "on_progress", lambda msg: 1 / 0)
     g.on_actor(m.Progress(g.epoch, [0], [1], ["x"]))
-    s = g.status({"job": a["job"]})
-    assert s["status"] == "failed" and s["error"].startswith("the coordinator could not handle a Progress message "
+    s = g.status(m.Status(a.job))
+    assert s.status == "failed" and s.error.startswith("the coordinator could not handle a Progress message "
                                                              "(ZeroDivisionError: division by zero)")
 
 
@@ -190,7 +204,7 @@ def test_an_actor_that_keeps_crashing_fails_the_job_naming_its_last_error(tmp_pa
     monkeypatch.setattr(g.sup, "why", lambda role, final=True: "" if final else "RuntimeError: [malloc] Unable to allocate")
     for _ in range(4):
         g.check_actors()
-    assert g.status({"job": a["job"]})["error"] == (
+    assert g.status(m.Status(a.job)).error == (
         "the streamer crashed 4 times during this job (the last time: RuntimeError: [malloc] Unable to allocate); "
         f"see {config.home() / 'run' / 'logs' / 'streamer.log'}")
 
@@ -199,11 +213,10 @@ def test_the_control_socket_answers_garbage_and_refuses_a_wrong_token(tmp_path):
     from spill.coordinator.control import answer
     g, log = group(), structlog.get_logger()
     assert answer(g, b"\x99garbage", "", "ipc://x", log).error.startswith("not a spill request (unknown message kind")
-    assert answer(g, m.encode(m.Ready("x", 1)), "", "ipc://x", log).error == \
-        "not a spill request (expected a request, found Ready)"
-    refused = answer(g, m.encode(m.Request("ping", {}, "guess")), "secret", "tcp://127.0.0.1:5557", log)
-    assert not refused.ok and "wrong or missing control token" in refused.error
-    assert answer(g, m.encode(m.Request("ping", {}, "secret")), "secret", "tcp://127.0.0.1:5557", log).ok
+    assert answer(g, m.encode(m.Ready("x", 1)), "", "ipc://x", log).error.startswith("unknown request Ready;")
+    refused = answer(g, m.encode(m.Ping("guess")), "secret", "tcp://127.0.0.1:5557", log)
+    assert isinstance(refused, m.Refused) and "wrong or missing control token" in refused.error
+    assert isinstance(answer(g, m.encode(m.Ping("secret")), "secret", "tcp://127.0.0.1:5557", log), m.Pong)
 
 
 def test_a_users_status_does_not_keep_a_killed_clients_queued_job_alive(tmp_path, monkeypatch):
@@ -211,15 +224,15 @@ def test_a_users_status_does_not_keep_a_killed_clients_queued_job_alive(tmp_path
     g = group()
     submit(g, tmp_path, "a")
     b = submit(g, tmp_path, "b")
-    g.clients[b["job"]] = ("4242", g.clients[b["job"]][1])   # b's `spill run` (pid 4242) is then killed
+    g.clients[b.job] = ("4242", g.clients[b.job][1])   # b's `spill run` (pid 4242) is then killed
     g.clients[g.current.job.id] = ("4241", g.clients[g.current.job.id][1])
     for _ in range(3):
         time.sleep(0.1)
-        g.handle(m.Request("status", {"job": b["job"]}))      # someone else's `spill status JOB`
-        g.handle(m.Request("status", {"job": g.current.job.id, "client": "4241"}))   # a's client follows
+        g.handle(m.Status(b.job))      # someone else's `spill status JOB`
+        g.handle(m.Status(g.current.job.id, "4241"))   # a's client follows
     g.check_clients()
     assert [run.job.id for run in g.runs()] == [g.current.job.id]   # b left the queue; a still runs
-    assert g.handle(m.Request("status", {"job": b["job"]})).data["status"] == "interrupted"
+    assert g.handle(m.Status(b.job)).status == "interrupted"
 
 
 def test_the_streamers_resident_memory_at_ready_travels_in_every_reset(tmp_path):
@@ -255,16 +268,16 @@ def test_a_job_starts_once_its_estimate_is_made_and_one_that_cannot_be_made_fail
     monkeypatch.setattr(estimating, "work", slow)
     g = group()
     bad, ok = submit(g, tmp_path, "bad", wait=False), submit(g, tmp_path, "ok", wait=False)
-    assert bad["status"] == ok["status"] == "estimating"   # the reply did not wait for the estimate
+    assert bad.status == ok.status == "estimating"   # the reply did not wait for the estimate
     for _ in range(3):
         g.check_estimates()
         g.next_job()
-    assert g.current is None and g.status({"job": bad["job"]})["estimating"] == "counting the rows' tokens"
-    assert g.status({"job": ok["job"]})["estimating"] == "waiting for the estimate of the job ahead"
+    assert g.current is None and g.status(m.Status(bad.job)).estimating == "counting the rows' tokens"
+    assert g.status(m.Status(ok.job)).estimating == "waiting for the estimate of the job ahead"
     made.set()
     settle(g)
-    assert g.status({"job": bad["job"]})["error"] == f"model {tmp_path}: cannot be read"
-    assert g.status({"job": bad["job"]})["status"] == "failed" and g.current.job.id == ok["job"]
+    assert g.status(m.Status(bad.job)).error == f"model {tmp_path}: cannot be read"
+    assert g.status(m.Status(bad.job)).status == "failed" and g.current.job.id == ok.job
 
 
 def test_a_first_use_probe_waits_until_no_job_runs(tmp_path, monkeypatch):
@@ -275,8 +288,8 @@ def test_a_first_use_probe_waits_until_no_job_runs(tmp_path, monkeypatch):
     for _ in range(3):
         g.check_estimates()
         time.sleep(0.01)
-    assert g.status({"job": new["job"]})["estimating"] == "the model is calibrated once no job runs (first use)"
+    assert g.status(m.Status(new.job)).estimating == "the model is calibrated once no job runs (first use)"
     g.on_actor(done(g.epoch, [0, 1], "text of a"))
-    assert g.status({"job": a["job"]})["status"] == "done"
+    assert g.status(m.Status(a.job)).status == "done"
     settle(g)
-    assert g.current.job.id == new["job"]
+    assert g.current.job.id == new.job

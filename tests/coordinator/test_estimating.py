@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from spill import messages as m
 from spill.coordinator.client import Client, endpoints
 from spill.coordinator.jobstore import Job
 
@@ -45,20 +46,20 @@ def test_a_slow_estimate_leaves_submit_and_status_answering_at_once(make_tiny, t
     try:
         client, other = Client(endpoints()), Client(endpoints())
         started = time.monotonic()
-        reply = client.request("submit", timeout_s=HANG_S, model=str(make_tiny("llama")), input=str(tmp_path / "in.jsonl"),
-                               output=str(tmp_path / "out.jsonl"), client="test")
-        assert reply["status"] == "estimating" and time.monotonic() - started < 6   # before the estimate's delay ends
+        reply = client.request(m.SubmitJob(str(make_tiny("llama")), str(tmp_path / "in.jsonl"), str(tmp_path / "out.jsonl"),
+                                           client="test"), timeout_s=HANG_S)
+        assert reply.status == "estimating" and time.monotonic() - started < 6   # before the estimate's delay ends
         seen = []
         while not seen or seen[-1] == "estimating":
-            s = other.request("status", timeout_s=1, job=reply["job"], client="test")   # GroupDead after 1 s
-            seen.append(s["status"])
+            s = other.request(m.Status(reply.job, "test"), timeout_s=1)   # GroupDead after 1 s
+            seen.append(s.status)
             time.sleep(0.1)
         assert seen.count("estimating") > 3 and seen[-1] in ("queued", "running", "done")
-        while (s := other.request("status", timeout_s=5, job=reply["job"], client="test"))["status"] != "done":
-            assert time.monotonic() - started < HANG_S and s["status"] in ("queued", "running"), s
+        while (s := other.request(m.Status(reply.job, "test"), timeout_s=5)).status != "done":
+            assert time.monotonic() - started < HANG_S and s.status in ("queued", "running"), s
             time.sleep(0.2)
-        assert s["estimate_line"].startswith("estimate: ") and s["advice"]   # what `spill run` prints
-        assert Job.open(reply["job"]).meta["estimate"]["line"] == s["estimate_line"]
+        assert s.estimate_line.startswith("estimate: ") and s.advice   # what `spill run` prints
+        assert Job.open(reply.job).meta["estimate"]["line"] == s.estimate_line
         assert len(read_output(tmp_path / "out.jsonl")) == 6
         client.close()
         other.close()
@@ -71,8 +72,8 @@ def test_spill_status_says_a_job_is_estimating(make_tiny, tmp_path, home):
     spill("up", check=True, env={**APART, "SPILL_TEST_ESTIMATE_DELAY": "60"})
     try:
         client = Client(endpoints())
-        job = client.request("submit", timeout_s=HANG_S, model=str(make_tiny("llama")), input=str(tmp_path / "in.jsonl"),
-                             output=str(tmp_path / "out.jsonl"), client="test")["job"]
+        job = client.request(m.SubmitJob(str(make_tiny("llama")), str(tmp_path / "in.jsonl"), str(tmp_path / "out.jsonl"),
+                                         client="test"), timeout_s=HANG_S).job
         said = spill("status", job, check=True).stdout
         assert f"job {job} estimating: counting the rows' tokens" in said, said
         spill("cancel", job, check=True)

@@ -74,7 +74,7 @@ def test_the_coordinator_and_admission_never_load_mlx(make_tiny, tmp_path):
 def test_an_actor_killed_mid_job_is_restarted_and_the_job_finishes(job40, tmp_path, actor, event, at):
     folder, inp, expected = job40
     spill("run", folder, inp, "-o", tmp_path / "out.jsonl", check=True,
-          env={f"SPILL_CRASH_{actor.upper()}": f"{event}:{at}"})
+          env={f"SPILL_TEST_CRASH_{actor.upper()}": f"{event}:{at}"})
     assert texts(read_output(tmp_path / "out.jsonl")) == expected
     restarted = [e["role"] for e in log_events("coordinator") if e.get("event") == "actor died; restarting"]
     assert actor in restarted, restarted   # the crash did happen mid-job
@@ -83,7 +83,7 @@ def test_an_actor_killed_mid_job_is_restarted_and_the_job_finishes(job40, tmp_pa
 @pytest.mark.parametrize("at", [1, 30])   # the first row and a late one (9 added no other path)
 def test_a_killed_coordinator_leaves_a_job_resume_finishes(job40, tmp_path, at):
     folder, inp, expected = job40
-    first = spill("run", folder, inp, "-o", tmp_path / "out.jsonl", env={"SPILL_CRASH_COORDINATOR": f"done:{at}"})
+    first = spill("run", folder, inp, "-o", tmp_path / "out.jsonl", env={"SPILL_TEST_CRASH_COORDINATOR": f"done:{at}"})
     assert first.returncode != 0
     assert_actors_exit(last_actor_pids())   # they watch their parent and leave with it
     job = first.stdout.split()[1].rstrip(":")
@@ -96,7 +96,7 @@ def test_a_coordinator_killed_before_it_answers_submit_is_seen_at_once(job40, tm
     folder, inp, expected = job40
     started = time.monotonic()
     first = spill("run", folder, inp, "-o", tmp_path / "out.jsonl", timeout=120,
-                  env={"SPILL_CRASH_COORDINATOR": "submit:1"})
+                  env={"SPILL_TEST_CRASH_COORDINATOR": "submit:1"})
     assert first.returncode == 1 and "the spill group stopped during `submit`" in first.stderr, first.stderr
     assert time.monotonic() - started < 60    # it waited 600 s for the reply before
     spill("run", folder, inp, "-o", tmp_path / "out.jsonl", check=True)   # the same command continues the job
@@ -124,11 +124,12 @@ def test_sigint_stops_at_a_pass_boundary_and_resume_finishes(job40, tmp_path):
 
 def _busy_group(monkeypatch, tmp_path, answers_after: float):
     """A group that holds the run directory but answers only a request that waits `answers_after` s or more."""
+    from spill import messages as m
     from spill.coordinator import rundir
     from spill.coordinator.client import Client
     monkeypatch.setenv("SPILL_HOME", str(tmp_path))
     monkeypatch.setattr(Client, "ping", lambda self, timeout_s=0.5: 4242 if timeout_s >= answers_after else 0)
-    monkeypatch.setattr(Client, "request", lambda self, kind, **kw: {"processes": {"coordinator": 4242}})
+    monkeypatch.setattr(Client, "request", lambda self, req, **kw: m.JobStatus(processes={"coordinator": 4242}))
     monkeypatch.setattr(rundir, "record", lambda: {"pid": 4242})
 
 

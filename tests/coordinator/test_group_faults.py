@@ -43,7 +43,7 @@ from spill import messages as m
 eps, control = json.loads(sys.argv[1]), sys.argv[2]
 ctx = zmq.Context.instance()
 frames = [b"", b"\xff" * 64, bytes([m.Kind.STOP]) + b"\xc1", bytes([m.Kind.STOP]) + msgpack.packb({"epoch": -1, "rows": []}),
-          m.encode(m.Request("down")), m.encode(m.Ready("x", 1)), m.encode(m.Shutdown("foreign"))[:1] + b"\x01",
+          m.encode(m.Down()), m.encode(m.Ready("x", 1)), m.encode(m.Shutdown("foreign"))[:1] + b"\x01",
           bytes([m.Kind.DONE]) + msgpack.packb({"epoch": 0, "rows": [0, 1], "texts": ["x"], "finish": [], "prompt_tokens": [],
                                                "completion_tokens": []}),
           bytes([m.Kind.SUBMIT]) + msgpack.packb({"epoch": 0, "rows": [0], "requests": [{"kind": "chat"}]})]
@@ -57,7 +57,7 @@ for role in ("coordinator", "tokenizer", "admission", "streamer"):
 req = ctx.socket(zmq.REQ)
 req.setsockopt(zmq.LINGER, 0)
 req.connect(control)
-req.send(b"\x14garbage")
+req.send(bytes([m.Kind.PING]) + b"garbage")
 print(m.decode(req.recv(), ).error if req.poll(10000) else "no reply")
 req.close()
 ctx.term()   # waits out the pushes' linger: an exit before ZeroMQ's IO thread sent them loses them (seen under load)
@@ -77,7 +77,7 @@ def test_foreign_frames_on_every_socket_are_dropped_and_logged(job8, tmp_path, l
         eps = Endpoints.in_dir(home / "run")
         foreign = subprocess.run([sys.executable, "-c", FOREIGN, json.dumps(eps.as_dict()), eps.control],
                                  capture_output=True, text=True, timeout=60)
-        assert foreign.stdout.startswith("not a spill request (Request: not msgpack"), foreign.stdout + foreign.stderr
+        assert foreign.stdout.startswith("not a spill request (Ping: not msgpack"), foreign.stdout + foreign.stderr
         spill("run", folder, inp, "-o", tmp_path / "out.jsonl", "--quiet", check=True, env=env)
     finally:
         spill("down", env=env)

@@ -88,7 +88,7 @@ def test_an_actor_whose_loop_is_wedged_is_restarted_and_the_job_finishes(job12, 
     folder, inp, expected = job12
     out = tmp_path / "out.jsonl"
     spill("run", folder, inp, "-o", out, "--quiet", check=True, timeout=240,
-          env={"SPILL_HOME": str(own_home), f"SPILL_CRASH_{actor.upper()}": f"{event}:wedge", "SPILL_WEDGE_TIMEOUT": "5",
+          env={"SPILL_HOME": str(own_home), f"SPILL_TEST_CRASH_{actor.upper()}": f"{event}:wedge", "SPILL_WEDGE_TIMEOUT": "5",
                "SPILL_MAX_ROWS": "4"})
     assert texts(read_output(out)) == expected   # every custom_id once (read_output), each resident mlx-lm's text
     events = log_events("coordinator", own_home)

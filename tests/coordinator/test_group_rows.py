@@ -1,8 +1,8 @@
 """End to end: every way a row ends frees what admission reserved for it."""
 
 import json
-import os
-from pathlib import Path
+
+from spill import config
 
 from .group_util import read_output, resident_texts, spill, texts, write_input
 
@@ -32,7 +32,7 @@ def test_preempted_rows_run_again_and_each_is_written_once(make_tiny, tmp_path):
     spill("run", folder, tmp_path / "in.jsonl", "-o", tmp_path / "out.jsonl", "--quiet", check=True, timeout=180,
           env={"SPILL_HARD_LINE": "0", "SPILL_GUARD_LINE": "10"})
     assert texts(read_output(tmp_path / "out.jsonl")) == resident_texts(folder, rows)
-    log = (Path(os.environ["SPILL_HOME"]) / "run" / "logs" / "admission.log").read_text().splitlines()
+    log = (config.home() / "run" / "logs" / "admission.log").read_text().splitlines()
     passes = [json.loads(line) for line in log if '"event": "pass"' in line]
     assert sum(p["preempted"] for p in passes) > 0
     assert all({"budget", "live", "admitted", "held", "preempted"} <= p.keys() for p in passes)

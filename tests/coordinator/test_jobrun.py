@@ -21,7 +21,7 @@ def test_submits_carry_defaults_and_results_are_written_once(tmp_path):
     run, out = _run(tmp_path)
     (submit,) = run.submits(epoch=3)
     assert submit.epoch == 3 and submit.rows == [0, 1]
-    assert [r["max_tokens"] for r in submit.requests] == [5, 7]
+    assert [r.max_tokens for r in submit.requests] == [5, 7]
     done = m.Done(3, [1], ["hello"], ["length"], [4], [7])
     run.on_done(done)
     run.on_done(done)   # a row recomputed after a crash reports again
@@ -39,7 +39,7 @@ def test_status_shows_progress_and_the_latest_slots(tmp_path):
     run.on_progress(m.Progress(1, [0, 1], [3, 4], ["abc", "def"]))
     s = run.status()
     assert (s["done"], s["total"], s["pass_s"], s["peak_memory"]) == (0, 2, 2.0, 200)
-    assert s["slots"] == [("a", 3, "abc"), ("b", 4, "def")]
+    assert s["slots"] == [m.Slot("a", 3, "abc"), m.Slot("b", 4, "def")]
 
 
 def test_a_job_that_ended_with_rows_left_shows_no_eta(tmp_path):
@@ -71,13 +71,13 @@ def test_unseeded_rows_get_distinct_seeds_stable_across_resume(tmp_path):
                    + '{"custom_id": "own", "prompt": "same", "seed": 7}\n')
     requests, _ = read_batch(inp)
     job = Job.create(inp, "demo", {}, tmp_path / "out.jsonl")
-    seeds = [r["seed"] for s in JobRun(job, requests, "demo", {}).submits(1) for r in s.requests]
+    seeds = [r.sampling.seed for s in JobRun(job, requests, "demo", {}).submits(1) for r in s.requests]
     assert seeds[-1] == 7
     assert len(set(seeds[:-1])) == 50 and all(isinstance(s, int) and 0 <= s < 2**63 for s in seeds)
-    again = [r["seed"] for s in JobRun(Job.open(job.id), requests, "demo", {}).submits(5) for r in s.requests]
+    again = [r.sampling.seed for s in JobRun(Job.open(job.id), requests, "demo", {}).submits(5) for r in s.requests]
     assert again == seeds
     other = Job.create(inp, "demo", {}, tmp_path / "out2.jsonl")
-    assert [r["seed"] for s in JobRun(other, requests, "demo", {}).submits(1) for r in s.requests][:-1] != seeds[:-1]
+    assert [r.sampling.seed for s in JobRun(other, requests, "demo", {}).submits(1) for r in s.requests][:-1] != seeds[:-1]
 
 
 def _many(tmp_path, n, monkeypatch, window):

@@ -111,7 +111,7 @@ def test_queued_jobs_ctrl_c_cancel_down_and_a_killed_client(make_tiny, tmp_path,
 def test_a_job_whose_coordinator_died_is_interrupted_not_running(make_tiny, tmp_path, home):
     write_input(tmp_path / "in.jsonl", 12)
     first = spill("run", make_tiny("llama"), tmp_path / "in.jsonl",
-                  env={"SPILL_CRASH_COORDINATOR": "done:3", "SPILL_MAX_ROWS": "2"})
+                  env={"SPILL_TEST_CRASH_COORDINATOR": "done:3", "SPILL_MAX_ROWS": "2"})
     assert first.returncode != 0
     job = _job_line(first.stdout)
     assert f"no spill group is running; job {job} is interrupted" in spill("status", job).stdout

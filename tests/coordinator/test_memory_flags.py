@@ -1,12 +1,12 @@
 """--memory and --budget-fraction through the front door: checked, passed to every actor, shown by status."""
 
 import json
-import os
 from pathlib import Path
 
 import pytest
 from typer.testing import CliRunner
 
+from spill import config
 from spill.coordinator.cli import app
 
 from .group_util import read_output, spill, write_input
@@ -35,7 +35,7 @@ def test_up_passes_memory_to_every_actor_and_status_shows_it(make_tiny, tmp_path
         spill("up", "--memory", "3GiB", "--budget-fraction", "0.5", check=True)
         status = spill("status", check=True).stdout.splitlines()
         assert status[2] == "memory: working set 3.0 GiB (--memory), budget 50% = 1.5 GiB"
-        log = (Path(os.environ["SPILL_HOME"]) / "run" / "logs" / "coordinator.log").read_text().splitlines()
+        log = (config.home() / "run" / "logs" / "coordinator.log").read_text().splitlines()
         event = [json.loads(line) for line in log if '"event": "memory"' in line][-1]
         assert (event["working_set"], event["source"], event["budget"]) == (3 * 2**30, "--memory", 3 * 2**29)
         pids = {part.split()[0]: int(part.split()[-1]) for part in status[0][len("group: "):].split("  ")}
@@ -63,14 +63,14 @@ def test_an_embedded_run_plans_for_its_memory_flag(make_tiny, tmp_path):
     spill("run", folder, tmp_path / "in.jsonl", "-o", tmp_path / "out.jsonl", "--quiet",
           "--memory", "2GiB", "--budget-fraction", "0.6", check=True)
     assert len(read_output(tmp_path / "out.jsonl")) == 3
-    logs = Path(os.environ["SPILL_HOME"]) / "run" / "logs"
+    logs = config.home() / "run" / "logs"
     budget = [json.loads(line) for line in (logs / "admission.log").read_text().splitlines()
               if '"event": "budget"' in line][-1]
     assert (budget["working_set"], budget["source"], budget["budget"]) == (2 * 2**30, "--memory", int(0.6 * 2**31))
 
 
 def test_a_budget_no_row_fits_in_is_refused_before_a_job_or_its_output_is_made(make_tiny, tmp_path):
-    folder, home = make_tiny("llama"), Path(os.environ["SPILL_HOME"])
+    folder, home = make_tiny("llama"), config.home()
     write_input(tmp_path / "in.jsonl", 3, max_tokens=2)
     out, jobs = tmp_path / "out.jsonl", set((home / "jobs").glob("*/job.json"))
     refused = spill("run", folder, tmp_path / "in.jsonl", "-o", out, "--quiet", "--memory", "10MB")

@@ -45,8 +45,8 @@ class FakeClient:
     def __init__(self, asked):
         self.asked = asked
 
-    def request(self, op, **args):
-        self.asked.append((op, args))
+    def request(self, req, timeout_s=None):
+        self.asked.append((req.op, vars(req)))
         raise SpillError("stopped by the test")
 
     def close(self):
@@ -75,8 +75,8 @@ def _input(tmp_path, n: int = 3, name: str = "in.jsonl"):
     return path
 
 
-def _submit(g: Group, **args) -> m.Reply:
-    return g.handle(m.Request("submit", args))
+def _submit(g: Group, **args):
+    return g.handle(m.SubmitJob(**args))
 
 
 def _one_line(result) -> str:
@@ -96,8 +96,8 @@ def test_a_resumed_job_keeps_its_memory_budget_fraction_and_stream(home, tmp_pat
     """A job started with --memory 1GB, resumed with `spill run --resume ID`, ran resident at an 18.4 GiB budget."""
     g = _group({"memory": GIB, "budget_fraction": 0.5})
     reply = _submit(g, model=str(_model(tmp_path)), input=str(_input(tmp_path)), stream=True)
-    job = reply.data["job"]
-    g.handle(m.Request("interrupt", {"job": job}))
+    job = reply.job
+    g.handle(m.Interrupt(job))
     asked = []
     monkeypatch.setattr(run, "_connect", lambda listen, memory: (asked.append(("group", memory)), (FakeClient(asked), None))[1])
     runner.invoke(app, ["run", "--resume", job])
@@ -106,11 +106,11 @@ def test_a_resumed_job_keeps_its_memory_budget_fraction_and_stream(home, tmp_pat
     assert op == "submit" and (args["memory"], args["budget_fraction"], args["stream"]) == (GIB, 0.5, True)
     other = _group({"memory": None, "budget_fraction": None})        # a running group planning for other memory
     refused = _submit(other, resume=job)
-    assert not refused.ok and refused.error == (
+    assert isinstance(refused, m.Refused) and refused.error == (
         f"job {job} ran with --memory 1.0 GiB but the running group was started with --memory none; `spill down`, "
         f"then `spill run --resume {job}` runs it with its own settings")
     again = _group({"memory": GIB, "budget_fraction": 0.5})
-    assert _submit(again, resume=job).ok
+    assert isinstance(_submit(again, resume=job), m.Queued)
 
 
 def test_a_refusal_for_output_space_makes_no_job_and_no_file_and_says_readable_sizes(home, tmp_path, monkeypatch):
@@ -118,7 +118,7 @@ def test_a_refusal_for_output_space_makes_no_job_and_no_file_and_says_readable_s
     monkeypatch.setattr(models.shutil, "disk_usage", lambda path: usage(10**9, 10**9 - 12 * 1024, 12 * 1024))
     out, inp = tmp_path / "out.jsonl", _input(tmp_path, 2000)
     reply = _submit(_group(), model=str(_model(tmp_path)), input=str(inp), output=str(out))
-    assert not reply.ok and reply.error == (f"the job's output may need 5.1 MiB in {out} but 12.0 KiB is free there; "
+    assert isinstance(reply, m.Refused) and reply.error == (f"the job's output may need 5.1 MiB in {out} but 12.0 KiB is free there; "
                                             "free 5.0 MiB there, or write it elsewhere with -o")
     assert not out.exists() and list_jobs() == []
 
@@ -195,8 +195,7 @@ def test_piped_spill_models_prints_whole_repo_ids(home, monkeypatch):
 
 def test_the_live_view_keeps_the_tokens_column_at_80_columns():
     from spill.coordinator.live import _view
-    s = {"job": "j", "status": "running", "done": 1, "total": 9,
-         "slots": [("request-000123-abcdef", 417, "text so far " * 20)]}
+    s = m.JobStatus("j", "running", done=1, total=9, slots=[m.Slot("request-000123-abcdef", 417, "text so far " * 20)])
     console = Console(width=80, record=True)
     console.print(_view(s, quiet=False))
     header, _, row = console.export_text().splitlines()[:3]
@@ -219,12 +218,12 @@ def test_a_first_spill_estimate_says_it_makes_the_demo_and_calibrates(home, tmp_
 
 class EstimatingClient(FakeClient):
     """Takes the submit; the job is `estimating` at the first status, and the command stops at the second."""
-    def request(self, op, **args):
-        self.asked.append((op, args))
-        if op == "submit":
-            return {"job": "j1", "total": 3, "done": 0, "output": "out.jsonl"}
+    def request(self, req, timeout_s=None):
+        self.asked.append((req.op, vars(req)))
+        if req.op == "submit":
+            return m.Queued("j1", 3, 0, 0, "out.jsonl", 0)
         if [a for a, _ in self.asked].count("status") == 1:
-            return {"job": "j1", "status": "estimating"}
+            return m.JobStatus("j1", "estimating")
         raise SpillError("stopped by the test")
 
 

@@ -11,8 +11,7 @@ from spill.coordinator import supervisor
 def clock(monkeypatch):
     now = [1000.0]
     monkeypatch.setattr(supervisor, "time", SimpleNamespace(monotonic=lambda: now[0]))
-    monkeypatch.setenv("SPILL_DEVICE", "cpu")   # learnt already: no child asks MLX
-    monkeypatch.setenv("SPILL_DEVICE_MEMORY", "0")
+    monkeypatch.setattr(supervisor, "learn_device", lambda: {"device": "cpu", "memory": 0})   # no child asks MLX
     return now
 
 

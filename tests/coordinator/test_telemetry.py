@@ -9,7 +9,7 @@ from spill import metrics as mt
 from spill.coordinator.batch_input import read_batch
 from spill.coordinator.jobrun import JobRun
 from spill.coordinator.jobstore import Job
-from spill.coordinator.telemetry import Telemetry, metrics_env
+from spill.coordinator.telemetry import Telemetry, metrics_args
 from spill.errors import SpillError
 
 
@@ -125,9 +125,10 @@ def test_metrics_flags_name_the_fix(monkeypatch):
     monkeypatch.delenv("SPILL_METRICS_PORT", raising=False)
     monkeypatch.delenv("SPILL_METRICS_HOST", raising=False)
     with pytest.raises(SpillError, match=r"--metrics-port 70000 is not a port; give 1-65535, or 0 to serve no metrics"):
-        metrics_env(None, 70000)
+        metrics_args(None, 70000)
     import socket
     with socket.create_server(("127.0.0.1", 0)) as busy:
         port = busy.getsockname()[1]
         with pytest.raises(SpillError, match=rf"cannot serve metrics on 127.0.0.1:{port}: the address is in use"):
-            metrics_env("127.0.0.1", port)
+            metrics_args("127.0.0.1", port)
+    assert metrics_args(None, None) == {} and metrics_args(None, 0) == {"metrics_host": "127.0.0.1", "metrics_port": 0}

@@ -2,7 +2,8 @@
 
 import pytest
 
-from spill.files import replaced, temporary_for
+from spill.errors import SpillError
+from spill.files import new_folder, replaced, temporary_for
 
 
 def test_a_file_is_replaced_once_written(tmp_path):
@@ -22,3 +23,17 @@ def test_an_error_while_writing_keeps_the_old_file_and_removes_the_temporary(tmp
             tmp.write_text("half")
             raise OSError("disk full")
     assert path.read_text() == "old" and list(tmp_path.iterdir()) == [path]
+
+
+def test_a_new_folder_appears_whole_or_not_at_all(tmp_path):
+    with new_folder(tmp_path / "m") as tmp:
+        (tmp / "config.json").write_text("{}")
+        assert not (tmp_path / "m").exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["m"] and (tmp_path / "m" / "config.json").exists()
+    with pytest.raises(ValueError), new_folder(tmp_path / "n") as tmp:
+        (tmp / "half").write_text("x")
+        raise ValueError("stopped")
+    assert [p.name for p in tmp_path.iterdir()] == ["m"]
+    with pytest.raises(SpillError, match="exists and is not empty; choose a new folder or empty it first$"):
+        with new_folder(tmp_path / "m"):
+            pass

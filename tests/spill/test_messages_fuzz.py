@@ -1,15 +1,14 @@
 """Fuzzing the wire decoder: any frame is a checked message or BadMessage, never another exception."""
 
-import os
 from dataclasses import fields
 
 import msgpack
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spill import messages as m
+from spill import config, messages as m
 
-FUZZ = settings(max_examples=int(os.environ.get("SPILL_FUZZ_EXAMPLES", "60")) * 3, deadline=None)
+FUZZ = settings(max_examples=config.test_fuzz_examples() * 3, deadline=None)
 values = st.recursive(st.none() | st.booleans() | st.integers(-2**63, 2**64 - 1) | st.floats() | st.text(max_size=8)
                       | st.binary(max_size=8), lambda kids: st.lists(kids, max_size=3)
                       | st.dictionaries(st.text(max_size=6), kids, max_size=3), max_leaves=8)

@@ -1,5 +1,5 @@
 """The platform layer: OpenBLAS's thread count set by the engine (SPILL_BLAS_THREADS), and the device as
-the processes that never compute learn it (SPILL_DEVICE)."""
+the processes that never compute learn it (the coordinator's answer, an argument of each actor)."""
 
 import json
 import os
@@ -103,42 +103,40 @@ def test_the_openblas_kernels_in_use_are_named_for_a_benchmarks_header():
     assert core(base) == ""
 
 
-def _fresh(code: str, **env) -> str:
-    base = {k: v for k, v in os.environ.items() if k != "SPILL_DEVICE"}
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**base, **env}, timeout=120)
+def _fresh(code: str) -> str:
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     return done.stdout.strip()
 
 
 def test_the_device_the_coordinator_learned_is_read_without_loading_mlx():
-    code = ("import sys; from spill.platform import device, on_cpu, read_slots, recycles_layers\n"
+    code = ("import sys; from spill.platform import device, on_cpu, read_slots, recycles_layers, use_device\n"
+            "use_device({'device': 'gpu-NVIDIA H200'})   # an actor's argument (spill.actor.run_actor)\n"
             "print(device(), on_cpu(), read_slots(), recycles_layers(), 'mlx.core' in sys.modules)")
-    assert _fresh(code, SPILL_DEVICE="gpu-NVIDIA H200") == "gpu-NVIDIA H200 False 2 True False"   # "pinned"
+    assert _fresh(code) == "gpu-NVIDIA H200 False 2 True False"   # "pinned"
 
 
 def test_learn_device_asks_mlx_in_a_child_and_keeps_the_answer():
-    code = ("import os, sys; from spill.platform import learn_device\n"
-            "print(learn_device(), os.environ['SPILL_DEVICE'], os.environ['SPILL_DEVICE_MEMORY'], 'mlx.core' in sys.modules)")
-    assert _fresh(code) == "cpu cpu 0 False"   # this machine's MLX has no GPU
+    code = ("import sys; from spill.platform import device, learn_device\n"
+            "print(learn_device(), device(), 'mlx.core' in sys.modules)")
+    assert _fresh(code) == "{'device': 'cpu', 'memory': 0} cpu False"   # this machine's MLX has no GPU
 
 
 @pytest.mark.parametrize("device,platform_name,memory", [("gpu-NVIDIA H200", "linux", 150 * 2**30),
                                                          ("gpu-Apple M3 Max", "darwin", None), ("cpu", "linux", None)])
-def test_a_cuda_gpus_memory_is_read_from_the_coordinators_answer(device, platform_name, memory, monkeypatch):
+def test_a_cuda_gpus_memory_is_read_from_the_coordinators_answer(device, platform_name, memory, monkeypatch, on_device):
     from spill import platform
-    monkeypatch.setenv("SPILL_DEVICE", device)
-    monkeypatch.setenv("SPILL_DEVICE_MEMORY", str(150 * 2**30))
+    on_device(device, 150 * 2**30)
     monkeypatch.setattr(platform.sys, "platform", platform_name)
     assert platform.device_memory() == memory
 
 
-def test_a_cuda_gpu_is_budgeted_from_the_memory_free_when_the_group_learns_it(monkeypatch):
+def test_a_cuda_gpu_is_budgeted_from_the_memory_free_when_the_group_learns_it(monkeypatch, on_device):
     """A GPU shared with a desktop or another job: 0.90 of its total would overrun what it leaves; MLX's device_info
     says what is free (NVML's, system-wide), and an MLX that does not is read for its total as before."""
     import mlx.core as mx
     from spill import platform
-    monkeypatch.setenv("SPILL_DEVICE", "gpu-NVIDIA RTX")
-    monkeypatch.delenv("SPILL_DEVICE_MEMORY", raising=False)
+    on_device("gpu-NVIDIA RTX")
     monkeypatch.setattr(platform.sys, "platform", "linux")
     monkeypatch.setattr(mx, "device_info", lambda: {"total_memory": 24 * 2**30, "free_memory": 21 * 2**30})
     assert platform.device_memory() == 21 * 2**30
@@ -149,12 +147,13 @@ def test_a_cuda_gpu_is_budgeted_from_the_memory_free_when_the_group_learns_it(mo
 @pytest.mark.parametrize("device,chosen,into,recycles", [
     ("cpu", None, "mlx", True), ("gpu-NVIDIA H200", None, "pinned", True),
     ("gpu-NVIDIA H200", "mlx", "mlx", False), ("cpu", "buffers", "buffers", False)])
-def test_a_cuda_gpus_reader_reads_into_pinned_buffers_unless_told(device, chosen, into, recycles, monkeypatch):
+def test_a_cuda_gpus_reader_reads_into_pinned_buffers_unless_told(device, chosen, into, recycles, monkeypatch,
+                                                                 on_device):
     """O_DIRECT reads into MLX's CUDA (managed) memory left tensors wrong now and then: 4 of 12 tiny-model GPU
     checks failed, 0 of 12 reading into the reader's buffers (benchmarks/check_repeat.py, docs/benchmarks.md);
     a host copy out of those cost a pass 1.35x its read, so there the GPU's copy engine copies (gpu_copy.py)."""
     from spill import platform
-    monkeypatch.setenv("SPILL_DEVICE", device)
+    on_device(device)
     monkeypatch.setattr(platform.sys, "platform", "linux")
     if chosen is None:
         monkeypatch.delenv("SPILL_READ_INTO", raising=False)
@@ -175,10 +174,11 @@ def test_a_reader_setting_that_is_not_one_is_a_sentence(monkeypatch):
 @pytest.mark.parametrize("device,platform_name,backend", [("cpu", "linux", "cpu"), ("cpu", "darwin", "cpu"),
                                                           ("gpu-NVIDIA H200", "linux", "cuda"),
                                                           ("gpu-Apple M3 Max", "darwin", "metal")])
-def test_the_build_metric_names_the_device_the_supervisor_learned(device, platform_name, backend, monkeypatch):
+def test_the_build_metric_names_the_device_the_supervisor_learned(device, platform_name, backend, monkeypatch,
+                                                                  on_device):
     """Not the installed wheels: MLX's CUDA build on a machine without a GPU computes on the CPU."""
     from spill import metrics
-    monkeypatch.setenv("SPILL_DEVICE", device)
+    on_device(device)
     monkeypatch.setattr(sys, "platform", platform_name)
     metrics._backend.cache_clear()
     assert metrics._backend() == backend

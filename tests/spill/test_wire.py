@@ -5,7 +5,7 @@ from spill.wire import Endpoints, Mailbox
 
 SENT = {   # what each actor sends to another in a job (messages.Kind says who sends what)
     ("coordinator", "streamer"): [m.Reset(0, "model", "job")],
-    ("admission", "streamer"): [m.Plan(0, [1], b"\x01\0\0\0", [1], [4], [[0.0, 1.0, 0, None]], drop=[2],
+    ("admission", "streamer"): [m.Plan(0, [1], b"\x01\0\0\0", [1], [4], m.Sampling.of([m.RowSampling()]), drop=[2],
                                        widths=[256], groups=[1], chunks=[[1, 1]], pools=[[1, 256]])],
     ("tokenizer", "admission"): [m.Stop(0, [1])],
 }

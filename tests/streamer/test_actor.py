@@ -6,13 +6,12 @@ from spill import messages as m
 from spill.streamer.core import Row, Streamer
 from spill.streamer.process import StreamerActor
 
-GREEDY = [0.0, 1.0, 0, None]
 
 
 def plan(index, rows=(), prompts=(), max_tokens=4, groups=None, widths=None, chunks=(), **kw) -> m.Plan:
     tokens, lengths = m.pack_tokens(list(prompts))
     rows = list(rows)
-    return m.Plan(1, rows, tokens, lengths, [max_tokens] * len(rows), [GREEDY] * len(rows), [], index=index,
+    return m.Plan(1, rows, tokens, lengths, [max_tokens] * len(rows), m.Sampling.of([m.RowSampling()] * len(rows)), [], index=index,
                   widths=widths or [0] * len(rows), groups=groups or [1] * len(rows), chunks=[list(c) for c in chunks],
                   **kw)
 
@@ -107,3 +106,17 @@ def test_a_prefill_group_allocates_exactly_what_the_sheet_prices_for_it(make_tin
     held = sum(c.keys.nbytes + c.values.nbytes for c in group.caches)
     sheet = sheet_for(load_plan(folder), 2**30, 4, prefill_tokens=512)   # float32 on the CPU, as the streamer computes
     assert held == sheet.prefill_kv([len(p) for p in prompts]) == 2 * 20 * sheet.kv_per_token
+
+
+def test_a_reset_sets_the_kv_format_of_the_pools_the_job_runs_with(make_tiny):
+    """Reset carries --kv-bits: the rows of that job decode in quantized pools, the next job's as it says."""
+    from spill.streamer.kvquant import QuantPool
+    folder = str(make_tiny("llama"))
+    actor = StreamerActor()
+    for epoch, bits, quantized in ((1, 8, True), (2, 0, False), (3, 4, True)):
+        actor.reset(m.Reset(epoch, folder, kv_bits=bits, kv_group_size=32))
+        actor.run(m.Plan(epoch, [0], *m.pack_tokens([[5, 6, 7]]), [4], m.Sampling.of([m.RowSampling()]), [], widths=[0], groups=[1],
+                         chunks=[[1, 8]]))
+        pool = next(iter(actor.engine.pools.values()))
+        assert isinstance(pool, QuantPool) == quantized and pool.bits == (bits or None)
+    actor.engine.close()

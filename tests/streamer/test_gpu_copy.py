@@ -27,10 +27,10 @@ def test_each_tensor_is_placed_at_256_bytes_in_order():
 
 
 @pytest.mark.parametrize("driver", [True, False])
-def test_on_a_cuda_gpu_the_reader_reads_into_pinned_buffers_the_gpu_copies_out(tmp_path, monkeypatch, driver):
+def test_on_a_cuda_gpu_the_reader_reads_into_pinned_buffers_the_gpu_copies_out(tmp_path, monkeypatch, driver, on_device):
     """O_DIRECT into MLX's CUDA (managed) memory left weights wrong now and then, and a host copy out of the
     reader's buffers cost a pass 1.35x its read (platform.read_into). Without a CUDA driver: its own buffers."""
-    monkeypatch.setenv("SPILL_DEVICE", "gpu-NVIDIA H200")   # as the supervisor passes it down there
+    on_device("gpu-NVIDIA H200")   # as the supervisor hands it to its actors there
     monkeypatch.delenv("SPILL_READ_INTO", raising=False)
     monkeypatch.setattr(sys, "platform", "linux")
     engine = HostCopy()

@@ -7,6 +7,7 @@ import pytest
 from mlx_lm.tokenizer_utils import load as load_tokenizer
 
 from spill.errors import SpillError
+from spill.messages import RowRequest
 from spill.tokenizer_worker.core import TokenizerCore
 
 
@@ -14,9 +15,9 @@ def test_chat_rows_use_the_template_and_completions_the_plain_encoding(make_tiny
     folder = make_tiny("qwen2")
     core, tok = TokenizerCore(folder), load_tokenizer(folder)
     msgs = [{"role": "user", "content": "Hello"}]
-    ids, why = core.tokenize(0, {"kind": "chat", "messages": msgs, "max_tokens": 4})
+    ids, why = core.tokenize(0, RowRequest(kind="chat", messages=msgs, max_tokens=4))
     assert why == "" and ids == list(tok.apply_chat_template(msgs, add_generation_prompt=True))
-    ids, _ = core.tokenize(1, {"kind": "completion", "prompt": "Hello", "max_tokens": 4})
+    ids, _ = core.tokenize(1, RowRequest(kind="completion", prompt="Hello", max_tokens=4))
     assert ids == tok.encode("Hello")
 
 
@@ -27,8 +28,8 @@ def test_a_row_past_the_context_is_refused_with_its_numbers(make_tiny, tmp_path)
     config["max_position_embeddings"] = 10
     (folder / "config.json").write_text(json.dumps(config))
     core = TokenizerCore(folder)
-    n = len(core.encode({"kind": "completion", "prompt": "one two three"}))
-    ids, why = core.tokenize(0, {"kind": "completion", "prompt": "one two three", "max_tokens": 10})
+    n = len(core.encode(RowRequest(kind="completion", prompt="one two three", max_tokens=1)))
+    ids, why = core.tokenize(0, RowRequest(kind="completion", prompt="one two three", max_tokens=10))
     assert ids is None
     assert why == (f"the prompt is {n} tokens and max_tokens 10, {n + 10} in all, but the model's context is "
                    "10 tokens; shorten the prompt or lower max_tokens")
@@ -38,12 +39,12 @@ def test_tokens_become_text_eos_ends_a_row_and_a_stop_string_cuts_it(make_tiny):
     folder = make_tiny("llama")
     core, tok = TokenizerCore(folder), load_tokenizer(folder)
     words = tok.encode("The cat sat on the mat.", add_special_tokens=False)
-    core.tokenize(0, {"kind": "completion", "prompt": "x", "max_tokens": 50})
-    core.tokenize(1, {"kind": "completion", "prompt": "x", "max_tokens": 50, "stop": ["on the"]})
+    core.tokenize(0, RowRequest(kind="completion", prompt="x", max_tokens=50))
+    core.tokenize(1, RowRequest(kind="completion", prompt="x", max_tokens=50, stop=["on the"]))
     for t in words[:3]:
         assert core.add(0, t, "") == (False, None)
     assert core.add(0, core.eos[0], "stop") == (False, "stop")
-    prompt_tokens = len(core.encode({"kind": "completion", "prompt": "x"}))
+    prompt_tokens = len(core.encode(RowRequest(kind="completion", prompt="x", max_tokens=1)))
     assert core.finish(0, "stop") == (tok.decode(words[:3]), "stop", prompt_tokens, 3)
     results = [core.add(1, t, "") for t in words]
     first_stop = next(k for k, (hit, _) in enumerate(results) if hit)
@@ -78,7 +79,7 @@ def test_generation_config_eos_replaces_config_json_eos_as_mlx_lm_does(make_tiny
 
 def test_a_preempted_row_starts_its_text_again(make_tiny):
     core = TokenizerCore(make_tiny("llama"))
-    ids, _ = core.tokenize(3, {"kind": "completion", "prompt": "Hello", "max_tokens": 4, "stop": ["zz"]})
+    ids, _ = core.tokenize(3, RowRequest(kind="completion", prompt="Hello", max_tokens=4, stop=["zz"]))
     first = core.tokenizer.encode(" world")
     for t in first:
         core.add(3, t, "")
@@ -92,7 +93,7 @@ def test_a_preempted_row_starts_its_text_again(make_tiny):
 def test_a_token_after_a_gap_in_its_row_forgets_the_row_not_writes_a_text_short_of_a_token(make_tiny):
     """The TOKENS of a pass lost on the way: the row's next token says it had 2 before it, the text has 1."""
     core = TokenizerCore(make_tiny("llama"))
-    core.tokenize(4, {"kind": "completion", "prompt": "Hello", "max_tokens": 6})
+    core.tokenize(4, RowRequest(kind="completion", prompt="Hello", max_tokens=6))
     words = core.tokenizer.encode(" the river runs")
     assert not core.lost(4, 0)
     core.add(4, words[0], "")
@@ -130,8 +131,8 @@ def test_a_tokenizer_asking_for_its_repos_code_is_refused_in_one_sentence_withou
 def test_many_rows_at_once_get_the_ids_and_refusals_of_one_at_a_time(make_tiny, family):
     core = TokenizerCore(make_tiny(family))
     prompts = ["Say 1", "  two  spaces ", "naïve café ✓", "", "x" * 50, "line\nbreak\ttab", "Say 1"]
-    requests = [{"kind": "completion", "prompt": p, "max_tokens": 4} for p in prompts]
-    requests.insert(3, {"kind": "chat", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4})
+    requests = [RowRequest(kind="completion", prompt=p, max_tokens=4) for p in prompts]
+    requests.insert(3, RowRequest(kind="chat", messages=[{"role": "user", "content": "Hi"}], max_tokens=4))
     one = [core.tokenize(row, r) for row, r in enumerate(requests)]
     core.clear()
     assert core.tokenize_many(list(range(len(requests))), requests) == one
@@ -142,7 +143,7 @@ def test_rows_refused_downstream_are_forgotten(make_tiny):
     """Rows admission refuses (ENDED) or the streamer would not start ("refused" in TOKENS) leave no text behind."""
     core = TokenizerCore(make_tiny("llama"))
     for row in (1, 2, 3):
-        core.tokenize(row, {"kind": "completion", "prompt": "hello there", "max_tokens": 4, "stop": []})
+        core.tokenize(row, RowRequest(kind="completion", prompt="hello there", max_tokens=4, stop=[]))
     core.forget([1])
     assert core.add(2, -1, "refused") == (False, None)
     assert list(core.live) == [3]

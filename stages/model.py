@@ -1,0 +1,69 @@
+"""The stage model: how a pipeline of N ranks runs a job, and the round time the estimate prices.
+
+Ranks. `mlx.launch` (or `spill up --ranks N` on loopback) starts one process a rank. Rank 0 runs the group
+as today (coordinator, tokenizer, admission) with its streamer as stage 0: the embedding and the first layer
+range. Ranks 1..N-1 each run a stage actor: the streamer core on its layer range (`split.stage_shares`: by
+bytes, or by each host's working set); the last also holds the final norm and head and samples. Plans, reports
+and heartbeats travel over ZeroMQ as today (a stage's endpoints in `spill/wire.py`); hidden states and tokens
+over `mx.distributed` (ring over TCP, JACCL over Thunderbolt), each hop between ring neighbours.
+
+A plan becomes micro-batches. A row joins one of M micro-batches at admission (the one with the least work)
+and stays in it while it lives: its KV lives on every stage in that micro-batch's pools (each stage only its
+layers' share). The pass's plan is cut into M sub-plans (each micro-batch's starts, chunks, drops), sent by
+rank 0 to every stage before the round; the round is the pass: every micro-batch crosses every stage once.
+A resident stage holds its layers for the round; a streamed one reads its share once a micro-batch visit,
+so it runs M = N (the fewest that keep it busy) micro-batches as large as its KV share allows.
+
+The pass report. Each stage reports its round to rank 0 (busy and waiting seconds, bytes read, active and
+peak memory, KV held, the link's seconds); the last stage adds the tokens and the rows that ended. Rank 0
+merges them into one report with a line a stage, which `spill status` shows; the pass model is fitted per stage.
+
+Admission budgets per stage. Each stage has its own working set (probed on its host, sent with READY) and
+budget: its layers in flight (or its share resident), its buffers, and its layers' share of every row's KV.
+A row starts only where every stage can hold it (the scheduler prices slots against the tightest stage); a
+stage past its guard line holds admission for the group, past its hard line its newest rows are preempted.
+
+A lost rank. A stage that exits, or misses its heartbeats or the round's deadline (a multiple of the estimated
+round), ends the group's epoch: MLX's group is fixed at init, so rank 0 stops every rank, names the lost host,
+and the job's unfinished rows are recomputed from their prompts on a group started anew (on the hosts left, or
+on rank 0 alone), every custom_id still written once.
+
+The bubble. t_i: stage i's seconds for one micro-batch; l_i: its hop's seconds for that micro-batch's hidden
+states (`link.Link.seconds`; the tokens on the last hop). Sends overlap the next micro-batch, so a round is
+
+    round  = max(M * max_i t_i,  sum_i (t_i + l_i))    the busiest stage's work, or one micro-batch's trip
+    idle_i = 1 - M * t_i / round                       stage i's idle share (its bubble)
+
+and a job of K rounds adds the fill, sum_{i < N-1} (t_i + l_i), once. Equal stages with M >= N and links
+faster than t / N leave no bubble; M = N with l > 0 idles each stage l / (t + l) of the round. A micro-batch
+is not free: each takes the stage's weights through memory again, t_i = w_i + r_i x rows (the pass model's
+fixed and per-row terms, a stage's share), so a round's work is M x w_i + r_i x B and M is the fewest >= N
+that hides the trip.
+"""
+
+
+def round_seconds(stage_s: list[float], hop_s: list[float], m: int) -> float:
+    """A round of m micro-batches: stage_s[i] a micro-batch's seconds at stage i, hop_s[i] on its way out."""
+    return max(m * max(stage_s), sum(stage_s) + sum(hop_s))
+
+
+def idle_shares(stage_s: list[float], hop_s: list[float], m: int) -> list[float]:
+    """Each stage's idle share of a round (the pipeline's bubble, stage by stage)."""
+    r = round_seconds(stage_s, hop_s, m)
+    return [1.0 - m * t / r for t in stage_s]
+
+
+def job_seconds(stage_s: list[float], hop_s: list[float], m: int, rounds: int) -> float:
+    """`rounds` rounds and the fill: the first micro-batch reaching the last stage."""
+    return rounds * round_seconds(stage_s, hop_s, m) + sum(stage_s[:-1]) + sum(hop_s[:-1])
+
+
+def best_micro_batches(fixed_s: list[float], per_row_s: list[float], hop_s: list[float], rows: int) -> int:
+    """The M (N..rows, at most a row each) with the shortest round, each stage's micro-batch priced fixed_s[i] + per_row_s[i] x rows / M;
+    the fewest where several tie."""
+    n = len(fixed_s)
+
+    def round_of(m: int) -> float:
+        return round_seconds([w + r * rows / m for w, r in zip(fixed_s, per_row_s)], hop_s, m)
+
+    return min(range(min(n, rows), rows + 1), key=lambda m: (round_of(m), m))

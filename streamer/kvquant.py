@@ -1,0 +1,122 @@
+"""Decode pools whose K and V are stored quantized, in MLX's affine format (`--kv-bits 8|4`).
+
+A QuantPool is a Pool (groups.py: a slot per row, a token written at column len each pass) whose every
+layer holds K and V as three arrays each, one entry per (slot, head, column), each token quantized on its own:
+
+    packed  [slots, heads, width, head_dim x bits / 32]  uint32   head_dim values of a token, bits each
+    scales  [slots, heads, width, head_dim / group]      compute  one per group of `group` along head_dim
+    biases  [slots, heads, width, head_dim / group]      compute  value = packed x scale + bias
+
+A token's groups run along its own head_dim, so writing a token never touches another's; a joining row's
+prompt KV (computed unquantized by its prefill group) is quantized once as it is copied into its slot, rows
+moved between slots or pools are copied as stored. Attention reads a pool's live slots and columns through
+`mx.quantized_matmul` (scores against packed keys, then the weighted sum of packed values), pool by pool:
+nothing dequantizes a pool. `shares.kv_fields` is the layout both the allocation and admission's price read.
+"""
+
+import mlx.core as mx
+
+from spill.errors import SpillError
+
+from .groups import Pool, SlotCache, decode_shares
+from .shares import kv_fields, kv_refusal
+from .streams import spread
+
+
+class QuantSlotCache(SlotCache):
+    """One layer's quantized K and V of a QuantPool: `keys` and `values` are (packed, scales, biases)."""
+
+    def place(self, slot: int, keys: tuple, values: tuple) -> None:
+        """A row's stored K and V (each a triple [1, heads, n, *]) into columns 0..n-1 of its slot."""
+        if self.keys is None:
+            self.keys, self.values = self._allocate(keys), self._allocate(values)
+        n = keys[0].shape[2]
+        for stores, new in ((self.keys, keys), (self.values, values)):
+            for store, part in zip(stores, new):
+                store[slot:slot + 1, :, :n, :] = part
+
+    def _allocate(self, like: tuple) -> tuple:
+        p = self.pool
+        heads, dim = like[0].shape[1], like[0].shape[3] * 32 // p.bits
+        fields = kv_fields(dim, like[1].dtype.size, p.bits, p.group_size)
+        return tuple(mx.zeros((p.slots, heads, p.width, n), x.dtype) for (n, _), x in zip(fields.values(), like))
+
+    def admit(self, slot: int, keys: mx.array, values: mx.array) -> None:
+        """A joining row's prompt KV [1, heads, n, head_dim], quantized once."""
+        self.place(slot, self._quantize(keys), self._quantize(values))
+
+    def _quantize(self, x: mx.array) -> tuple:
+        return tuple(mx.quantize(x, group_size=self.pool.group_size, bits=self.pool.bits))
+
+    def take(self, slot: int, n: int) -> tuple:
+        return tuple(tuple(mx.contiguous(x[slot:slot + 1, :, :n, :]) for x in kv) for kv in (self.keys, self.values))
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array):
+        """keys [used, heads, 1, head_dim] of this pass, quantized and written at each slot's len in place."""
+        p = self.pool
+
+        def put(stores, new):
+            out = []
+            for store, part in zip(stores, self._quantize(new)):
+                if part.shape[0] < p.slots:   # unused slots past the last row: a write to their column 0
+                    part = mx.concatenate([part, mx.zeros((p.slots - part.shape[0], *part.shape[1:]), part.dtype)])
+                out.append(mx.put_along_axis(store, mx.broadcast_to(p.write_at, part.shape), part, axis=2))
+            return tuple(out)
+        self.keys, self.values = put(self.keys, keys), put(self.values, values)
+        return self.fetched()
+
+    def fetched(self) -> tuple[tuple, tuple]:
+        p = self.pool
+        return tuple(x[:p.used, :, :p.span, :] for x in self.keys), tuple(x[:p.used, :, :p.span, :] for x in self.values)
+
+
+class QuantPool(Pool):
+    """A decode pool with K and V quantized to `bits` in groups of `group_size` (see the module docstring)."""
+
+    slot_cache = QuantSlotCache
+
+    def __init__(self, slots: int, width: int, layers: int, *, bits: int, group_size: int):
+        self.bits, self.group_size = bits, group_size
+        super().__init__(slots, width, layers)
+
+    @staticmethod
+    def attend(cache, queries, scale, mask, sinks, streams) -> mx.array:
+        """A JointCache's attention (queries [rows, heads, 1, head_dim]), each pool over its own span, a pool of
+        enough rows split by rows over the CPU streams."""
+        if sinks is not None:
+            raise SpillError("this model's attention uses sinks, which quantized KV cannot take; leave --kv-bits out")
+        out, start = [], 0
+        for p, c in zip(cache.pools, cache.parts):
+            (k, v), rows = c.fetched(), slice(start, start + p.used)
+            q, m = queries[rows], mask[rows, ..., :k[0].shape[2]]
+
+            def part(a, b, q=q, k=k, v=v, m=m, p=p):
+                cut = lambda t: tuple(x[a:b] for x in t)
+                return quantized_attention(q[a:b], cut(k), cut(v), scale, m[a:b], p.bits, p.group_size)
+            n = min(decode_shares(p.used), len(streams))
+            out.append(spread(streams[:n], p.used, part) if n > 1 else part(0, p.used))
+            start += p.used
+        return out[0] if len(out) == 1 else mx.concatenate(out)
+
+
+def quantized_attention(queries, keys: tuple, values: tuple, scale: float, mask, bits: int, group_size: int):
+    """Attention of queries [B, heads, L, D] over quantized keys and values ([B, kv_heads, S, *] each), grouped
+    queries sharing their KV head; mask [B, 1, L or 1, S] of booleans."""
+    b, heads, length, dim = queries.shape
+    kv = keys[0].shape[1]
+    q = (queries * scale).reshape(b, kv, heads // kv, length, dim)
+    k, v = (tuple(mx.expand_dims(x, 2) for x in t) for t in (keys, values))   # [B, kv, 1, S, *]
+    scores = mx.quantized_matmul(q, *k, transpose=True, group_size=group_size, bits=bits)   # [B, kv, rep, L, S]
+    scores = mx.where(mx.expand_dims(mask, 2), scores, mx.finfo(scores.dtype).min)
+    scores = mx.softmax(scores, axis=-1, precise=True)
+    out = mx.quantized_matmul(scores, *v, transpose=False, group_size=group_size, bits=bits)
+    return out.reshape(b, heads, length, dim)
+
+
+def pool_maker(bits: int | None, group_size: int, head_dim: int):
+    """The streamer's decode pool constructor for a KV setting: Pool, or QuantPool at `bits`."""
+    if (why := kv_refusal(bits, group_size, head_dim)) is not None:
+        raise SpillError(why)
+    if bits is None:
+        return Pool
+    return lambda slots, width, layers: QuantPool(slots, width, layers, bits=bits, group_size=group_size)

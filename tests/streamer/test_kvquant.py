@@ -1,0 +1,75 @@
+"""Quantized decode pools (`--kv-bits`): mlx-lm's quantized cache is the gate, the pool holds what admission prices,
+and rows moving between slots and pools keep their tokens."""
+
+import mlx.core as mx
+import pytest
+
+from spill.errors import SpillError
+from spill.streamer.check import run_check
+from spill.streamer.core import Row, Streamer
+from spill.streamer.kvquant import QuantPool
+
+from .test_core import PROMPTS, _drive
+
+cpu_default = pytest.mark.skipif(mx.default_device() == mx.gpu, reason="written for the CPU's float32 default")
+
+
+@cpu_default
+@pytest.mark.parametrize("family,bits", [("qwen2", 4), ("mistral", 8)])   # llama: tests/coordinator/test_cli.py
+def test_check_passes_against_mlx_lms_quantized_cache(make_tiny, family, bits):
+    report = run_check(make_tiny(family), n=3, max_tokens=4, prefill_chunk=16, kv_bits=bits, kv_group_size=32)
+    assert report.passed, [(r.id, r.max_logit_diff, r.first_disagreement) for r in report.failures()]
+    assert report.tolerance == pytest.approx((4 * 2 ** -23 + 64 * 2 ** -23 + 2 ** -bits) * report.scale)
+    assert report.max_logit_diff <= 1e-4 and report.identical == 3   # the same kernels on the same values
+
+
+def test_rows_leaving_growing_and_shrinking_quantized_pools_keep_their_tokens(make_tiny):
+    """Rows that leave (the last slots move down), a pool outgrown (copied as stored) and rows of two widths give
+    each row the tokens it has run alone at the same KV format."""
+    folder, kv = make_tiny("llama"), dict(kv_bits=4, kv_group_size=32)
+    s = Streamer(folder, prefill_chunk=8, **kv)
+    s.reserve([[2, 256], [1, 512]])
+    schedule = {0: [("a", PROMPTS[0], 256), ("b", PROMPTS[2], 512)], 1: [("c", PROMPTS[1], 256)],
+                3: [("d", PROMPTS[3], 256), ("e", PROMPTS[4], 512)]}
+    out, lens, passes = {}, {}, 0
+    while passes <= max(schedule) or not s.idle:
+        for rid, prompt, width in schedule.get(passes, []):
+            lens[rid] = 3 + 2 * len(out)
+            s.add(Row(rid, prompt, lens[rid], width=width))
+            out[rid] = []
+        for e in s.step().emitted:
+            if e.finish != "stop":
+                out[e.row_id].append(e.token)
+        assert all(isinstance(p, QuantPool) and p.caches[0].keys[0].dtype == mx.uint32 for p in s.pools.values())
+        passes += 1
+    for rid, prompt, _ in [r for p in sorted(schedule) for r in schedule[p]]:
+        alone = _drive(Streamer(folder, prefill_chunk=8, **kv), {0: [(rid, prompt)]}, max_tokens=lens[rid])
+        assert out[rid] == alone[rid][0], rid
+
+
+@pytest.mark.parametrize("bits,group,why", [
+    (3, 64, "^--kv-bits 3 is not one of 8, 4; pick one or leave it out"),
+    (8, 48, "^--kv-group-size 48 is not one of 32, 64, 128; pick one of them$"),
+    (8, 64, "^--kv-group-size 64 does not divide the model's head dimension 32; use --kv-group-size 32$")])
+def test_a_kv_format_the_model_cannot_take_is_one_sentence(make_tiny, bits, group, why):
+    with pytest.raises(SpillError, match=why):
+        Streamer(make_tiny("llama"), kv_bits=bits, kv_group_size=group)
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_a_quantized_pool_allocates_exactly_what_the_sheet_prices_for_it(make_tiny, bits):
+    """The pool's packed values, scales and biases are the bytes admission prices a slot's tokens at (kv_fields)."""
+    from spill.admission.prices import sheet_for
+    folder = make_tiny("llama")
+    s = Streamer(folder, prefill_chunk=64, kv_bits=bits, kv_group_size=32)
+    s.reserve([[3, 256]])
+    s.add(Row("a", PROMPTS[0], 4, width=256))
+    s.step()
+    pool = s.pools[256]
+    held = sum(x.nbytes for c in pool.caches for kv in (c.keys, c.values) for x in kv)
+    sheet = sheet_for(s.plan, 2**30, 4, prefill_tokens=512, kv=(bits, 32))   # float32 on the CPU
+    unquantized = sheet_for(s.plan, 2**30, 4, prefill_tokens=512)
+    assert held == 3 * 256 * sheet.kv_per_token
+    assert sheet.kv_per_token == unquantized.kv_per_token * (bits + 2 * 32 // 32) // 32   # 32 floats -> bits + 2 scales
+    assert sheet.prefill_kv([5, 9]) == unquantized.prefill_kv([5, 9])   # prompts' KV stays unquantized until it joins
+    s.close()
