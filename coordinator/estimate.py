@@ -20,7 +20,7 @@ from spill.admission.prices import shortfall
 from spill.admission import simulate as sim
 from spill.admission.simulate import Estimate, SimRow, Tier, simulate, tier_of
 from spill.streamer.plan import load_plan
-from spill.streamer.shares import KV_GROUP_SIZES, kv_format, kv_refusal
+from spill.streamer.shares import KV_GROUP_SIZES, kv_format, plan_kv_refusal
 from spill.tokenizer_worker.core import TokenizerCore
 
 from .batch_input import read_batch
@@ -60,7 +60,7 @@ def estimate_file(model: str, input: Path, *, max_tokens: int = 256, memory: str
     if model == "demo":
         make_demo()
     folder = resolve(model)
-    if kv and (why := kv_refusal(*kv, load_plan(folder).kv_heads_and_dim[1])):
+    if kv and (why := plan_kv_refusal(*kv, load_plan(folder))):
         raise SpillError(why)
     requests, bad = read_batch(Path(input))
     calibrate(folder)

@@ -8,7 +8,7 @@ from pathlib import Path
 from spill.errors import SpillError
 from spill.memory import check_same, format_size
 from spill.streamer.plan import load_plan
-from spill.streamer.shares import kv_refusal
+from spill.streamer.shares import plan_kv_refusal
 
 from .batch_input import Request, read_batch
 from .estimate import refusal
@@ -67,7 +67,7 @@ def kv_settings(args: dict, group_args: dict, folder: Path) -> dict:
     """The job's --kv-bits and --kv-group-size, else the group's (`spill up`), checked against the model."""
     given = args if args.get("kv_bits") else group_args
     bits, group = given.get("kv_bits") or None, given.get("kv_group_size") or 64
-    if why := kv_refusal(bits, group, load_plan(folder).kv_heads_and_dim[1] if bits else None):
+    if bits and (why := plan_kv_refusal(bits, group, load_plan(folder))):
         raise SpillError(why)
     return {"kv_bits": bits, "kv_group_size": group}
 

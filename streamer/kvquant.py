@@ -19,7 +19,7 @@ import mlx.core as mx
 from spill.errors import SpillError
 
 from .groups import Pool, SlotCache, decode_shares
-from .shares import kv_fields, kv_refusal
+from .shares import kv_fields, plan_kv_refusal
 from .streams import spread
 
 
@@ -113,9 +113,9 @@ def quantized_attention(queries, keys: tuple, values: tuple, scale: float, mask,
     return out.reshape(b, heads, length, dim)
 
 
-def pool_maker(bits: int | None, group_size: int, head_dim: int):
-    """The streamer's decode pool constructor for a KV setting: Pool, or QuantPool at `bits`."""
-    if (why := kv_refusal(bits, group_size, head_dim)) is not None:
+def pool_maker(bits: int | None, group_size: int, plan):
+    """The streamer's decode pool constructor for a KV setting and a model's load plan: Pool, or QuantPool at `bits`."""
+    if (why := plan_kv_refusal(bits, group_size, plan)) is not None:
         raise SpillError(why)
     if bits is None:
         return Pool

@@ -59,10 +59,16 @@ def kv_format(bits: int | None, group_size: int = 64) -> str:
     return "unquantized" if bits is None else f"{bits}-bit (group {group_size})"
 
 
-def kv_refusal(bits: int | None, group_size: int, head_dim: int | None = None) -> str | None:
+# families whose mlx-lm attention reads the cache's keys itself, not through MLX's attention, where quantized KV goes
+NO_QUANTIZED_KV = {"gemma2": "gemma2's attention (soft-capped) reads the cache's keys itself"}
+
+
+def kv_refusal(bits: int | None, group_size: int, head_dim: int | None = None, model_type: str | None = None) -> str | None:
     """The sentence a KV setting this model or MLX cannot take is refused with, else None."""
     if bits is None:
         return None
+    if model_type in NO_QUANTIZED_KV:
+        return f"--kv-bits {bits}: {NO_QUANTIZED_KV[model_type]}, where quantized KV cannot go; leave --kv-bits out"
     if bits not in KV_BITS:
         return f"--kv-bits {bits} is not one of {', '.join(map(str, KV_BITS))}; pick one or leave it out (unquantized)"
     if group_size not in KV_GROUP_SIZES:
@@ -72,3 +78,8 @@ def kv_refusal(bits: int | None, group_size: int, head_dim: int | None = None) -
         fix = f"use --kv-group-size {fits[-1]}" if fits else "leave --kv-bits out for this model"
         return f"--kv-group-size {group_size} does not divide the model's head dimension {head_dim}; {fix}"
     return None
+
+
+def plan_kv_refusal(bits: int | None, group_size: int, plan) -> str | None:
+    """kv_refusal for the model a load plan read (its head dimension and family)."""
+    return kv_refusal(bits, group_size, plan.kv_heads_and_dim[1], plan.config.get("model_type"))

@@ -49,6 +49,11 @@ def test_a_kv_format_the_model_or_mlx_cannot_take_is_one_sentence(make_tiny, tmp
     assert odd.exit_code == 2 and "--kv-bits 6 is not one of 8, 4" in odd.output
     wide = runner.invoke(app, args + ["--kv-bits", "8"])   # group 64, head dimension 32
     assert wide.exit_code == 2 and "--kv-group-size 64 does not divide the model's head dimension 32" in wide.output
+    gemma = str(make_tiny("gemma2"))   # its attention is mlx-lm's own: the streamer crashed 4 times
+    said = "--kv-bits 8: gemma2's attention (soft-capped) reads the cache's keys itself, where quantized KV cannot go"
+    for cmd in (["estimate", gemma, str(_tiers(tmp_path))], ["check", gemma]):
+        refused = runner.invoke(app, cmd + ["--kv-bits", "8", "--kv-group-size", "32"])
+        assert refused.exit_code == 2 and said in refused.output, refused.output
 
 
 def test_a_job_keeps_its_kv_format_for_the_group_and_for_resume(make_tiny, tmp_path, monkeypatch):
