@@ -35,6 +35,7 @@ class PassPlan:
     drop: list = field(default_factory=list)                      # rows dropped before it, to run again (preempted)
     finish: list = field(default_factory=list)                    # rows ended outside the streamer (a stop string)
     pools: list | None = None                                     # [slots, width] of every decode pool (None: kept)
+    drafts: dict = field(default_factory=dict)                    # decode row -> the most drafts it may carry (speculate.py)
 
 
 @dataclass
