@@ -260,7 +260,7 @@ class Streamer:
         # 4. head and sampling for rows at the end of their input
         c0 = time.perf_counter()
         emitting = [(g, h) for g, h in zip(groups, hs) if g.advance()]
-        verified = speculate.decide(self.adapter, *emitting.pop(0), drafts) if drafts else []
+        verified, accepted = speculate.decide(self.adapter, *emitting.pop(0), drafts) if drafts else ([], {})
         emitted = verified + self._sample(emitting)
         compute_s += time.perf_counter() - c0
         # 5. prefill groups that finished their prompts join their decode pools
@@ -277,7 +277,9 @@ class Streamer:
         # the C heap's holes go back every pass: without it the heap grew to 425 MiB on the three-tier job
         release_heap()
         self.passes += 1
-        return self._report(t0, wait0, read0, compute_s, emitted, prefill_tokens, streamed, prefilling, attended)
+        report = self._report(t0, wait0, read0, compute_s, emitted, prefill_tokens, streamed, prefilling, attended)
+        report.accepted = accepted
+        return report
 
     def _sample(self, emitting) -> list[Emitted]:
         if not emitting:

@@ -61,3 +61,4 @@ class PassReport:
     read_s: float = 0.0                             # the reader's seconds in read calls (beside the compute)
     prefill_groups: int = 0                         # prefill groups that ran: each its own attention (families run_layer)
     prefill_context: int = 0                        # prompt tokens this pass x the keys each scores (cached + chunk)
+    accepted: dict = field(default_factory=dict)    # row -> drafts it accepted, where it drafted (speculate.py)

@@ -69,9 +69,9 @@ def chunk(decode: Decode, drafts: dict[int, list[int]]) -> mx.array:
     return mx.array(fed)
 
 
-def decide(adapter, decode: Decode, h: mx.array, drafts: dict[int, list[int]]) -> list[Emitted]:
-    """h [rows, T, D] of the chunk -> the rows' tokens: verified where a row drafted, else sampled as
-    without drafts. Moves each drafting row's length on by the drafts it accepted."""
+def decide(adapter, decode: Decode, h: mx.array, drafts: dict[int, list[int]]) -> tuple[list[Emitted], dict]:
+    """h [rows, T, D] of the chunk -> (the rows' tokens, row -> drafts accepted where it drafted): verified where a
+    row drafted, else sampled as without drafts. Moves each drafting row's length on by what it accepted."""
     idx, rows = decode.sampled()
     counts = [1 + len(drafts.get(id(r), ())) for r in rows]
     logits = adapter.head(mx.concatenate([h[j, :n, :] for j, n in zip(idx, counts)])).astype(mx.float32)
@@ -79,6 +79,7 @@ def decide(adapter, decode: Decode, h: mx.array, drafts: dict[int, list[int]]) -
     plain = [i for i, r in enumerate(rows) if id(r) not in drafts]
     spec = [i for i, r in enumerate(rows) if id(r) in drafts]
     out: dict[int, list[Emitted]] = {}
+    accepted = {}
     if plain:
         tokens = sample(logits[mx.array(at[plain])], [rows[i].sampler for i in plain])
         for i, tok in zip(plain, tokens):
@@ -97,12 +98,13 @@ def decide(adapter, decode: Decode, h: mx.array, drafts: dict[int, list[int]]) -
             r.tokens += v.tokens
             r.finish = v.finish
             _advance(decode, r, v.accepted)
+            accepted[r.row.id] = v.accepted
             out[i] = [Emitted(r.row.id, t) for t in v.tokens]
             if v.finish == "stop":
                 out[i].append(Emitted(r.row.id, min(r.row.eos_ids), "stop"))
             elif v.finish:
                 out[i][-1].finish = v.finish
-    return [e for i in sorted(out) for e in out[i]]
+    return [e for i in sorted(out) for e in out[i]], accepted
 
 
 def _advance(decode: Decode, r: RowState, accepted: int) -> None:

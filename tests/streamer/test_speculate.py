@@ -11,11 +11,11 @@ PROMPTS = {"a": [5, 9, 13, 5, 9, 21, 34, 5, 9, 13, 2, 8, 5, 9, 13], "b": [7, 8, 
 SAMPLED = SamplingParams(temperature=0.8, seed=3)
 
 
-def drive(folder, k: int, max_tokens: int = 24) -> tuple[dict, dict]:
+def drive(folder, k: int, max_tokens: int = 24, eos: frozenset = frozenset()) -> tuple[dict, dict]:
     """Every row started in one pass, then decode passes with up to k drafts a row:
     ({row: (tokens, finish)}, {row: the passes it emitted in})."""
     s = Streamer(folder, dtype=None)
-    rows = [Row(rid, p, max_tokens, SAMPLED if rid == "c" else SamplingParams()) for rid, p in PROMPTS.items()]
+    rows = [Row(rid, p, max_tokens, SAMPLED if rid == "c" else SamplingParams(), eos) for rid, p in PROMPTS.items()]
     out = {r.id: ([], None) for r in rows}
     plan, passes = PassPlan(start=[(r, 1) for r in rows], chunks={1: 64}), {r.id: set() for r in rows}
     while True:
@@ -44,3 +44,40 @@ def test_a_row_near_max_tokens_drafts_only_what_it_may_still_take(make_tiny):
     folder = make_tiny("llama", "float32")
     assert drive(folder, 8, max_tokens=3)[0] == drive(folder, 0, max_tokens=3)[0]
 
+
+def test_eos_ends_a_row_inside_an_accepted_run_where_it_would_have_without_drafts(make_tiny):
+    folder = make_tiny("llama", "float32")
+    tokens = drive(folder, 0)[0]["a"][0]
+    eos = frozenset({next(t for t in tokens[12:] if t not in tokens[:12])})   # one row ends late, mid-run
+    plain, spec = drive(folder, 0, eos=eos)[0], drive(folder, 4, eos=eos)[0]
+    assert spec == plain and plain["a"] == (tokens[:tokens.index(min(eos))], "stop")
+
+
+
+def test_the_actor_sends_each_rows_tokens_in_order_and_reports_the_drafts_accepted(make_tiny):
+    from collections import Counter
+
+    import numpy as np
+
+    from spill import messages as m
+    from spill.streamer.process import StreamerActor
+
+    from .test_actor import plan
+    runs = {}
+    for k in (0, 4):
+        actor = StreamerActor()
+        actor.reset(m.Reset(1, str(make_tiny("llama", "float32"))))
+        got, index = {10: [], 11: []}, 0
+        out, stats, _ = actor.run(plan(0, [10, 11], [PROMPTS["a"], PROMPTS["b"]], max_tokens=16, chunks=[(1, 16)]))
+        while True:
+            out, stats = m.decode(m.encode(out)), m.decode(m.encode(stats))   # as they cross the wire
+            for row, tok in zip(out.rows, np.frombuffer(out.tokens, np.int32).tolist()):
+                got[row].append(tok)
+            counts = Counter(out.rows)
+            assert all(counts[row] == n + 1 for row, n in stats.accepted) and stats.emitted == len(out.rows)
+            if actor.engine.idle:
+                break
+            index += 1
+            out, stats, _ = actor.run(plan(index, drafts=[[10, k], [11, k]] if k else []))
+        runs[k] = got, index
+    assert runs[4][0] == runs[0][0] and runs[4][1] < runs[0][1]
