@@ -141,10 +141,12 @@ class Group:
             self.sup.kill(role)
         for role, code in self.sup.dead():
             why = self.sup.why(role)   # an error no restart fixes (a corrupt shard): the job fails with it at once
-            self.log.warning("actor died; restarting", role=role, exit_code=code, error=why or None)
+            cause = self.sup.why(role, final=False)   # a crash's exception, named if the job fails of crashes
+            self.log.warning("actor died; restarting", role=role, exit_code=code, error=why or cause or None)
             self.crashes[role] = self.crashes.get(role, 0) + 1
             if self.current is not None and (why or self.crashes[role] > MAX_CRASHES):
-                self.fail(why or f"the {role} crashed {self.crashes[role]} times during this job; "
+                self.fail(why or f"the {role} crashed {self.crashes[role]} times during this job"
+                          f"{f' (the last time: {cause})' if cause else ''}; "
                           f"see {config.home() / 'run' / 'logs' / (role + '.log')}")
             self.sup.restart(role)
             if not self.waiting:

@@ -37,6 +37,8 @@ class Supervisor:
         env = preload_env() if role == "streamer" else dict(os.environ)
         if self.restarts[role]:
             env.pop(config.crash_name(role), None)   # a fault fires once, not on every restart
+            if not config.test_alloc_fail()[1]:
+                env.pop("SPILL_TEST_ALLOC_FAIL", None)
         self.procs[role] = subprocess.Popen([sys.executable, "-m", ACTORS[role], json.dumps(args)],
                                             pass_fds=(read_end,), env=env, stdin=subprocess.DEVNULL)
         os.close(read_end)
@@ -57,9 +59,10 @@ class Supervisor:
         """Actors that exited, with their exit codes."""
         return [(role, p.returncode) for role, p in self.procs.items() if p.poll() is not None]
 
-    def why(self, role: str) -> str:
-        """The sentence a dead actor left for an error no restart fixes (spill.actor.run_actor), else ""."""
-        path = failure_file(self.procs[role].pid)
+    def why(self, role: str, final: bool = True) -> str:
+        """The sentence a dead actor left for an error no restart fixes (spill.actor.run_actor), else "";
+        not final: the first line of the exception it crashed on, else ""."""
+        path = failure_file(self.procs[role].pid, final)
         try:
             why = path.read_text()
         except OSError:
@@ -72,7 +75,8 @@ class Supervisor:
         if role in self.procs and self.procs[role].pid == pid:
             self.seen[role] = now = time.monotonic()
             moved = self.progress.get(role) != progress
-            self.moved[role] = (now if moved else self.moved.get(role, (now, busy))[0], busy)
+            at, was_busy = self.moved.get(role, (now, busy))
+            self.moved[role] = (now if moved or not was_busy else at, busy)   # the deadline counts from busy on
             if busy or moved:
                 self.active_at, self.progress[role] = now, progress
 

@@ -120,15 +120,22 @@ def run_actor(role: str, main) -> None:
         pass
     except BaseException as err:  # noqa: BLE001 - logged, then the supervisor sees the exit code
         log.error("crashed", traceback=traceback.format_exc())
-        if isinstance(err, SpillError):   # a fact about the user's files or input: no restart changes it
-            with contextlib.suppress(OSError):   # unwritten, it is a crash like any other
-                failure_file(os.getpid()).write_text(str(err))
+        final = isinstance(err, SpillError)   # a fact about the user's files or input: no restart changes it
+        with contextlib.suppress(OSError):   # unwritten, it is a crash of no named cause
+            failure_file(os.getpid(), final).write_text(str(err) if final else first_line(err))
         sys.exit(1)
 
 
-def failure_file(pid: int) -> Path:
-    """Where an actor that stopped on a SpillError leaves its sentence for the supervisor (supervisor.why)."""
-    return config.home() / "run" / f"failed-{pid}.txt"
+def failure_file(pid: int, final: bool = True) -> Path:
+    """Where an actor that stopped on an error leaves it for the supervisor: a SpillError's sentence (final,
+    supervisor.why), else the exception's first line (supervisor.cause)."""
+    return config.home() / "run" / f"{'failed' if final else 'crashed'}-{pid}.txt"
+
+
+def first_line(err: BaseException) -> str:
+    """`Type: message` on one line, at most 300 characters, without a closing full stop."""
+    text = str(err).strip().splitlines()
+    return f"{type(err).__name__}{': ' + text[0] if text else ''}"[:300].rstrip(".")
 
 
 class EpochGate:

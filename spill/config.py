@@ -76,6 +76,8 @@ KNOBS = {k.name: k for k in (
            "or with :wedge stop its loop there (its heartbeat goes on)", TEST) for role in ROLES),
     Knob("SPILL_TEST_DROP", "", str, "KIND:n: a process loses the n-th message of that kind it sends, as ZeroMQ "
          "loses an oversized frame", TEST),
+    Knob("SPILL_TEST_ALLOC_FAIL", "", str, "n[:every]: the n-th buffer the weight reader allocates raises as MLX "
+         "does when it cannot allocate, in the group's first streamer (:every: in each one replacing it too)", TEST),
     Knob("SPILL_TEST_ESTIMATE_DELAY", "0", float, "seconds a job's estimate waits before it starts", TEST),
     Knob("SPILL_TEST_PASS_DELAY", "0", float, "seconds the streamer sleeps after each pass, to widen a race", TEST),
     Knob("SPILL_TEST_FUZZ_EXAMPLES", "60", int, "examples each fuzz test generates", TEST),
@@ -164,6 +166,12 @@ def test_drop() -> tuple[str, int]:
     """SPILL_TEST_DROP="SUBMIT:n" as ("SUBMIT", n); ("", 0) unset."""
     kind, _, n = (get("SPILL_TEST_DROP") or "").partition(":")
     return (kind.upper(), int(n)) if n else ("", 0)
+
+
+def test_alloc_fail() -> tuple[int, bool]:
+    """SPILL_TEST_ALLOC_FAIL="n[:every]" as (n, every); (0, False) unset."""
+    n, _, every = (get("SPILL_TEST_ALLOC_FAIL") or "").partition(":")
+    return int(n or 0), every == "every"
 
 
 def test_fuzz_examples() -> int:

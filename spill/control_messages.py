@@ -5,9 +5,9 @@ the coordinator, each answered by its own reply type or by Refused, one sentence
 """
 
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Annotated, ClassVar
 
-from .typed import Count, Fraction, MaxTokens, Natural, Temperature
+from .typed import Count, Fraction, MaxTokens, Natural, Range, Temperature
 
 
 # -- requests: each carries the control token, required on a tcp control socket --------------------------
@@ -33,6 +33,8 @@ class SubmitJob:
     budget_fraction: Fraction | None = None
     client: str = ""                        # the asking process: its job stops once it stops asking
     token: str = ""
+    kv_bits: Annotated[int, Range(0, 8)] | None = None           # --kv-bits: 8 or 4 (quantized KV); None: the group's
+    kv_group_size: Annotated[int, Range(1, 1024)] | None = None  # --kv-group-size
 
 
 @dataclass

@@ -177,6 +177,7 @@ class Tokens:
     tokens: Annotated[bytes, Packed(per="rows")]   # one int32 per entry; a row's entries in order
     # "" running, "stop" (EOS: not text), "length"; "preempted" (runs again), "refused" (never ran)
     finish: Annotated[list[Annotated[str, OneOf(("", *FINISH, "preempted", "refused"))]], PerRow]
+    positions: Annotated[list[Count], PerRow]   # each row's tokens before this one: a gap means some were lost
 
 
 @dataclass

@@ -294,8 +294,9 @@ class Streamer:
         for j, (r, tok) in enumerate(zip(rows, tokens)):
             if r.finish is not None:
                 continue  # ended from outside while its last step ran
+            position = len(r.tokens)
             r.finish = r.accept(tok)
-            out.append(Emitted(r.row.id, tok, r.finish, kept[j] if kept is not None else None))
+            out.append(Emitted(r.row.id, tok, r.finish, kept[j] if kept is not None else None, position))
         return out
 
     def _join(self, g: Group) -> None:

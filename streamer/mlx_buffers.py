@@ -11,10 +11,16 @@ from .pages import DIO, FLOATS, NP_OF, huge_pages
 from .plan import ModelPlan, TensorSpec
 
 
+_made = [0]   # host buffers made by this process (SPILL_TEST_ALLOC_FAIL counts them)
+
+
 def host_buffer(size: int) -> tuple:
     """New MLX memory to read into: (a numpy view of `size` bytes at a DIO boundary, (the array, that offset)).
     Zero-filled on the host, also on a GPU: 59 MB took 4 ms from MLX's cache, 41 ms fresh (2 vCPUs); then backed
     by huge pages where Linux can (pages.huge_pages), as the reader's own buffers are."""
+    _made[0] += 1
+    if _made[0] == config.test_alloc_fail()[0]:
+        raise RuntimeError(f"[malloc] Unable to allocate {size + DIO} bytes.")
     raw = mx.zeros((size + DIO,), mx.uint8, stream=mx.cpu)
     mx.eval(raw)
     view = np.asarray(memoryview(raw))

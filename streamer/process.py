@@ -60,7 +60,8 @@ class StreamerActor:
         rows = [e.row_id for e in report.emitted] + ended
         finish = [e.finish or "" for e in report.emitted] + ["preempted"] * len(report.preempted) + ["refused"] * len(refused)
         tokens = np.array([e.token for e in report.emitted] + [-1] * len(ended), np.int32)
-        out = m.Tokens(self.epoch, report.index, rows, tokens.tobytes(), finish)
+        positions = [e.position for e in report.emitted] + [0] * len(ended)
+        out = m.Tokens(self.epoch, report.index, rows, tokens.tobytes(), finish, positions)
         r = report
         stats = m.Pass(self.epoch, r.index, r.seconds, r.wait_s, r.compute_s, r.decode_rows, r.prefill_tokens,
                        len(r.emitted), r.left, r.active_memory, r.peak_memory, r.bytes_streamed, self.job,

@@ -303,7 +303,7 @@ class WeightReader:
                     return done           # the page-rounded read ran past the end of the file
                 spec = next(t for t in sp.tensors if t.offset + t.nbytes > offset)
                 raise SpillError(f"{spec.path}: expected {spec.name} at bytes {spec.offset}-"
-                                 f"{spec.offset + spec.nbytes}, found the file ending at byte {offset}; "
+                                 f"{spec.offset + spec.nbytes}, found the file ending at byte {os.fstat(fd).st_size}; "
                                  "it changed after the plan was made, re-download it")
             done += got
             if offset + got >= sp.data_end:

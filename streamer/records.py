@@ -25,6 +25,7 @@ class Emitted:
     token: int
     finish: str | None = None
     logits: np.ndarray | None = None
+    position: int = 0        # the row's tokens before this one (EOS excluded): the tokenizer sees a gap
 
 
 @dataclass

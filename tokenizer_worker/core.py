@@ -107,6 +107,15 @@ class TokenizerCore:
             return True, "stop"
         return False, finish or None
 
+    def lost(self, row: int, position: int) -> bool:
+        """A token whose row has a text of other than `position` tokens: some before it were lost on the way.
+        The row is forgotten (the coordinator, seeing it outstanding while the group is idle, submits it again)."""
+        live = self.live.get(row)
+        if live is None or live.text.stopped or position == live.completion_tokens:
+            return False
+        self.live.pop(row)
+        return True
+
     def finish(self, row: int, reason: str) -> tuple[str, str, int, int]:
         """(text, finish_reason, prompt_tokens, completion_tokens); forgets the row."""
         live = self.live.pop(row)

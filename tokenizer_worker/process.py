@@ -33,7 +33,7 @@ def run_tokenizer_process(endpoints, args, log) -> None:
                 _submit(box, core, msg, job)
                 fault.tick("submit")
             elif isinstance(msg, m.Tokens):
-                _tokens(box, core, msg, job)
+                _tokens(box, core, msg, job, log)
                 fault.tick("tokens")
             elif isinstance(msg, m.Ended):
                 core.forget(msg.rows)
@@ -57,15 +57,20 @@ def _submit(box, core: TokenizerCore, msg: m.Submit, job: str) -> None:
                                           m.Sampling.of(r.sampling for _, r in ok), core.eos))
 
 
-def _tokens(box, core: TokenizerCore, msg: m.Tokens, job: str) -> None:
-    stops, done = [], []
-    for row, token, finish in zip(msg.rows, np.frombuffer(msg.tokens, np.int32).tolist(), msg.finish):
+def _tokens(box, core: TokenizerCore, msg: m.Tokens, job: str, log) -> None:
+    stops, done, lost = [], [], []
+    for row, token, finish, at in zip(msg.rows, np.frombuffer(msg.tokens, np.int32).tolist(), msg.finish, msg.positions):
+        if finish not in ("preempted", "refused") and core.lost(row, at):
+            lost.append(row)
+            continue
         hit, reason = core.add(row, token, finish)
         if hit:
             stops.append(row)
         if reason:
             done.append(core.finish(row, reason))
             done[-1] = (row, *done[-1])
+    if lost:
+        log.warning("tokens lost on the way; the rows wait to be submitted again", rows=lost)
     if stops:
         box.send("admission", m.Stop(msg.epoch, stops))   # the scheduler ends them; its next plan frees their slots
     if done:

@@ -9,6 +9,7 @@ import time
 import pytest
 import structlog
 
+from spill import config
 from spill import messages as m
 from spill.coordinator import daemon, estimating, first_use
 from spill.coordinator.daemon import Group
@@ -50,7 +51,7 @@ class Sup:
     def beat(self, role, pid, progress=0, busy=True):
         self.beats.append(role)
 
-    def why(self, role):
+    def why(self, role, final=True):
         return ""
 
     def pids(self):
@@ -193,6 +194,19 @@ def test_a_hung_actor_is_killed_and_restarted(tmp_path):
     assert g.sup.killed == ["streamer"] and g.sup.restarted == ["streamer"] and "streamer" in g.waiting
     g.on_actor(m.Heartbeat("tokenizer", 1))
     assert "tokenizer" in g.sup.beats
+
+
+def test_an_actor_that_keeps_crashing_fails_the_job_naming_its_last_error(tmp_path, monkeypatch):
+    """Every restarted streamer fails to allocate its first buffer: the job fails with that error, not only a count."""
+    g = group()
+    a = submit(g, tmp_path, "a")
+    monkeypatch.setattr(g.sup, "dead", lambda: [("streamer", 1)])
+    monkeypatch.setattr(g.sup, "why", lambda role, final=True: "" if final else "RuntimeError: [malloc] Unable to allocate")
+    for _ in range(4):
+        g.check_actors()
+    assert g.status(m.Status(a.job)).error == (
+        "the streamer crashed 4 times during this job (the last time: RuntimeError: [malloc] Unable to allocate); "
+        f"see {config.home() / 'run' / 'logs' / 'streamer.log'}")
 
 
 def test_the_control_socket_answers_garbage_and_refuses_a_wrong_token(tmp_path):

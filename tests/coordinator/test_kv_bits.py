@@ -73,3 +73,20 @@ def test_a_job_keeps_its_kv_format_for_the_group_and_for_resume(make_tiny, tmp_p
         assert str(err) == "--kv-group-size 64 does not divide the model's head dimension 32; use --kv-group-size 32"
     else:
         raise AssertionError("a group size that does not divide the head dimension was taken")
+
+
+def test_spill_run_with_kv_bits_runs_the_job_in_quantized_pools_through_the_front_door(make_tiny, tmp_path, monkeypatch,
+                                                                                         llama_calibration):
+    """`spill run --kv-bits 8` failed before any row ran: the submit request had no field for the format."""
+    from .group_util import read_output, spill, write_input
+    monkeypatch.setenv("SPILL_HOME", str(tmp_path / "home"))
+    seed_home(tmp_path / "home", llama_calibration)
+    rows = write_input(tmp_path / "in.jsonl", 4, max_tokens=4)
+    out = tmp_path / "out.jsonl"
+    said = spill("run", make_tiny("llama"), tmp_path / "in.jsonl", "-o", out, "--kv-bits", "8", "--kv-group-size", "32")
+    assert said.returncode == 0, said.stdout + said.stderr
+    written = read_output(out)
+    assert sorted(written) == sorted(r["custom_id"] for r in rows)
+    assert all(row["error"] is None and row["response"]["body"]["usage"]["completion_tokens"] == 4 for row in written.values())
+    job = json.loads(next((tmp_path / "home" / "jobs").glob("*/job.json")).read_text())
+    assert (job["params"]["kv_bits"], job["params"]["kv_group_size"]) == (8, 32)

@@ -14,7 +14,7 @@ SCRIPT = textwrap.dedent("""
     log.info("before any job")
     bind_context(m.Reset(epoch=1, model="", job="job-7"))
     for i in range(400):
-        bind_context(m.Tokens(1, i, [], b"", []))
+        bind_context(m.Tokens(1, i, [], b"", [], []))
         log.info("pass done", n=i)
     t = threading.Thread(target=lambda: log.warning("from the reader thread"))
     t.start(); t.join()

@@ -26,7 +26,8 @@ def test_planned_rows_give_the_tokens_of_the_core_and_a_reset_drops_them(make_ti
     finished = list(stats.finished)
     while True:
         assert out.epoch == stats.epoch == 1 and stats.plan == index
-        for row, tok in zip(out.rows, np.frombuffer(out.tokens, np.int32).tolist()):
+        for row, tok, at in zip(out.rows, np.frombuffer(out.tokens, np.int32).tolist(), out.positions):
+            assert at == len(got[row])   # each token says how many of its row came before it
             got[row].append(tok)
         if actor.engine.idle:
             break

@@ -1,5 +1,6 @@
 """The reader's threads failing: whatever raises in them is raised by take() and start_pass, never a hang."""
 
+import os
 import threading
 
 import pytest
@@ -46,6 +47,20 @@ def test_a_reader_thread_that_dies_is_named_by_take_and_start_pass(tmp_path, mon
         assert not taker.is_alive(), "take() still waiting"
         assert got[0].startswith("RuntimeError: the weight reader's spill-read thread stopped (ZeroDivisionError:")
         assert _raised(reader.start_pass) == got[0]
+
+
+@pytest.mark.parametrize("keep", [0, 1000])
+def test_a_shard_cut_short_after_the_plan_is_named_with_the_size_it_has_now(tmp_path, keep):
+    """Emptied, or cut inside the embedding (8 KiB, before the layers): the sentence gives the file's end, not the
+    page the layer's read began at."""
+    make_model(tmp_path, layers=3, hidden=128, shards=1, index=False)
+    plan = load_plan(tmp_path)
+    os.truncate(tmp_path / "model.safetensors", keep)
+    with WeightReader(plan, into="mlx") as reader:
+        reader.start_pass()
+        said = _raised(lambda: [reader.take(i) for i in range(3)])
+    assert said.startswith(f"SpillError: {tmp_path / 'model.safetensors'}: expected "), said
+    assert said.endswith(f", found the file ending at byte {keep}; it changed after the plan was made, re-download it")
 
 
 def _raised(work) -> str:

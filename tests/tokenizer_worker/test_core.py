@@ -90,6 +90,19 @@ def test_a_preempted_row_starts_its_text_again(make_tiny):
     assert (text, completion, prompt) == (core.tokenizer.decode(first[:1]), 1, len(ids))
 
 
+def test_a_token_after_a_gap_in_its_row_forgets_the_row_not_writes_a_text_short_of_a_token(make_tiny):
+    """The TOKENS of a pass lost on the way: the row's next token says it had 2 before it, the text has 1."""
+    core = TokenizerCore(make_tiny("llama"))
+    core.tokenize(4, RowRequest(kind="completion", prompt="Hello", max_tokens=6))
+    words = core.tokenizer.encode(" the river runs")
+    assert not core.lost(4, 0)
+    core.add(4, words[0], "")
+    assert not core.lost(4, 1)
+    assert core.lost(4, 2) and 4 not in core.live
+    assert core.add(4, words[2], "length") == (False, None)   # its later tokens are nobody's: no text is written
+    assert not core.lost(5, 3)                                 # a row it does not hold is no gap
+
+
 def remote_code_model(folder, tmp_path):
     """A copy of `folder` whose tokenizer names a class in a .py of the repo, which leaves a mark if run."""
     out = tmp_path / "remote"
