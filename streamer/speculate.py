@@ -83,10 +83,10 @@ def decide(adapter, decode: Decode, h: mx.array, drafts: dict[int, list[int]]) -
     if plain:
         tokens = sample(logits[mx.array(at[plain])], [rows[i].sampler for i in plain])
         for i, tok in zip(plain, tokens):
-            r = rows[i]
+            r, position = rows[i], len(rows[i].tokens)
             if r.finish is None:
                 r.finish = r.accept(tok)
-                out[i] = [Emitted(r.row.id, tok, r.finish)]
+                out[i] = [Emitted(r.row.id, tok, r.finish, position=position)]
     if spec:
         sel = np.concatenate([np.arange(at[i], at[i] + counts[i]) for i in spec])
         cases = [Draft(drafts[id(rows[i])], rows[i].sampler.params, 0, len(rows[i].tokens),
@@ -95,13 +95,14 @@ def decide(adapter, decode: Decode, h: mx.array, drafts: dict[int, list[int]]) -
             r = rows[i]
             if r.finish is not None:
                 continue   # ended from outside while its last step ran
+            before = len(r.tokens)
             r.tokens += v.tokens
             r.finish = v.finish
             _advance(decode, r, v.accepted)
             accepted[r.row.id] = v.accepted
-            out[i] = [Emitted(r.row.id, t) for t in v.tokens]
+            out[i] = [Emitted(r.row.id, t, position=before + n) for n, t in enumerate(v.tokens)]
             if v.finish == "stop":
-                out[i].append(Emitted(r.row.id, min(r.row.eos_ids), "stop"))
+                out[i].append(Emitted(r.row.id, min(r.row.eos_ids), "stop", position=len(r.tokens)))
             elif v.finish:
                 out[i][-1].finish = v.finish
     return [e for i in sorted(out) for e in out[i]], accepted

@@ -71,7 +71,8 @@ def test_the_actor_sends_each_rows_tokens_in_order_and_reports_the_drafts_accept
         out, stats, _ = actor.run(plan(0, [10, 11], [PROMPTS["a"], PROMPTS["b"]], max_tokens=16, chunks=[(1, 16)]))
         while True:
             out, stats = m.decode(m.encode(out)), m.decode(m.encode(stats))   # as they cross the wire
-            for row, tok in zip(out.rows, np.frombuffer(out.tokens, np.int32).tolist()):
+            for row, tok, at in zip(out.rows, np.frombuffer(out.tokens, np.int32).tolist(), out.positions):
+                assert at == len(got[row])   # a row's tokens in order, each saying how many came before it
                 got[row].append(tok)
             counts = Counter(out.rows)
             assert all(counts[row] == n + 1 for row, n in stats.accepted) and stats.emitted == len(out.rows)
