@@ -15,7 +15,7 @@ import numpy as np
 
 from .control_messages import (REPLIES, REQUESTS, Ahead, Cancel, Down, Interrupt, JobStatus, Ping,  # noqa: F401
                                Pong, Queued, Refused, Slot, Status, Stopped, Stopping, SubmitJob)
-from .typed import (MODEL_ROW, BadMessage, Count, Fraction, Int64, MaxTokens, Natural, OneOf,  # noqa: F401
+from .typed import (MODEL_ROW, BadMessage, Count, Drafts, Fraction, Int64, MaxTokens, Natural, OneOf,  # noqa: F401
                     Packed, Pair, PerRow, Range, RequiredIf, RowId, SameLength, Seed, Temperature, TopK, checked)
 
 FINISH = ("stop", "length")   # a finished row's reason
@@ -90,7 +90,7 @@ class Reset:
     resident: bool = False   # keep every layer in memory after its first read (the advisor's choice)
     kv_bits: Annotated[int, Range(0, 8)] = 0            # the decode pools' K and V in 8 or 4 bits (--kv-bits); 0: unquantized
     kv_group_size: Annotated[int, Range(1, 1024)] = 64  # values per scale and bias of quantized KV (--kv-group-size)
-    speculate: Annotated[int, Range(0, 64)] = 0         # drafts a decode row may carry a pass (--speculate K); 0: off
+    speculate: Drafts = 0    # drafts a decode row may carry a pass (--speculate K); 0: off
 
 
 @dataclass(frozen=True)
