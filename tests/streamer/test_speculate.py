@@ -11,13 +11,15 @@ PROMPTS = {"a": [5, 9, 13, 5, 9, 21, 34, 5, 9, 13, 2, 8, 5, 9, 13], "b": [7, 8, 
 SAMPLED = SamplingParams(temperature=0.8, seed=3)
 
 
-def drive(folder, k: int, max_tokens: int = 24, eos: frozenset = frozenset()) -> tuple[dict, dict]:
-    """Every row started in one pass, then decode passes with up to k drafts a row:
-    ({row: (tokens, finish)}, {row: the passes it emitted in})."""
-    s = Streamer(folder, dtype=None)
-    rows = [Row(rid, p, max_tokens, SAMPLED if rid == "c" else SamplingParams(), eos) for rid, p in PROMPTS.items()]
+def drive(folder, k: int, max_tokens: int = 24, eos: frozenset = frozenset(), widths=None) -> tuple[dict, dict]:
+    """Every row started in one pass (in the pools of `widths`, row -> width), then decode passes with up to k
+    drafts a row: ({row: (tokens, finish)}, {row: the passes it emitted in})."""
+    s, widths = Streamer(folder, dtype=None), widths or {}
+    rows = [Row(rid, p, max_tokens, SAMPLED if rid == "c" else SamplingParams(), eos, width=widths.get(rid, 0))
+            for rid, p in PROMPTS.items()]
     out = {r.id: ([], None) for r in rows}
-    plan, passes = PassPlan(start=[(r, 1) for r in rows], chunks={1: 64}), {r.id: set() for r in rows}
+    pools = [[4, w] for w in sorted(set(widths.values()))] or None
+    plan, passes = PassPlan(start=[(r, 1) for r in rows], chunks={1: 64}, pools=pools), {r.id: set() for r in rows}
     while True:
         for e in s.run(plan).emitted:
             passes[e.row_id].add(s.passes)
@@ -43,6 +45,12 @@ def test_rows_with_drafts_give_the_same_tokens_in_fewer_passes(make_tiny, family
 def test_a_row_near_max_tokens_drafts_only_what_it_may_still_take(make_tiny):
     folder = make_tiny("llama", "float32")
     assert drive(folder, 8, max_tokens=3)[0] == drive(folder, 0, max_tokens=3)[0]
+
+
+def test_rows_in_pools_of_two_widths_draft_together_and_keep_their_tokens(make_tiny):
+    folder, widths = make_tiny("qwen2", "float32"), {"a": 40, "b": 256, "c": 40}   # a: 39 tokens, its last drafts cut
+    (plain, plain_passes), (spec, spec_passes) = drive(folder, 0, widths=widths), drive(folder, 4, widths=widths)
+    assert spec == plain and sum(map(len, spec_passes.values())) < sum(map(len, plain_passes.values()))
 
 
 def test_eos_ends_a_row_inside_an_accepted_run_where_it_would_have_without_drafts(make_tiny):
