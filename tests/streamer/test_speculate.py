@@ -31,7 +31,7 @@ def drive(folder, k: int, max_tokens: int = 24, eos: frozenset = frozenset(), wi
         plan = PassPlan(drafts={rid: k for rid in PROMPTS})
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "gemma3_text"])   # gemma3: sliding-window masks
 def test_rows_with_drafts_give_the_same_tokens_in_fewer_passes(make_tiny, family):
     folder = make_tiny(family, "float32")
     plain, plain_passes = drive(folder, 0)
