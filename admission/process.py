@@ -58,7 +58,7 @@ def run_admission_process(endpoints, args, log) -> None:
             elif isinstance(msg, m.Stop):
                 sched.stopped(msg.rows)
             elif isinstance(msg, m.Pass) and running is not None and msg.plan == running.index:
-                sched.reported(msg.finished, live_allocation(msg, others, runtime, sched.policy.sheet))
+                sched.reported(msg.finished, live_allocation(msg, others, runtime, sched.policy.sheet), msg.accepted)
                 ran, running = (running, msg), None
                 fault.tick("pass")
         if sched is None or epoch < 0:
@@ -109,7 +109,8 @@ def _price(msg: m.Reset, args: dict, box, log, calibrator=None):
         box.send("coordinator", m.Error(msg.epoch, [m.MODEL_ROW], ["memory_budget_exceeded"], [short], msg.job))
         return None, others
     chunk = args.get("prefill_chunk", 512)
-    return Scheduler(policy, calibrator.pace if calibrator else None, chunk, 0 if msg.resident else plan.streamed_bytes), others
+    return Scheduler(policy, calibrator.pace if calibrator else None, chunk, 0 if msg.resident else plan.streamed_bytes,
+                     msg.speculate), others
 
 
 def _others_rss(parent: int | None = None, runtime: tuple = (0, 0)) -> int:
@@ -133,7 +134,7 @@ def _plan(epoch: int, planned: Planned, eos: list[int], cache_limit: int) -> m.P
                   max_tokens=[w.max_tokens for w in rows], sampling=m.Sampling.of(w.sampling for w in rows), eos=eos,
                   index=planned.index, widths=[w.width for w in rows], groups=[g for _, g in planned.start],
                   chunks=[[g, n] for g, n in planned.chunks.items()], drop=planned.drop, finish=planned.finish,
-                  pools=planned.pools, cache_limit=cache_limit)
+                  pools=planned.pools, cache_limit=cache_limit, drafts=[[r, k] for r, k in planned.drafts.items()])
 
 
 if __name__ == "__main__":

@@ -48,6 +48,7 @@ class Planned:
     drop: list[int] = field(default_factory=list)
     finish: list[int] = field(default_factory=list)
     pools: list[list[int]] = field(default_factory=list)
+    drafts: dict[int, int] = field(default_factory=dict)            # decode row -> the most drafts it may carry
     pace: int = 0                                                    # prompt tokens the pass could carry
     shape: PassShape = field(default_factory=lambda: PassShape(0, 0, 0, 0))
 
@@ -58,8 +59,9 @@ def fixed_pace(tokens: int):
 
 
 class Scheduler:
-    def __init__(self, policy: BudgetPolicy, pace=None, chunk: int = 512, bytes_streamed: int = 0):
+    def __init__(self, policy: BudgetPolicy, pace=None, chunk: int = 512, bytes_streamed: int = 0, speculate: int = 0):
         self.policy = policy
+        self.speculate = speculate            # drafts a decode row may carry a pass (--speculate K); 0: none
         self.pace = pace or fixed_pace(policy.priced_prefill)   # (rows, context, need, offset, most, empty) -> tokens
         self.chunk = chunk
         self.bytes_streamed = bytes_streamed
@@ -164,6 +166,7 @@ class Scheduler:
         step = chunk_for(out.pace, sum(len(g.rows) for g in self.groups.values()), self.chunk)
         out.chunks = {k: min(step, g.width - g.done) for k, g in self.groups.items()}
         out.shape = self._shape(decoding, out.chunks)
+        out.drafts = self._drafts(decoding)
         self._advance(decoding, out.chunks)
         self.index += 1
         return out
@@ -203,6 +206,13 @@ class Scheduler:
         return PassShape(len(decoding), prefill, sum(self.context[r] for r in decoding), self.bytes_streamed,
                          prefill_groups=len(chunks), prefill_context=keys)
 
+    def _drafts(self, decoding: list[int]) -> dict[int, int]:
+        """Each decode row's draft bound: --speculate's K, never past the row's max_tokens."""
+        if not self.speculate:
+            return {}
+        left = {r: self.policy.running[r].max_tokens - self.generated[r] - 1 for r in decoding}
+        return {r: min(self.speculate, n) for r, n in left.items() if n > 0}
+
     def _advance(self, decoding: list[int], chunks: dict[int, int]) -> None:
         """The rows' state as the pass leaves it: a token more for every decoding row; a group that ends its
         prompt samples each row's first token and its rows decode from the next pass on."""
@@ -219,8 +229,13 @@ class Scheduler:
                     self.group_of.pop(r, None)
                 del self.groups[k]
 
-    def reported(self, finished: list[int], live: int | None = None) -> None:
-        """A pass report: the rows it ended, and live memory (None: the estimate's, which holds no memory)."""
+    def reported(self, finished: list[int], live: int | None = None, accepted=()) -> None:
+        """A pass report: the rows it ended, live memory (None: the estimate's, which holds no memory), and
+        [row, drafts accepted] of rows that took more than the one token `_advance` counted."""
+        for row, n in accepted:
+            if self.status.get(row) == Status.DECODING:
+                self.context[row] += n
+                self.generated[row] += n
         self.ended(finished)
         if live is not None:
             self.policy.observe(live)

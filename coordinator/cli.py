@@ -15,6 +15,8 @@ MODEL_HELP = ("A local model folder, a tag (`spill models` lists them), a Huggin
 MEMORY_HELP = "Plan for this much memory (e.g. 48GB, 1.5GiB) instead of the detected working set."
 KV_BITS_HELP = "Store the decode rows' K and V quantized to 8 or 4 bits (MLX's affine format): more rows a pass."
 KV_GROUP_HELP = "Values sharing one scale and bias in quantized KV: 32, 64 or 128 (must divide the head dimension)."
+SPECULATE_HELP = ("Drafts a decode row carries each pass, from its own text (prompt lookup), verified in the same "
+                  "read: off (the default) or K, 1 to 16. Greedy rows give the same text.")
 FRACTION_HELP = "Share of the working set that live allocation aims at (default 0.78; 0.90 of a CUDA GPU's memory)."
 
 
@@ -135,6 +137,7 @@ def run_cmd(
     budget_fraction: float = typer.Option(None, help=FRACTION_HELP),
     kv_bits: int = typer.Option(None, help=KV_BITS_HELP),
     kv_group_size: int = typer.Option(None, help=KV_GROUP_HELP + " Default 64."),
+    speculate: str = typer.Option(None, help=SPECULATE_HELP),
 ) -> None:
     """Run a JSONL batch: on the running group (`spill up`), or on one started for this job.
     Exit code: 0 every row succeeded, 3 some rows failed, 130 interrupted, 1 the job failed, 2 a usage error."""
@@ -150,7 +153,8 @@ def run_cmd(
     try:
         code = run_job(model=model, input=input, output=output, max_tokens=max_tokens, temperature=temperature,
                        resume=resume, new=new, quiet=quiet, listen=listen, every=every, stream=stream,
-                       memory=memory_args(memory, budget_fraction), kv=kv_args(kv_bits, kv_group_size))
+                       memory=memory_args(memory, budget_fraction), kv=kv_args(kv_bits, kv_group_size),
+                       speculate=speculate_arg(speculate))
     except GroupDead as err:   # not a usage error: the group stopped under the job
         _fail(err, 1)
     except SpillError as err:
@@ -267,6 +271,18 @@ def kv_args(bits: int | None, group_size: int | None) -> dict:
     if why := kv_refusal(bits, group_size or 64):
         raise SpillError(why)
     return {"kv_bits": bits, "kv_group_size": group_size or 64}
+
+
+def speculate_arg(value: str | None) -> int | None:
+    """--speculate off|K -> K (0: off); None where not given."""
+    from spill.typed import MAX_DRAFTS
+    if value is None:
+        return None
+    if value.strip().lower() == "off":
+        return 0
+    if not value.strip().isdigit() or not 1 <= int(value) <= MAX_DRAFTS:
+        raise SpillError(f"--speculate takes off or a number of drafts from 1 to {MAX_DRAFTS}, found {value!r}")
+    return int(value)
 
 
 def main() -> None:

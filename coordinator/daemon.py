@@ -164,7 +164,8 @@ class Group:
                                         *self.ready_rss.get("streamer", (0, 0)),   # runtime, runtime_file
                                         resident=bool(model) and self.current.resident,   # a model: a job runs
                                         **dict(zip(("kv_bits", "kv_group_size"),
-                                                   self.current.kv if model else (0, 64)))))
+                                                   self.current.kv if model else (0, 64))),
+                                        speculate=self.current.speculate if model else 0))
 
     def _restart_rows(self) -> None:
         """(Re)start the current job's unfinished rows on a fresh epoch."""

@@ -144,6 +144,11 @@ class JobRun:
         return self.defaults.get("kv_bits") or 0, self.defaults.get("kv_group_size") or 64
 
     @property
+    def speculate(self) -> int:
+        """Drafts a decode row may carry a pass (--speculate K); 0: off."""
+        return self.defaults.get("speculate") or 0
+
+    @property
     def kv_format(self) -> str:
         from spill.streamer.shares import kv_format
         return kv_format(self.kv[0] or None, self.kv[1])

@@ -88,9 +88,10 @@ def _watched(client):
 
 
 def run_job(*, model, input, output, max_tokens, temperature, resume, new, quiet, listen, every=10.0,
-            stream=False, memory: dict | None = None, kv: dict | None = None) -> int:
+            stream=False, memory: dict | None = None, kv: dict | None = None, speculate: int | None = None) -> int:
     """`memory`: the checked --memory/--budget-fraction (memory_args: None where not given); `kv`: the checked
-    --kv-bits/--kv-group-size (a resumed job keeps its own)."""
+    --kv-bits/--kv-group-size (a resumed job keeps its own); `speculate`: --speculate's K (0: off; None: not given,
+    a resumed job keeps its own)."""
     openblas_note()
     args, finished = check_run(model=model, input=input, output=output, max_tokens=max_tokens,
                                temperature=temperature, resume=resume, new=new)
@@ -100,6 +101,11 @@ def run_job(*, model, input, output, max_tokens, temperature, resume, new, quiet
             raise SpillError(f"job {resume} runs with the KV format it started with; leave --kv-bits and "
                              f"--kv-group-size out to continue it, or run its input as a new job with them")
         args.update(kv)
+    if speculate is not None:
+        if resume and speculate != (args.get("speculate") or 0):
+            raise SpillError(f"job {resume} runs with the --speculate it started with; leave --speculate out to "
+                             "continue it, or run its input as a new job with it")
+        args["speculate"] = speculate
     if finished is not None:
         c = finished.counts()
         typer.echo(f"job {finished.id} already ran this command: done, {c['succeeded']} succeeded, {c['failed']} "

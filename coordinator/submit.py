@@ -41,7 +41,11 @@ def prepare(args: dict, group_args: dict, ready_rss: dict, embedded: bool) -> Su
     requests, bad = read_batch(Path(args["input"]))
     params = {"max_tokens": 256 if args.get("max_tokens") is None else args["max_tokens"],
               "temperature": args.get("temperature") or 0.0, "stream": bool(args.get("stream")),
-              **{k: group_args.get(k) for k in ("memory", "budget_fraction")}, **kv_settings(args, group_args, folder)}
+              **{k: group_args.get(k) for k in ("memory", "budget_fraction")}, **kv_settings(args, group_args, folder),
+              "speculate": args.get("speculate") or 0}
+    if params["speculate"] and params["kv_bits"]:
+        raise SpillError("--speculate verifies drafts over unquantized KV only for now; leave --kv-bits out, "
+                         "or run with --speculate off")
     mem.update((k, params[k]) for k in ("kv_bits", "kv_group_size"))   # the KV format its estimate prices
     output = Path(args["output"]) if args.get("output") else None
     if job is None and not args.get("new"):
@@ -60,7 +64,7 @@ def resumed(job: Job, args: dict) -> dict:
     return {**args, "input": args.get("input") or job.meta["input"], "model": args.get("model") or job.meta["model"],
             "output": args.get("output") or job.meta.get("output"),
             "stream": bool(args.get("stream") or settings.get("stream")),
-            **{k: settings[k] if k in settings else args.get(k) for k in ("kv_bits", "kv_group_size")}}
+            **{k: settings[k] if k in settings else args.get(k) for k in ("kv_bits", "kv_group_size", "speculate")}}
 
 
 def kv_settings(args: dict, group_args: dict, folder: Path) -> dict:

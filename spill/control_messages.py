@@ -7,7 +7,7 @@ the coordinator, each answered by its own reply type or by Refused, one sentence
 from dataclasses import dataclass, field
 from typing import Annotated, ClassVar
 
-from .typed import Count, Fraction, MaxTokens, Natural, Range, Temperature
+from .typed import Count, Drafts, Fraction, MaxTokens, Natural, Range, Temperature
 
 
 # -- requests: each carries the control token, required on a tcp control socket --------------------------
@@ -35,6 +35,7 @@ class SubmitJob:
     token: str = ""
     kv_bits: Annotated[int, Range(0, 8)] | None = None           # --kv-bits: 8 or 4 (quantized KV); None: the group's
     kv_group_size: Annotated[int, Range(1, 1024)] | None = None  # --kv-group-size
+    speculate: Drafts | None = None                               # --speculate: K, 0 off; None: the job's or off
 
 
 @dataclass

@@ -15,7 +15,7 @@ import numpy as np
 
 from .control_messages import (REPLIES, REQUESTS, Ahead, Cancel, Down, Interrupt, JobStatus, Ping,  # noqa: F401
                                Pong, Queued, Refused, Slot, Status, Stopped, Stopping, SubmitJob)
-from .typed import (MODEL_ROW, BadMessage, Count, Fraction, Int64, MaxTokens, Natural, OneOf,  # noqa: F401
+from .typed import (MODEL_ROW, BadMessage, Count, Drafts, Fraction, Int64, MaxTokens, Natural, OneOf,  # noqa: F401
                     Packed, Pair, PerRow, Range, RequiredIf, RowId, SameLength, Seed, Temperature, TopK, checked)
 
 FINISH = ("stop", "length")   # a finished row's reason
@@ -27,7 +27,7 @@ class Kind(IntEnum):
     SUBMIT = 3       # coordinator -> tokenizer: rows as the user wrote them
     TOKENIZED = 4    # tokenizer -> admission: rows with real token ids
     PLAN = 5         # admission -> streamer: everything the next pass does (admission/scheduler.py)
-    TOKENS = 6       # streamer -> tokenizer: one sampled token per row
+    TOKENS = 6       # streamer -> tokenizer: each row's tokens of a pass, in order (more than one: drafts accepted)
     STOP = 7         # tokenizer -> admission: rows that hit a stop string
     PASS = 8         # streamer -> admission, coordinator: what a pass did
     DONE = 9         # tokenizer -> coordinator: finished rows with their text
@@ -90,6 +90,7 @@ class Reset:
     resident: bool = False   # keep every layer in memory after its first read (the advisor's choice)
     kv_bits: Annotated[int, Range(0, 8)] = 0            # the decode pools' K and V in 8 or 4 bits (--kv-bits); 0: unquantized
     kv_group_size: Annotated[int, Range(1, 1024)] = 64  # values per scale and bias of quantized KV (--kv-group-size)
+    speculate: Drafts = 0    # drafts a decode row may carry a pass (--speculate K); 0: off
 
 
 @dataclass(frozen=True)
@@ -165,6 +166,7 @@ class Plan(Tokenized):
     finish: list[RowId] = field(default_factory=list)  # rows ended outside the streamer (a stop string)
     pools: list[Pair] = field(default_factory=list)    # every decode pool's shape after it: [slots, width]
     cache_limit: Natural = 0  # bytes of MLX's buffer cache, set from the budget (0: leave it)
+    drafts: list[Pair] = field(default_factory=list)   # [row, the most drafts it may carry] of decode rows that draft
 
 
 @dataclass
@@ -172,7 +174,7 @@ class Tokens:
     epoch: Count
     pass_index: Count
     rows: list[RowId]
-    tokens: Annotated[bytes, Packed(per="rows")]   # one int32 per row
+    tokens: Annotated[bytes, Packed(per="rows")]   # one int32 per entry; a row's entries in order
     # "" running, "stop" (EOS: not text), "length"; "preempted" (runs again), "refused" (never ran)
     finish: Annotated[list[Annotated[str, OneOf(("", *FINISH, "preempted", "refused"))]], PerRow]
     positions: Annotated[list[Count], PerRow]   # each row's tokens before this one: a gap means some were lost
@@ -211,6 +213,7 @@ class Pass:
     prefill_groups: Count = 0         # prefill groups that ran (each its own attention, priced apart)
     prefill_context: Natural = 0      # prompt tokens x the keys each scores: its prompt cached before the chunk, and the chunk
     plan: Annotated[int, Range(-1, (1 << 31) - 1)] = -1   # the plan it ran (Plan.index)
+    accepted: list[Pair] = field(default_factory=list)   # [row, drafts it accepted] of rows that took more than a token
 
 
 @dataclass

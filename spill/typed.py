@@ -90,6 +90,8 @@ Temperature = Annotated[float, Range(0.0, 2.0)]
 TopK = Annotated[int, Range(0, INT32_MAX)]                 # 0: no top-k
 Seed = Annotated[int, Range(0, INT64_MAX)]
 Pair = Annotated[list[Count], Size(2)]
+MAX_DRAFTS = 16
+Drafts = Annotated[int, Range(0, MAX_DRAFTS)]               # drafts a decode row may carry a pass; 0: none
 
 
 # -- the checker -------------------------------------------------------------------------------------

@@ -32,6 +32,7 @@ from .plan import load_plan
 from .reader import WeightReader
 from .records import Emitted, PassPlan, PassReport, Row  # noqa: F401 - the core's records, imported from here too
 from .sampling import RowSampler, sample
+from . import speculate
 
 
 def _free_cache() -> None:
@@ -103,7 +104,7 @@ class Streamer:
                 self.refused.append((row.id, str(err)))
         for group, rows in opening.items():
             self.prefills[group] = Group.prefill(rows, self.adapter)
-        return self._pass(plan.chunks)
+        return self._pass(plan.chunks, plan.drafts)
 
     def _start(self, row: Row) -> RowState:
         self._check(row)
@@ -204,7 +205,7 @@ class Streamer:
         return not self.rows and not self.waiting
 
     # -- one pass ----------------------------------------------------------------------------
-    def _pass(self, chunks: dict[int, int]) -> PassReport:
+    def _pass(self, chunks: dict[int, int], bounds: dict | None = None) -> PassReport:
         t0 = time.perf_counter()
         wait0, read0 = self._reader_s("wait_s"), self._reader_s("read_s")
         # 1. retire rows that finished; the groups: every decode pool as one, then each prefill group
@@ -215,10 +216,11 @@ class Streamer:
         steps = ([1] if pools else []) + [chunks.get(k, self.prefill_chunk) for k, _ in prefills]
         if not groups:
             return self._report(t0, wait0, read0, 0.0, [], 0, 0)
-        # 2. inputs: decode rows feed their last token, prefill groups their planned chunk
+        # 2. inputs: decode rows feed their last token (and their drafts), prefill groups their planned chunk
         hs, masks, prefill_tokens, prefilling, attended = [], [], 0, len(prefills), 0
-        for g, chunk in zip(groups, steps):
-            tokens = g.next_tokens(chunk)
+        drafts = speculate.proposals(groups[0], bounds) if pools and bounds else {}
+        for g, step in zip(groups, steps):
+            tokens = speculate.chunk(g, drafts) if drafts and not g.prefilling else g.next_tokens(step)
             prefill_tokens += tokens.size if g.prefilling else 0
             attended += tokens.size * (g.done + tokens.shape[1]) if g.prefilling else 0   # keys a prompt token scores
             h = self.adapter.embed(tokens)
@@ -258,7 +260,8 @@ class Streamer:
         # 4. head and sampling for rows at the end of their input
         c0 = time.perf_counter()
         emitting = [(g, h) for g, h in zip(groups, hs) if g.advance()]
-        emitted = self._sample(emitting)
+        verified, accepted = speculate.decide(self.adapter, *emitting.pop(0), drafts) if drafts else ([], {})
+        emitted = verified + self._sample(emitting)
         compute_s += time.perf_counter() - c0
         # 5. prefill groups that finished their prompts join their decode pools
         joined = [k for k, g in self.prefills.items() if not g.prefilling]
@@ -274,7 +277,9 @@ class Streamer:
         # the C heap's holes go back every pass: without it the heap grew to 425 MiB on the three-tier job
         release_heap()
         self.passes += 1
-        return self._report(t0, wait0, read0, compute_s, emitted, prefill_tokens, streamed, prefilling, attended)
+        report = self._report(t0, wait0, read0, compute_s, emitted, prefill_tokens, streamed, prefilling, attended)
+        report.accepted = accepted
+        return report
 
     def _sample(self, emitting) -> list[Emitted]:
         if not emitting:

@@ -39,6 +39,7 @@ class RowState:
         self.sampler = sampler
         self.tokens: list[int] = []      # generated so far, EOS excluded
         self.finish: str | None = None   # "stop" or "length" once ended
+        self.history = None              # its prompt lookup index, made at its first drafts (speculate.py)
 
     def accept(self, token: int) -> str | None:
         """Record a sampled token (or the teacher's at this position); return why the row ends, if it does."""
@@ -145,6 +146,7 @@ class Pool:
     """The decode group: rows in preallocated KV slots (see the module docstring)."""
 
     prefilling = False
+    chunk = 1                            # tokens a row feeds this pass (speculate.py: its drafts after its last)
     slot_cache, bits = SlotCache, None   # kvquant.QuantPool: its own cache, K and V quantized
 
     def __init__(self, slots: int, width: int, layers: int):
@@ -186,7 +188,7 @@ class Pool:
 
     def next_tokens(self, chunk: int) -> mx.array:
         """[used, 1]: each row's last token (0 in a free slot). Fixes this pass's offsets and mask."""
-        self.used = max((j + 1 for j, r in enumerate(self.rows) if r is not None), default=0)
+        self.used, self.chunk = max((j + 1 for j, r in enumerate(self.rows) if r is not None), default=0), 1
         lens = self.lens[:self.used]
         self.span = int(lens.max()) + 1
         self.offset = mx.array(lens)
@@ -194,11 +196,11 @@ class Pool:
         return mx.array([[r.tokens[-1] if r else 0] for r in self.rows[:self.used]], dtype=mx.int32)
 
     def mask(self, window: int | None) -> mx.array:
-        """[used, 1, 1, span]: row j sees columns 0..len_j (within the window, if any)."""
-        cols = np.arange(self.span)[None, :]
-        lens = self.lens[:self.used, None]
+        """[used, 1, chunk, span]: row j's position t sees columns 0..len_j + t (within the window, if any)."""
+        cols = np.arange(self.span)[None, None, :]
+        lens = self.lens[:self.used, None, None] + np.arange(self.chunk)[None, :, None]
         see = cols <= lens if window is None else (cols <= lens) & (cols > lens - window)
-        return mx.array(see)[:, None, None, :]
+        return mx.array(see)[:, None, :, :]
 
     def advance(self) -> bool:
         self.lens[[j for j, r in enumerate(self.rows) if r is not None]] += 1

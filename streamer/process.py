@@ -52,7 +52,8 @@ class StreamerActor:
                  for row, prompt, max_tokens, sampling, width, group in zip(
                      msg.rows, m.unpack_tokens(msg.tokens, msg.lengths), msg.max_tokens, msg.sampling.rows(), msg.widths,
                      msg.groups)]
-        report = self.engine.run(PassPlan(start, dict(map(tuple, msg.chunks)), msg.drop, msg.finish, msg.pools))
+        report = self.engine.run(PassPlan(start, dict(map(tuple, msg.chunks)), msg.drop, msg.finish, msg.pools,
+                                          dict(map(tuple, msg.drafts))))
         refused, self.engine.refused = self.engine.refused, []
         # a preempted row's text starts again, a refused row's never does: the tokenizer sees them in order
         ended = report.preempted + [row for row, _ in refused]
@@ -68,7 +69,7 @@ class StreamerActor:
                        rss=r.rss, cgroup_usage=r.cgroup_usage, minor_faults=r.minor_faults,
                        major_faults=r.major_faults, read_bandwidth=r.bytes_streamed / max(r.seconds, 1e-9),
                        read_s=r.read_s, prefill_groups=r.prefill_groups, prefill_context=r.prefill_context,
-                       plan=msg.index)
+                       plan=msg.index, accepted=[[row, n] for row, n in r.accepted.items() if n])
         return out, stats, refused
 
 

@@ -36,6 +36,7 @@ class PassPlan:
     drop: list = field(default_factory=list)                      # rows dropped before it, to run again (preempted)
     finish: list = field(default_factory=list)                    # rows ended outside the streamer (a stop string)
     pools: list | None = None                                     # [slots, width] of every decode pool (None: kept)
+    drafts: dict = field(default_factory=dict)                    # decode row -> the most drafts it may carry (speculate.py)
 
 
 @dataclass
@@ -61,3 +62,4 @@ class PassReport:
     read_s: float = 0.0                             # the reader's seconds in read calls (beside the compute)
     prefill_groups: int = 0                         # prefill groups that ran: each its own attention (families run_layer)
     prefill_context: int = 0                        # prompt tokens this pass x the keys each scores (cached + chunk)
+    accepted: dict = field(default_factory=dict)    # row -> drafts it accepted, where it drafted (speculate.py)

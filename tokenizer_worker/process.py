@@ -76,7 +76,7 @@ def _tokens(box, core: TokenizerCore, msg: m.Tokens, job: str, log) -> None:
     if done:
         rows, texts, finish, prompt, completion = map(list, zip(*done))
         box.send("coordinator", m.Done(msg.epoch, rows, texts, finish, prompt, completion, job))
-    running = [r for r in msg.rows if r in core.live]
+    running = [r for r in dict.fromkeys(msg.rows) if r in core.live]   # a row that accepted drafts: once
     if running:
         counts, tails = core.tails(running)
         box.send("coordinator", m.Progress(msg.epoch, running, counts, tails, job))

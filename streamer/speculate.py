@@ -1,0 +1,117 @@
+"""Drafts verified inside the pass (`verify.py` has the rule): the decode group runs a T-token chunk per row.
+
+A greedy decode row the plan gives a bound k > 0 proposes up to k drafts by prompt lookup from its own
+history (`lookup.History`, kept on the row's state); every row of the decode pools then feeds T columns,
+its last token and its drafts, padded (T = 1 + the most drafts, capped so every slot has T free columns):
+
+    slot  len  fed (T = 3)    KV written at   position t sees    head on
+    0     5    a  x  y        5 6 7           columns 0..5+t     3 positions: a, x, y
+    1     3    c  .  .        3 4 5           columns 0..3+t     1 position: c (no drafts)
+
+Positions past a row's own drafts write KV past its length, overwritten by its next chunk. After the pass a
+row that drafted appends what `verify` decided and its slot's length moves to L + accepted + 1; a row
+without drafts takes the one-token path (`sample`), so sampled and teacher-fed rows are unchanged.
+Quantized pools draft nothing (the chunk is the unquantized `Pool`'s only).
+"""
+
+import mlx.core as mx
+import numpy as np
+
+from .groups import Decode, RowState
+from .lookup import History
+from .records import Emitted
+from .sampling import sample
+from .verify import Draft, verify
+
+
+def proposals(decode: Decode, bounds: dict) -> dict[int, list[int]]:
+    """id(row) -> its drafts (at least one), for the rows whose bound is above 0 and that can take them."""
+    out = {}
+    for p in decode.pools:
+        if p.bits:   # quantized KV: no chunk
+            return {}
+        for r in p.live:
+            k = min(bounds.get(r.row.id, 0), r.row.max_tokens - len(r.tokens) - 1)
+            if k > 0 and r.finish is None and r.sampler.params.greedy and r.row.teacher is None:
+                drafts = _history(r).propose(k)
+                if drafts:
+                    out[id(r)] = drafts
+    return out
+
+
+def _history(r: RowState) -> History:
+    """The row's prompt and tokens, indexed: made at its first drafts, extended with what it took since."""
+    if r.history is None:
+        r.history = History(list(r.row.prompt) + r.tokens)
+    else:
+        r.history.extend(r.tokens[r.history.size - len(r.row.prompt):])
+    return r.history
+
+
+def chunk(decode: Decode, drafts: dict[int, list[int]]) -> mx.array:
+    """The decode group's input [rows, T]: each row's last token, then its drafts (cut to fit, 0-padded).
+    Sets each pool's chunk, span and write columns for this pass."""
+    room = min(p.width - int(p.lens[j]) for p in decode.pools for j, r in enumerate(p.rows) if r is not None)
+    t = max(1, min(1 + max(map(len, drafts.values())), room))
+    last = decode.next_tokens(1)   # offsets, used slots, spans of the one-token step
+    fed = np.zeros((last.shape[0], t), dtype=np.int32)
+    fed[:, :1] = np.array(last)
+    start = 0
+    for p in decode.pools:
+        for j, r in enumerate(p.rows[:p.used]):
+            if r is not None and id(r) in drafts:
+                drafts[id(r)] = d = drafts[id(r)][:t - 1]
+                fed[start + j, 1:1 + len(d)] = d
+        p.chunk, p.span = t, p.span + t - 1
+        at = np.pad(p.lens[:p.used], (0, p.slots - p.used))[:, None] + np.arange(t)[None, :]
+        p.write_at = mx.array(at.astype(np.int32))[:, None, :, None]   # [slots, 1, T, 1]
+        start += p.used
+    return mx.array(fed)
+
+
+def decide(adapter, decode: Decode, h: mx.array, drafts: dict[int, list[int]]) -> tuple[list[Emitted], dict]:
+    """h [rows, T, D] of the chunk -> (the rows' tokens, row -> drafts accepted where it drafted): verified where a
+    row drafted, else sampled as without drafts. Moves each drafting row's length on by what it accepted."""
+    idx, rows = decode.sampled()
+    counts = [1 + len(drafts.get(id(r), ())) for r in rows]
+    logits = adapter.head(mx.concatenate([h[j, :n, :] for j, n in zip(idx, counts)])).astype(mx.float32)
+    at = np.cumsum(counts) - counts
+    plain = [i for i, r in enumerate(rows) if id(r) not in drafts]
+    spec = [i for i, r in enumerate(rows) if id(r) in drafts]
+    out: dict[int, list[Emitted]] = {}
+    accepted = {}
+    if plain:
+        tokens = sample(logits[mx.array(at[plain])], [rows[i].sampler for i in plain])
+        for i, tok in zip(plain, tokens):
+            r, position = rows[i], len(rows[i].tokens)
+            if r.finish is None:
+                r.finish = r.accept(tok)
+                out[i] = [Emitted(r.row.id, tok, r.finish, position=position)]
+    if spec:
+        sel = np.concatenate([np.arange(at[i], at[i] + counts[i]) for i in spec])
+        cases = [Draft(drafts[id(rows[i])], rows[i].sampler.params, 0, len(rows[i].tokens),
+                       rows[i].row.max_tokens - len(rows[i].tokens), rows[i].row.eos_ids) for i in spec]
+        for i, v in zip(spec, verify(logits[mx.array(sel)], cases)):
+            r = rows[i]
+            if r.finish is not None:
+                continue   # ended from outside while its last step ran
+            before = len(r.tokens)
+            r.tokens += v.tokens
+            r.finish = v.finish
+            _advance(decode, r, v.accepted)
+            accepted[r.row.id] = v.accepted
+            out[i] = [Emitted(r.row.id, t, position=before + n) for n, t in enumerate(v.tokens)]
+            if v.finish == "stop":
+                out[i].append(Emitted(r.row.id, min(r.row.eos_ids), "stop", position=len(r.tokens)))
+            elif v.finish:
+                out[i][-1].finish = v.finish
+    return [e for i in sorted(out) for e in out[i]], accepted
+
+
+def _advance(decode: Decode, r: RowState, accepted: int) -> None:
+    """The slot's length past the accepted drafts (the pass already moved it one)."""
+    for p in decode.pools:
+        for j, s in enumerate(p.rows):
+            if s is r:
+                p.lens[j] += accepted
+                return

@@ -1,0 +1,28 @@
+"""--speculate K in the plan: each decode row may carry K drafts, never past its max_tokens, and the drafts a
+pass report says a row accepted count as tokens it generated."""
+
+from spill.admission.policy import BudgetPolicy
+from spill.admission.scheduler import Scheduler, Status
+
+from .test_policy import rows, sheet
+from .test_scheduler import decode_until
+
+
+def test_decode_rows_carry_k_drafts_capped_at_their_max_tokens_and_accepted_drafts_count():
+    sched = Scheduler(BudgetPolicy(sheet(slots_mb=50)), chunk=16, speculate=4)
+    sched.offer(rows(10, max_tokens=12))
+    assert decode_until(sched, Status.DECODING, 0).drafts == {}   # the pass that samples its first token
+    assert sched.plan().drafts == {0: 4}                           # 1 generated: up to 4 drafts
+    sched.reported([], 0, [[0, 4]])                                # 2 + 4 generated: 6 left
+    assert (sched.plan().drafts, sched.context[0]) == ({0: 4}, 17)
+    sched.reported([], 0, [[0, 3]])                                # 7 + 3 generated: 2 left, 1 a draft
+    assert sched.plan().drafts == {0: 1}
+    sched.reported([], 0)                                          # 11 generated: its last token, no draft
+    assert sched.plan().drafts == {}
+
+
+def test_no_drafts_without_speculate():
+    sched = Scheduler(BudgetPolicy(sheet(slots_mb=50)), chunk=16)
+    sched.offer(rows(10, max_tokens=12))
+    decode_until(sched, Status.DECODING, 0)
+    assert sched.plan().drafts == {}
