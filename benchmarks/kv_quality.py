@@ -74,8 +74,8 @@ def summarize(base: dict, other: dict, encode, firsts: list[int | None]) -> dict
     return out
 
 
-def texts(path: Path) -> dict[str, str]:
-    """custom_id -> the output text; raises where a row failed."""
+def texts(path: Path, counts: dict | None = None) -> dict[str, str]:
+    """custom_id -> the output text (and into `counts`, custom_id -> its completion tokens); raises where a row failed."""
     out = {}
     for line in open(path):
         row = json.loads(line)
@@ -83,6 +83,8 @@ def texts(path: Path) -> dict[str, str]:
             raise SystemExit(f"{path}: row {row['custom_id']} failed: {row.get('error')}")
         choice = row["response"]["body"]["choices"][0]
         out[row["custom_id"]] = choice["message"]["content"] if "message" in choice else choice["text"]
+        if counts is not None:
+            counts[row["custom_id"]] = row["response"]["body"]["usage"]["completion_tokens"]
     return out
 
 
@@ -104,6 +106,12 @@ def run(model: Path, inp: Path, label: str, a: argparse.Namespace, env: dict) ->
     return out, round(time.time() - t0, 1)
 
 
+def label(fmt: str) -> str:
+    """none -> unquantized; none#2 -> unquantized, again; 8/64 -> 8-bit, group 64."""
+    kv, again = fmt.split("#")[0], ", again" if "#" in fmt else ""
+    return ("unquantized" if kv == "none" else f"{kv.split('/')[0]}-bit, group {kv.split('/')[1]}") + again
+
+
 def table(result: dict, firsts: list[int | None]) -> str:
     keys = [f"{n or 'all'}" for n in firsts]
     head = ["KV", "kind", *[f"first {k} tokens: prefix / equal" if k != "all" else "whole output: prefix / equal"
@@ -112,7 +120,7 @@ def table(result: dict, firsts: list[int | None]) -> str:
     for fmt, kinds in result["formats"].items():
         for kind, f in kinds.items():
             cells = [f"{f[f'prefix_{k}']:.0%} / {f[f'equal_{k}']:.0%}" for k in keys]
-            lines.append(f"| {fmt} | {kind} | " + " | ".join(cells) + f" | {round(f['unchanged'] * f['rows'])}/{f['rows']} |")
+            lines.append(f"| {label(fmt)} | {kind} | " + " | ".join(cells) + f" | {round(f['unchanged'] * f['rows'])}/{f['rows']} |")
     return "\n".join(lines)
 
 
@@ -145,9 +153,11 @@ def main() -> None:
     outs, walls = {}, {}
     for fmt in formats:
         outs[fmt], walls[fmt] = run(model, inp, fmt, a, env)
-    base = texts(outs["none"])
+    counts = {}
+    base = texts(outs["none"], counts)
     result = {"model": str(model), "rows": len(rows), "max_tokens": a.max_tokens, "wall_s": walls,
-              "tokens_unquantized": sum(len(encode(t)) for t in base.values()), "formats": {}}
+              "tokens_unquantized": sum(counts.values()),   # the encoded text's length should match, EOS aside
+              "rows_encoded_to_their_length": sum(len(encode(t)) == counts[c] for c, t in base.items()), "formats": {}}
     for fmt in formats[1:]:
         result["formats"][fmt] = summarize(base, texts(outs[fmt]), encode, firsts)
     (a.out / "result.json").write_text(json.dumps(result, indent=1))
