@@ -11,6 +11,8 @@ from spill.admission import calibration
 from spill.coordinator.cli import app
 from spill.streamer.plan import load_plan
 
+from .group_util import seed_home
+
 runner = CliRunner()
 
 
@@ -292,17 +294,24 @@ def test_a_jobs_estimate_and_eta_price_the_groups_budget_fraction(make_tiny, tmp
     assert half.eta(set(range(64)), {}) > full.eta(set(range(64)), {})   # the ETA keeps the fraction (dropped: equal)
 
 
-def test_the_eta_takes_the_groups_memory_as_admission_priced_it_and_remembers_it(make_tiny, tmp_path, monkeypatch):
+def test_the_eta_takes_the_groups_memory_as_admission_priced_it_and_remembers_it(make_tiny, tmp_path, monkeypatch,
+                                                                                   llama_calibration):
+    from types import SimpleNamespace
     from spill.admission.advisor import Advice
     from spill.admission.simulate import SimRow
     from spill.coordinator import estimate
     monkeypatch.setenv("SPILL_HOME", str(tmp_path / "home"))
+    seed_home(tmp_path / "home", llama_calibration)
     monkeypatch.setattr(calibration, "read_probe", lambda files: 2e9)
+    monkeypatch.setattr(estimate, "time", SimpleNamespace(monotonic=lambda: 1000.0))   # `every` never passes
     rows = [SimRow(i, 200, 64) for i in range(64)]
-    job = estimate.JobEstimate(make_tiny("llama"), rows, 0, memory="48MiB", advice=Advice(False, ""), every=3600.0)
+    job, same = (estimate.JobEstimate(make_tiny("llama"), rows, 0, memory="48MiB", advice=Advice(False, ""), every=3600.0)
+                 for _ in range(2))
     before = job.eta(set(range(64)), {})
     job.priced(12 * 2**20)   # admission's Budget after the first pass
-    assert job.eta(set(range(64)), {}) > before   # re-simulated at once, though `every` has not passed
+    after = job.eta(set(range(64)), {})
+    same.at = float("-inf")   # the same rows re-simulated with the group's memory left at 0
+    assert after != before and after > same.eta(set(range(64)), {})   # re-simulated at once, with that memory
     assert estimate.remembered_others() == 12 * 2**20
 
 
