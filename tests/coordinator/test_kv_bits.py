@@ -25,6 +25,7 @@ def test_the_estimate_prices_quantized_kv_and_tells_a_kv_bound_job_what_8_bits_g
                                                                                      llama_calibration):
     monkeypatch.setenv("SPILL_HOME", str(tmp_path / "home"))
     seed_home(tmp_path / "home", llama_calibration)   # the session's probe: none here
+    (tmp_path / "home" / "calibration" / "group.json").unlink(missing_ok=True)   # another test's group: not this one's
     monkeypatch.setattr(calibration, "read_probe", lambda files: 2e9)
     args = ["estimate", str(make_tiny("llama")), str(_tiers(tmp_path)), "--memory", "48MiB", "--stream"]
     plain = runner.invoke(app, args + ["--json"])
