@@ -4,7 +4,7 @@
 the ideal, rows per hour and finishing time per tier, and the job's `spill report` plot.
 
     python benchmarks/job.py [--size lean45] [--rows 200] [--max-tokens 128] [--limit 1.25GiB] [--dtype float32]
-                             [--fresh] [--warmup 24] [--pair-batch 8] [--figures JOB]
+                             [--fresh] [--warmup 24] [--pair-batch 8] [--kv-bits 8|4] [--figures JOB]
 
 1. builds a factory model (`lean45` in float32: 2.55 GiB, twice the default 1.25 GiB cgroup) and the
    three-tier input (`three_tier.py`, token counts from the model's tokenizer); with --warmup, runs a
@@ -52,6 +52,8 @@ def parse() -> argparse.Namespace:
     p.add_argument("--fresh", action="store_true", help="start from an empty data home (first-use calibration)")
     p.add_argument("--budget-fraction", type=float, default=None, help="spill's --budget-fraction for every run "
                    "(default: spill's own)")
+    p.add_argument("--kv-bits", type=int, choices=(8, 4), help="spill's --kv-bits for every run (default: unquantized)")
+    p.add_argument("--kv-group-size", type=int, default=64, help="spill's --kv-group-size with --kv-bits")
     p.add_argument("--pair-batch", type=int, default=8, help="rows of each tier's pair run (0: none)")
     p.add_argument("--figures", metavar="JOB", help="no runs: the figures of JOB, a job this script ran before in "
                    "--home with its input in --out")
@@ -115,7 +117,7 @@ def decode_pass_s(passes: list[dict], batch: int) -> float | None:
     return statistics.median(s) if s else None
 
 
-def ideal(folder: Path, rows: list[dict], out_rows: dict, limit: str, fraction: float | None) -> float:
+def ideal(folder: Path, rows: list[dict], out_rows: dict, limit: str, fraction: float | None, kv: tuple | None) -> float:
     """The ideal with this run's refitted pass model: per tier, rows x output tokens / the largest batch the
     budget fits, times the roofline pass (admission/simulate.py's `_ideal`), summed."""
     from spill.admission.simulate import SimRow
@@ -124,7 +126,7 @@ def ideal(folder: Path, rows: list[dict], out_rows: dict, limit: str, fraction: 
     for i, r in enumerate(rows):
         usage = out_rows[r["custom_id"]]["response"]["body"]["usage"]
         sim.append(SimRow(i, usage["prompt_tokens"], max(usage["completion_tokens"], 1)))
-    est, _ = estimate_rows(folder, sim, memory=limit, fraction=fraction, others=remembered_others() or 0)
+    est, _ = estimate_rows(folder, sim, memory=limit, fraction=fraction, others=remembered_others() or 0, kv=kv)
     return est.ideal_seconds
 
 
@@ -135,7 +137,7 @@ def read_rate(passes: list[dict]) -> float | None:
 
 
 def estimate_at(folder: Path, rows: list[dict], out_rows: dict, limit: str, fraction: float | None,
-                before: Path, bandwidth: float) -> float:
+                before: Path, bandwidth: float, kv: tuple | None) -> float:
     """The pre-run estimate again, from the calibration as it was before the job (`before`), with its reads
     at `bandwidth`: what the estimate would have said of a disk running as it did in the job."""
     from dataclasses import replace
@@ -147,7 +149,8 @@ def estimate_at(folder: Path, rows: list[dict], out_rows: dict, limit: str, frac
     model = replace(fit(PassModel(**data["prior"]), passes, sample), bandwidth=bandwidth)
     sim = [SimRow(i, out_rows[r["custom_id"]]["response"]["body"]["usage"]["prompt_tokens"], r["body"]["max_tokens"])
            for i, r in enumerate(rows)]
-    est, _ = estimate_rows(folder, sim, memory=limit, fraction=fraction, others=remembered_others() or 0, model=model)
+    est, _ = estimate_rows(folder, sim, memory=limit, fraction=fraction, others=remembered_others() or 0, model=model,
+                           kv=kv)
     return est.total_seconds
 
 
@@ -163,6 +166,7 @@ def main() -> None:
         shutil.rmtree(home)
     env = {**os.environ, "SPILL_HOME": str(home)}
     extra = ["--budget-fraction", str(a.budget_fraction)] if a.budget_fraction else []
+    extra += ["--kv-bits", str(a.kv_bits), "--kv-group-size", str(a.kv_group_size)] if a.kv_bits else []
     os.environ["SPILL_HOME"] = str(home)
     folder = model_folder(a)
     size = sum(f.stat().st_size for f in folder.glob("*.safetensors"))
@@ -209,9 +213,11 @@ def report(a, folder: Path, size: int, limit: int, rows: list[dict], home: Path,
     summary = meta.get("summary") or {}
     estimate = (meta.get("estimate") or {}).get("total_seconds")
     actual = summary.get("actual_seconds")
-    ideal_s = ideal(folder, rows, out_rows, a.limit, a.budget_fraction)
+    kv = (a.kv_bits, a.kv_group_size) if a.kv_bits else None
+    ideal_s = ideal(folder, rows, out_rows, a.limit, a.budget_fraction, kv)
     result = {
-        "model": str(folder), "model_bytes": size, "limit": limit, "rows": len(rows), "max_tokens": a.max_tokens,
+        "model": str(folder), "model_bytes": size, "limit": limit, "kv": summary.get("kv"), "rows": len(rows),
+        "max_tokens": a.max_tokens,
         "budget_fraction": a.budget_fraction, "job": job, "wall_s": wall and round(wall, 1), "passes": len(passes),
         "estimate_s": estimate, "actual_s": actual, "actual_over_estimate": summary.get("actual_over_estimate"),
         "eta": eta_errors(passes, meta.get("total") or len(rows)),
@@ -222,7 +228,7 @@ def report(a, folder: Path, size: int, limit: int, rows: list[dict], home: Path,
     }
     before = [f for f in a.out.glob("before-*.json") if f.name != "before-group.json"]
     if before and read_rate(passes):
-        at = estimate_at(folder, rows, out_rows, a.limit, a.budget_fraction, before[0], read_rate(passes))
+        at = estimate_at(folder, rows, out_rows, a.limit, a.budget_fraction, before[0], read_rate(passes), kv)
         result["estimate_at_job_read_s"] = round(at, 1)
         result["actual_over_estimate_at_job_read"] = round(actual / at, 3) if actual else None
     png = subprocess.run([sys.executable, "-m", "spill.coordinator.cli", "report", job, "-o", str(a.out / "job.png")],

@@ -2,7 +2,7 @@
 pools' KV unquantized, 8-bit and 4-bit (`--kv-bits`): rows per pass, decode tokens/s and pass time of each.
 
     python benchmarks/kv_bits.py [--size small] [--rows 240] [--max-tokens 48] [--limit 900MiB] [--group-size 64]
-                                 [--formats none,8,4]
+                                 [--formats none,8,4] [--memory SIZE --dtype bfloat16]   (the GPU: --memory, no cgroup)
 
 1. builds a factory model (`small` in float32 by default) and a job of short questions (35-55 tokens each,
    three_tier.py's, --max-tokens new tokens each);
@@ -18,7 +18,9 @@ Root is needed for the cgroup (v1, under this process's own) and to drop the pag
 import argparse
 import json
 import os
+import re
 import statistics
+import subprocess
 import sys
 import time
 from collections import Counter
@@ -37,6 +39,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--rows", type=int, default=240)
     p.add_argument("--max-tokens", type=int, default=48)
     p.add_argument("--limit", default="900MiB", help="every run's child cgroup limit (the working set)")
+    p.add_argument("--memory", help="no cgroup: spill's --memory (the GPU's cap, where a cgroup caps only the host)")
     p.add_argument("--group-size", type=int, default=64, help="--kv-group-size of the quantized runs")
     p.add_argument("--formats", default="none,8,4", help="KV formats in the order run: none (unquantized), 8, 4")
     p.add_argument("--home", default="/tmp/spill-kv-bench-home", help="the runs' SPILL_HOME")
@@ -67,10 +70,20 @@ def figures(passes: list[dict], out: Path, ids: list[str]) -> dict:
             "errors": sum(line.get("error") is not None for line in lines)}
 
 
+def spill_capped(args: list, env: dict, log: Path) -> str:
+    """Run `spill ARGS` (its --memory the cap); return the job id it printed."""
+    with open(log, "w") as f:
+        proc = subprocess.run([sys.executable, "-m", "spill.coordinator.cli", *map(str, args)], stdout=f,
+                              stderr=subprocess.STDOUT, env=env)
+    if proc.returncode:
+        raise SystemExit(f"spill run exited {proc.returncode}; its output:\n{log.read_text()[-3000:]}")
+    return re.search(r"job (\S+): \d+ rows", log.read_text()).group(1)
+
+
 def main() -> None:
     a = parse()
     from spill.memory import format_size, parse_size
-    limit = parse_size(a.limit)
+    limit = parse_size(a.memory or a.limit)
     a.out.mkdir(parents=True, exist_ok=True)
     home = Path(a.home)
     env = {**os.environ, "SPILL_HOME": str(home)}
@@ -79,7 +92,8 @@ def main() -> None:
     rows = job_rows(a.rows, a.max_tokens, three_tier.counter(str(folder)))
     inp = a.out / "questions.jsonl"
     inp.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    print(f"model {folder}; {len(rows)} rows, max_tokens {a.max_tokens}; cgroup limit {format_size(limit)}", flush=True)
+    cap = f"--memory {format_size(limit)}" if a.memory else f"cgroup limit {format_size(limit)}"
+    print(f"model {folder}; {len(rows)} rows, max_tokens {a.max_tokens}; {cap}", flush=True)
     result = {"model": str(folder), "limit": limit, "rows": len(rows), "max_tokens": a.max_tokens, "runs": {}}
     for fmt in a.formats.split(","):
         kv = [] if fmt == "none" else ["--kv-bits", fmt, "--kv-group-size", str(a.group_size)]
@@ -88,11 +102,13 @@ def main() -> None:
         drop_cache(sorted(folder.glob("*.safetensors")))
         print(f"KV {fmt}: spill run {' '.join(kv)}", flush=True)
         t0 = time.time()
-        job = spill_in_cgroup(["run", folder, inp, "-o", out, "--quiet", "--new", "--stream", *kv], limit, env,
-                              a.out / f"{fmt}.log")   # exits on an OOM kill
+        args = ["run", folder, inp, "-o", out, "--quiet", "--new", "--stream", *kv]
+        job = (spill_capped(args + ["--memory", a.memory], env, a.out / f"{fmt}.log") if a.memory else
+               spill_in_cgroup(args, limit, env, a.out / f"{fmt}.log"))   # exits on an OOM kill
         meta, passes = job_files(home, job)
         run = {"job": job, "wall_s": round(time.time() - t0, 1), "oom_kills": 0,
-               "kv": (meta.get("summary") or {}).get("kv"), **figures(passes, out, [r["custom_id"] for r in rows])}
+               "kv": (meta.get("summary") or {}).get("kv"), "estimate_s": (meta.get("estimate") or {}).get("total_seconds"),
+               "actual_s": (meta.get("summary") or {}).get("actual_seconds"), **figures(passes, out, [r["custom_id"] for r in rows])}
         result["runs"][fmt] = run
         print(json.dumps(run), flush=True)
     base = result["runs"].get("none")
