@@ -42,14 +42,15 @@ def parse() -> argparse.Namespace:
     p.add_argument("--memory", help="no cgroup: spill's --memory (the GPU's cap, where a cgroup caps only the host)")
     p.add_argument("--group-size", type=int, default=64, help="--kv-group-size of the quantized runs")
     p.add_argument("--formats", default="none,8,4", help="KV formats in the order run: none (unquantized), 8, 4")
+    p.add_argument("--data", type=Path, default=three_tier.DATA, help="the folder of gsm8k_test.jsonl")
     p.add_argument("--home", default="/tmp/spill-kv-bench-home", help="the runs' SPILL_HOME")
     p.add_argument("--out", type=Path, default=Path("/tmp/spill-kv-bench"))
     p.set_defaults(dtype="float32")   # stored as computed on a CPU
     return p.parse_args()
 
 
-def job_rows(n: int, max_tokens: int, count) -> list[dict]:
-    qs = [q for q in three_tier.questions(three_tier.DATA) if 35 <= count(q) <= 55]
+def job_rows(n: int, max_tokens: int, count, data: Path) -> list[dict]:
+    qs = [q for q in three_tier.questions(data) if 35 <= count(q) <= 55]
     return [{"custom_id": f"q-{i:04d}", "method": "POST", "url": "/v1/chat/completions", "body": {"max_tokens": max_tokens,
                                                  "messages": [{"role": "user", "content": qs[i % len(qs)]}]}}
             for i in range(n)]
@@ -89,7 +90,7 @@ def main() -> None:
     env = {**os.environ, "SPILL_HOME": str(home)}
     os.environ["SPILL_HOME"] = str(home)
     folder = model_folder(a)
-    rows = job_rows(a.rows, a.max_tokens, three_tier.counter(str(folder)))
+    rows = job_rows(a.rows, a.max_tokens, three_tier.counter(str(folder)), a.data)
     inp = a.out / "questions.jsonl"
     inp.write_text("".join(json.dumps(r) + "\n" for r in rows))
     cap = f"--memory {format_size(limit)}" if a.memory else f"cgroup limit {format_size(limit)}"
