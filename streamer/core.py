@@ -54,9 +54,9 @@ class Streamer:
             raise SpillError(f"prefill_chunk must be at least 1, got {prefill_chunk}")
         self.plan = load_plan(folder)
         self.adapter = adapter_for(self.plan)
-        self.kv_bits, self.kv_group_size = kv_bits, kv_group_size   # the decode pools' KV format (kvquant.py)
-        self.make_pool = pool_maker(kv_bits, kv_group_size, self.plan)
         self.dtype = default_dtype() if dtype == "auto" else dtype
+        self.kv_bits, self.kv_group_size = kv_bits, kv_group_size   # the decode pools' KV format (kvquant.py)
+        self.make_pool = pool_maker(kv_bits, kv_group_size, self.plan, self.dtype)
         self.prefill_chunk = prefill_chunk
         self.prefill_budget: int | None = None   # prompt tokens a pass of `step` may prefill in all; None: a chunk a row
         self.keep_logits = keep_logits
@@ -165,7 +165,7 @@ class Streamer:
 
     def set_kv(self, bits: int | None, group_size: int) -> None:
         """The decode pools' KV format of the next rows (a reset: no pool is held)."""
-        self.make_pool = pool_maker(bits, group_size, self.plan)
+        self.make_pool = pool_maker(bits, group_size, self.plan, self.dtype)
         self.kv_bits, self.kv_group_size = bits, group_size
 
     @property

@@ -19,7 +19,7 @@ import mlx.core as mx
 from spill.errors import SpillError
 
 from .groups import Pool, SlotCache, decode_shares
-from .shares import kv_fields, plan_kv_refusal
+from .shares import KV_GROUP_SIZES, kv_fields, plan_kv_refusal
 from .streams import spread
 
 
@@ -113,10 +113,56 @@ def quantized_attention(queries, keys: tuple, values: tuple, scale: float, mask,
     return out.reshape(b, heads, length, dim)
 
 
-def pool_maker(bits: int | None, group_size: int, plan):
-    """The streamer's decode pool constructor for a KV setting and a model's load plan: Pool, or QuantPool at `bits`."""
+def pool_maker(bits: int | None, group_size: int, plan, dtype=None):
+    """The streamer's decode pool constructor for a KV setting and a model's load plan: Pool, or QuantPool at `bits`.
+    `dtype`: the compute dtype (None: the stored one), in which the device must run the quantized attention."""
     if (why := plan_kv_refusal(bits, group_size, plan)) is not None:
         raise SpillError(why)
     if bits is None:
         return Pool
+    if (why := device_refusal(bits, group_size, plan, dtype or stored_dtype(plan))) is not None:
+        raise SpillError(why)
     return lambda slots, width, layers: QuantPool(slots, width, layers, bits=bits, group_size=group_size)
+
+
+_RUNS: dict[tuple, str | None] = {}   # (bits, group, dtype, device, heads) -> None, or the first line of MLX's error
+
+
+def device_refusal(bits: int, group_size: int, plan, dtype) -> str | None:
+    """The sentence for a KV format whose attention this MLX cannot run on this device, found by running it on two
+    small shapes (MLX 0.32's CUDA backend has no quantized matmul for some group sizes); None where it runs."""
+    kv, dim = plan.kv_heads_and_dim
+    heads = int(plan.config.get("num_attention_heads") or kv)
+
+    def fails(group: int) -> str | None:
+        key = (bits, group, dtype, mx.default_device(), kv, heads, dim)
+        if key not in _RUNS:
+            _RUNS[key] = _attention_fails(bits, group, dtype, kv, heads, dim)
+        return _RUNS[key]
+
+    if (err := fails(group_size)) is None:
+        return None
+    runs = [g for g in KV_GROUP_SIZES if g != group_size and dim % g == 0 and fails(g) is None]
+    fix = f"use --kv-group-size {runs[0]}" if runs else "leave --kv-bits out"
+    where = "GPU" if mx.default_device() == mx.gpu else "CPU"
+    return (f"--kv-bits {bits} --kv-group-size {group_size}: MLX {mx.__version__} on this {where} cannot run attention "
+            f"over KV in that format ({err}); {fix}")
+
+
+def _attention_fails(bits: int, group: int, dtype, kv: int, heads: int, dim: int) -> str | None:
+    try:
+        for rows, tokens in ((1, 3), (48, 130)):
+            stored = mx.quantize(mx.zeros((rows, kv, tokens, dim), dtype), group_size=group, bits=bits)
+            mask = mx.ones((rows, 1, 1, tokens), mx.bool_)
+            mx.eval(quantized_attention(mx.zeros((rows, heads, 1, dim), dtype), stored, stored, 1.0, mask, bits, group))
+    except (RuntimeError, ValueError) as err:
+        return str(err).splitlines()[0][:200]
+    return None
+
+
+def stored_dtype(plan):
+    """The floating dtype most of a model's tensors are stored in (a quantized model's: its scales')."""
+    codes = {"BF16": mx.bfloat16, "F16": mx.float16, "F32": mx.float32}
+    seen = [t.dtype for layer in plan.layers for t in layer if t.dtype in codes] + [t.dtype for t in plan.resident
+                                                                                   if t.dtype in codes]
+    return codes[max(set(seen), key=seen.count)] if seen else mx.float32

@@ -39,6 +39,12 @@ def resident_side(folder: str | Path, dtype: str | None, n: int, max_tokens: int
         except BrokenProcessPool:
             raise SpillError(f"the resident reference for {folder} stopped before it finished; it holds the whole "
                              "model in memory: run `spill check` where that fits, or with fewer --rows") from None
+        except SpillError:
+            raise
+        except Exception as err:  # noqa: BLE001 - mlx-lm failed on this device or format: one sentence, no traceback
+            first = str(err).splitlines()[0] if str(err) else ""
+            raise SpillError(f"mlx-lm's resident reference failed on {folder} ({type(err).__name__}: {first}); "
+                             "nothing to compare against: check a format mlx-lm runs here") from None
 
 
 def _resident(folder: str, dtype: str | None, n: int, max_tokens: int, long_tokens: int, kv: dict | None) -> dict:

@@ -73,3 +73,45 @@ def test_a_quantized_pool_allocates_exactly_what_the_sheet_prices_for_it(make_ti
     assert sheet.kv_per_token == unquantized.kv_per_token * (bits + 2 * 32 // 32) // 32   # 32 floats -> bits + 2 scales
     assert sheet.prefill_kv([5, 9]) == unquantized.prefill_kv([5, 9])   # prompts' KV stays unquantized until it joins
     s.close()
+
+
+
+def _cuda_like(monkeypatch, runs):
+    """mx.quantized_matmul as MLX 0.32's CUDA backend has it: no implementation outside the (bits, group) in `runs`."""
+    from spill.streamer import kvquant
+    real = mx.quantized_matmul
+
+    def matmul(*args, group_size, bits, **kw):
+        if (bits, group_size) not in runs:
+            raise RuntimeError("[quantized_matmul] No implementation for problem shape: 1x3x64x8, transpose: true")
+        return real(*args, group_size=group_size, bits=bits, **kw)
+    monkeypatch.setattr(kvquant.mx, "quantized_matmul", matmul)
+    monkeypatch.setattr(kvquant, "_RUNS", {})
+    return kvquant
+
+
+def test_a_format_whose_attention_mlx_cannot_run_here_names_a_group_size_that_runs(monkeypatch):
+    """The streamer runs the quantized attention on small shapes before it admits a row (not a crash mid-pass),
+    and where a format fails names one that runs on this device."""
+    from types import SimpleNamespace
+    kvquant = _cuda_like(monkeypatch, {(8, 32), (4, 32)})
+    plan = SimpleNamespace(kv_heads_and_dim=(2, 64), config={"num_attention_heads": 4})
+    assert kvquant.device_refusal(8, 32, plan, mx.float32) is None
+    why = kvquant.device_refusal(8, 64, plan, mx.float32)
+    assert why.startswith("--kv-bits 8 --kv-group-size 64: MLX ") and why.endswith("; use --kv-group-size 32")
+    assert "cannot run attention over KV in that format ([quantized_matmul] No implementation" in why
+
+
+def test_a_streamer_refuses_a_format_no_group_of_which_runs_here_in_one_sentence(make_tiny, monkeypatch):
+    _cuda_like(monkeypatch, {(8, 32)})
+    with pytest.raises(SpillError, match=r"^--kv-bits 4 --kv-group-size 32: .*; leave --kv-bits out$"):
+        Streamer(make_tiny("llama"), kv_bits=4, kv_group_size=32)
+    Streamer(make_tiny("llama"), kv_bits=8, kv_group_size=32).close()
+
+
+def test_mlx_lms_reference_failing_on_a_format_is_one_sentence_not_a_traceback(make_tiny):
+    """The check's reference runs mlx-lm's own quantized cache in a process of its own; where mlx-lm cannot run the
+    format (here: a group size that does not divide the head dimension), the check says so in one sentence."""
+    from spill.streamer.reference import resident_side
+    with pytest.raises(SpillError, match=r"^mlx-lm's resident reference failed on .* nothing to compare against"):
+        resident_side(make_tiny("llama"), "float32", 1, 2, 8, kv={"kv_bits": 8, "kv_group_size": 64})
