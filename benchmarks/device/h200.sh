@@ -15,7 +15,7 @@
 #   bash h200.sh ab-gpu|ab-cpu|ab STAGE OUT   pass_time.py at SPILL_BATCHES (8,32) with each value of SPILL_AB
 #                                     (default: pinned buffers, then host-copied ones) set in SPILL_AB_VAR
 #                                     (default SPILL_READ_INTO), on one device or both
-#   bash h200.sh kv STAGE OUT         set up; `spill check --kv-bits 8|4` (bf16) on SPILL_FAMILIES (llama qwen2),
+#   bash h200.sh kv STAGE OUT         set up; `spill check` at KV_CHECKS (bits:group; bf16) on SPILL_FAMILIES,
 #                                     then benchmarks/kv_bits.py under spill's --memory (KV_ARGS)
 #   bash h200.sh peers STAGE OUT      set up; benchmarks/peers.py (PEERS_ARGS) under a memory cap, with the
 #                                     wheels of STAGE/peers (pack.sh --peers) carried in a call of their own;
@@ -82,13 +82,14 @@ case $cmd in
   kv)   # quantized KV on the GPU: the check against mlx-lm's quantized cache, then rows a pass at one cap
     for f in ${SPILL_FAMILIES:-llama qwen2}; do
       make "$f-small" "$f" small
-      for b in 8 4; do
-        echo "== spill check $f small --kv-bits $b on the GPU (bf16)"
-        spill check "$models/$f-small" --rows 20 --max-tokens 16 --kv-bits $b 2>&1 | tee "$out/check-$f-kv$b.txt" | tail -4 || true
+      for bg in ${KV_CHECKS:-8:32 4:32}; do   # bits:group
+        echo "== spill check $f small --kv-bits ${bg%:*} --kv-group-size ${bg#*:} on the GPU (bf16)"
+        spill check "$models/$f-small" --rows 20 --max-tokens 16 --kv-bits ${bg%:*} --kv-group-size ${bg#*:} 2>&1 |
+          tee "$out/check-$f-kv${bg/:/-}.txt" | tail -4 || true
       done
     done
     python3 $src/benchmarks/kv_bits.py --models "$models" --out "$work/kv" --home "$work/kv-home" \
-      ${KV_ARGS:---size 1b --dtype bfloat16 --memory 1.5GiB --rows 480} 2>&1 | tee "$out/kv-bits.txt" | grep -v '^ ' || true
+      ${KV_ARGS:---size 1b --dtype bfloat16 --memory 1.5GiB --rows 480 --group-size 32} 2>&1 | tee "$out/kv-bits.txt" | grep -v '^ ' || true
     cp "$work/kv/result.json" "$out/kv-bits.json" 2>/dev/null || true ;;
   group)   # what MLX's first steps cost a process here, and each actor's memory while a job runs
     make llama-small llama small
