@@ -105,6 +105,8 @@ def quantized_attention(queries, keys: tuple, values: tuple, scale: float, mask,
     b, heads, length, dim = queries.shape
     kv = keys[0].shape[1]
     q = (queries * scale).reshape(b, kv, heads // kv, length, dim)
+    if mx.default_device() == mx.gpu:   # MLX 0.32's CUDA quantized matmul runs on row-contiguous packed arrays only
+        keys, values = (tuple(mx.contiguous(x) for x in t) for t in (keys, values))
     k, v = (tuple(mx.expand_dims(x, 2) for x in t) for t in (keys, values))   # [B, kv, 1, S, *]
     scores = mx.quantized_matmul(q, *k, transpose=True, group_size=group_size, bits=bits)   # [B, kv, rep, L, S]
     scores = mx.where(mx.expand_dims(mask, 2), scores, mx.finfo(scores.dtype).min)
@@ -151,8 +153,9 @@ def device_refusal(bits: int, group_size: int, plan, dtype) -> str | None:
 
 def _attention_fails(bits: int, group: int, dtype, kv: int, heads: int, dim: int) -> str | None:
     try:
-        for rows, tokens in ((1, 3), (48, 130)):
-            stored = mx.quantize(mx.zeros((rows, kv, tokens, dim), dtype), group_size=group, bits=bits)
+        for rows, tokens in ((1, 3), (48, 130)):   # a pool's live columns: a slice of its wider arrays, as fetched
+            stored = tuple(x[:, :, :tokens] for x in mx.quantize(mx.zeros((rows, kv, tokens + 5, dim), dtype),
+                                                                 group_size=group, bits=bits))
             mask = mx.ones((rows, 1, 1, tokens), mx.bool_)
             mx.eval(quantized_attention(mx.zeros((rows, heads, 1, dim), dtype), stored, stored, 1.0, mask, bits, group))
     except (RuntimeError, ValueError) as err:
