@@ -21,6 +21,8 @@ def print_check(report, console: Console | None = None) -> bool:
     step = f" + 2^-{report.kv_bits} (a step of the KV format)" if report.kv_bits else ""
     how = (f"({ULPS} x eps {report.eps:.1e} + {ULPS_F32} x float32 eps{step}) x largest |logit| {report.scale:.2f}"
            if report.derived else "given with --tolerance")
+    if report.derived and report.spread and report.tolerance == 2 * report.spread:
+        how = f"2 x {report.spread:.2e}, mlx-lm's own spread when every weight moves by a rounding step"
     kv = f"; KV {kv_format(report.kv_bits, report.kv_group_size)} against mlx-lm's QuantizedKVCache" if report.kv_bits else ""
     console.print(f"dtype {report.dtype} on the {report.device}{kv}; tolerance {report.tolerance:.2e} ({how})",
                   soft_wrap=True)

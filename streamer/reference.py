@@ -68,7 +68,43 @@ def _resident(folder: str, dtype: str | None, n: int, max_tokens: int, long_toke
     kv = dict(kv, quantized_kv_start=0) if kv else {}
     rows = [(*resident_reference(model, p, max_tokens, eos, **kv), first_token(model, tokenizer, p))
             for p in prompts]
-    return {"prompts": prompts, "eos": sorted(eos), "dtype": str(used).removeprefix("mlx.core."), "rows": rows}
+    spread = quantized_spread(model, prompts, rows, kv) if kv else 0.0
+    return {"prompts": prompts, "eos": sorted(eos), "dtype": str(used).removeprefix("mlx.core."), "rows": rows,
+            "spread": spread}
+
+
+def quantized_spread(model, prompts: list[list[int]], rows: list, kv: dict) -> float:
+    """How far mlx-lm's own quantized-KV logits move when every weight moves by about one rounding step of its dtype
+    (seeded), teacher-forced on the same tokens: a value near a quantization boundary rounds the other way, a whole
+    KV step, and the layers after it carry that on. The check's tolerance allows twice it (each side moved once)."""
+    from mlx.utils import tree_map
+    original, key = model.parameters(), mx.random.key(0)
+
+    def jitter(w):
+        nonlocal key
+        if not mx.issubdtype(w.dtype, mx.floating):
+            return w
+        key, sub = mx.random.split(key)
+        return (w * (1 + float(mx.finfo(w.dtype).eps) * mx.random.normal(w.shape, key=sub))).astype(w.dtype)
+
+    model.update(tree_map(jitter, original))
+    try:
+        spread = 0.0
+        for prompt, (tokens, logits, _) in zip(prompts, rows):
+            moved = _forced_quantized(model, prompt, tokens[:len(logits)], kv)
+            spread = max([spread] + [float(np.abs(a - b).max()) for a, b in zip(logits, moved)])
+        return spread
+    finally:
+        model.update(original)
+
+
+def _forced_quantized(model, prompt: list[int], tokens: list[int], kv: dict) -> list:
+    """Logits per step as resident_reference computes them with quantized KV, fed `tokens` instead of its own."""
+    logits: list = []
+    cache, _ = _quantized_prompt(model, prompt, kv, logits)
+    for t in tokens[:-1]:
+        logits.append(np.array(model(mx.array([[t]]), cache=cache)[0, -1].astype(mx.float32)))
+    return logits
 
 
 def check_prompts(tokenizer, n: int, long_tokens: int) -> list[list[int]]:

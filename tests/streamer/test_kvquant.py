@@ -19,8 +19,19 @@ cpu_default = pytest.mark.skipif(mx.default_device() == mx.gpu, reason="written 
 def test_check_passes_against_mlx_lms_quantized_cache(make_tiny, family, bits):
     report = run_check(make_tiny(family), n=3, max_tokens=4, prefill_chunk=16, kv_bits=bits, kv_group_size=32)
     assert report.passed, [(r.id, r.max_logit_diff, r.first_disagreement) for r in report.failures()]
-    assert report.tolerance == pytest.approx((4 * 2 ** -23 + 64 * 2 ** -23 + 2 ** -bits) * report.scale)
+    step = (4 * 2 ** -23 + 64 * 2 ** -23 + 2 ** -bits) * report.scale
+    assert report.spread > 0 and report.tolerance == pytest.approx(max(step, 2 * report.spread))
     assert report.max_logit_diff <= 1e-4 and report.identical == 3   # the same kernels on the same values
+
+
+@cpu_default
+def test_on_the_real_model_8_bit_kv_passes_within_twice_mlx_lms_own_spread(smollm2):
+    """30 real layers carry a KV value rounded the other way on: mlx-lm's own 8-bit logits move ~0.4 when every weight
+    moves by a rounding step, far past one KV step at the largest logit (~0.14), and the tolerance allows for it."""
+    report = run_check(smollm2, n=20, max_tokens=16, kv_bits=8, kv_group_size=64)
+    assert report.passed, [(r.id, r.max_logit_diff, r.first_disagreement) for r in report.failures()]
+    assert 2 * report.spread > (4 + 64) * 2 ** -23 * report.scale + 2 ** -8 * report.scale
+    assert report.tolerance == 2 * report.spread and report.identical >= 18
 
 
 def test_rows_leaving_growing_and_shrinking_quantized_pools_keep_their_tokens(make_tiny):
