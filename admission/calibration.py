@@ -109,19 +109,20 @@ class Calibration:
             return None
 
 
-def open_calibration(folder: str | Path, dtype=None) -> Calibration:
+def open_calibration(folder: str | Path, dtype=None, kv: tuple | None = None) -> Calibration:
     """The calibration of this model on this machine, probing and storing it at first use.
-    `dtype` is the compute dtype (default: the streamer's for this device)."""
+    `dtype` is the compute dtype (default: the streamer's for this device); `kv`: (bits, group size) of quantized
+    decode KV, whose attention runs other kernels at another cost: a calibration of its own."""
     from spill.streamer.plan import load_plan
     plan = load_plan(folder)
-    k = _key_of(folder, plan, dtype)
+    k = _key_of(folder, plan, dtype, kv)
     cal = Calibration.load(k)
     if cal is None:   # the probes compute: MLX is loaded here alone (the lengths child, a benchmark)
         import mlx.core as mx
         dtype = dtype or default_dtype()
-        prior, passes = compute_probe(plan, dtype or mx.bfloat16), []
+        prior, passes = compute_probe(plan, dtype or mx.bfloat16, kv), []
         try:
-            passes = pass_probe(folder, dtype)
+            passes = pass_probe(folder, dtype, kv)
             prior = priced_by_passes(prior, passes)
         except Exception:   # a model the streamer cannot run: the layer probe's figures stay
             pass
@@ -138,9 +139,9 @@ def open_calibration(folder: str | Path, dtype=None) -> Calibration:
     return cal
 
 
-def stored_calibration(folder: str | Path) -> Calibration | None:
-    """The calibration of this model on this machine if one was made; never probes."""
-    return Calibration.load(_key_of(folder, _plan_of(folder), None))
+def stored_calibration(folder: str | Path, kv: tuple | None = None) -> Calibration | None:
+    """The calibration of this model on this machine (at this KV format) if one was made; never probes."""
+    return Calibration.load(_key_of(folder, _plan_of(folder), None, kv))
 
 
 def _plan_of(folder):
@@ -148,13 +149,14 @@ def _plan_of(folder):
     return load_plan(folder)
 
 
-def _key_of(folder, plan, dtype) -> str:
-    """The key for computing in `dtype` (an MLX dtype), else in the streamer's default for this device."""
+def _key_of(folder, plan, dtype, kv: tuple | None = None) -> str:
+    """The key for computing in `dtype` (an MLX dtype), else in the streamer's default for this device, with
+    quantized KV's bits and group size (unquantized: the dtype alone)."""
     if dtype is not None:
         name = str(dtype).replace("mlx.core.", "")
     else:
         name = "float32" if on_cpu() else f"stored-{_stored_dtype(plan)}"
-    return key(folder, name)
+    return key(folder, name + (f"-kv{kv[0]}g{kv[1]}" if kv else ""))
 
 
 class Calibrator:
@@ -163,16 +165,17 @@ class Calibrator:
 
     def __init__(self, log):
         self.log = log
-        self.model = ""
+        self.model, self.kv = "", None
         self.cal: Calibration | None = None
         self.streamed = 0                      # bytes a pass streams
 
-    def reset(self, model: str, resident: bool = False) -> None:
-        """A new epoch; `resident`: passes read nothing, so no read time bounds a pass's prefill."""
-        if model and model != self.model:
-            self.model, self.cal = model, None
+    def reset(self, model: str, resident: bool = False, kv: tuple | None = None) -> None:
+        """A new epoch; `resident`: passes read nothing, so no read time bounds a pass's prefill; `kv`: the job's
+        quantized KV format (its own calibration), None: unquantized."""
+        if model and (model, kv) != (self.model, self.kv):
+            self.model, self.kv, self.cal = model, kv, None
             try:   # stored by the job's estimate before the job starts: admission never probes (nor loads MLX)
-                self.cal = stored_calibration(model)
+                self.cal = stored_calibration(model, kv)
                 if self.cal is None:
                     self.log.warning("no calibration stored: the pace runs without a pass model", model=model)
                 else:

@@ -55,7 +55,7 @@ def _drop(fd: int, offset: int, length: int) -> None:
         os.posix_fadvise(fd, offset, length, os.POSIX_FADV_DONTNEED)
 
 
-def compute_probe(plan, dtype) -> PassModel:
+def compute_probe(plan, dtype, kv: tuple | None = None) -> PassModel:
     """Time the model's first layer as the streamer runs it (its weights, its attention, in the
     compute dtype): a 128-token prefill, then decode steps of 1, 2 and 16 rows, scaled to every
     layer, its attention per token of context (`_attention_per_token`), a prompt token's per key it scores
@@ -106,7 +106,8 @@ def compute_probe(plan, dtype) -> PassModel:
             model.per_product_s = max(_group_cost(adapter, h, dtype, 32) - 32 * token - keys * 32 * 32, 0.0) * n
         except Exception:   # the rest of the layer's figures stand; another group at a lone row's price
             model.per_product_s = (d1 + packed) * n
-        model.per_context_token_s = _attention_per_token(adapter, layer, h, *plan.kv_heads_and_dim, dtype) * n
+        model.per_context_token_s = _attention_per_token(adapter, layer, h, *plan.kv_heads_and_dim, dtype,
+                                                         pool=_pool_maker(plan, dtype, kv)) * n
     except Exception:   # an exotic layer: the matmul's figures stay the prior
         pass
     return model
@@ -154,22 +155,30 @@ def _group_cost(adapter, h: int, dtype, chunk: int = 32) -> float:
     return max(step(2) - step(1), 0.0)
 
 
+def _pool_maker(plan, dtype, kv: tuple | None):
+    """The decode pool the job's KV format makes (`kv`: (bits, group size), quantized; None: unquantized)."""
+    from spill.streamer.kvquant import pool_maker
+    return pool_maker(*(kv or (None, 64)), plan, dtype)
+
+
 def _attention_per_token(adapter, layer, h: int, kv_heads: int, head_dim: int, dtype, rows: int = 16, short: int = 64,
-                         long: int = 1024, tries: int = 5) -> float:
+                         long: int = 1024, tries: int = 5, pool=None) -> float:
     """Seconds a decode step of `layer` spends per token of context its rows attend to, through the engine's
     own KV pool: `rows` rows at `long` tokens of context against the same rows at `short` (a matmul's rate
-    prices it two orders of magnitude low: attention is dispatch and softmax, not products)."""
+    prices it two orders of magnitude low: attention is dispatch and softmax, not products). `pool`: the decode pool's
+    constructor (quantized KV attends through other kernels)."""
     import mlx.core as mx
+    make = pool
     from spill.streamer.core import Row
     from spill.streamer.groups import Decode, Pool, RowState
 
     def pool_at(context: int) -> Decode:
-        pool = Pool(rows, long + 1, 1)
+        pool = (make or Pool)(rows, long + 1, 1)
         kv = mx.random.normal((1, kv_heads, context, head_dim)).astype(dtype)
         for s in range(rows):
             pool.rows[s] = RowState(Row(s, [0] * context, 1), None)
             pool.rows[s].tokens.append(0)
-            pool.caches[0].place(s, kv, kv)
+            pool.caches[0].admit(s, kv, kv)
             pool.lens[s] = context
         return Decode([pool], 1)
 
@@ -190,7 +199,7 @@ def _attention_per_token(adapter, layer, h: int, kv_heads: int, head_dim: int, d
 PROBE_ROWS = 16   # the pass probe's decode batch
 
 
-def pass_probe(folder, dtype) -> list[Observation]:
+def pass_probe(folder, dtype, kv: tuple | None = None) -> list[Observation]:
     """Real passes of the streamer, the weights dropped from the page cache first: 16 short prompts
     prefilled together, two decode steps of all 16, then one of a single row. The first decode warms up and is
     not returned (on the demo model it cost 2.5x the second); on a GPU a prefill of rows that end with it goes
@@ -204,7 +213,8 @@ def pass_probe(folder, dtype) -> list[Observation]:
             _drop(fd, 0, 0)
         finally:
             os.close(fd)
-    streamer = Streamer(folder, dtype=dtype, prefill_chunk=64)
+    bits, group = kv or (None, 64)
+    streamer = Streamer(folder, dtype=dtype, prefill_chunk=64, kv_bits=bits, kv_group_size=group)
     try:
         if not on_cpu():   # the warm-up prefill: the same shapes, rows that end with it
             for i in range(PROBE_ROWS):

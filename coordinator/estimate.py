@@ -20,7 +20,7 @@ from spill.admission.prices import shortfall
 from spill.admission import simulate as sim
 from spill.admission.simulate import Estimate, SimRow, Tier, simulate, tier_of
 from spill.streamer.plan import load_plan
-from spill.streamer.shares import KV_GROUP_SIZES, kv_format, plan_kv_refusal
+from spill.streamer.shares import KV_GROUP_SIZES, kv_format, kv_setting, plan_kv_refusal
 from spill.tokenizer_worker.core import TokenizerCore
 
 from .batch_input import read_batch
@@ -63,7 +63,7 @@ def estimate_file(model: str, input: Path, *, max_tokens: int = 256, memory: str
     if kv and (why := plan_kv_refusal(*kv, load_plan(folder))):
         raise SpillError(why)
     requests, bad = read_batch(Path(input))
-    calibrate(folder)
+    calibrate(folder, kv)
     rows, errors = sim_rows(folder, requests, range(len(requests)), {"max_tokens": max_tokens})
     others = remembered_others()
     advice = advise_rows(folder, rows, memory=memory, stream=stream, name=model, fraction=fraction,
@@ -84,7 +84,7 @@ def advise_rows(folder: Path, rows: list[SimRow], *, memory: str | None = None, 
                 name: str = "", others: int = 0, fraction: float | None = None, kv: tuple | None = None) -> Advice:
     """Resident or streamed for these rows (admission/advisor.py); `name`: the MODEL argument, whose
     quantized variants in models.yaml are named when it does not fit; `others`: the group's RSS."""
-    cal = open_calibration(folder)
+    cal = open_calibration(folder, kv=kv)
     return advise(load_plan(folder), rows, memory, stream=stream or config.stream(), passes=cal.model,
                   variants=variants(name), others=others, fraction=fraction, kv=kv)
 
@@ -112,7 +112,7 @@ def estimate_rows(folder: Path, rows: list[SimRow], *, errors: int = 0, memory: 
     `others`: the group's processes' memory, which the budget leaves out of the KV as admission does.
     `model`: a pass model to price with in place of this machine's stored calibration."""
     plan = load_plan(folder)
-    cal = open_calibration(folder)
+    cal = open_calibration(folder, kv=kv)
     model = model or cal.model
     policy, waiting, max_batch = schedule.policy_for(plan, memory, model, resident, fraction, others, kv)
     streamed = 0 if resident else plan.streamed_bytes
@@ -324,8 +324,9 @@ def job_estimate(folder: Path, input: Path, pending: set[int], defaults: dict, a
     raises a SpillError naming why (a tokenizer that does not load, a model that cannot be read); its
     calibration is probed here at the model's first use. A failure in pricing costs the estimate, never the job."""
     rows, errors = counted_rows(folder, input, pending, defaults)
+    kv = kv_setting(args)
     try:
-        open_calibration(folder)
+        open_calibration(folder, kv=kv)
     except SpillError:
         raise
     except Exception as err:   # noqa: BLE001 - e.g. a family the probe cannot build: the streamer says why
@@ -334,7 +335,6 @@ def job_estimate(folder: Path, input: Path, pending: set[int], defaults: dict, a
     try:
         memory, fraction = args.get("memory"), args.get("budget_fraction")
         others = group_others(actors_rss) if others is None else others
-        kv = (args["kv_bits"], args.get("kv_group_size") or 64) if args.get("kv_bits") else None
         advice = advise_rows(folder, rows, memory=memory, stream=bool(args.get("stream")), name=args.get("model", ""),
                              others=others, fraction=fraction, kv=kv)
         return JobEstimate(folder, rows, errors, memory, advice=advice, others=others, fraction=fraction, kv=kv)

@@ -47,11 +47,13 @@ def make_demo() -> None:
         resolve("demo")
 
 
-def calibrated(folder: Path) -> bool:
-    """This model was calibrated on this machine (in some compute dtype): asked without loading MLX."""
+def calibrated(folder: Path, kv: tuple | None = None) -> bool:
+    """This model was calibrated on this machine (in some compute dtype, at this KV format): asked without loading MLX."""
     from spill.admission.calibration import machine_key, model_key, store_path
     try:
-        return any(store_path(model_key(folder)).parent.glob(f"{model_key(folder)}__*__{machine_key()}.json"))
+        found = store_path(model_key(folder)).parent.glob(f"{model_key(folder)}__*__{machine_key()}.json")
+        return any(p.name.split("__")[1].endswith(f"-kv{kv[0]}g{kv[1]}") if kv else "-kv" not in p.name
+                   for p in found)
     except Exception:   # noqa: BLE001 - a model that does not load: the job or the estimate says why
         return True
 
@@ -81,14 +83,14 @@ def calibrating(folder: Path, seconds: float | None = None):
     return working(f"calibrating this model on this machine{about}", f"calibrated {folder.name} on this machine")
 
 
-def calibrate(folder: Path) -> None:
-    """`spill estimate`'s first use of a model here: the probes run with a word on the screen."""
+def calibrate(folder: Path, kv: tuple | None = None) -> None:
+    """`spill estimate`'s first use of a model (at a KV format) here: the probes run with a word on the screen."""
     from spill.admission.calibration import open_calibration
     from .preflight import check_tokenizer
     check_tokenizer(folder)
-    if not calibrated(folder):
+    if not calibrated(folder, kv):
         with calibrating(folder, calibration_seconds(folder)):
-            open_calibration(folder)
+            open_calibration(folder, kv=kv)
 
 
 def local_folder(model: str) -> Path | None:

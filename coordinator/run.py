@@ -68,14 +68,14 @@ def _connect(listen: str | None, memory: dict):
     raise GroupDead(rundir.held_by_sentence())
 
 
-def first_use(model: str | None):
+def first_use(model: str | None, kv: tuple | None = None):
     """Around the wait for the job's estimate: a model not calibrated here is calibrated by the group first; say
     so. Otherwise a spinner on a terminal, and nothing piped."""
     import sys
     from contextlib import nullcontext
     from .first_use import calibrated, calibrating, local_folder, working
     folder = local_folder(model or "")
-    if folder is not None and not calibrated(folder):
+    if folder is not None and not calibrated(folder, kv):
         return calibrating(folder)
     return working("estimating: counting the rows' tokens", None) if sys.stderr.isatty() else nullcontext({})
 
@@ -158,7 +158,9 @@ def run_job(*, model, input, output, max_tokens, temperature, resume, new, quiet
                 except GroupDead:
                     continue
             raise GroupDead(f"the spill group stopped answering; {RESUME.format(job)}")
-        with first_use(args.get("model")) as said:
+        from spill.streamer.shares import kv_setting
+        kv = kv_setting(args)
+        with first_use(args.get("model"), kv) as said:
             s = _estimated(status)
             if s.status == "failed":
                 said["done"] = None   # not calibrated after all: the job's error says why

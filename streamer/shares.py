@@ -54,6 +54,11 @@ def kv_token_bytes(layers: int, kv_heads: int, head_dim: int, itemsize: int, bit
     return layers * 2 * kv_heads * per_head
 
 
+def kv_setting(args: dict) -> tuple[int, int] | None:
+    """A job's quantized KV from its arguments (kv_bits, kv_group_size): (bits, group size); None: unquantized."""
+    return (args["kv_bits"], args.get("kv_group_size") or 64) if args.get("kv_bits") else None
+
+
 def kv_format(bits: int | None, group_size: int = 64) -> str:
     """The decode pools' KV format as the job's summary, status and metrics name it."""
     return "unquantized" if bits is None else f"{bits}-bit (group {group_size})"

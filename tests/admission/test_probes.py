@@ -13,7 +13,7 @@ class ColdStartStreamer:
     pass costs COLD seconds of compute, later ones WARM. `ran`: (rows prefilled, rows decoded) of each pass."""
     ran: list = []
 
-    def __init__(self, folder, *, dtype=None, prefill_chunk=512):
+    def __init__(self, folder, *, dtype=None, prefill_chunk=512, kv_bits=None, kv_group_size=64):
         self.new, self.live, self.seen = [], {}, set()
         ColdStartStreamer.ran = []
 
