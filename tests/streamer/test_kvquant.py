@@ -24,6 +24,7 @@ def test_check_passes_against_mlx_lms_quantized_cache(make_tiny, family, bits):
     assert report.max_logit_diff <= 1e-4 and report.identical == 3   # the same kernels on the same values
 
 
+@pytest.mark.slow   # the real model's check: ~1-2 min of CPU
 @cpu_default
 def test_on_the_real_model_8_bit_kv_passes_within_twice_mlx_lms_own_spread(smollm2):
     """30 real layers carry a KV value rounded the other way on: mlx-lm's own 8-bit logits move ~0.4 when every weight
