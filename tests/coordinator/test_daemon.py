@@ -62,7 +62,7 @@ class Sup:
 def no_estimate(monkeypatch):
     """The jobs here run on a model that is only a config.json: each goes on without an estimate, at once."""
     monkeypatch.setattr(estimating, "work", lambda ask, cancelled=None: {"estimate": None})
-    monkeypatch.setattr(first_use, "calibrated", lambda folder: True)   # no probe waits for an idle group
+    monkeypatch.setattr(first_use, "calibrated", lambda folder, kv=None: True)   # no probe waits for an idle group
 
 
 def settle(g: Group) -> None:
@@ -281,7 +281,7 @@ def test_a_job_starts_once_its_estimate_is_made_and_one_that_cannot_be_made_fail
 
 
 def test_a_first_use_probe_waits_until_no_job_runs(tmp_path, monkeypatch):
-    monkeypatch.setattr(first_use, "calibrated", lambda folder: folder.name != "new")
+    monkeypatch.setattr(first_use, "calibrated", lambda folder, kv=None: folder.name != "new")
     g = group()
     a = submit(g, tmp_path, "a")
     new = submit(g, tmp_path, "n", wait=False, model=tmp_path / "new")
