@@ -29,3 +29,14 @@ def test_summary_per_kind_and_overall():
                            "prefix_all": 1.0, "equal_all": 1.0}
     assert fig["open"]["unchanged"] == 0.0 and fig["open"]["prefix_all"] == 0.5 and fig["open"]["equal_all"] == 0.75
     assert fig["all"]["rows"] == 2 and fig["all"]["unchanged"] == 0.5
+
+
+def test_formats_named_in_words():
+    assert kv_quality.label("none#2") == "unquantized, again"
+    assert kv_quality.label("8/64") == "8-bit, group 64"
+    assert kv_quality.label("q8_0") == "q8_0" and kv_quality.label("f16#2") == "f16, again"
+
+
+def test_summary_of_token_ids():
+    fig = kv_quality.summarize({"edit-1": [1, 2, 3]}, {"edit-1": [1, 2, 4]}, list, [None])
+    assert fig["all"]["unchanged"] == 0.0 and fig["all"]["prefix_all"] == 2 / 3
