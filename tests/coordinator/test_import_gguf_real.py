@@ -45,10 +45,11 @@ def test_the_config_mlx_lm_reads_has_rope_theta_at_the_top_level(smollm2):
 
 def test_gsm8k_questions_tokenize_as_smollm2s_own_tokenizer_does(smollm2):
     # 15 of these 18 questions change ids without SmolLM's digit splitting (the reference ids: tests/data/NOTICE.md)
+    from spill.messages import RowRequest
     from spill.tokenizer_worker.core import TokenizerCore
     core = TokenizerCore(smollm2)
     rows = [json.loads(line) for line in (DATA / "gsm8k_ids.jsonl").read_text().splitlines()]
-    assert [core.encode({"kind": "text", "prompt": r["question"]}) for r in rows] == [r["ids"] for r in rows]
+    assert [core.encode(RowRequest("completion", 1, prompt=r["question"])) for r in rows] == [r["ids"] for r in rows]
     assert core.eos == [2] and core.tokenizer.decode([2]) == "<|im_end|>"
 
 
@@ -56,9 +57,10 @@ def test_a_greedy_chat_answer_is_fluent_and_ends_on_eos(smollm2):
     from mlx_lm.utils import load
 
     from spill.streamer.reference import resident_reference
+    from spill.messages import RowRequest
     from spill.tokenizer_worker.core import TokenizerCore
     core = TokenizerCore(smollm2)
-    prompt = core.encode({"kind": "chat", "messages": [{"role": "user", "content": "What is the capital of France?"}]})
+    prompt = core.encode(RowRequest("chat", 32, [{"role": "user", "content": "What is the capital of France?"}]))
     model, _ = load(str(smollm2))   # bfloat16 as stored: float32 without OpenBLAS preloaded costs more here
     tokens, _ = resident_reference(model, prompt, 32, {2})
     text = core.tokenizer.decode(tokens[:-1])
