@@ -1,12 +1,13 @@
 """How many drafts each decode row carries through the next pass (`--speculate auto|off|K`). Pure arithmetic.
 
 A row with per-draft acceptance a and k drafts advances (1 - a^(k+1)) / (1 - a) tokens a pass: its j-th
-draft adds a^j. A draft costs what one more decode row with the row's context costs (the pass model's
-per_row_s and per_context_token_s: one more token through the matmuls, attending to the row's keys).
+draft adds a^j. The decode group feeds every row the same number of columns (its last token, then drafts
+or padding), so a pass with a cap of c costs what (1 + c) times its decode rows cost (`padded`).
 
-    auto   drafts go by value per second, best first, while the pass's compute stays within its read time
-           and each raises the pass's tokens per second (by `PassModel.pass_s`); a pass that is
-           compute-bound already (a CPU), resident (nothing read) or uncalibrated drafts nothing
+    auto   every drafting row may carry up to c drafts, c the cap that gives the pass the most tokens a second
+           (`PassModel.pass_s`), priced as the streamer runs it: a (1 + c)-token chunk for every decode row; a
+           row carries no draft less likely than LEAST to add a token; a pass that is compute-bound already
+           (a CPU), resident (nothing read) or uncalibrated drafts nothing
     off    none (0)
     K      up to K every pass, for tests, benchmarks and users who know their job
 
@@ -24,6 +25,7 @@ from .passmodel import PassModel, PassShape
 AUTO_MOST = 8          # the most drafts a row carries under auto
 MOST = 16              # the most `--speculate K` takes
 LEAST = 0.05           # a draft less likely than this to add a token is not worth its logits
+GAIN = 1.02            # drafts must raise the pass's tokens a second by this much (rates are estimates)
 PRIOR, PRIOR_WEIGHT = 0.5, 2.0   # a new row's acceptance: 0.5, worth two drafts tried
 DECAY = 0.8            # each pass that drafted keeps this much of a row's earlier counts
 
@@ -59,43 +61,36 @@ def tokens_per_row(a, k) -> np.ndarray:
     return np.where(a >= 1.0, k + 1.0, (1.0 - a ** (k + 1)) / np.where(a >= 1.0, 1.0, 1.0 - a))
 
 
-def priced_shape(shape: PassShape, k, contexts) -> PassShape:
-    """The pass with drafts, as the pass model prices it: each draft one more decode row, attending to its
-    row's context and the drafts before it."""
-    k, contexts = np.asarray(k, dtype=np.int64), np.asarray(contexts, dtype=np.int64)
-    return replace(shape, decode_rows=shape.decode_rows + int(k.sum()),
-                   context_tokens=shape.context_tokens + int((k * contexts + k * (k + 1) // 2).sum()))
+def padded(shape: PassShape, columns: int) -> PassShape:
+    """The pass as the streamer runs it with `columns` tokens a decode row (1: no drafts): every row's columns
+    through the matmuls, the t-th attending to the row's keys and the t - 1 columns before it."""
+    t, n = int(columns), shape.decode_rows
+    return replace(shape, decode_rows=n * t, context_tokens=shape.context_tokens * t + n * t * (t - 1) // 2)
+
+
+def worth(rates, cap: int) -> np.ndarray:
+    """Drafts per row worth carrying at most: the j-th adds a^j tokens, none below LEAST."""
+    a = np.clip(np.asarray(rates, dtype=float), 1e-12, 1.0)
+    j = np.floor(np.log(LEAST) / np.log(np.where(a >= 1.0, 0.5, a))).astype(np.int64)
+    return np.where(a >= 1.0, cap, np.clip(j, 0, cap))
 
 
 def counts(mode: str | int, model: PassModel | None, shape: PassShape, contexts, rates, left) -> np.ndarray:
     """Drafts per decoding row for the next pass. `shape`: the pass as planned without drafts (its decode rows
     these rows, its prompt tokens); `contexts`, `rates`, `left`: per row, its tokens of KV, its acceptance
     (`rate`) and the tokens it may still generate."""
-    contexts, left = np.asarray(contexts, dtype=np.int64), np.asarray(left, dtype=np.int64)
+    left = np.asarray(left, dtype=np.int64)
     cap = np.clip(left - 1, 0, None)
     if mode != "auto":
         return np.minimum(cap, int(mode))
-    out = np.zeros(len(contexts), dtype=np.int64)
-    if model is None or not shape.bytes_streamed or not len(contexts):
-        return out
-    room = model.io_s(shape) - model.compute_s(shape)
-    cap = np.minimum(cap, AUTO_MOST)
-    # every (row, j-th draft) with its value a^j and its cost, best value per second first
-    row = np.repeat(np.arange(len(contexts)), cap)
-    j = np.arange(cap.sum()) - np.repeat(np.cumsum(cap) - cap, cap) + 1
-    value = np.asarray(rates, dtype=float)[row] ** j
-    cost = model.per_row_s + model.per_context_token_s * (contexts[row] + j)
-    order = np.lexsort((j, -value / np.maximum(cost, 1e-12)))
-    spent, tokens, seconds, drafts, keys = 0.0, float(shape.decode_rows), model.pass_s(shape), 0, 0
-    for i in order:
-        if value[i] < LEAST or spent + cost[i] > room:
-            continue
-        more = replace(shape, decode_rows=shape.decode_rows + drafts + 1,
-                       context_tokens=shape.context_tokens + keys + contexts[row[i]] + j[i])
-        after = model.pass_s(more)
-        if (tokens + value[i]) * seconds < tokens * after:   # it would lower the pass's tokens per second
-            break
-        out[row[i]] += 1
-        spent, tokens, seconds = spent + cost[i], tokens + value[i], after
-        drafts, keys = drafts + 1, keys + int(contexts[row[i]] + j[i])
-    return out
+    if model is None or not shape.bytes_streamed or not len(left):
+        return np.zeros(len(left), dtype=np.int64)
+    rates = np.asarray(rates, dtype=float)
+    most = np.minimum(cap, worth(rates, AUTO_MOST))
+    best, best_rate = np.zeros(len(left), dtype=np.int64), shape.decode_rows / model.pass_s(shape) * GAIN
+    for c in range(1, int(most.max(initial=0)) + 1):
+        k = np.minimum(most, c)
+        rate = tokens_per_row(rates, k).sum() / model.pass_s(padded(shape, 1 + c))
+        if rate > best_rate:
+            best, best_rate = k, rate
+    return best

@@ -14,7 +14,7 @@ from spill.streamer.plan import load_plan
 from spill.streamer.shares import kv_format
 from spill.wire import Mailbox
 
-from . import schedule
+from . import drafts, schedule
 from .calibration import Calibrator
 from .policy import Waiting
 from .scheduler import Planned, Scheduler
@@ -58,7 +58,8 @@ def run_admission_process(endpoints, args, log) -> None:
             elif isinstance(msg, m.Stop):
                 sched.stopped(msg.rows)
             elif isinstance(msg, m.Pass) and running is not None and msg.plan == running.index:
-                sched.reported(msg.finished, live_allocation(msg, others, runtime, sched.policy.sheet), msg.accepted)
+                sched.reported(msg.finished, live_allocation(msg, others, runtime, sched.policy.sheet), msg.accepted,
+                               msg.drafted)
                 ran, running = (running, msg), None
                 fault.tick("pass")
         if sched is None or epoch < 0:
@@ -69,7 +70,8 @@ def run_admission_process(endpoints, args, log) -> None:
             box.send("streamer", _plan(epoch, running, eos, sched.policy.sheet.cache_limit))
         if ran is not None:
             planned, reported = ran
-            calibrator.observe(planned.shape, reported)   # the refit after the plan: not on the streamer's path
+            # the refit after the plan, not on the streamer's path; a chunk with drafts as it ran: padded
+            calibrator.observe(drafts.padded(planned.shape, reported.columns), reported)
             told = report(epoch, reported.index, sched, others, calibrator, job)
             box.send("coordinator", told)
             p = sched.policy
@@ -109,8 +111,9 @@ def _price(msg: m.Reset, args: dict, box, log, calibrator=None):
         box.send("coordinator", m.Error(msg.epoch, [m.MODEL_ROW], ["memory_budget_exceeded"], [short], msg.job))
         return None, others
     chunk = args.get("prefill_chunk", 512)
+    model = (lambda: calibrator.cal.model if calibrator.cal else None) if calibrator else (lambda: None)
     return Scheduler(policy, calibrator.pace if calibrator else None, chunk, 0 if msg.resident else plan.streamed_bytes,
-                     msg.speculate), others
+                     msg.speculate, model), others
 
 
 def _others_rss(parent: int | None = None, runtime: tuple = (0, 0)) -> int:

@@ -17,9 +17,12 @@ The admission actor drives this class with real reports; the estimate (simulate.
 from dataclasses import dataclass, field
 from enum import IntEnum
 
-from spill.streamer.shares import bucket, chunk_for
+import numpy as np
 
-from . import schedule
+from spill.streamer.shares import bucket, chunk_for
+from spill.typed import AUTO_DRAFTS
+
+from . import drafts, schedule
 from .passmodel import PassShape
 from .policy import BudgetPolicy, Waiting
 
@@ -59,9 +62,13 @@ def fixed_pace(tokens: int):
 
 
 class Scheduler:
-    def __init__(self, policy: BudgetPolicy, pace=None, chunk: int = 512, bytes_streamed: int = 0, speculate: int = 0):
+    def __init__(self, policy: BudgetPolicy, pace=None, chunk: int = 512, bytes_streamed: int = 0, speculate: int = 0,
+                 model=lambda: None):
         self.policy = policy
-        self.speculate = speculate            # drafts a decode row may carry a pass (--speculate K); 0: none
+        self.speculate = speculate            # drafts a decode row may carry a pass (--speculate K); 0: none; -1: auto
+        self.model = model                    # () -> the pass model auto drafts by (None: uncalibrated)
+        self.hits: dict[int, float] = {}      # a row's decayed drafts accepted and drafts tried (drafts.observe)
+        self.tried: dict[int, float] = {}
         self.pace = pace or fixed_pace(policy.priced_prefill)   # (rows, context, need, offset, most, empty) -> tokens
         self.chunk = chunk
         self.bytes_streamed = bytes_streamed
@@ -108,6 +115,8 @@ class Scheduler:
         self.status[row] = Status.FINISHED
         self.policy.finished([row])
         self.context.pop(row, None)
+        self.hits.pop(row, None)
+        self.tried.pop(row, None)
         self._leave_group(row)
 
     def _leave_group(self, row: int) -> None:
@@ -166,7 +175,7 @@ class Scheduler:
         step = chunk_for(out.pace, sum(len(g.rows) for g in self.groups.values()), self.chunk)
         out.chunks = {k: min(step, g.width - g.done) for k, g in self.groups.items()}
         out.shape = self._shape(decoding, out.chunks)
-        out.drafts = self._drafts(decoding)
+        out.drafts = self._drafts(decoding, out.shape)
         self._advance(decoding, out.chunks)
         self.index += 1
         return out
@@ -206,12 +215,16 @@ class Scheduler:
         return PassShape(len(decoding), prefill, sum(self.context[r] for r in decoding), self.bytes_streamed,
                          prefill_groups=len(chunks), prefill_context=keys)
 
-    def _drafts(self, decoding: list[int]) -> dict[int, int]:
-        """Each decode row's draft bound: --speculate's K, never past the row's max_tokens."""
-        if not self.speculate:
+    def _drafts(self, decoding: list[int], shape: PassShape) -> dict[int, int]:
+        """Each decode row's draft bound: --speculate's K, or auto's choice from the rows' acceptance and the pass
+        model; never past the row's max_tokens."""
+        if not self.speculate or not decoding:
             return {}
-        left = {r: self.policy.running[r].max_tokens - self.generated[r] - 1 for r in decoding}
-        return {r: min(self.speculate, n) for r, n in left.items() if n > 0}
+        left = [self.policy.running[r].max_tokens - self.generated[r] for r in decoding]
+        rates = drafts.rate([self.hits.get(r, 0.0) for r in decoding], [self.tried.get(r, 0.0) for r in decoding])
+        k = drafts.counts("auto" if self.speculate == AUTO_DRAFTS else self.speculate, self.model(), shape,
+                          [self.context[r] for r in decoding], rates, left)
+        return {r: int(n) for r, n in zip(decoding, k) if n > 0}
 
     def _advance(self, decoding: list[int], chunks: dict[int, int]) -> None:
         """The rows' state as the pass leaves it: a token more for every decoding row; a group that ends its
@@ -229,13 +242,23 @@ class Scheduler:
                     self.group_of.pop(r, None)
                 del self.groups[k]
 
-    def reported(self, finished: list[int], live: int | None = None, accepted=()) -> None:
-        """A pass report: the rows it ended, live memory (None: the estimate's, which holds no memory), and
-        [row, drafts accepted] of rows that took more than the one token `_advance` counted."""
-        for row, n in accepted:
+    def reported(self, finished: list[int], live: int | None = None, accepted=(), drafted=()) -> None:
+        """A pass report: the rows it ended, live memory (None: the estimate's, which holds no memory),
+        [row, drafts accepted] of rows that took more than the one token `_advance` counted, and [row, drafts
+        carried] of rows that drafted (their acceptance, which auto drafts by)."""
+        took = dict((int(r), int(n)) for r, n in accepted)
+        for row, n in took.items():
             if self.status.get(row) == Status.DECODING:
                 self.context[row] += n
                 self.generated[row] += n
+        if len(drafted):
+            rows = [int(r) for r, _ in drafted]
+            hits, tried = drafts.observe(np.array([self.hits.get(r, 0.0) for r in rows]),
+                                         np.array([self.tried.get(r, 0.0) for r in rows]),
+                                         [n for _, n in drafted], [took.get(r, 0) for r in rows])
+            for r, h, t in zip(rows, hits.tolist(), tried.tolist()):
+                if self.status.get(r) == Status.DECODING:
+                    self.hits[r], self.tried[r] = h, t
         self.ended(finished)
         if live is not None:
             self.policy.observe(live)
@@ -243,4 +266,5 @@ class Scheduler:
     def clear(self) -> None:
         self.policy.clear()
         self.status, self.context, self.generated, self.groups, self.group_of = {}, {}, {}, {}, {}
+        self.hits, self.tried = {}, {}
         self.stops, self.deferred, self.index, self.opened, self.returned = [], [], 0, 0, 0

@@ -16,7 +16,8 @@ MEMORY_HELP = "Plan for this much memory (e.g. 48GB, 1.5GiB) instead of the dete
 KV_BITS_HELP = "Store the decode rows' K and V quantized to 8 or 4 bits (MLX's affine format): more rows a pass."
 KV_GROUP_HELP = "Values sharing one scale and bias in quantized KV: 32, 64 or 128 (must divide the head dimension)."
 SPECULATE_HELP = ("Drafts a decode row carries each pass, from its own text (prompt lookup), verified in the same "
-                  "read: off (the default) or K, 1 to 16. Greedy rows give the same text.")
+                  "read: off (the default), auto (as many as the pass's read hides and the row's acceptance pays "
+                  "for) or K, 1 to 16. Greedy rows give the same text.")
 FRACTION_HELP = "Share of the working set that live allocation aims at (default 0.78; 0.90 of a CUDA GPU's memory)."
 
 
@@ -274,14 +275,14 @@ def kv_args(bits: int | None, group_size: int | None) -> dict:
 
 
 def speculate_arg(value: str | None) -> int | None:
-    """--speculate off|K -> K (0: off); None where not given."""
-    from spill.typed import MAX_DRAFTS
+    """--speculate off|auto|K -> K (0: off; AUTO_DRAFTS: auto); None where not given."""
+    from spill.typed import AUTO_DRAFTS, MAX_DRAFTS
     if value is None:
         return None
-    if value.strip().lower() == "off":
-        return 0
+    if value.strip().lower() in ("off", "auto"):
+        return 0 if value.strip().lower() == "off" else AUTO_DRAFTS
     if not value.strip().isdigit() or not 1 <= int(value) <= MAX_DRAFTS:
-        raise SpillError(f"--speculate takes off or a number of drafts from 1 to {MAX_DRAFTS}, found {value!r}")
+        raise SpillError(f"--speculate takes off, auto or a number of drafts from 1 to {MAX_DRAFTS}, found {value!r}")
     return int(value)
 
 

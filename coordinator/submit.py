@@ -43,7 +43,7 @@ def prepare(args: dict, group_args: dict, ready_rss: dict, embedded: bool) -> Su
               "temperature": args.get("temperature") or 0.0, "stream": bool(args.get("stream")),
               **{k: group_args.get(k) for k in ("memory", "budget_fraction")}, **kv_settings(args, group_args, folder),
               "speculate": args.get("speculate") or 0}
-    if params["speculate"] and params["kv_bits"]:
+    if params["speculate"] > 0 and params["kv_bits"]:
         raise SpillError("--speculate verifies drafts over unquantized KV only for now; leave --kv-bits out, "
                          "or run with --speculate off")
     mem.update((k, params[k]) for k in ("kv_bits", "kv_group_size"))   # the KV format its estimate prices

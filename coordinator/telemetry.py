@@ -81,6 +81,8 @@ class Telemetry:
         mt.STREAMED_BYTES.inc(msg.bytes_streamed)
         mt.DECODE_ROWS.inc(msg.decode_rows)
         mt.PREFILL_TOKENS.inc(msg.prefill_tokens)
+        mt.DRAFTS.labels("proposed").inc(sum(n for _, n in msg.drafted))
+        mt.DRAFTS.labels("accepted").inc(sum(n for _, n in msg.accepted))
         _memory(msg)
         self.log.info("pass", seconds=round(msg.seconds, 4), read_wait_s=round(msg.wait_s, 4),
                       compute_s=round(msg.compute_s, 4), decode_rows=msg.decode_rows,

@@ -66,7 +66,9 @@ ROWS = [
         ("Batch and prefill per pass", "short", [
             q(f"rate(spill_pass_decode_rows_total[{W}]) / rate(spill_pass_duration_seconds_count[{W}])", "decode rows"),
             q(f"rate(spill_pass_prefill_tokens_total[{W}]) / rate(spill_pass_duration_seconds_count[{W}])",
-              "prefill tokens")]),
+              "prefill tokens"),
+            q(f'sum(rate(spill_draft_tokens_total{{outcome="accepted"}}[{W}])) '
+              f'/ sum(rate(spill_pass_duration_seconds_count[{W}]))', "drafts accepted")]),
     ]),
     ("Memory", [
         ("Live against the budget", "bytes", [q("sum(spill_memory_live_bytes)", "live"),

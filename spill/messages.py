@@ -90,7 +90,7 @@ class Reset:
     resident: bool = False   # keep every layer in memory after its first read (the advisor's choice)
     kv_bits: Annotated[int, Range(0, 8)] = 0            # the decode pools' K and V in 8 or 4 bits (--kv-bits); 0: unquantized
     kv_group_size: Annotated[int, Range(1, 1024)] = 64  # values per scale and bias of quantized KV (--kv-group-size)
-    speculate: Drafts = 0    # drafts a decode row may carry a pass (--speculate K); 0: off
+    speculate: Drafts = 0    # drafts a decode row may carry a pass (--speculate K); 0: off; -1: auto
 
 
 @dataclass(frozen=True)
@@ -214,6 +214,8 @@ class Pass:
     prefill_context: Natural = 0      # prompt tokens x the keys each scores: its prompt cached before the chunk, and the chunk
     plan: Annotated[int, Range(-1, (1 << 31) - 1)] = -1   # the plan it ran (Plan.index)
     accepted: list[Pair] = field(default_factory=list)   # [row, drafts it accepted] of rows that took more than a token
+    drafted: list[Pair] = field(default_factory=list)    # [row, drafts it carried] of rows that drafted
+    columns: Annotated[int, Range(1, 1 << 16)] = 1       # tokens every decode row fed (1 + the most drafts, padded)
 
 
 @dataclass

@@ -102,6 +102,11 @@ DECODE_ROWS = Counter("spill_pass_decode_rows_total", "Decode rows summed over p
                       "by the passes' count).", registry=REGISTRY)
 PREFILL_TOKENS = Counter("spill_pass_prefill_tokens_total", "Prompt positions prefilled, summed over passes.",
                          registry=REGISTRY)
+DRAFTS = Counter("spill_draft_tokens_total", "Draft tokens decode rows carried through passes (--speculate), by "
+                 "outcome: proposed, or accepted (each a token the row took without a pass of its own).", ["outcome"],
+                 registry=REGISTRY)
+for _outcome in ("proposed", "accepted"):   # both series from the start: a job without drafts counts 0
+    DRAFTS.labels(_outcome)
 READ_BANDWIDTH = Unset("spill_pass_read_bandwidth_bytes_per_second",
                        "Disk read bandwidth the last pass measured.")
 PROBE_BANDWIDTH = Unset("spill_read_probe_bytes_per_second",

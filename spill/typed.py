@@ -91,7 +91,8 @@ TopK = Annotated[int, Range(0, INT32_MAX)]                 # 0: no top-k
 Seed = Annotated[int, Range(0, INT64_MAX)]
 Pair = Annotated[list[Count], Size(2)]
 MAX_DRAFTS = 16
-Drafts = Annotated[int, Range(0, MAX_DRAFTS)]               # drafts a decode row may carry a pass; 0: none
+AUTO_DRAFTS = -1                                            # --speculate auto: admission's policy per pass
+Drafts = Annotated[int, Range(AUTO_DRAFTS, MAX_DRAFTS)]     # drafts a decode row may carry a pass; 0: none
 
 
 # -- the checker -------------------------------------------------------------------------------------

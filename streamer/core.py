@@ -219,8 +219,10 @@ class Streamer:
         # 2. inputs: decode rows feed their last token (and their drafts), prefill groups their planned chunk
         hs, masks, prefill_tokens, prefilling, attended = [], [], 0, len(prefills), 0
         drafts = speculate.proposals(groups[0], bounds) if pools and bounds else {}
+        columns = 1
         for g, step in zip(groups, steps):
             tokens = speculate.chunk(g, drafts) if drafts and not g.prefilling else g.next_tokens(step)
+            columns = tokens.shape[1] if drafts and not g.prefilling else columns
             prefill_tokens += tokens.size if g.prefilling else 0
             attended += tokens.size * (g.done + tokens.shape[1]) if g.prefilling else 0   # keys a prompt token scores
             h = self.adapter.embed(tokens)
@@ -260,6 +262,7 @@ class Streamer:
         # 4. head and sampling for rows at the end of their input
         c0 = time.perf_counter()
         emitting = [(g, h) for g, h in zip(groups, hs) if g.advance()]
+        drafted = {r.row.id: len(drafts[id(r)]) for p in pools for r in p.live if id(r) in drafts}
         verified, accepted = speculate.decide(self.adapter, *emitting.pop(0), drafts) if drafts else ([], {})
         emitted = verified + self._sample(emitting)
         compute_s += time.perf_counter() - c0
@@ -278,7 +281,7 @@ class Streamer:
         release_heap()
         self.passes += 1
         report = self._report(t0, wait0, read0, compute_s, emitted, prefill_tokens, streamed, prefilling, attended)
-        report.accepted = accepted
+        report.accepted, report.drafted, report.columns = accepted, drafted, columns
         return report
 
     def _sample(self, emitting) -> list[Emitted]:

@@ -69,7 +69,8 @@ class StreamerActor:
                        rss=r.rss, cgroup_usage=r.cgroup_usage, minor_faults=r.minor_faults,
                        major_faults=r.major_faults, read_bandwidth=r.bytes_streamed / max(r.seconds, 1e-9),
                        read_s=r.read_s, prefill_groups=r.prefill_groups, prefill_context=r.prefill_context,
-                       plan=msg.index, accepted=[[row, n] for row, n in r.accepted.items() if n])
+                       plan=msg.index, accepted=[[row, n] for row, n in r.accepted.items() if n],
+                       drafted=[[row, n] for row, n in r.drafted.items()], columns=r.columns)
         return out, stats, refused
 
 

@@ -31,9 +31,8 @@ How the pass will carry drafts (the next step, with the pools):
   too (`RowSampler` draws otherwise), so lookup drafts never change a seeded row's text.
 - Report: per row the tokens it appends (packed), drafts proposed and drafts accepted, so admission keeps
   each row's acceptance (`drafts.observe`) and counts tokens per pass.
-- Admission prices a row's slot at prompt + max_tokens + K (the most drafts it may carry), the chunk's
-  activations at rows x (1 + k) tokens, and a draft's compute as one more decode row with the row's
-  context, the pass model's own terms (`drafts.priced_shape`), until passes with drafts refit them.
+- Admission prices a row's slot at prompt + max_tokens + K (the most drafts it may carry), and the pass
+  with drafts as the padded chunk it is: rows x (1 + k) tokens (`drafts.padded`).
 """
 
 from dataclasses import dataclass

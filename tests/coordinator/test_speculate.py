@@ -46,7 +46,7 @@ def test_speculate_is_refused_out_of_range_with_quantized_kv_and_against_a_resum
     monkeypatch.setenv("SPILL_HOME", str(tmp_path / "home"))
     model, rows = str(make_tiny("llama")), str(_input(tmp_path / "in.jsonl"))
     wide = runner.invoke(app, ["run", model, rows, "--speculate", "17"])
-    assert wide.exit_code == 2 and "--speculate takes off or a number of drafts from 1 to 16, found '17'" in wide.output
+    assert wide.exit_code == 2 and "--speculate takes off, auto or a number of drafts from 1 to 16, found '17'" in wide.output
     s = prepare({"model": model, "input": rows, "speculate": 4}, {}, {}, True)
     assert s.params["speculate"] == 4 and prepare({"resume": s.job.id}, {}, {}, True).args["speculate"] == 4
     assert JobRun(s.job, s.requests, model, s.job.meta["params"]).speculate == 4   # what the group's RESET carries

@@ -58,7 +58,11 @@ def test_rows_tokens_and_passes_are_counted_once(group):
     tele.update()
     for submit in g.current.submits(g.epoch):
         g.box.send("tokenizer", submit)
-    feed(g, tele, m.Pass(1, 0, 2.0, 0.5, 1.2, 2, 10, 2, [], 100, 200, 300))
+    drafts = {k: value("spill_draft_tokens_total", outcome=k) for k in ("proposed", "accepted")}
+    feed(g, tele, m.Pass(1, 0, 2.0, 0.5, 1.2, 2, 10, 2, [], 100, 200, 300, drafted=[[0, 4], [1, 2]],
+                         accepted=[[0, 3]], columns=5))
+    assert value("spill_draft_tokens_total", outcome="proposed") - drafts["proposed"] == 6
+    assert value("spill_draft_tokens_total", outcome="accepted") - drafts["accepted"] == 3
     tele.on_actor(m.Budget(1, 0, 1000, 780, 800, 900, 64, 0, 0, running_rows=2))   # admission counts the rows running
     feed(g, tele, m.Progress(1, [0, 1], [1, 1], ["a", "b"]))
     assert [value("spill_job_rows", state=s) for s in ("waiting", "running", "done", "failed")] == [1, 2, 0, 0]
