@@ -16,8 +16,8 @@ MEMORY_HELP = "Plan for this much memory (e.g. 48GB, 1.5GiB) instead of the dete
 KV_BITS_HELP = "Store the decode rows' K and V quantized to 8 or 4 bits (MLX's affine format): more rows a pass."
 KV_GROUP_HELP = "Values sharing one scale and bias in quantized KV: 32, 64 or 128 (must divide the head dimension)."
 SPECULATE_HELP = ("Drafts a decode row carries each pass, from its own text (prompt lookup), verified in the same "
-                  "read: off (the default), auto (as many as the pass's read hides and the row's acceptance pays "
-                  "for) or K, 1 to 16. Greedy rows give the same text.")
+                  "read: auto (the default: as many as the pass's read hides and the row's acceptance pays for), "
+                  "off, or K, 1 to 16. Greedy rows give the same text.")
 FRACTION_HELP = "Share of the working set that live allocation aims at (default 0.78; 0.90 of a CUDA GPU's memory)."
 
 
@@ -175,6 +175,7 @@ def up_cmd(
     budget_fraction: float = typer.Option(None, help=FRACTION_HELP),
     kv_bits: int = typer.Option(None, help=KV_BITS_HELP + " The group's default for jobs that do not say."),
     kv_group_size: int = typer.Option(None, help=KV_GROUP_HELP + " Default 64."),
+    speculate: str = typer.Option(None, help=SPECULATE_HELP + " The group's default for jobs that do not say."),
 ) -> None:
     """Start the actor group and return (it keeps running until `spill down`)."""
     from spill.coordinator.run import group_up
@@ -183,7 +184,8 @@ def up_cmd(
     try:
         settings = {**metrics_args(metrics_host, metrics_port), **({"allow_remote": True} if allow_remote else {})}
         typer.echo(group_up(model=model, foreground=foreground, listen=listen,
-                            memory={**memory_args(memory, budget_fraction), **kv_args(kv_bits, kv_group_size)},
+                            memory={**memory_args(memory, budget_fraction), **kv_args(kv_bits, kv_group_size),
+                                    **({} if (k := speculate_arg(speculate)) is None else {"speculate": k})},
                             group_args=settings))
     except SpillError as err:
         _fail(err)

@@ -274,14 +274,18 @@ class JobEstimate:
 
 
 def summary(estimate_s: float | None, actual_s: float, finishes: list[str], lengths: list[int], passes: int,
-            kv: str = "unquantized") -> dict:
-    """The end-of-job figures: estimate against actual, finish reasons, output lengths, rates."""
-    lengths = sorted(lengths)
+            kv: str = "unquantized", drafts: dict | None = None) -> dict:
+    """The end-of-job figures: estimate against actual, finish reasons, output lengths, rates; `drafts`: decode rows
+    summed over passes and the draft tokens proposed and accepted."""
+    lengths, d = sorted(lengths), drafts or {}
+    spec = {"proposed": d["proposed"], "accepted": d["accepted"],
+            "tokens_per_decode_row": round(1 + d["accepted"] / d["rows"], 3)} if d.get("proposed") and d.get("rows") else None
     return {"estimate_seconds": round(estimate_s, 1) if estimate_s else None, "actual_seconds": round(actual_s, 1),
             "actual_over_estimate": round(actual_s / estimate_s, 3) if estimate_s else None,
             "finish_reasons": dict(Counter(finishes)),
             "output_tokens": {"min": lengths[0], "median": lengths[len(lengths) // 2], "max": lengths[-1]} if lengths else {},
-            "passes": passes, "kv": kv, "rows_per_hour": round(len(finishes) / actual_s * 3600, 1) if actual_s > 0 else None}
+            "passes": passes, "kv": kv, "rows_per_hour": round(len(finishes) / actual_s * 3600, 1) if actual_s > 0 else None,
+            "drafts": spec}
 
 
 def summary_lines(s: dict) -> list[str]:
@@ -294,6 +298,9 @@ def summary_lines(s: dict) -> list[str]:
     kv = f"KV {s['kv']}, " if s.get("kv", "unquantized") != "unquantized" else ""
     lines.append(f"{s['passes']} passes, {kv}{s.get('rows_per_hour') or 0:.0f} rows/hour; finish reasons: {reasons or 'none'}"
                  + (f"; output tokens min {out['min']}, median {out['median']}, max {out['max']}" if out else ""))
+    if d := s.get("drafts"):
+        lines.append(f"drafts: {d['proposed']} proposed, {d['accepted']} accepted ({d['accepted'] / d['proposed']:.0%}); "
+                     f"{d['tokens_per_decode_row']:.2f} tokens a decode row a pass")
     return lines
 
 

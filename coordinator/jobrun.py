@@ -38,6 +38,7 @@ class JobRun:
         self.pass_seconds = 0.0           # their summed duration as the streamer measured it
         self.first_pass_at = self.last_pass_at = 0.0
         self.peak_memory = 0
+        self.drafts = {"rows": 0, "proposed": 0, "accepted": 0}   # decode rows summed over passes, draft tokens
         self.tails: OrderedDict[int, tuple[int, str]] = OrderedDict()   # row -> (tokens, tail)
         self.estimate = None              # a JobEstimate, when the daemon could make one
         self.finishes, self.lengths = [], []   # finish reason and output tokens of rows done in this run
@@ -128,6 +129,9 @@ class JobRun:
         self.last_pass = msg
         self.generated += msg.emitted
         self.peak_memory = max(self.peak_memory, msg.peak_memory)
+        for key, n in (("rows", msg.decode_rows), ("proposed", sum(n for _, n in msg.drafted)),
+                       ("accepted", sum(n for _, n in msg.accepted))):
+            self.drafts[key] += n
         history.append(self.job.dir, msg, done=self.total - len(self.pending), eta_s=self.eta())
 
     def on_progress(self, msg: m.Progress) -> None:
@@ -207,7 +211,7 @@ class JobRun:
     def summary(self) -> dict:
         from .estimate import summary
         return summary(self.estimate.first.total_seconds if self.estimate else None, self.actual_seconds(),
-                       self.finishes, self.lengths, self.passes, self.kv_format)
+                       self.finishes, self.lengths, self.passes, self.kv_format, self.drafts)
 
 
 def row_request(r: Request, defaults: dict, seed: int | None) -> m.RowRequest:

@@ -9,6 +9,7 @@ from spill.errors import SpillError
 from spill.memory import check_same, format_size
 from spill.streamer.plan import load_plan
 from spill.streamer.shares import plan_kv_refusal
+from spill.typed import AUTO_DRAFTS
 
 from .batch_input import Request, read_batch
 from .estimate import refusal
@@ -42,7 +43,7 @@ def prepare(args: dict, group_args: dict, ready_rss: dict, embedded: bool) -> Su
     params = {"max_tokens": 256 if args.get("max_tokens") is None else args["max_tokens"],
               "temperature": args.get("temperature") or 0.0, "stream": bool(args.get("stream")),
               **{k: group_args.get(k) for k in ("memory", "budget_fraction")}, **kv_settings(args, group_args, folder),
-              "speculate": args.get("speculate") or 0}
+              "speculate": speculate_setting(args, group_args)}
     if params["speculate"] > 0 and params["kv_bits"]:
         raise SpillError("--speculate verifies drafts over unquantized KV only for now; leave --kv-bits out, "
                          "or run with --speculate off")
@@ -65,6 +66,12 @@ def resumed(job: Job, args: dict) -> dict:
             "output": args.get("output") or job.meta.get("output"),
             "stream": bool(args.get("stream") or settings.get("stream")),
             **{k: settings[k] if k in settings else args.get(k) for k in ("kv_bits", "kv_group_size", "speculate")}}
+
+
+def speculate_setting(args: dict, group_args: dict) -> int:
+    """The job's --speculate, else the group's (`spill up`), else auto."""
+    given = next((d["speculate"] for d in (args, group_args) if d.get("speculate") is not None), None)
+    return AUTO_DRAFTS if given is None else given
 
 
 def kv_settings(args: dict, group_args: dict, folder: Path) -> dict:

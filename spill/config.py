@@ -80,6 +80,8 @@ KNOBS = {k.name: k for k in (
          "does when it cannot allocate, in the group's first streamer (:every: in each one replacing it too)", TEST),
     Knob("SPILL_TEST_ESTIMATE_DELAY", "0", float, "seconds a job's estimate waits before it starts", TEST),
     Knob("SPILL_TEST_PASS_DELAY", "0", float, "seconds the streamer sleeps after each pass, to widen a race", TEST),
+    Knob("SPILL_TEST_READ_RATE", "0", float, "bytes/s the weight reader reads at most: a slow disk under a fast "
+         "compute, as on the machines spill is for (0: as fast as it reads)", TEST),
     Knob("SPILL_TEST_FUZZ_EXAMPLES", "60", int, "examples each fuzz test generates", TEST),
     Knob("SPILL_TEST_BENCH_MODELS", "/tmp/spill-bench", str, "the benchmarks' model folder", TEST),
     Knob("_SPILL_REEXEC", "0", bool, "set by `spill` (or a benchmark) when it restarts itself with OpenBLAS "
@@ -156,6 +158,10 @@ def prefill_tokens() -> int:
 
 def test_pass_delay() -> float:
     return get("SPILL_TEST_PASS_DELAY")
+
+
+def test_read_rate() -> float:
+    return get("SPILL_TEST_READ_RATE")
 
 
 def test_estimate_delay() -> float:

@@ -74,6 +74,7 @@ class WeightReader:
         self._dead: RuntimeError | None = None    # an IO-side thread stopped: take() and start_pass raise it
         self._closed, self._threads = False, []   # the read and convert threads, once started
         self._stats = {"bytes_read": 0, "read_s": 0.0, "wait_s": 0.0, "convert_s": 0.0, "layers": 0}
+        self._rate = config.test_read_rate()      # SPILL_TEST_READ_RATE: bytes/s of a slow disk (0: no limit)
 
     def _place(self, into: str, engine, read_ahead: bool) -> None:
         """The read slots' buffers and where each layer's tensors sit; "pinned" is "buffers" where CUDA will not pin."""
@@ -285,8 +286,10 @@ class WeightReader:
         got = list(map(read, jobs) if self._read_pool is None or len(jobs) == 1 else self._read_pool.map(read, jobs))
         if any(g is None for g in got):
             return False
+        nbytes = sum(t.nbytes for sp in spans for t in sp.tensors)
+        time.sleep(max(nbytes / self._rate - (time.perf_counter() - t0), 0.0) if self._rate else 0.0)
         with self._cv:
-            self._stats["bytes_read"] += sum(t.nbytes for sp in spans for t in sp.tensors)
+            self._stats["bytes_read"] += nbytes
             self._stats["read_s"] += time.perf_counter() - t0
         return True
 

@@ -13,9 +13,9 @@ from .group_util import read_output, seed_home, spill, texts
 runner = CliRunner()
 
 
-def _input(path):
+def _input(path, n=4):
     rows = [{"custom_id": f"r{i}", "prompt": " ".join(["the cat sat on the mat"] * (3 + i)), "max_tokens": 24}
-            for i in range(4)]
+            for i in range(n)]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
 
@@ -58,3 +58,26 @@ def test_speculate_is_refused_out_of_range_with_quantized_kv_and_against_a_resum
         assert str(err).startswith("--speculate verifies drafts over unquantized KV only for now; leave --kv-bits out")
     else:
         raise AssertionError("--speculate with quantized KV was taken")
+
+
+def test_the_default_auto_drafts_where_the_disk_is_slow_and_writes_the_same_text(make_tiny, tmp_path, monkeypatch,
+                                                                                  llama_calibration):
+    from spill.typed import AUTO_DRAFTS
+    monkeypatch.setenv("SPILL_HOME", str(tmp_path / "home"))
+    seed_home(tmp_path / "home", llama_calibration)
+    model, rows = make_tiny("llama", "float32"), _input(tmp_path / "in.jsonl", 2)
+    size = sum(f.stat().st_size for f in model.glob("*.safetensors"))
+    out = {k: tmp_path / f"out-{k}.jsonl" for k in ("off", "auto")}
+    said = {"off": spill("run", model, rows, "-o", out["off"], "--stream", "--speculate", "off", "--new"),
+            # a read of 0.2 s a pass under milliseconds of math, as a big model on a Mac: drafts pay
+            "auto": spill("run", model, rows, "-o", out["auto"], "--stream", "--new",
+                          env={"SPILL_TEST_READ_RATE": str(size / 0.2)})}
+    for k, s in said.items():
+        assert s.returncode == 0, s.stdout + s.stderr
+    assert texts(read_output(out["auto"])) == texts(read_output(out["off"]))
+    jobs = {json.loads((d / "job.json").read_text())["params"]["speculate"]: d
+            for d in (tmp_path / "home" / "jobs").iterdir()}
+    passes = [json.loads(line) for line in (jobs[AUTO_DRAFTS] / "passes.jsonl").read_text().splitlines()]
+    assert sum(n for p in passes for _, n in p.get("accepted", [])) > 0
+    assert any(p.get("columns", 1) > 1 for p in passes) and "drafts: " in said["auto"].stdout
+    assert "drafts: " not in said["off"].stdout
