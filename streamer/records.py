@@ -63,3 +63,4 @@ class PassReport:
     prefill_groups: int = 0                         # prefill groups that ran: each its own attention (families run_layer)
     prefill_context: int = 0                        # prompt tokens this pass x the keys each scores (cached + chunk)
     accepted: dict = field(default_factory=dict)    # row -> drafts it accepted, where it drafted (speculate.py)
+    drafted: dict = field(default_factory=dict)     # row -> drafts it carried this pass, where it drafted
