@@ -18,6 +18,8 @@ KV_GROUP_HELP = "Values sharing one scale and bias in quantized KV: 32, 64 or 12
 SPECULATE_HELP = ("Drafts a decode row carries each pass, from its own text (prompt lookup), verified in the same "
                   "read: auto (the default: as many as the pass's read hides and the row's acceptance pays for), "
                   "off, or K, 1 to 16. Greedy rows give the same text.")
+CHECK_SPECULATE_HELP = ("Free-running rows carry up to K drafts a pass (prompt lookup), verified in the pass; in "
+                        "float32 their greedy text must equal mlx-lm's: off (the default) or K, 1 to 16.")
 FRACTION_HELP = "Share of the working set that live allocation aims at (default 0.78; 0.90 of a CUDA GPU's memory)."
 
 
@@ -86,6 +88,7 @@ def check_cmd(
     tolerance: float = typer.Option(None, help="Largest logit difference accepted (default: derived from the dtype)."),
     kv_bits: int = typer.Option(None, help=KV_BITS_HELP),
     kv_group_size: int = typer.Option(None, help=KV_GROUP_HELP + " Default 64."),
+    speculate: str = typer.Option(None, help=CHECK_SPECULATE_HELP),
 ) -> None:
     """Run prompts streamed and resident (mlx-lm), greedy: teacher-forced logits within a tolerance of
     the dtype, and free-running identity."""
@@ -94,7 +97,7 @@ def check_cmd(
     from spill.streamer.check import run_check
     try:
         report = run_check(model_folder(model), n=rows, max_tokens=max_tokens, prefill_chunk=prefill_chunk, dtype=dtype,
-                           tolerance=tolerance, **kv_args(kv_bits, kv_group_size))
+                           tolerance=tolerance, **kv_args(kv_bits, kv_group_size), speculate=speculate_arg(speculate) or 0)
     except SpillError as err:
         _fail(err)
     if not print_check(report):

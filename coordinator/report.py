@@ -31,12 +31,18 @@ def print_check(report, console: Console | None = None) -> bool:
         where = f"argmax differs at step {k}" if k is not None else "argmax agrees"
         if r.forced_steps != len(r.ref_logits):
             where = f"{r.forced_steps} steps streamed, {len(r.ref_logits)} resident"
+        elif k is None and r.max_logit_diff <= report.tolerance and r.agree == len(r.ref_logits) - r.ties:
+            where = "teacher-forced agrees, free-running with drafts is not identical"
         console.print(f"row {r.id} fails: {where}; max logit difference {r.max_logit_diff:.2e}")
     for r in report.rows:
         k = r.first_difference()
         if k is not None:
             console.print(f"row {r.id} free-running diverges at token {k}: resident {r.expected[k:k + 4]} "
                           f"streamed {r.got[k:k + 4]}")
+    if report.speculate:
+        gate = "gated" if report.gates_identity else f"not gated in {report.dtype}"
+        print(f"drafts: up to {report.speculate} a pass by prompt lookup on the free-running rows, {report.drafted} "
+              f"proposed, {report.accepted} accepted, {report.tokens_per_pass:.2f} tokens a pass; identity {gate}")
     n = len(report.rows)   # first-token: the streamed first token against mlx_lm.generate run on its own
     print(f"identity {report.identical}/{n}, first-token {report.first_tokens}/{n}")
     verdict = "passed" if report.passed else "FAILED"

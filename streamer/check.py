@@ -8,6 +8,10 @@ identity (0 difference is expected in float32) is reported beside it, not gated.
 what the streamer does differently from mlx-lm: varied lengths in one batch, rows joining mid-run,
 and a prompt long enough to be prefilled in several chunks.
 
+With `--speculate K` the free-running rows carry up to K prompt-lookup drafts a pass (`speculate.py`), verified in
+the pass, and in float32 their identity is gated too: greedy drafts must change no token. Teacher-forced rows take
+a token a pass beside them, in the same (1 + K)-column chunk.
+
 With quantized KV (`--kv-bits`) the resident side is mlx-lm's own quantized cache (QuantizedKVCache, its
 quantized attention) at the same bits and group size: the prompt computed unquantized and its KV quantized once
 after it, as a row joining a decode pool, then `generate_step(..., kv_bits, kv_group_size, quantized_kv_start=0)`;
@@ -43,6 +47,10 @@ class CheckRow:
     first_disagreement: int | None = None
     first_expected: int | None = None      # mlx_lm.generate's first token, run on its own
     first_got: int | None = None           # the free-running streamed row's first token (EOS included)
+    drafted: int = 0                       # free-running: drafts it carried, drafts verification accepted
+    accepted: int = 0
+    decided: int = 0                       # free-running: tokens emitted (an EOS included), in `passes` passes
+    passes: int = 0
 
     @property
     def identical(self) -> bool:
@@ -71,6 +79,7 @@ class CheckReport:
     kv_bits: int | None = None     # the decode pools' KV format; the reference quantizes the same way
     kv_group_size: int = 64
     spread: float = 0.0        # quantized KV: mlx-lm's own logits moved by a rounding step of every weight (reference.py)
+    speculate: int = 0         # the most drafts a free-running row carried a pass (0: none)
 
     @property
     def kv_step(self) -> float:
@@ -101,10 +110,29 @@ class CheckReport:
     def first_tokens(self) -> int:
         return sum(r.first_identical for r in self.rows)
 
+    @property
+    def gates_identity(self) -> bool:
+        """Drafts in float32: free-running rows must be identical (drafts verified greedily change no token)."""
+        return bool(self.speculate) and self.dtype == "float32"
+
+    @property
+    def drafted(self) -> int:
+        return sum(r.drafted for r in self.rows)
+
+    @property
+    def accepted(self) -> int:
+        return sum(r.accepted for r in self.rows)
+
+    @property
+    def tokens_per_pass(self) -> float:
+        """The free-running rows' tokens a pass, over the passes each emitted in (1.0 without drafts)."""
+        return sum(r.decided for r in self.rows) / max(sum(r.passes for r in self.rows), 1)
+
     def failures(self) -> list[CheckRow]:
-        """Rows whose teacher-forced logits leave the tolerance, or whose argmax differs outside a near-tie."""
+        """Rows whose teacher-forced logits leave the tolerance, or whose argmax differs outside a near-tie;
+        with drafts in float32, free-running rows that are not identical too."""
         return [r for r in self.rows if r.max_logit_diff > self.tolerance or r.agree < len(r.ref_logits) - r.ties
-                or r.forced_steps != len(r.ref_logits)]
+                or r.forced_steps != len(r.ref_logits) or (self.gates_identity and not r.identical)]
 
     @property
     def passed(self) -> bool:
@@ -135,12 +163,15 @@ def compute_dtype(dtype: str | None):
 
 def run_check(folder: str | Path, n: int = 20, max_tokens: int = 16, prefill_chunk: int = 128,
               dtype: str | None = None, tolerance: float | None = None, kv_bits: int | None = None,
-              kv_group_size: int = 64) -> CheckReport:
-    """Each prompt runs twice in the same streamed batch: free-running (its own greedy tokens) and
-    teacher-forced (fed the resident's tokens, so every step's logits can be compared); the resident side
-    runs in a process of its own (reference.py)."""
+              kv_group_size: int = 64, speculate: int = 0) -> CheckReport:
+    """Each prompt runs twice in the same streamed batch: free-running (its own greedy tokens, with up to
+    `speculate` drafts a pass) and teacher-forced (fed the resident's tokens, so every step's logits can be
+    compared); the resident side runs in a process of its own (reference.py)."""
     if n < 1:
         raise SpillError(f"--rows must be at least 1, got {n}")
+    if speculate and kv_bits:
+        raise SpillError("--speculate verifies drafts over unquantized KV only for now; leave --kv-bits out, "
+                         "or leave --speculate out")
     streamer = Streamer(folder, prefill_chunk=prefill_chunk, keep_logits=True, dtype=compute_dtype(dtype),
                         kv_bits=kv_bits, kv_group_size=kv_group_size)
     kv = None if kv_bits is None else {"kv_bits": kv_bits, "kv_group_size": kv_group_size}
@@ -162,33 +193,41 @@ def run_check(folder: str | Path, n: int = 20, max_tokens: int = 16, prefill_chu
         derived, step = tolerance is None, 2.0 ** -kv_bits if kv_bits else 0.0
         tol = (ULPS * eps + ULPS_F32 * float(mx.finfo(mx.float32).eps) + step) * max(scale, 1.0) if derived else tolerance
         tol = max(tol, 2 * ref["spread"]) if derived else tol
-        _stream(streamer, prompts, schedule, rows, steps, max_tokens, eos, tol)
+        _stream(streamer, prompts, schedule, rows, steps, max_tokens, eos, tol, speculate)
     finally:
         streamer.close()
     device = "gpu" if mx.default_device() == mx.gpu else "cpu"
     return CheckReport([rows[str(i)] for i in range(n)], ref["dtype"], device, eps, scale, tol, derived, kv_bits,
-                       kv_group_size, ref["spread"])
+                       kv_group_size, ref["spread"], speculate)
 
 
 _TEACHER = "/teacher"
 
 
-def _stream(streamer, prompts, schedule, rows, steps, max_tokens, eos, tol) -> None:
-    passes = 0
+def _stream(streamer, prompts, schedule, rows, steps, max_tokens, eos, tol, speculate) -> None:
+    passes, bounds = 0, {}
     while passes <= max(schedule) or not streamer.idle:
         for i in schedule.get(passes, []):
             rid = str(i)
             streamer.add(Row(rid, prompts[i], max_tokens, eos_ids=eos))
             # no EOS: the row runs exactly as many steps as the resident did, fed its tokens
             streamer.add(Row(rid + _TEACHER, prompts[i], len(steps[rid]), teacher=tuple(steps[rid])))
-        for e in streamer.step().emitted:
+            bounds[rid] = speculate   # free-running rows only: teacher-forced ones take a token a pass
+        report = streamer.step(bounds if speculate else None)
+        for rid, k in report.drafted.items():
+            rows[rid].drafted += k
+            rows[rid].accepted += report.accepted[rid]
+        for e in report.emitted:
             if e.row_id.endswith(_TEACHER):
                 _compare(rows[e.row_id.removesuffix(_TEACHER)], steps[e.row_id.removesuffix(_TEACHER)], e, tol)
             else:
                 row = rows[e.row_id]
                 row.first_got = e.token if row.first_got is None else row.first_got
+                row.decided += 1
                 if e.finish != "stop":
                     row.got.append(e.token)
+        for rid in {e.row_id for e in report.emitted if not e.row_id.endswith(_TEACHER)}:
+            rows[rid].passes += 1
         passes += 1
 
 

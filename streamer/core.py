@@ -144,9 +144,9 @@ class Streamer:
         if pools:
             self.reserve(pools)
 
-    def step(self) -> "PassReport":
+    def step(self, drafts: dict | None = None) -> "PassReport":
         """The next pass of the rows added: new rows in groups of like length (`bucket`), each prefilling
-        row an equal share of `prefill_budget` (`chunk_for`), as the scheduler plans them."""
+        row an equal share of `prefill_budget` (`chunk_for`), as the scheduler plans them; `drafts`: row -> its bound."""
         start = []
         for rows in bucket(self.waiting, length=lambda r: len(r.prompt)):
             self.opened += 1
@@ -156,7 +156,7 @@ class Streamer:
         prefilling.update({g: sum(1 for _, h in start if h == g) for _, g in start})
         chunk = self.prefill_chunk if self.prefill_budget is None else chunk_for(
             self.prefill_budget, sum(prefilling.values()), self.prefill_chunk)
-        return self.run(PassPlan(start, dict.fromkeys(prefilling, chunk), drop))
+        return self.run(PassPlan(start, dict.fromkeys(prefilling, chunk), drop, drafts=drafts or {}))
 
     def reserve(self, pools) -> None:
         """The decode pools' shapes, reserved by admission: [slots, width] each, `slots` rows of up to
@@ -262,8 +262,9 @@ class Streamer:
         # 4. head and sampling for rows at the end of their input
         c0 = time.perf_counter()
         emitting = [(g, h) for g, h in zip(groups, hs) if g.advance()]
-        drafted = {r.row.id: len(drafts[id(r)]) for p in pools for r in p.live if id(r) in drafts}
-        verified, accepted = speculate.decide(self.adapter, *emitting.pop(0), drafts) if drafts else ([], {})
+        drafted = {r.row.id: len(drafts[id(r)]) for p in pools for r in p.live if id(r) in drafts}   # as cut to fit
+        verified, accepted = (speculate.decide(self.adapter, *emitting.pop(0), drafts, self.keep_logits) if drafts
+                              else ([], {}))
         emitted = verified + self._sample(emitting)
         compute_s += time.perf_counter() - c0
         # 5. prefill groups that finished their prompts join their decode pools

@@ -69,9 +69,11 @@ def chunk(decode: Decode, drafts: dict[int, list[int]]) -> mx.array:
     return mx.array(fed)
 
 
-def decide(adapter, decode: Decode, h: mx.array, drafts: dict[int, list[int]]) -> tuple[list[Emitted], dict]:
+def decide(adapter, decode: Decode, h: mx.array, drafts: dict[int, list[int]],
+           keep_logits: bool = False) -> tuple[list[Emitted], dict]:
     """h [rows, T, D] of the chunk -> (the rows' tokens, row -> drafts accepted where it drafted): verified where a
-    row drafted, else sampled as without drafts. Moves each drafting row's length on by what it accepted."""
+    row drafted, else sampled as without drafts (with their logits where kept). Moves each drafting row's length on
+    by what it accepted."""
     idx, rows = decode.sampled()
     counts = [1 + len(drafts.get(id(r), ())) for r in rows]
     logits = adapter.head(mx.concatenate([h[j, :n, :] for j, n in zip(idx, counts)])).astype(mx.float32)
@@ -81,12 +83,14 @@ def decide(adapter, decode: Decode, h: mx.array, drafts: dict[int, list[int]]) -
     out: dict[int, list[Emitted]] = {}
     accepted = {}
     if plain:
-        tokens = sample(logits[mx.array(at[plain])], [rows[i].sampler for i in plain])
-        for i, tok in zip(plain, tokens):
+        own = logits[mx.array(at[plain])]
+        tokens = sample(own, [rows[i].sampler for i in plain])
+        kept = np.array(own) if keep_logits else [None] * len(plain)
+        for i, tok, x in zip(plain, tokens, kept):
             r, position = rows[i], len(rows[i].tokens)
             if r.finish is None:
                 r.finish = r.accept(tok)
-                out[i] = [Emitted(r.row.id, tok, r.finish, position=position)]
+                out[i] = [Emitted(r.row.id, tok, r.finish, x, position)]
     if spec:
         sel = np.concatenate([np.arange(at[i], at[i] + counts[i]) for i in spec])
         cases = [Draft(drafts[id(rows[i])], rows[i].sampler.params, 0, len(rows[i].tokens),

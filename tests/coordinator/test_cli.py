@@ -119,3 +119,9 @@ def test_unsupported_model_type(make_tiny, tmp_path):
 def test_unknown_family_for_make_model(tmp_path):
     assert _one_line_error(["make-model", str(tmp_path / "x"), "--family", "gpt9"]) == (
         "spill: unknown model family 'gpt9'; choose one of: llama, qwen2, mistral, qwen3, phi3, gemma2, gemma3_text")
+
+
+def test_check_with_speculate_and_quantized_kv_is_one_line(make_tiny):
+    line = _one_line_error(["check", str(make_tiny("llama")), "--speculate", "4", "--kv-bits", "8"])
+    assert line == ("spill: --speculate verifies drafts over unquantized KV only for now; leave --kv-bits out, "
+                    "or leave --speculate out")

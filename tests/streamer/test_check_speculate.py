@@ -1,0 +1,49 @@
+"""`spill check --speculate`: free-running rows carrying prompt-lookup drafts give mlx-lm's greedy tokens on every
+family the factory makes, with drafts accepted, and in float32 a row that is not identical fails the check."""
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from rich.console import Console
+
+from spill.coordinator.report import print_check
+from spill.errors import SpillError
+from spill.factory.families import FAMILIES
+from spill.streamer.check import CheckReport, CheckRow, run_check
+
+cpu_default = pytest.mark.skipif(mx.default_device() == mx.gpu, reason="written for the CPU's float32 default")
+
+
+@cpu_default
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_rows_with_drafts_are_identical_to_the_resident_on_every_family(make_tiny, family, capsys):
+    report = run_check(make_tiny(family), n=4, max_tokens=16, prefill_chunk=16, speculate=4)
+    assert report.gates_identity and report.passed, [(r.id, r.first_difference()) for r in report.failures()]
+    assert report.identical == 4 and all(len(r.got) == 16 for r in report.rows)
+    assert report.drafted > report.accepted > 0 and report.tokens_per_pass > 1
+    assert all(r.forced_steps == len(r.ref_logits) for r in report.rows)   # teacher-forced: a token a pass
+    print_check(report, Console(width=200))
+    assert (f"drafts: up to 4 a pass by prompt lookup on the free-running rows, {report.drafted} proposed, "
+            f"{report.accepted} accepted, {report.tokens_per_pass:.2f} tokens a pass; identity gated"
+            in capsys.readouterr().out.splitlines())
+
+
+def _report(dtype: str, speculate: int) -> CheckReport:
+    """One row whose teacher-forced logits agree and whose free-running tokens differ from the resident's."""
+    row = CheckRow("0", 5, 0, [1, 2, 3], [np.zeros(4)] * 3, got=[1, 2, 4], forced_steps=3, agree=3)
+    return CheckReport([row], dtype, "cpu", 1e-7, 1.0, 1e-5, True, speculate=speculate)
+
+
+def test_a_row_drafts_changed_fails_in_float32_and_is_reported_elsewhere(capsys):
+    assert _report("float32", 0).passed and _report("bfloat16", 4).passed   # no drafts, or a flat bf16 argmax
+    assert not print_check(_report("float32", 4), Console(width=200))
+    out = capsys.readouterr().out.splitlines()
+    assert "row 0 fails: teacher-forced agrees, free-running with drafts is not identical; max logit difference " \
+           "0.00e+00" in out
+    assert "row 0 free-running diverges at token 2: resident [3] streamed [4]" in out and out[-1].startswith("FAILED")
+
+
+def test_speculate_with_quantized_kv_is_one_sentence(make_tiny):
+    with pytest.raises(SpillError, match=r"^--speculate verifies drafts over unquantized KV only for now; leave "
+                                         r"--kv-bits out, or leave --speculate out$"):
+        run_check(make_tiny("llama"), n=2, kv_bits=8, speculate=4)
