@@ -1,0 +1,99 @@
+"""Drafts verified in the pass on a real model: the same rows through `spill run` with each `--speculate`
+setting, tier by tier; passes, tokens a decode row a pass, drafts proposed and accepted, and whether every row's
+text is the same as without drafts.
+
+    python benchmarks/speculate.py MODEL [--tiers edit,document] [--settings off,4] [--rows 16] [--stream]
+        [--read-rate BYTES_S] [--out /tmp/spill-spec-bench]
+
+Each tier is a prompt set of benchmarks/data (open questions, summaries, edits, documents; NOTICE.md gives their
+sources). `--read-rate` caps the weight reader's bytes/s (SPILL_TEST_READ_RATE): a slow disk under a fast compute,
+the ratio of the machines spill is for, where `auto` has a read to hide drafts under. Every run has its own
+SPILL_HOME under --out (the first run's calibration is copied to the others, so none probes twice).
+"""
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+DATA = Path(__file__).resolve().parent / "data"
+
+
+def parse() -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("model", help="a model folder (e.g. `spill import-gguf`'s SmolLM2)")
+    p.add_argument("--tiers", default="edit,document", help="prompt sets of benchmarks/data, comma-separated")
+    p.add_argument("--settings", default="off,4", help="--speculate values, the first the baseline")
+    p.add_argument("--rows", type=int, default=16, help="rows of each tier (its first)")
+    p.add_argument("--max-tokens", type=int, help="every row's max_tokens (default: each row's own)")
+    p.add_argument("--stream", action="store_true", help="stream the weights every pass (--stream)")
+    p.add_argument("--read-rate", type=float, default=0.0, help="bytes/s the reader reads at most (0: no cap)")
+    p.add_argument("--out", type=Path, default=Path("/tmp/spill-spec-bench"))
+    return p.parse_args()
+
+
+def texts(path: Path) -> dict[str, str]:
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return {r["custom_id"]: r["response"]["body"]["choices"][0]["message"]["content"] for r in rows}
+
+
+def passes(home: Path) -> list[dict]:
+    (job,) = list((home / "jobs").iterdir())
+    lines = [json.loads(line) for line in (job / "passes.jsonl").read_text().splitlines()]
+    return [p for p in lines if "seconds" in p]
+
+
+def run(a, tier: str, setting: str, rows: Path, seed_from: Path | None) -> dict:
+    home = a.out / f"{tier}-{setting}"
+    shutil.rmtree(home, ignore_errors=True)
+    if seed_from is not None:
+        shutil.copytree(seed_from / "calibration", home / "calibration")
+    out = a.out / f"{tier}-{setting}.out.jsonl"
+    env = {**os.environ, "SPILL_HOME": str(home), **({"SPILL_TEST_READ_RATE": str(a.read_rate)} if a.read_rate else {})}
+    cmd = [sys.executable, "-m", "spill.coordinator.cli", "run", a.model, str(rows), "-o", str(out), "--new",
+           "--quiet", "--speculate", setting, *(["--stream"] if a.stream else []),
+           *(["--max-tokens", str(a.max_tokens)] if a.max_tokens else [])]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise SystemExit(f"{tier} --speculate {setting} failed:\n{proc.stdout}\n{proc.stderr}")
+    ps = passes(home)
+    decode = sum(p["decode_rows"] for p in ps)
+    accepted = sum(n for p in ps for _, n in p.get("accepted", []))
+    return {"tier": tier, "speculate": setting, "rows": len(texts(out)), "passes": len(ps),
+            "decode_row_passes": decode, "proposed": sum(n for p in ps for _, n in p.get("drafted", [])),
+            "accepted": accepted, "tokens_per_decode_row": round((decode + accepted) / max(decode, 1), 3),
+            "pass_s": round(sum(p["seconds"] for p in ps), 2), "wall_s": round(wall, 1), "home": str(home),
+            "output": str(out), "summary": proc.stdout.strip().splitlines()[-3:]}
+
+
+def main() -> None:
+    a = parse()
+    a.out.mkdir(parents=True, exist_ok=True)
+    results, seed = [], None
+    for tier in a.tiers.split(","):
+        rows = a.out / f"{tier}.jsonl"
+        rows.write_text("".join((DATA / f"{tier}.jsonl").read_text().splitlines(keepends=True)[:a.rows]))
+        base = None
+        for setting in a.settings.split(","):
+            r = run(a, tier, setting, rows, seed)
+            seed = seed or Path(r["home"])
+            if base is None:
+                base = r
+            else:
+                same = texts(Path(r["output"])) == texts(Path(base["output"]))
+                r.update(identical=same, fewer_passes=round(base["passes"] / r["passes"], 3),
+                         pass_time_ratio=round(base["pass_s"] / max(r["pass_s"], 1e-9), 3))
+            results.append(r)
+            print(json.dumps({k: v for k, v in r.items() if k not in ("home", "output")}), flush=True)
+    (a.out / "result.json").write_text(json.dumps({"model": a.model, "args": vars(a) | {"out": str(a.out)},
+                                                    "results": results}, indent=1, default=str))
+
+
+if __name__ == "__main__":
+    main()
