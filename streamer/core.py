@@ -299,7 +299,7 @@ class Streamer:
         kept = np.array(logits) if self.keep_logits else None
         out: dict[int, list[Emitted]] = {}   # row -> its tokens, in the rows' order
         seeded = [j for j, r in enumerate(rows) if r.sampler.verified]   # a speculating job's sampled rows
-        taken = speculate.verified(_some(logits, seeded), [rows[j] for j in seeded], {}) if seeded else []
+        taken = speculate.take_verified(_some(logits, seeded), [rows[j] for j in seeded], {}) if seeded else []
         out.update((j, t[0]) for j, t in zip(seeded, taken) if t is not None)
         drawn = [j for j, r in enumerate(rows) if not r.sampler.verified]
         for j, tok in zip(drawn, sample(_some(logits, drawn), [rows[j].sampler for j in drawn]) if drawn else []):

@@ -97,7 +97,7 @@ def decide(adapter, decode: Decode, h: mx.array, drafts: dict[int, list[int]]) -
                 out[i] = [Emitted(r.row.id, tok, r.finish, position=position)]
     if spec:
         sel = np.concatenate([np.arange(at[i], at[i] + counts[i]) for i in spec])
-        for i, taken in zip(spec, verified(logits[mx.array(sel)], [rows[i] for i in spec], drafts)):
+        for i, taken in zip(spec, take_verified(logits[mx.array(sel)], [rows[i] for i in spec], drafts)):
             if taken is not None:
                 out[i], n = taken
                 if id(rows[i]) in drafts:
@@ -106,7 +106,7 @@ def decide(adapter, decode: Decode, h: mx.array, drafts: dict[int, list[int]]) -
     return [e for i in sorted(out) for e in out[i]], accepted
 
 
-def verified(logits: mx.array, rows: list[RowState], drafts: dict[int, list[int]]) -> list[tuple | None]:
+def take_verified(logits: mx.array, rows: list[RowState], drafts: dict[int, list[int]]) -> list[tuple | None]:
     """logits [N, V]: each row's 1 + its drafts positions in turn -> per row (its tokens as `verify` decided them,
     the drafts it accepted), taken into the row; None for a row ended from outside while its last step ran."""
     cases = [Draft(drafts.get(id(r), ()), r.sampler.params, r.sampler.seed, len(r.tokens),
