@@ -41,6 +41,11 @@ def _free_cache() -> None:
     release_heap()
 
 
+def _some(x: mx.array, rows: list[int]) -> mx.array:
+    """x's rows at `rows`: x itself where they are all of them."""
+    return x if len(rows) == x.shape[0] else x[mx.array(rows)]
+
+
 def _in_flight(resident: bool) -> int:
     """The reader's layers in flight: two where layers are kept (never released), else the platform's."""
     return 2 if resident else layers_in_flight()
@@ -49,7 +54,8 @@ def _in_flight(resident: bool) -> int:
 class Streamer:
     def __init__(self, folder, *, dtype: mx.Dtype | None = "auto", prefill_chunk: int = 512,
                  read_ahead: bool = True, drop_cache: bool = True, keep_logits: bool = False,
-                 seed: int = 0, resident: bool = False, kv_bits: int | None = None, kv_group_size: int = 64):
+                 seed: int = 0, resident: bool = False, kv_bits: int | None = None, kv_group_size: int = 64,
+                 speculate: int = 0):
         if prefill_chunk < 1:
             raise SpillError(f"prefill_chunk must be at least 1, got {prefill_chunk}")
         self.plan = load_plan(folder)
@@ -61,6 +67,7 @@ class Streamer:
         self.prefill_budget: int | None = None   # prompt tokens a pass of `step` may prefill in all; None: a chunk a row
         self.keep_logits = keep_logits
         self.seed = seed
+        self.speculate = speculate   # the job's --speculate K; above 0 its sampled rows draw as `verify` does
         self._cpu, self._threads = mx.default_device() == mx.cpu, 0   # OpenBLAS's threads, set each pass
         self._reader_args = dict(dtype=self.dtype, read_ahead=read_ahead, drop_cache=drop_cache)
         self.reader = WeightReader(self.plan, **self._reader_args, in_flight=_in_flight(resident))
@@ -108,7 +115,8 @@ class Streamer:
 
     def _start(self, row: Row) -> RowState:
         self._check(row)
-        state = RowState(row, RowSampler(row.sampling, self.seed + len(self.rows) + self.passes))
+        verified = self.speculate > 0 and row.teacher is None   # sampled rows: seeded draws, drafts or not
+        state = RowState(row, RowSampler(row.sampling, self.seed + len(self.rows) + self.passes, verified))
         self.rows[row.id] = state
         return state
 
@@ -292,16 +300,23 @@ class Streamer:
         rows = [r for (_, rs), _ in picks for r in rs]
         logits = self.adapter.head(mx.concatenate([h[mx.array(idx), -1, :] for (idx, _), h in picks if idx]))
         logits = logits.astype(mx.float32)
-        tokens = sample(logits, [r.sampler for r in rows])
         kept = np.array(logits) if self.keep_logits else None
-        out = []
-        for j, (r, tok) in enumerate(zip(rows, tokens)):
+        out: dict[int, list[Emitted]] = {}   # row -> its tokens, in the rows' order
+        seeded = [j for j, r in enumerate(rows) if r.sampler.verified]   # a speculating job's sampled rows
+        taken = speculate.take_verified(_some(logits, seeded), [rows[j] for j in seeded], {}) if seeded else []
+        out.update((j, t[0]) for j, t in zip(seeded, taken) if t is not None)
+        drawn = [j for j, r in enumerate(rows) if not r.sampler.verified]
+        for j, tok in zip(drawn, sample(_some(logits, drawn), [rows[j].sampler for j in drawn]) if drawn else []):
+            r = rows[j]
             if r.finish is not None:
                 continue  # ended from outside while its last step ran
             position = len(r.tokens)
             r.finish = r.accept(tok)
-            out.append(Emitted(r.row.id, tok, r.finish, kept[j] if kept is not None else None, position))
-        return out
+            out[j] = [Emitted(r.row.id, tok, r.finish, None, position)]
+        if kept is not None:
+            for j, emitted in out.items():
+                emitted[0].logits = kept[j]
+        return [e for j in sorted(out) for e in out[j]]
 
     def _join(self, g: Group) -> None:
         """A finished prefill group's rows take slots in their pools, made at the reserved shape

@@ -34,13 +34,15 @@ class StreamerActor:
                 self.engine.close()
             self.engine, self.model = None, ""
             self.engine = Streamer(msg.model, prefill_chunk=self.prefill_chunk, resident=msg.resident,
-                                   kv_bits=msg.kv_bits or None, kv_group_size=msg.kv_group_size)
+                                   kv_bits=msg.kv_bits or None, kv_group_size=msg.kv_group_size,
+                                   speculate=msg.speculate)
             self.model = msg.model
         elif self.engine is not None:
             self.engine.clear()
             if msg.model:
                 self.engine.set_resident(msg.resident)   # the job's advice: keep the layers, or stream
                 self.engine.set_kv(msg.kv_bits or None, msg.kv_group_size)
+                self.engine.speculate = msg.speculate   # the job's rows sample as its --speculate says
 
     def run(self, msg: m.Plan) -> tuple[m.Tokens, m.Pass, list]:
         """The plan's pass: (tokens for the tokenizer, the report, rows refused as (row, why))."""

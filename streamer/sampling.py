@@ -7,12 +7,14 @@ from spill.messages import RowSampling as SamplingParams   # one row's, as the p
 
 
 class RowSampler:
-    """Draws one row's tokens; a seeded row gives the same tokens whatever batch it runs in."""
+    """Draws one row's tokens; a seeded row gives the same tokens whatever batch it runs in. A sampled row of a
+    speculating job (`verified`) takes `verify`'s seeded draws instead, from its `seed` (speculate.py)."""
 
-    def __init__(self, params: SamplingParams, fallback_seed: int):
+    def __init__(self, params: SamplingParams, fallback_seed: int, verified: bool = False):
         self.params = params
-        seed = params.seed if params.seed is not None else fallback_seed
-        self._key = mx.random.key(seed)
+        self.seed = params.seed if params.seed is not None else fallback_seed   # an unseeded row: the streamer's
+        self.verified = verified and not params.greedy
+        self._key = mx.random.key(self.seed)
 
     def __call__(self, logits: mx.array) -> mx.array:
         """logits [V] (float32) -> token id (scalar array)."""

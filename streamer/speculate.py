@@ -1,17 +1,25 @@
 """Drafts verified inside the pass (`verify.py` has the rule): the decode group runs a T-token chunk per row.
 
-A greedy decode row the plan gives a bound k > 0 proposes up to k drafts by prompt lookup from its own
-history (`lookup.History`, kept on the row's state); every row of the decode pools then feeds T columns,
-its last token and its drafts, padded (T = 1 + the most drafts, capped so every slot has T free columns):
+A decode row the plan gives a bound k > 0 proposes up to k drafts by prompt lookup from its own history
+(`lookup.History`, kept on the row's state): greedy rows, and sampled rows of a speculating job (below). Every
+row of the decode pools then feeds T columns, its last token and its drafts, padded (T = 1 + the most drafts,
+capped so every slot has T free columns):
 
     slot  len  fed (T = 3)    KV written at   position t sees    head on
     0     5    a  x  y        5 6 7           columns 0..5+t     3 positions: a, x, y
     1     3    c  .  .        3 4 5           columns 0..3+t     1 position: c (no drafts)
 
 Positions past a row's own drafts write KV past its length, overwritten by its next chunk. After the pass a
-row that drafted appends what `verify` decided and its slot's length moves to L + accepted + 1; a row
-without drafts takes the one-token path (`sample`), so sampled and teacher-fed rows are unchanged.
-Quantized pools draft nothing (the chunk is the unquantized `Pool`'s only).
+row that drafted appends what `verify` decided and its slot's length moves to L + accepted + 1; a greedy or
+teacher-fed row without drafts takes the one-token path (`sample`). Quantized pools draft nothing (the chunk
+is the unquantized `Pool`'s only).
+
+A sampled row of a speculating job (the streamer's `speculate` above 0; its `RowSampler` is `verified`) takes
+every token, its first included, from `verify`'s draws, with drafts or without (k = 0): token i is the target's
+draw by the uniform of (the row's seed, i), kept as a draft's acceptance where it equals the draft. Its text
+depends only on its prompt, sampling parameters and seed (its own, else the streamer's fallback seed for it),
+never on what lookup drafted, on its bound k or on which rows share the pass; a re-run gives the same text. It
+is not the text the row gives with speculation off (`RowSampler`'s own draws), though from the same distribution.
 """
 
 import mlx.core as mx
@@ -32,7 +40,7 @@ def proposals(decode: Decode, bounds: dict) -> dict[int, list[int]]:
             return {}
         for r in p.live:
             k = min(bounds.get(r.row.id, 0), r.row.max_tokens - len(r.tokens) - 1)
-            if k > 0 and r.finish is None and r.sampler.params.greedy and r.row.teacher is None:
+            if k > 0 and r.finish is None and (r.sampler.params.greedy or r.sampler.verified) and r.row.teacher is None:
                 drafts = _history(r).propose(k)
                 if drafts:
                     out[id(r)] = drafts
@@ -71,15 +79,15 @@ def chunk(decode: Decode, drafts: dict[int, list[int]]) -> mx.array:
 
 def decide(adapter, decode: Decode, h: mx.array, drafts: dict[int, list[int]],
            keep_logits: bool = False) -> tuple[list[Emitted], dict]:
-    """h [rows, T, D] of the chunk -> (the rows' tokens, row -> drafts accepted where it drafted): verified where a
-    row drafted, else sampled as without drafts (with their logits where kept). Moves each drafting row's length on
-    by what it accepted."""
+    """h [rows, T, D] of the chunk -> (the rows' tokens, row -> drafts accepted where it drafted): `verify`'s where a
+    row drafted or draws seeded, else sampled as without drafts (with their logits where kept). Moves each drafting
+    row's length on by what it accepted."""
     idx, rows = decode.sampled()
     counts = [1 + len(drafts.get(id(r), ())) for r in rows]
     logits = adapter.head(mx.concatenate([h[j, :n, :] for j, n in zip(idx, counts)])).astype(mx.float32)
     at = np.cumsum(counts) - counts
-    plain = [i for i, r in enumerate(rows) if id(r) not in drafts]
-    spec = [i for i, r in enumerate(rows) if id(r) in drafts]
+    spec = [i for i, r in enumerate(rows) if id(r) in drafts or r.sampler.verified]
+    plain = [i for i, r in enumerate(rows) if not (id(r) in drafts or r.sampler.verified)]
     out: dict[int, list[Emitted]] = {}
     accepted = {}
     if plain:
@@ -93,23 +101,35 @@ def decide(adapter, decode: Decode, h: mx.array, drafts: dict[int, list[int]],
                 out[i] = [Emitted(r.row.id, tok, r.finish, x, position)]
     if spec:
         sel = np.concatenate([np.arange(at[i], at[i] + counts[i]) for i in spec])
-        cases = [Draft(drafts[id(rows[i])], rows[i].sampler.params, 0, len(rows[i].tokens),
-                       rows[i].row.max_tokens - len(rows[i].tokens), rows[i].row.eos_ids) for i in spec]
-        for i, v in zip(spec, verify(logits[mx.array(sel)], cases)):
-            r = rows[i]
-            if r.finish is not None:
-                continue   # ended from outside while its last step ran
-            before = len(r.tokens)
-            r.tokens += v.tokens
-            r.finish = v.finish
-            _advance(decode, r, v.accepted)
-            accepted[r.row.id] = v.accepted
-            out[i] = [Emitted(r.row.id, t, position=before + n) for n, t in enumerate(v.tokens)]
-            if v.finish == "stop":
-                out[i].append(Emitted(r.row.id, min(r.row.eos_ids), "stop", position=len(r.tokens)))
-            elif v.finish:
-                out[i][-1].finish = v.finish
+        for i, taken in zip(spec, take_verified(logits[mx.array(sel)], [rows[i] for i in spec], drafts)):
+            if taken is not None:
+                out[i], n = taken
+                if id(rows[i]) in drafts:
+                    _advance(decode, rows[i], n)
+                    accepted[rows[i].row.id] = n
     return [e for i in sorted(out) for e in out[i]], accepted
+
+
+def take_verified(logits: mx.array, rows: list[RowState], drafts: dict[int, list[int]]) -> list[tuple | None]:
+    """logits [N, V]: each row's 1 + its drafts positions in turn -> per row (its tokens as `verify` decided them,
+    the drafts it accepted), taken into the row; None for a row ended from outside while its last step ran."""
+    cases = [Draft(drafts.get(id(r), ()), r.sampler.params, r.sampler.seed, len(r.tokens),
+                   r.row.max_tokens - len(r.tokens), r.row.eos_ids) for r in rows]
+    out = []
+    for r, v in zip(rows, verify(logits, cases)):
+        if r.finish is not None:
+            out.append(None)
+            continue
+        before = len(r.tokens)
+        r.tokens += v.tokens
+        r.finish = v.finish
+        emitted = [Emitted(r.row.id, t, position=before + n) for n, t in enumerate(v.tokens)]
+        if v.finish == "stop":
+            emitted.append(Emitted(r.row.id, min(r.row.eos_ids), "stop", position=len(r.tokens)))
+        elif v.finish:
+            emitted[-1].finish = v.finish
+        out.append((emitted, v.accepted))
+    return out
 
 
 def _advance(decode: Decode, r: RowState, accepted: int) -> None:

@@ -1,5 +1,6 @@
-"""--speculate at the front door: a job with drafts writes every row's text as without them, accepts drafts on
-repetitive rows, keeps its K for --resume, and refuses quantized KV and a K out of range in one sentence."""
+"""--speculate at the front door: a job with drafts writes every greedy row's text as without them, accepts drafts
+on repetitive rows (sampled ones too, whose seeded text a re-run gives again), keeps its K for --resume, and
+refuses quantized KV and a K out of range in one sentence."""
 
 import json
 
@@ -13,30 +14,36 @@ from .group_util import read_output, seed_home, spill, texts
 runner = CliRunner()
 
 
-def _input(path, n=4):
-    rows = [{"custom_id": f"r{i}", "prompt": " ".join(["the cat sat on the mat"] * (3 + i)), "max_tokens": 24}
-            for i in range(n)]
+SAMPLED = {"r4": {"temperature": 0.05, "seed": 5}, "r5": {"temperature": 1.0, "top_k": 2, "seed": 6}}
+
+
+def _input(path, n: int = 4):
+    """n rows: r0..r3 greedy, r4 and r5 sampled (SAMPLED), each prompt a line repeated 3 to 6 times."""
+    rows = [{"custom_id": f"r{i}", "prompt": " ".join(["the cat sat on the mat"] * (3 + i % 4)), "max_tokens": 24,
+             **SAMPLED.get(f"r{i}", {})} for i in range(n)]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
 
 
-@pytest.mark.slow   # two embedded groups, ~40 s on two cores
+@pytest.mark.slow   # three embedded groups, ~60 s on two cores
 def test_spill_run_with_speculate_writes_the_same_text_with_drafts_accepted(make_tiny, tmp_path, monkeypatch,
                                                                              llama_calibration):
     monkeypatch.setenv("SPILL_HOME", str(tmp_path / "home"))
     seed_home(tmp_path / "home", llama_calibration)
-    model, rows = make_tiny("llama", "float32"), _input(tmp_path / "in.jsonl")
+    model, rows = make_tiny("llama", "float32"), _input(tmp_path / "in.jsonl", 6)
     out = {}
-    for k in ("off", "4"):
+    for k in ("off", "4", "4 again"):
         out[k] = tmp_path / f"out-{k}.jsonl"
-        said = spill("run", model, rows, "-o", out[k], "--speculate", k, "--new")
+        said = spill("run", model, rows, "-o", out[k], "--speculate", k.split()[0], "--new")
         assert said.returncode == 0, said.stdout + said.stderr
-    assert texts(read_output(out["4"])) == texts(read_output(out["off"]))
-    jobs = {json.loads((d / "job.json").read_text())["params"]["speculate"]: d
-            for d in (tmp_path / "home" / "jobs").iterdir()}
-    accepted = lambda d: sum(n for line in (d / "passes.jsonl").read_text().splitlines()   # noqa: E731
-                             for _, n in json.loads(line).get("accepted", []))
-    assert accepted(jobs[0]) == 0 and accepted(jobs[4]) > 0
+    plain, spec, again = (texts(read_output(out[k])) for k in ("off", "4", "4 again"))
+    assert {c: t for c, t in spec.items() if c not in SAMPLED} == {c: t for c, t in plain.items() if c not in SAMPLED}
+    assert again == spec   # sampled rows: their seeds' text, whatever lookup drafted
+    jobs = {json.loads((d / "job.json").read_text())["output"]: d for d in (tmp_path / "home" / "jobs").iterdir()}
+    jobs = [jobs[str(out[k])] for k in ("off", "4")]
+    accepted = lambda d, rows: sum(n for line in (d / "passes.jsonl").read_text().splitlines()   # noqa: E731
+                                   for row, n in json.loads(line).get("accepted", []) if row in rows)
+    assert accepted(jobs[0], range(6)) == 0 and accepted(jobs[1], range(4)) > 0 and accepted(jobs[1], (4, 5)) > 0
 
 
 def test_speculate_is_refused_out_of_range_with_quantized_kv_and_against_a_resumed_jobs_own(make_tiny, tmp_path,

@@ -1,41 +1,60 @@
-"""Drafts verified inside the pass: plans that give decode rows a draft bound change no row's tokens
-(greedy rows by verification, sampled rows by their own sampler) and take fewer passes on a repetitive prompt."""
+"""Drafts verified inside the pass: plans that give decode rows a draft bound change no greedy row's tokens and
+take fewer passes on a repetitive prompt; a sampled row of a speculating job drafts too, and its text depends only
+on its seed (the same whatever it drafted, alone or beside other rows, run after run)."""
 
+from typing import NamedTuple
+
+import mlx.core as mx
+import numpy as np
 import pytest
 
 from spill.streamer.core import PassPlan, Row, Streamer
-from spill.streamer.sampling import SamplingParams
+from spill.streamer.sampling import SamplingParams, target_logits
+from spill.streamer.verify import uniforms
 
 PROMPTS = {"a": [5, 9, 13, 5, 9, 21, 34, 5, 9, 13, 2, 8, 5, 9, 13], "b": [7, 8, 9, 7, 8, 9, 7, 8],
            "c": [30, 31, 32, 33, 30, 31]}
 SAMPLED = SamplingParams(temperature=0.8, seed=3)
 
 
-def drive(folder, k: int, max_tokens: int = 24, eos: frozenset = frozenset(), widths=None) -> tuple[dict, dict]:
-    """Every row started in one pass (in the pools of `widths`, row -> width), then decode passes with up to k
-    drafts a row: ({row: (tokens, finish)}, {row: the passes it emitted in})."""
-    s, widths = Streamer(folder, dtype=None), widths or {}
-    rows = [Row(rid, p, max_tokens, SAMPLED if rid == "c" else SamplingParams(), eos, width=widths.get(rid, 0))
-            for rid, p in PROMPTS.items()]
-    out = {r.id: ([], None) for r in rows}
+class Run(NamedTuple):
+    out: dict        # row -> (tokens, finish)
+    passes: dict     # row -> the passes it emitted in
+    accepted: dict   # row -> drafts it accepted
+    logits: dict     # row -> each token's logits (keep_logits)
+
+
+def drive(folder, k: int, max_tokens: int = 24, eos: frozenset = frozenset(), widths=None, sampling=None,
+          speculate: int = 0, keep_logits: bool = False, prompts=PROMPTS) -> Run:
+    """Every row started in one pass (in the pools of `widths`, row -> width; sampled as `sampling` says, row ->
+    params, else c sampled and the rest greedy), then decode passes with up to k drafts a row."""
+    s, widths = Streamer(folder, dtype=None, speculate=speculate, keep_logits=keep_logits), widths or {}
+    sampling = sampling or {"c": SAMPLED}
+    rows = [Row(rid, p, max_tokens, sampling.get(rid, SamplingParams()), eos, width=widths.get(rid, 0))
+            for rid, p in prompts.items()]
+    run = Run({r.id: ([], None) for r in rows}, {r.id: set() for r in rows}, {r.id: 0 for r in rows},
+              {r.id: [] for r in rows})
     pools = [[4, w] for w in sorted(set(widths.values()))] or None
-    plan, passes = PassPlan(start=[(r, 1) for r in rows], chunks={1: 64}, pools=pools), {r.id: set() for r in rows}
+    plan = PassPlan(start=[(r, 1) for r in rows], chunks={1: 64}, pools=pools)
     while True:
-        for e in s.run(plan).emitted:
-            passes[e.row_id].add(s.passes)
-            tokens, finish = out[e.row_id]
+        report = s.run(plan)
+        for e in report.emitted:
+            run.passes[e.row_id].add(s.passes)
+            tokens, finish = run.out[e.row_id]
             assert finish is None, f"{e.row_id} emitted after it ended"
-            out[e.row_id] = (tokens + ([e.token] if e.finish != "stop" else []), e.finish)
+            run.out[e.row_id] = (tokens + ([e.token] if e.finish != "stop" else []), e.finish)
+            run.logits[e.row_id].append(e.logits)
+        for rid, n in report.accepted.items():
+            run.accepted[rid] += n
         if s.idle:
-            return out, passes
-        plan = PassPlan(drafts={rid: k for rid in PROMPTS})
+            return run
+        plan = PassPlan(drafts={rid: k for rid in prompts})
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2", "gemma3_text"])   # gemma3: sliding-window masks
 def test_rows_with_drafts_give_the_same_tokens_in_fewer_passes(make_tiny, family):
     folder = make_tiny(family, "float32")
-    plain, plain_passes = drive(folder, 0)
-    spec, spec_passes = drive(folder, 4)
+    (plain, plain_passes, *_), (spec, spec_passes, *_) = drive(folder, 0), drive(folder, 4)
     assert spec == plain
     assert all(len(t) == 24 and f == "length" for t, f in plain.values())
     assert len(spec_passes["c"]) == len(plain_passes["c"])                # sampled: a token a pass
@@ -44,28 +63,57 @@ def test_rows_with_drafts_give_the_same_tokens_in_fewer_passes(make_tiny, family
 
 def test_a_row_near_max_tokens_drafts_only_what_it_may_still_take(make_tiny):
     folder = make_tiny("llama", "float32")
-    assert drive(folder, 8, max_tokens=3)[0] == drive(folder, 0, max_tokens=3)[0]
+    assert drive(folder, 8, max_tokens=3).out == drive(folder, 0, max_tokens=3).out
 
 
 def test_rows_in_pools_of_two_widths_draft_together_and_keep_their_tokens(make_tiny):
     folder, widths = make_tiny("qwen2", "float32"), {"a": 40, "b": 256, "c": 40}   # a: 39 tokens, its last drafts cut
-    (plain, plain_passes), (spec, spec_passes) = drive(folder, 0, widths=widths), drive(folder, 4, widths=widths)
+    (plain, plain_passes, *_), (spec, spec_passes, *_) = drive(folder, 0, widths=widths), drive(folder, 4, widths=widths)
     assert spec == plain and sum(map(len, spec_passes.values())) < sum(map(len, plain_passes.values()))
 
 
 def test_eos_ends_a_row_inside_an_accepted_run_where_it_would_have_without_drafts(make_tiny):
     folder = make_tiny("llama", "float32")
-    tokens = drive(folder, 0)[0]["a"][0]
+    tokens = drive(folder, 0).out["a"][0]
     eos = frozenset({next(t for t in tokens[12:] if t not in tokens[:12])})   # one row ends late, mid-run
-    plain, spec = drive(folder, 0, eos=eos)[0], drive(folder, 4, eos=eos)[0]
+    plain, spec = drive(folder, 0, eos=eos).out, drive(folder, 4, eos=eos).out
     assert spec == plain and plain["a"] == (tokens[:tokens.index(min(eos))], "stop")
 
 
 
+# low temperatures and a top_k of 2: the tiny random model repeats itself, so lookup drafts get accepted
+COOL = {"a": SamplingParams(temperature=0.05, seed=11), "b": SamplingParams(temperature=1.0, top_k=2, seed=12),
+        "c": SamplingParams(temperature=0.1)}   # c unseeded: the streamer's seed for it
+
+
+def test_a_sampled_rows_text_depends_only_on_its_seed_whatever_lookup_drafted(make_tiny):
+    folder = make_tiny("llama", "float32")
+    runs = {k: drive(folder, k, sampling=COOL, speculate=4) for k in (0, 1, 2, 4)}
+    assert all(run.out == runs[0].out for run in runs.values())
+    assert all(f == "length" for _, f in runs[0].out.values())
+    assert not any(runs[0].accepted.values()) and all(runs[k].accepted["a"] > 0 for k in (1, 2, 4))
+    assert sum(map(len, runs[4].passes.values())) < sum(map(len, runs[0].passes.values()))
+    again = drive(folder, 4, sampling=COOL, speculate=4)
+    assert again.out == runs[4].out and again.accepted == runs[4].accepted
+
+
+def test_sampled_rows_beside_a_greedy_row_are_each_decided_by_their_own_parameters_and_seed(make_tiny):
+    folder = make_tiny("qwen2", "float32")
+    sampling = {**COOL, "c": SamplingParams(temperature=0.7, top_p=0.6, seed=13)}
+    prompts = {**PROMPTS, "g": PROMPTS["a"]}   # g greedy: a's prompt, as without speculation
+    together = drive(folder, 4, sampling=sampling, speculate=4, prompts=prompts)
+    assert together.out["g"] == drive(folder, 0, sampling={}, prompts={"g": prompts["g"]}).out["g"]
+    assert together.accepted["a"] > 0 and together.accepted["b"] > 0
+    for rid, params in sampling.items():   # alone without drafts, each token the draw of its seed from its logits
+        alone = drive(folder, 0, sampling=sampling, speculate=4, keep_logits=True, prompts={rid: prompts[rid]})
+        assert alone.out[rid] == together.out[rid], rid
+        p = mx.softmax(target_logits(mx.array(np.stack(alone.logits[rid])), params), axis=-1)
+        u = uniforms(params.seed, np.arange(p.shape[0]), 1)
+        assert (np.array(mx.cumsum(p, axis=-1)) < u[:, None]).sum(axis=-1).tolist() == alone.out[rid][0], rid
+
+
 def test_the_actor_sends_each_rows_tokens_in_order_and_reports_the_drafts_accepted(make_tiny):
     from collections import Counter
-
-    import numpy as np
 
     from spill import messages as m
     from spill.streamer.process import StreamerActor
@@ -90,3 +138,25 @@ def test_the_actor_sends_each_rows_tokens_in_order_and_reports_the_drafts_accept
             out, stats, _ = actor.run(plan(index, drafts=[[10, k], [11, k]] if k else []))
         runs[k] = got, index
     assert runs[4][0] == runs[0][0] and runs[4][1] < runs[0][1]
+
+
+def test_the_actors_reset_gives_the_jobs_speculate_to_its_sampled_rows(make_tiny):
+    from spill import messages as m
+    from spill.streamer.process import StreamerActor
+
+    from .test_actor import plan
+    folder, actor, runs = str(make_tiny("llama", "float32")), StreamerActor(), []
+    for epoch, speculate in enumerate((4, 0, 4), 1):   # a new engine, then the same one reset twice
+        actor.reset(m.Reset(epoch, folder, speculate=speculate))
+        first = plan(0, [10], [PROMPTS["a"]], max_tokens=16, chunks=[(1, 16)])
+        first.sampling = m.Sampling.of([COOL["a"]])
+        out, stats, _ = actor.run(first)
+        tokens, accepted = [], 0
+        while True:
+            tokens += np.frombuffer(out.tokens, np.int32).tolist()
+            accepted += sum(n for _, n in stats.accepted)
+            if actor.engine.idle:
+                break
+            out, stats, _ = actor.run(plan(len(runs), drafts=[[10, 4]]))
+        runs.append((tokens, accepted))
+    assert runs[0][1] > 0 and runs[1][1] == 0 and runs[2] == runs[0]
