@@ -14,10 +14,13 @@ import random
 from dataclasses import asdict
 from pathlib import Path
 
+import numpy as np
+
 from spill import config
 from spill.files import replaced
 from spill.platform import default_dtype, device, on_cpu
 
+from . import drafts
 from .passmodel import Observation, PassModel, fit, read_rate
 from .probes import _stored_dtype, compute_probe, pass_probe, priced_by_passes, read_probe, weight_files
 from .schedule import pace
@@ -25,6 +28,7 @@ from .schedule import pace
 HISTORY = 200                  # the last passes, kept for the refit
 SAMPLE = 200                   # and a uniform sample of those before them (a job's tail is not the next job)
 FORMAT = 2                     # 2: a pass's prefill_context counts its chunk's own keys; another format is probed anew
+ACCEPTANCE_DECAY = 0.99        # each pass that drafted keeps this much of the earlier drafts' weight (~100 passes)
 
 
 # -- the key --------------------------------------------------------------------------------------
@@ -66,8 +70,10 @@ class Calibration:
     """The stored numbers of one key: the probe's prior, the passes seen, the refitted model."""
 
     def __init__(self, k: str, prior: PassModel, passes: list[Observation] | None = None,
-                 seen: int = 0, name: str = "", sample: list[Observation] | None = None):
+                 seen: int = 0, name: str = "", sample: list[Observation] | None = None, draft_counts: dict | None = None):
         self.key, self.prior, self.name = k, prior, name
+        # drafts accepted and tried, decayed a pass (drafts.observe's count), and drafts tried in all
+        self.draft_counts = {"accepted": 0.0, "tried": 0.0, "count": 0, **(draft_counts or {})}
         self.streamed_bytes = 0                   # set by open_calibration from the model's plan
         self.passes = list(passes or [])[-HISTORY:]
         self.sample = list(sample or [])[-SAMPLE:]
@@ -86,12 +92,30 @@ class Calibration:
                 self.sample[at] = old
         self.model = fit(self.prior, self.passes, self.sample)
 
+    def observe_drafts(self, drafted, accepted) -> None:
+        """A pass's [row, drafts carried] and [row, drafts accepted]: this model's acceptance, recent passes weighing more."""
+        if not len(drafted):
+            return
+        took = dict((int(r), int(n)) for r, n in accepted)
+        zero = np.zeros(len(drafted))
+        hits, tried = drafts.observe(zero, zero, [n for _, n in drafted], [took.get(int(r), 0) for r, _ in drafted])
+        d = self.draft_counts
+        d["accepted"] = ACCEPTANCE_DECAY * d["accepted"] + float(hits.sum())
+        d["tried"] = ACCEPTANCE_DECAY * d["tried"] + float(tried.sum())
+        d["count"] += int(tried.sum())
+
+    @property
+    def acceptance(self) -> float | None:
+        """Per-draft acceptance of this model as passes measured it: accepted over tried; None before any draft."""
+        d = self.draft_counts
+        return d["accepted"] / d["tried"] if d["tried"] > 0 else None
+
     def save(self) -> None:
         path = store_path(self.key)
         path.parent.mkdir(parents=True, exist_ok=True)
         data = {"key": self.key, "format": FORMAT, "model_name": self.name, "seen": self.seen,
                 "prior": self.prior.to_dict(), "fitted": self.model.to_dict(), "passes": [asdict(p) for p in self.passes],
-                "sample": [asdict(p) for p in self.sample]}
+                "sample": [asdict(p) for p in self.sample], "drafts": self.draft_counts}
         with replaced(path) as tmp:
             tmp.write_text(json.dumps(data))
 
@@ -104,9 +128,17 @@ class Calibration:
                 return None
             return cls(k, PassModel(**data["prior"]), [Observation(**p) for p in data["passes"]],
                        int(data.get("seen", 0)), data.get("model_name", ""),
-                       [Observation(**p) for p in data.get("sample", [])])
+                       [Observation(**p) for p in data.get("sample", [])], draft_counts=_draft_counts(data.get("drafts")))
         except (OSError, ValueError, TypeError, KeyError):
             return None
+
+
+def _draft_counts(d) -> dict | None:
+    """The stored acceptance counts, checked (None: none stored, or not numbers)."""
+    try:
+        return {"accepted": float(d["accepted"]), "tried": float(d["tried"]), "count": int(d["count"])}
+    except (TypeError, KeyError, ValueError):
+        return None
 
 
 def open_calibration(folder: str | Path, dtype=None, kv: tuple | None = None) -> Calibration:
@@ -202,4 +234,5 @@ class Calibrator:
             self.cal.observe(Observation(shape.decode_rows, msg.prefill_tokens, shape.context_tokens,
                                          msg.bytes_streamed, msg.seconds, msg.wait_s, msg.compute_s, msg.read_s,
                                          prefill_groups=msg.prefill_groups, prefill_context=msg.prefill_context))
+            self.cal.observe_drafts(msg.drafted, msg.accepted)
             self.cal.save()

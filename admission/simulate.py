@@ -5,12 +5,22 @@ Each plan is what the streamer would run (scheduler.py): a row emits its first t
 its prompt and one token a pass after that; it leaves after its last token and its slot is refilled next pass.
 
 Rows whose output length is unknown are priced at max_tokens (`Estimate.at_max_tokens`).
+
+With drafts (`speculate`, the job's --speculate) and this model's measured per-draft acceptance a, a pass
+whose plan gives rows drafts is priced as the streamer runs it (`drafts.padded`) and each drafting row takes
+tokens_per_row(a, k) - 1 drafts on average, its fraction carried to its next pass, reported to the scheduler
+as the streamer reports them. Without a measured a, drafts are planned (to say whether any would run) but
+neither priced nor taken.
 """
 
 from collections import deque
 from dataclasses import dataclass, field, replace
 
-from . import schedule
+import numpy as np
+
+from spill.typed import AUTO_DRAFTS
+
+from . import drafts, schedule
 from .passmodel import PassModel, PassShape
 from .scheduler import Scheduler, Status
 
@@ -23,6 +33,7 @@ class SimRow:
     tier: str = ""
     context: int = 0          # a running row's tokens in its KV already (the live ETA): no prefill, at once
     max_tokens: int = 0       # what its slot is priced for, when it is known to end before it (0: out)
+    greedy: bool = True       # a sampled row drafts nothing (the streamer drafts greedy rows only)
 
 
 @dataclass
@@ -62,6 +73,7 @@ class Estimate:
     shortfall: str | None = None   # why no row can run: the budget cannot hold the model's fixed part
     kv: str = "unquantized"   # the decode pools' KV format priced (shares.kv_format)
     kv_hint: str = ""         # a KV-bound job priced unquantized: what --kv-bits 8 would give
+    drafts: dict | None = None   # drafts planned in some pass: speculate, acceptance (None: not priced), tokens a row
 
     @property
     def rows_per_pass(self) -> float:
@@ -71,7 +83,7 @@ class Estimate:
     def to_dict(self) -> dict:
         return {"total_seconds": round(self.total_seconds, 3), "ideal_seconds": round(self.ideal_seconds, 3),
                 "passes": self.passes, "mode": self.mode, "kv": self.kv, "kv_hint": self.kv_hint or None, "errors": self.errors, "priced_at_max_tokens": self.at_max_tokens, "shortfall": self.shortfall,
-                "tiers": [t.to_dict() for t in self.tiers]}
+                "drafts": self.drafts, "tiers": [t.to_dict() for t in self.tiers]}
 
 
 def tier_of(prompt: int) -> str:
@@ -81,12 +93,14 @@ def tier_of(prompt: int) -> str:
 
 def simulate(rows: list[SimRow], policy, waiting, model: PassModel, bytes_streamed: int, *,
              chunk: int = 512, max_batch=None, errors: int = 0, at_max_tokens: bool = True,
-             length=schedule.prompt_length, read_once: int = 0) -> Estimate:
+             length=schedule.prompt_length, read_once: int = 0, speculate: int = 0,
+             acceptance: float | None = None) -> Estimate:
     """The admission actor's scheduler (scheduler.py) run against the pass model: each plan priced by
     `model`, each row ending once it has generated its `out` tokens. `policy`: the BudgetPolicy it plans
     with; `waiting(SimRow)` makes the policy's row record and `length` reads its prompt length back;
     `max_batch(SimRow)` is the largest batch the memory budget fits for rows like it (for the ideal);
-    `read_once`: bytes the first pass reads besides `bytes_streamed` (resident: every layer, once)."""
+    `read_once`: bytes the first pass reads besides `bytes_streamed` (resident: every layer, once);
+    `speculate`: the job's drafts (0 off, K, AUTO_DRAFTS), taken at `acceptance` (None: not priced)."""
     by_id = {r.row: r for r in rows}
     tiers: dict[str, Tier] = {}
     for r in rows:
@@ -95,7 +109,8 @@ def simulate(rows: list[SimRow], policy, waiting, model: PassModel, bytes_stream
 
     def pace(n, context, need, offset, most, empty) -> int:
         return schedule.pace(model, bytes_streamed, n, context, need, offset, most, empty)
-    sched = Scheduler(policy, pace, chunk, bytes_streamed)
+    sched = Scheduler(policy, pace, chunk, bytes_streamed, speculate, lambda: model)
+    spec = _Drafts(by_id, acceptance)
     offered = []
     for r in rows:   # a running row asks the policy for its slot (its full length) and decodes at once
         w = waiting(replace(r, prompt=0, out=r.context + r.out) if r.context else r)
@@ -113,11 +128,15 @@ def simulate(rows: list[SimRow], policy, waiting, model: PassModel, bytes_stream
             est.stalled = True   # rows wait with nothing running: none fits the budget
             break
         shape = replace(planned.shape, bytes_streamed=bytes_streamed + (0 if est.passes else read_once))
+        took, drafted = spec.take(sched, planned)
+        if drafted:   # every decode row feeds 1 + the most drafts
+            shape = drafts.padded(shape, 1 + max(k for _, k in drafted))
         seconds = model.pass_s(shape)
         clock += seconds
         est.running.append(_share(tiers, by_id, running, seconds))
-        finished = [r for r in running if sched.status[r] == Status.DECODING and sched.generated[r] >= by_id[r].out]
-        sched.reported(finished)
+        finished = [r for r in running if sched.status[r] == Status.DECODING
+                    and sched.generated[r] + took.get(r, 0) >= by_id[r].out]
+        sched.reported(finished, None, [[r, n] for r, n in took.items() if n], drafted)
         done += len(finished)
         est.passes += 1
         est.timeline.append((clock, done))
@@ -125,7 +144,38 @@ def simulate(rows: list[SimRow], policy, waiting, model: PassModel, bytes_stream
         est.allowance.append(planned.pace)
     est.total_seconds = clock
     est.ideal_seconds = _ideal(est.tiers, rows, model, bytes_streamed, max_batch)
+    if speculate and spec.passes:
+        est.drafts = {"speculate": "auto" if speculate == AUTO_DRAFTS else speculate,
+                      "acceptance": None if acceptance is None else round(acceptance, 3),
+                      "passes": spec.passes, "tokens_per_decode_row": round(1 + spec.accepted / max(spec.rows, 1), 3)}
     return est
+
+
+class _Drafts:
+    """The drafts simulated passes take: each drafting row its expected accepted drafts at `acceptance`, the
+    fraction carried to its next pass so the integers add up to the expectation."""
+
+    def __init__(self, by_id: dict[int, SimRow], acceptance: float | None):
+        self.by_id, self.acceptance = by_id, acceptance
+        self.carry: dict[int, float] = {}
+        self.passes = self.rows = self.accepted = 0   # passes that planned drafts; decode rows and drafts taken in all
+
+    def take(self, sched: Scheduler, planned) -> tuple[dict[int, int], list[list[int]]]:
+        """({row: drafts accepted}, [[row, drafts carried]]) of the pass `planned`, as the streamer reports them."""
+        self.rows += planned.shape.decode_rows
+        bounds = {r: k for r, k in planned.drafts.items() if self.by_id[r].greedy}
+        self.passes += bool(bounds)
+        if self.acceptance is None or not bounds:
+            return {}, []
+        rows = list(bounds)
+        expect = drafts.tokens_per_row(self.acceptance, np.array([bounds[r] for r in rows])) - 1.0
+        took = {}
+        for r, e in zip(rows, expect.tolist()):
+            c = self.carry.get(r, 0.0) + e
+            n = min(int(c), bounds[r], max(self.by_id[r].out - sched.generated[r], 0))
+            self.carry[r], took[r] = c - int(c), n
+        self.accepted += sum(took.values())
+        return took, [[r, bounds[r]] for r in rows]
 
 
 def _share(tiers, by_id, running: list[int], seconds: float) -> dict[str, int]:

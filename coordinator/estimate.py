@@ -5,7 +5,6 @@ Rows that cannot run (bad lines, prompts that do not fit) are counted as errors,
 import json
 import os
 import time
-from collections import Counter
 from dataclasses import asdict
 from pathlib import Path
 
@@ -22,8 +21,10 @@ from spill.admission.simulate import Estimate, SimRow, Tier, simulate, tier_of
 from spill.streamer.plan import load_plan
 from spill.streamer.shares import KV_GROUP_SIZES, kv_format, kv_setting, plan_kv_refusal
 from spill.tokenizer_worker.core import TokenizerCore
+from spill.typed import AUTO_DRAFTS
 
 from .batch_input import read_batch
+from .estimate_text import duration, estimate_line
 from .jobrun import row_request
 from .jobstore import _write_json
 from .models import resolve, variants
@@ -52,10 +53,10 @@ def remembered_others() -> int | None:
 
 def estimate_file(model: str, input: Path, *, max_tokens: int = 256, memory: str | None = None,
                   stream: bool = False, fraction: float | None = None,
-                  kv: tuple | None = None) -> tuple[Estimate, dict, Advice]:
+                  kv: tuple | None = None, speculate: int = AUTO_DRAFTS) -> tuple[Estimate, dict, Advice]:
     """(the estimate, the calibration it used with the group's memory it priced, the advice) for a batch
     file as `spill run` would run it (`fraction`: --budget-fraction, None for the default; `kv`: the KV
-    quantization, (bits, group size), None unquantized)."""
+    quantization, (bits, group size), None unquantized; `speculate`: --speculate's drafts)."""
     from .first_use import calibrate, make_demo
     if model == "demo":
         make_demo()
@@ -69,7 +70,7 @@ def estimate_file(model: str, input: Path, *, max_tokens: int = 256, memory: str
     advice = advise_rows(folder, rows, memory=memory, stream=stream, name=model, fraction=fraction,
                          others=others or 0, kv=kv)
     est, cal = estimate_rows(folder, rows, errors=errors + len(bad), memory=memory, resident=advice.resident,
-                             fraction=fraction, others=others or 0, kv=kv)
+                             fraction=fraction, others=others or 0, kv=kv, speculate=speculate)
     if kv is None and est.passes and not est.shortfall:   # KV-bound: 8-bit KV fits more rows a pass
         eight = (8, max(g for g in KV_GROUP_SIZES[:2] if load_plan(folder).kv_heads_and_dim[1] % g == 0))
         alt, _ = estimate_rows(folder, rows, errors=errors + len(bad), memory=memory, resident=advice.resident,
@@ -101,16 +102,18 @@ def sim_rows(folder: Path, requests: list, which, defaults: dict, core=None) -> 
             if ids is None:
                 errors += 1
             else:
-                rows.append(SimRow(i, len(ids), request.max_tokens))
+                rows.append(SimRow(i, len(ids), request.max_tokens, greedy=request.sampling.greedy))
     return rows, errors
 
 
 def estimate_rows(folder: Path, rows: list[SimRow], *, errors: int = 0, memory: str | None = None,
                   resident: bool = False, loaded: bool = False, fraction: float | None = None,
-                  others: int = 0, model: PassModel | None = None, kv: tuple | None = None) -> tuple[Estimate, dict]:
+                  others: int = 0, model: PassModel | None = None, kv: tuple | None = None,
+                  speculate: int = 0) -> tuple[Estimate, dict]:
     """Resident: the first pass reads every layer (none once `loaded`), later ones nothing (compute alone).
     `others`: the group's processes' memory, which the budget leaves out of the KV as admission does.
-    `model`: a pass model to price with in place of this machine's stored calibration."""
+    `model`: a pass model to price with in place of this machine's stored calibration. `speculate`: the job's
+    drafts (0 off, K, AUTO_DRAFTS), taken at the acceptance the calibration measured (quantized KV drafts none)."""
     plan = load_plan(folder)
     cal = open_calibration(folder, kv=kv)
     model = model or cal.model
@@ -120,8 +123,11 @@ def estimate_rows(folder: Path, rows: list[SimRow], *, errors: int = 0, memory: 
         est = Estimate(0.0, 0.0, 0, [], errors=errors, shortfall=short)
     else:
         est = simulate(rows, policy, waiting, model, streamed, max_batch=max_batch, errors=errors,
-                       read_once=0 if loaded else plan.streamed_bytes - streamed)
+                       read_once=0 if loaded else plan.streamed_bytes - streamed, speculate=0 if kv else speculate,
+                       acceptance=cal.acceptance)
         est.ideal_seconds = ideal(est, rows, model, streamed, max_batch)
+        if est.drafts:
+            est.drafts["measured"] = cal.draft_counts["count"]
     est.mode, est.kv = "resident" if resident else "streamed", kv_format(*(kv or (None,)))
     est.tiers.sort(key=lambda t: TIER_ORDER.index(t.name.split()[0]) if t.name.split()[0] in TIER_ORDER else 3)
     return est, {"key": cal.key, "passes": cal.seen, **model.to_dict()}
@@ -137,63 +143,15 @@ def ideal(est: Estimate, rows: list[SimRow], model: PassModel, streamed: int, ma
     reached = {t.name: t.row_passes / t.passes for t in est.tiers if t.passes}
     held = {name: sum(r.out / max(max_batch(r), reached.get(name, 1)) for r in mine) for name, mine in tiers.items()}
     batch = {name: sum(r.out for r in tiers[name]) / held[name] if held[name] else 1 for name in tiers}
-    return sim._ideal(est.tiers, rows, model, streamed, lambda r: batch[r.tier or tier_of(r.prompt)])
+    total = sim._ideal(est.tiers, rows, model, streamed, lambda r: batch[r.tier or tier_of(r.prompt)])
+    # drafts priced: a decode row takes the simulation's tokens a pass, so the roofline needs that many fewer passes
+    per_pass = est.drafts["tokens_per_decode_row"] if est.drafts and est.drafts["acceptance"] is not None else 1.0
+    for t in est.tiers:
+        t.ideal_seconds /= per_pass
+    return total / per_pass
 
 
 TIER_ORDER = ("short", "medium", "long")   # simulate's tiers come in the order of the rows
-
-
-def duration(seconds: float) -> str:
-    s = int(round(seconds))
-    if s >= 3600:
-        return f"{s // 3600}h {s % 3600 // 60:02d}m"
-    return f"{s // 60}m {s % 60:02d}s" if s >= 60 else f"{s}s"
-
-
-def estimate_line(est: Estimate) -> str:
-    """The one line `spill run` prints before its first pass."""
-    if est.shortfall:
-        return "estimate: none, the memory budget cannot hold the model's fixed part (below: why, and the fix)"
-    if est.stalled and not est.passes:
-        return "estimate: none, no row fits the memory budget with nothing else running (the job says why)"
-    if not est.passes:
-        return "estimate: nothing to run" + (f", all {est.errors} rows cannot run (counted as errors)" if est.errors else "")
-    ratio = est.total_seconds / est.ideal_seconds if est.ideal_seconds else float("nan")
-    kv = f" with {est.kv} KV" if est.kv != "unquantized" else ""
-    return (f"estimate: {duration(est.total_seconds)} in {est.passes} {est.mode} passes{kv} "
-            f"(ideal {duration(est.ideal_seconds)}, {ratio:.2f}x)")
-
-
-def _group_line(others: int | None) -> str:
-    if others is None:
-        return ("the group's own processes: not priced, no job has run with this data home yet "
-                "(the first `spill run` measures them)")
-    return f"the group's own processes: {others / 2**20:.0f} MiB, as the last job here measured them"
-
-
-def format_estimate(est: Estimate, calibration: dict, advice: Advice | None = None) -> str:
-    tail = calibration.get("read_tail_s")
-    lines = [estimate_line(est), *([advice.line] if advice else []),
-             f"calibration: {calibration['bandwidth'] / 1e9:.2f} GB/s read, overlap {calibration['overlap']:.2f}, "
-             + (f"{tail:.2f} s past a read-bound pass's read, " if tail is not None else "")
-             + f"refitted from {calibration['passes']} passes",
-             f"{'tier':<16}{'rows':>7}{'prompt tok':>12}{'batch':>7}{'passes':>8}{'time':>10}{'ideal':>10}"]
-    for t in est.tiers:
-        lines.append(f"{t.name:<16}{t.rows:>7}{t.prompt_tokens:>12,}{t.batch:>7.1f}{t.passes:>8}"
-                     f"{duration(t.seconds):>10}{duration(t.ideal_seconds):>10}")
-    if est.shortfall:
-        lines.append(est.shortfall)
-    if est.kv_hint:
-        lines.append(est.kv_hint)
-    if est.errors:
-        lines.append(f"{est.errors} rows cannot run: counted as errors, not priced")
-    if "group_memory" in calibration:
-        lines.append(_group_line(calibration["group_memory"]))
-    if est.at_max_tokens:
-        lines.append("output lengths are unknown before the run: every row is priced at its max_tokens")
-    if est.stalled:
-        lines.append("some rows never fit the memory budget with nothing else running: they are not priced")
-    return "\n".join(lines)
 
 
 class JobEstimate:
@@ -203,23 +161,27 @@ class JobEstimate:
 
     def __init__(self, folder: Path, rows: list[SimRow], errors: int, memory: str | None = None, every: float = 15.0,
                  advice: Advice | None = None, share: float = 0.05, others: int = 0, fraction: float | None = None,
-                 first: tuple[Estimate, dict] | None = None, cost: float | None = None, kv: tuple | None = None):
-        """`first`: the pre-run figure and its calibration as simulated elsewhere (the estimate's child), `cost` its seconds."""
+                 first: tuple[Estimate, dict] | None = None, cost: float | None = None, kv: tuple | None = None,
+                 speculate: int = 0):
+        """`first`: the pre-run figure and its calibration as simulated elsewhere (the estimate's child), `cost` its
+        seconds; `speculate`: the job's drafts (JobRun.speculate)."""
         self.folder, self.rows, self.memory, self.every, self.share = folder, rows, memory, every, share
         self.advice, self.others, self.fraction, self.kv = advice or Advice(False, ""), others, fraction, kv
+        self.speculate = speculate
         self.remembered = None     # the figure last written for `spill estimate`
         started = time.monotonic()
         self.first, self.calibration = first or estimate_rows(folder, rows, errors=errors, memory=memory,
                                                               fraction=fraction, resident=self.advice.resident, others=others,
-                                                              kv=kv)
+                                                              kv=kv, speculate=speculate)
         self.eta_s, self.at = self.first.total_seconds, time.monotonic()
         self.cost = self.at - started if cost is None else cost    # seconds the last simulation took
 
     def to_wire(self) -> dict:
         """What the estimate's child hands the coordinator (JSON): the rows, the pre-run figure, the advice."""
-        return {"rows": [[r.row, r.prompt, r.out, r.tier] for r in self.rows], "first": asdict(self.first),
+        return {"rows": [[r.row, r.prompt, r.out, r.tier, r.context, r.max_tokens, r.greedy] for r in self.rows], "first": asdict(self.first),
                 "calibration": self.calibration, "advice": asdict(self.advice), "others": self.others,
-                "memory": self.memory, "fraction": self.fraction, "cost": self.cost, "kv": self.kv}
+                "memory": self.memory, "fraction": self.fraction, "cost": self.cost, "kv": self.kv,
+                "speculate": self.speculate}
 
     @classmethod
     def from_wire(cls, folder: Path, d: dict) -> "JobEstimate":
@@ -227,7 +189,7 @@ class JobEstimate:
                  "timeline": [tuple(p) for p in d["first"]["timeline"]]}
         return cls(folder, [SimRow(*r) for r in d["rows"]], first["errors"], d["memory"], advice=Advice(**d["advice"]),
                    others=d["others"], fraction=d["fraction"], first=(Estimate(**first), d["calibration"]), cost=d["cost"],
-                   kv=tuple(d["kv"]) if d.get("kv") else None)
+                   kv=tuple(d["kv"]) if d.get("kv") else None, speculate=d.get("speculate", 0))
 
     def eta(self, pending: set[int], generated: dict[int, int]) -> float:
         """Seconds left: the rows still pending, less the tokens the running ones have generated."""
@@ -238,11 +200,11 @@ class JobEstimate:
         if now - self.at >= self.eta_s:   # rows left, the count-down at 0: at most half the time
             wait = min(wait, 2 * self.cost)
         if now - self.at >= wait:
-            left = [SimRow(r.row, r.prompt, max(r.out - g, 1), r.tier, context=r.prompt + g if g else 0)
+            left = [SimRow(r.row, r.prompt, max(r.out - g, 1), r.tier, context=r.prompt + g if g else 0, greedy=r.greedy)
                     for r in self.rows if r.row in pending for g in [generated.get(r.row, 0)]]
             self.eta_s, self.at = estimate_rows(self.folder, left, memory=self.memory, resident=self.advice.resident,
                                                 loaded=True, others=self.others, fraction=self.fraction,
-                                                kv=self.kv)[0].total_seconds, now
+                                                kv=self.kv, speculate=self.speculate)[0].total_seconds, now
             self.cost = time.monotonic() - now
         return max(self.eta_s - (now - self.at), 0.0)
 
@@ -273,37 +235,6 @@ class JobEstimate:
                 "timeline": [[round(t, 3), n] for t, n in points]}
 
 
-def summary(estimate_s: float | None, actual_s: float, finishes: list[str], lengths: list[int], passes: int,
-            kv: str = "unquantized", drafts: dict | None = None) -> dict:
-    """The end-of-job figures: estimate against actual, finish reasons, output lengths, rates; `drafts`: decode rows
-    summed over passes and the draft tokens proposed and accepted."""
-    lengths, d = sorted(lengths), drafts or {}
-    spec = {"proposed": d["proposed"], "accepted": d["accepted"],
-            "tokens_per_decode_row": round(1 + d["accepted"] / d["rows"], 3)} if d.get("proposed") and d.get("rows") else None
-    return {"estimate_seconds": round(estimate_s, 1) if estimate_s else None, "actual_seconds": round(actual_s, 1),
-            "actual_over_estimate": round(actual_s / estimate_s, 3) if estimate_s else None,
-            "finish_reasons": dict(Counter(finishes)),
-            "output_tokens": {"min": lengths[0], "median": lengths[len(lengths) // 2], "max": lengths[-1]} if lengths else {},
-            "passes": passes, "kv": kv, "rows_per_hour": round(len(finishes) / actual_s * 3600, 1) if actual_s > 0 else None,
-            "drafts": spec}
-
-
-def summary_lines(s: dict) -> list[str]:
-    lines = []
-    if s.get("estimate_seconds"):
-        lines.append(f"took {duration(s['actual_seconds'])} against an estimate of {duration(s['estimate_seconds'])} "
-                     f"({s['actual_over_estimate']:.2f}x)")
-    out = s.get("output_tokens") or {}
-    reasons = ", ".join(f"{k} {v}" for k, v in sorted(s.get("finish_reasons", {}).items()))
-    kv = f"KV {s['kv']}, " if s.get("kv", "unquantized") != "unquantized" else ""
-    lines.append(f"{s['passes']} passes, {kv}{s.get('rows_per_hour') or 0:.0f} rows/hour; finish reasons: {reasons or 'none'}"
-                 + (f"; output tokens min {out['min']}, median {out['median']}, max {out['max']}" if out else ""))
-    if d := s.get("drafts"):
-        lines.append(f"drafts: {d['proposed']} proposed, {d['accepted']} accepted ({d['accepted'] / d['proposed']:.0%}); "
-                     f"{d['tokens_per_decode_row']:.2f} tokens a decode row a pass")
-    return lines
-
-
 def group_others(actors_rss: dict | None) -> int:
     """The group's own memory as admission prices it: this process and its children less the streamer, plus
     the streamer's runtime (`actors_rss`: each actor's at READY); before the streamer is READY, as last measured."""
@@ -326,7 +257,7 @@ def refusal(folder: Path, args: dict, actors_rss: dict | None = None) -> str | N
 def job_estimate(folder: Path, input: Path, pending: set[int], defaults: dict, args: dict, log,
                  actors_rss: dict | None = None, others: int | None = None) -> "JobEstimate | None":
     """The advice and estimate of a submitted job's pending rows of `input` (`args`: the submit's memory,
-    budget_fraction, stream and model), the group's own memory as admission prices it (`others`, else
+    budget_fraction, stream and model; `defaults`: the job's settings, its speculate among them), the group's own memory as admission prices it (`others`, else
     group_others of `actors_rss`: each actor's (RSS, file pages) at READY). What the job cannot run without
     raises a SpillError naming why (a tokenizer that does not load, a model that cannot be read); its
     calibration is probed here at the model's first use. A failure in pricing costs the estimate, never the job."""
@@ -344,7 +275,8 @@ def job_estimate(folder: Path, input: Path, pending: set[int], defaults: dict, a
         others = group_others(actors_rss) if others is None else others
         advice = advise_rows(folder, rows, memory=memory, stream=bool(args.get("stream")), name=args.get("model", ""),
                              others=others, fraction=fraction, kv=kv)
-        return JobEstimate(folder, rows, errors, memory, advice=advice, others=others, fraction=fraction, kv=kv)
+        return JobEstimate(folder, rows, errors, memory, advice=advice, others=others, fraction=fraction, kv=kv,
+                           speculate=defaults.get("speculate") or 0)
     except Exception as err:
         log.warning("no estimate", error=str(err))
         return None

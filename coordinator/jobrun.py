@@ -209,7 +209,7 @@ class JobRun:
         return (until or self.last_pass_at) - self.first_pass_at + self.first_pass_s if self.passes else 0.0
 
     def summary(self) -> dict:
-        from .estimate import summary
+        from .estimate_text import summary
         return summary(self.estimate.first.total_seconds if self.estimate else None, self.actual_seconds(),
                        self.finishes, self.lengths, self.passes, self.kv_format, self.drafts)
 

@@ -205,7 +205,7 @@ def _summary(s) -> int:
         return EXIT_INTERRUPTED
     typer.echo(f"job {job} {status}: {counts}; output {s.output}")
     if status == "done" and s.summary:
-        from .estimate import summary_lines
+        from .estimate_text import summary_lines
         typer.echo("\n".join(summary_lines(s.summary)))
     if status == "failed":
         typer.echo(f"spill: {s.error}", err=True)

@@ -44,9 +44,8 @@ def prepare(args: dict, group_args: dict, ready_rss: dict, embedded: bool) -> Su
               "temperature": args.get("temperature") or 0.0, "stream": bool(args.get("stream")),
               **{k: group_args.get(k) for k in ("memory", "budget_fraction")}, **kv_settings(args, group_args, folder),
               "speculate": speculate_setting(args, group_args)}
-    if params["speculate"] > 0 and params["kv_bits"]:
-        raise SpillError("--speculate verifies drafts over unquantized KV only for now; leave --kv-bits out, "
-                         "or run with --speculate off")
+    if why := speculate_refusal(params["speculate"], params["kv_bits"]):
+        raise SpillError(why)
     mem.update((k, params[k]) for k in ("kv_bits", "kv_group_size"))   # the KV format its estimate prices
     output = Path(args["output"]) if args.get("output") else None
     if job is None and not args.get("new"):
@@ -72,6 +71,14 @@ def speculate_setting(args: dict, group_args: dict) -> int:
     """The job's --speculate, else the group's (`spill up`), else auto."""
     given = next((d["speculate"] for d in (args, group_args) if d.get("speculate") is not None), None)
     return AUTO_DRAFTS if given is None else given
+
+
+def speculate_refusal(speculate: int, kv_bits: int | None) -> str | None:
+    """Why drafts cannot run with this KV (--speculate K with --kv-bits), or None."""
+    if speculate > 0 and kv_bits:
+        return ("--speculate verifies drafts over unquantized KV only for now; leave --kv-bits out, "
+                "or run with --speculate off")
+    return None
 
 
 def kv_settings(args: dict, group_args: dict, folder: Path) -> dict:

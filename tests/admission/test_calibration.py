@@ -99,6 +99,31 @@ def test_first_use_probes_and_stores_then_later_uses_load(make_tiny, monkeypatch
     assert len(probes) == 1 and again.prior == first.prior
 
 
+def test_the_calibration_learns_the_models_acceptance_from_passes_with_drafts(tmp_path, monkeypatch):
+    import json
+    monkeypatch.setenv("SPILL_HOME", str(tmp_path))
+    hook = Calibrator(structlog.get_logger())
+    hook.cal = Calibration("a|float32|cpu|m1", PassModel(bandwidth=2e9, per_row_s=0.01))
+    assert hook.cal.acceptance is None                        # no draft measured yet
+
+    def report(drafted, accepted):
+        return m.Pass(0, 1, seconds=0.5, wait_s=0.0, compute_s=0.45, decode_rows=3, prefill_tokens=0, emitted=3,
+                      finished=[], active_memory=0, peak_memory=0, bytes_streamed=4096, drafted=drafted,
+                      accepted=accepted, columns=5)
+    hook.observe(PassShape(3, 0, 30, 4096), report([[1, 4], [2, 4], [3, 2]], [[1, 4], [2, 1]]))
+    # tried: row 1 its 4 accepted; row 2 1 and the rejected one; row 3 the rejected first
+    back = Calibration.load("a|float32|cpu|m1")
+    assert back.acceptance == pytest.approx(5 / 7) and back.draft_counts["count"] == 7
+    for accepted in ([[1, 4]], []):                           # 300 passes accept every draft, then 300 none
+        for _ in range(300):
+            back.observe_drafts([[1, 4]], accepted)
+    assert back.acceptance < 0.25 and back.draft_counts["count"] == 7 + 1200 + 300   # the last passes weigh most
+    old = json.loads(cal.store_path("a|float32|cpu|m1").read_text())
+    del old["drafts"]                                          # stored before acceptance was kept: none measured
+    cal.store_path("a|float32|cpu|m1").write_text(json.dumps(old))
+    assert Calibration.load("a|float32|cpu|m1").acceptance is None
+
+
 def test_the_hook_refits_and_stores_after_each_pass_and_survives_a_bad_model(make_tiny, monkeypatch, tmp_path):
     monkeypatch.setenv("SPILL_HOME", str(tmp_path))
     monkeypatch.setattr(cal, "read_probe", lambda files: 2e9)

@@ -5,7 +5,7 @@ import random
 import numpy as np
 import pytest
 
-from spill.admission.passmodel import Observation, PassModel, PassShape, fit
+from spill.admission.passmodel import Observation, PassModel, fit
 from spill.admission.policy import BudgetPolicy, Waiting
 from spill.admission.prices import Sheet
 from spill.admission import schedule
@@ -180,3 +180,42 @@ def test_the_simulated_schedule_is_the_one_a_real_streamed_run_plays(make_tiny, 
     est = simulate(played, policy(), waiting, TRUE, 0, chunk=64)
     assert est.passes == pytest.approx(sched.index, rel=0.05)
     assert {t.name: t.passes for t in est.tiers} == pytest.approx({k: len(v) for k, v in tiers.items()}, rel=0.05)
+
+
+READ_BOUND = PassModel(bandwidth=1e9, fixed_s=0.1, per_row_s=1e-3, overlap=1.0)         # 4 s of reading a pass
+COMPUTE_BOUND = PassModel(bandwidth=1e12, fixed_s=0.1, per_row_s=0.05, overlap=1.0)     # 4 ms of reading
+
+
+def test_drafts_at_a_measured_acceptance_finish_in_the_passes_tokens_per_row_predicts():
+    from spill.admission.drafts import tokens_per_row
+    rows = [SimRow(i, 16, 61) for i in range(20)]
+    off = simulate(rows, FifoPolicy(), waiting, READ_BOUND, BYTES)
+    on = simulate(rows, FifoPolicy(), waiting, READ_BOUND, BYTES, speculate=4, acceptance=0.6)
+    # one pass prefills and samples each row's first token; the other 60 come tokens_per_row(0.6, 4) a pass
+    assert off.passes == 61
+    assert on.passes - 1 == pytest.approx(60 / float(tokens_per_row(0.6, 4)), rel=0.1)
+    assert on.timeline[-1][1] == len(rows) and on.total_seconds < 0.5 * off.total_seconds
+    assert (on.drafts["speculate"], on.drafts["acceptance"]) == (4, 0.6) and on.drafts["passes"] >= on.passes - 2
+    assert on.drafts["tokens_per_decode_row"] == pytest.approx(float(tokens_per_row(0.6, 4)), rel=0.1)
+
+
+def test_drafts_without_a_measured_acceptance_are_not_priced_but_said():
+    rows = [SimRow(i, 16, 30) for i in range(8)]
+    off = simulate(rows, FifoPolicy(), waiting, READ_BOUND, BYTES)
+    unpriced = simulate(rows, FifoPolicy(), waiting, READ_BOUND, BYTES, speculate=-1)
+    assert (unpriced.passes, unpriced.total_seconds) == (off.passes, off.total_seconds)
+    assert unpriced.drafts["speculate"] == "auto" and unpriced.drafts["acceptance"] is None
+    sampled = [SimRow(i, 16, 30, greedy=False) for i in range(8)]   # the streamer drafts greedy rows only
+    assert simulate(sampled, FifoPolicy(), waiting, READ_BOUND, BYTES, speculate=4, acceptance=0.9).passes == off.passes
+
+
+def test_auto_drafts_nothing_where_passes_are_compute_bound():
+    rows = [SimRow(i, 16, 30) for i in range(20)]
+    off = simulate(rows, FifoPolicy(), waiting, COMPUTE_BOUND, BYTES)
+    auto = simulate(rows, FifoPolicy(), waiting, COMPUTE_BOUND, BYTES, speculate=-1, acceptance=0.8)
+    assert (auto.passes, auto.total_seconds, auto.drafts) == (off.passes, off.total_seconds, None)
+    read_bound = simulate(rows, FifoPolicy(), waiting, READ_BOUND, BYTES, speculate=-1, acceptance=0.8)
+    assert read_bound.passes < 0.6 * off.passes      # the same rows where the read is the pass's cost
+    forced = simulate(rows, FifoPolicy(), waiting, COMPUTE_BOUND, BYTES, speculate=4, acceptance=0.8)
+    # K drafts anyway: fewer passes, each priced as 5 columns for every decode row
+    assert forced.passes < off.passes and forced.total_seconds / forced.passes > 2 * off.total_seconds / off.passes

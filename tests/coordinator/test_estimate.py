@@ -214,3 +214,39 @@ def test_an_estimate_is_never_below_its_ideal_when_one_long_row_leads_its_tier(m
     model = PassModel(bandwidth=1e9, fixed_s=0.005, per_row_s=0.0005, per_prefill_token_s=0.0001, overlap=1.0)
     est, _ = estimate_rows(make_tiny("llama"), rows, memory="30MB", resident=True, model=model)
     assert est.passes and est.ideal_seconds <= est.total_seconds
+
+
+def test_spill_estimate_speculate_says_what_it_priced_of_the_drafts(make_tiny, tmp_path, monkeypatch):
+    from spill.admission.passmodel import PassModel
+    from spill.coordinator import estimate
+    monkeypatch.setenv("SPILL_HOME", str(tmp_path / "home"))
+    folder = make_tiny("llama")
+    plan = load_plan(folder)
+    # stored here by hand (no probe): a pass reads for 1 s and computes a few ms, so drafts pay
+    key = calibration._key_of(folder, plan, None)
+    stored = calibration.Calibration(key, PassModel(
+        bandwidth=plan.streamed_bytes, fixed_s=1e-3, per_row_s=1e-4, per_prefill_token_s=1e-5, overlap=1.0))
+    stored.save()
+    monkeypatch.setattr(estimate, "open_calibration", lambda *a, **k: calibration.Calibration.load(key))   # 8-bit KV's too
+    lines = [json.dumps({"custom_id": f"r{i}", "prompt": "short question " * 3, "max_tokens": 40}) for i in range(4)]
+    (tmp_path / "in.jsonl").write_text("\n".join(lines) + "\n")
+    args = ["estimate", str(folder), str(tmp_path / "in.jsonl"), "--stream"]
+
+    def said(*extra):
+        out = runner.invoke(app, [*args, *extra])
+        assert out.exit_code == 0, out.output
+        return [line for line in out.stdout.splitlines() if line.startswith("drafts: ")]
+    assert said() == ["drafts: auto, none priced (no acceptance measured on this model yet)"]
+    stored.observe_drafts([[0, 5]] * 3, [[0, 3]] * 3)          # 9 accepted of 12 tried: 0.75
+    stored.save()
+    (line,) = said("--speculate", "4")
+    assert line.startswith("drafts: up to 4 a row, acceptance 0.75 measured on this model (12 drafts), ")
+    assert said("--speculate", "off") == []
+    off, on = (json.loads(runner.invoke(app, [*args, "--json", "--speculate", k]).stdout) for k in ("off", "auto"))
+    assert off["drafts"] is None and on["drafts"]["acceptance"] == 0.75 and on["drafts"]["measured"] == 12
+    assert on["passes"] < 0.7 * off["passes"]
+    from spill.admission.advisor import Advice
+    from spill.admission.simulate import SimRow
+    job = estimate.JobEstimate(folder, [SimRow(i, 20, 40) for i in range(4)], 0, advice=Advice(False, ""), speculate=4)
+    back = estimate.JobEstimate.from_wire(folder, json.loads(json.dumps(job.to_wire())))   # the estimate's child
+    assert back.speculate == 4 and back.first.drafts == job.first.drafts and job.first.drafts["speculate"] == 4

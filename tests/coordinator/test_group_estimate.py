@@ -19,7 +19,8 @@ def test_run_prints_the_estimate_first_and_the_summary_last(make_tiny, tmp_path)
     assert est["line"] == lines[2] and est["advice"] == lines[1] and est["mode"] == "streamed" and est["total_seconds"] > 0 and est["timeline"][-1][1] == 12
     assert summary["finish_reasons"] == {"length": 12} or sum(summary["finish_reasons"].values()) == 12
     assert summary["output_tokens"]["max"] <= 6 and summary["passes"] > 0 and summary["actual_seconds"] > 0
-    assert lines[-1].startswith(f"{summary['passes']} passes, ")
+    last = lines[-2:] if summary["drafts"] else lines[-1:]   # auto drafted: its drafts line closes the summary
+    assert last[0].startswith(f"{summary['passes']} passes, ") and all(l.startswith("drafts: ") for l in last[1:])
     assert any(l.startswith("took ") and "against an estimate of" in l for l in lines)
     records = (job.dir / "passes.jsonl").read_text().splitlines()   # a pass each, then the last rows written
     assert len(records) == summary["passes"] + 1 and '"written": true' in records[-1]

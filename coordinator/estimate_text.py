@@ -1,0 +1,108 @@
+"""What the estimate and a job's end say: `spill estimate`'s lines, the line `spill run` prints before its first
+pass, and the end-of-job summary."""
+
+from collections import Counter
+
+from spill.admission.advisor import Advice
+from spill.admission.simulate import Estimate
+
+
+def duration(seconds: float) -> str:
+    s = int(round(seconds))
+    if s >= 3600:
+        return f"{s // 3600}h {s % 3600 // 60:02d}m"
+    return f"{s // 60}m {s % 60:02d}s" if s >= 60 else f"{s}s"
+
+
+def estimate_line(est: Estimate) -> str:
+    """The one line `spill run` prints before its first pass."""
+    if est.shortfall:
+        return "estimate: none, the memory budget cannot hold the model's fixed part (below: why, and the fix)"
+    if est.stalled and not est.passes:
+        return "estimate: none, no row fits the memory budget with nothing else running (the job says why)"
+    if not est.passes:
+        return "estimate: nothing to run" + (f", all {est.errors} rows cannot run (counted as errors)" if est.errors else "")
+    ratio = est.total_seconds / est.ideal_seconds if est.ideal_seconds else float("nan")
+    kv = f" with {est.kv} KV" if est.kv != "unquantized" else ""
+    return (f"estimate: {duration(est.total_seconds)} in {est.passes} {est.mode} passes{kv} "
+            f"(ideal {duration(est.ideal_seconds)}, {ratio:.2f}x)")
+
+
+def _group_line(others: int | None) -> str:
+    if others is None:
+        return ("the group's own processes: not priced, no job has run with this data home yet "
+                "(the first `spill run` measures them)")
+    return f"the group's own processes: {others / 2**20:.0f} MiB, as the last job here measured them"
+
+
+def drafts_line(est: Estimate) -> str:
+    """What the estimate priced of the job's drafts; "" where it planned none (speculation off, or a pass that
+    drafts nothing: compute-bound, resident)."""
+    d = est.drafts
+    if not d:
+        return ""
+    mode = "auto" if d["speculate"] == "auto" else f"up to {d['speculate']} a row"
+    if d["acceptance"] is None:
+        return f"drafts: {mode}, none priced (no acceptance measured on this model yet)"
+    return (f"drafts: {mode}, acceptance {d['acceptance']:.2f} measured on this model ({d.get('measured', 0):,} drafts), "
+            f"{d['tokens_per_decode_row']:.2f} tokens a decode row a pass")
+
+
+def format_estimate(est: Estimate, calibration: dict, advice: Advice | None = None) -> str:
+    tail = calibration.get("read_tail_s")
+    lines = [estimate_line(est), *([advice.line] if advice else []),
+             f"calibration: {calibration['bandwidth'] / 1e9:.2f} GB/s read, overlap {calibration['overlap']:.2f}, "
+             + (f"{tail:.2f} s past a read-bound pass's read, " if tail is not None else "")
+             + f"refitted from {calibration['passes']} passes",
+             f"{'tier':<16}{'rows':>7}{'prompt tok':>12}{'batch':>7}{'passes':>8}{'time':>10}{'ideal':>10}"]
+    for t in est.tiers:
+        lines.append(f"{t.name:<16}{t.rows:>7}{t.prompt_tokens:>12,}{t.batch:>7.1f}{t.passes:>8}"
+                     f"{duration(t.seconds):>10}{duration(t.ideal_seconds):>10}")
+    if est.shortfall:
+        lines.append(est.shortfall)
+    if est.kv_hint:
+        lines.append(est.kv_hint)
+    if est.errors:
+        lines.append(f"{est.errors} rows cannot run: counted as errors, not priced")
+    if line := drafts_line(est):
+        lines.append(line)
+    if "group_memory" in calibration:
+        lines.append(_group_line(calibration["group_memory"]))
+    if est.at_max_tokens:
+        lines.append("output lengths are unknown before the run: every row is priced at its max_tokens")
+    if est.stalled:
+        lines.append("some rows never fit the memory budget with nothing else running: they are not priced")
+    return "\n".join(lines)
+
+
+def summary(estimate_s: float | None, actual_s: float, finishes: list[str], lengths: list[int], passes: int,
+            kv: str = "unquantized", drafts: dict | None = None) -> dict:
+    """The end-of-job figures: estimate against actual, finish reasons, output lengths, rates; `drafts`: decode rows
+    summed over passes and the draft tokens proposed and accepted."""
+    lengths, d = sorted(lengths), drafts or {}
+    spec = {"proposed": d["proposed"], "accepted": d["accepted"],
+            "tokens_per_decode_row": round(1 + d["accepted"] / d["rows"], 3)} if d.get("proposed") and d.get("rows") else None
+    return {"estimate_seconds": round(estimate_s, 1) if estimate_s else None, "actual_seconds": round(actual_s, 1),
+            "actual_over_estimate": round(actual_s / estimate_s, 3) if estimate_s else None,
+            "finish_reasons": dict(Counter(finishes)),
+            "output_tokens": {"min": lengths[0], "median": lengths[len(lengths) // 2], "max": lengths[-1]} if lengths else {},
+            "passes": passes, "kv": kv, "rows_per_hour": round(len(finishes) / actual_s * 3600, 1) if actual_s > 0 else None,
+            "drafts": spec}
+
+
+def summary_lines(s: dict) -> list[str]:
+    lines = []
+    if s.get("estimate_seconds"):
+        lines.append(f"took {duration(s['actual_seconds'])} against an estimate of {duration(s['estimate_seconds'])} "
+                     f"({s['actual_over_estimate']:.2f}x)")
+    out = s.get("output_tokens") or {}
+    reasons = ", ".join(f"{k} {v}" for k, v in sorted(s.get("finish_reasons", {}).items()))
+    kv = f"KV {s['kv']}, " if s.get("kv", "unquantized") != "unquantized" else ""
+    lines.append(f"{s['passes']} passes, {kv}{s.get('rows_per_hour') or 0:.0f} rows/hour; finish reasons: {reasons or 'none'}"
+                 + (f"; output tokens min {out['min']}, median {out['median']}, max {out['max']}" if out else ""))
+    if d := s.get("drafts"):
+        lines.append(f"drafts: {d['proposed']} proposed, {d['accepted']} accepted ({d['accepted'] / d['proposed']:.0%}); "
+                     f"{d['tokens_per_decode_row']:.2f} tokens a decode row a pass")
+    return lines
+
+
