@@ -16,6 +16,7 @@ import typer
 from spill import config
 from spill.errors import SpillError
 from spill.memory import describe_line, memory_args
+from spill.streamer.shares import kv_setting
 
 from . import rundir
 from .first_use import make_demo
@@ -97,7 +98,7 @@ def run_job(*, model, input, output, max_tokens, temperature, resume, new, quiet
                                temperature=temperature, resume=resume, new=new)
     args["stream"] = bool(stream or config.stream() or args.get("stream"))   # SPILL_STREAM: --stream's default
     if kv and kv.get("kv_bits"):
-        if resume and (args.get("kv_bits"), args.get("kv_group_size") or 64) != (kv["kv_bits"], kv["kv_group_size"]):
+        if resume and kv_setting(args) != kv_setting(kv):
             raise SpillError(f"job {resume} runs with the KV format it started with; leave --kv-bits and "
                              f"--kv-group-size out to continue it, or run its input as a new job with them")
         args.update(kv)
@@ -158,7 +159,6 @@ def run_job(*, model, input, output, max_tokens, temperature, resume, new, quiet
                 except GroupDead:
                     continue
             raise GroupDead(f"the spill group stopped answering; {RESUME.format(job)}")
-        from spill.streamer.shares import kv_setting
         kv = kv_setting(args)
         with first_use(args.get("model"), kv) as said:
             s = _estimated(status)
