@@ -25,7 +25,7 @@ DOCS = ("README.md", "docs/guide.md")
 EXIT = '; echo "exit code $?"'
 JOB = r"\d{6}-\d{6}-[0-9a-f]{6}"
 INSTALL = re.compile(r"^pip install -e \S+ && ")
-TESTS = "python -m pytest -q"
+TESTS = "python -m pytest -q -n 2"
 _SHAPES = [   # (what a shown line says, what the actual line may say instead), tried in this order
     (re.compile(r"'[^']*'|\"[^\"]*\""), r"('.*'|\".*\")"),
     (re.compile(r"[─━═]+"), r"[─━═]+"),   # a table's rules, as wide as its widest cell

@@ -13,7 +13,7 @@ def test_every_command_the_docs_show_prints_what_they_show(tmp_path):
 
 def test_ci_runs_the_readme_s_install_and_test_commands():
     shown = [c.command for c in commands("README.md") if INSTALL.sub("", c.command) == TESTS]
-    assert shown == ["pip install -e '.[test]' && python -m pytest -q"], shown
+    assert shown == ["pip install -e '.[test]' && python -m pytest -q -n 2"], shown
     ci = (ROOT / ".ci" / "run").read_text().splitlines()
     assert "python -m pip install -q -e '.[test]'" in ci   # the README's install, quietly
     assert TESTS in ci, "CI must run the README's test command as it is"
