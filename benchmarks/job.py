@@ -4,7 +4,7 @@
 the ideal, rows per hour and finishing time per tier, and the job's `spill report` plot.
 
     python benchmarks/job.py [--size lean45] [--rows 200] [--max-tokens 128] [--limit 1.25GiB] [--dtype float32]
-                             [--fresh] [--warmup 24] [--pair-batch 8] [--kv-bits 8|4] [--figures JOB]
+                             [--fresh] [--warmup 24] [--pair-batch 8] [--kv-bits 8|4] [--speculate off] [--figures JOB]
 
 1. builds a factory model (`lean45` in float32: 2.55 GiB, twice the default 1.25 GiB cgroup) and the
    three-tier input (`three_tier.py`, token counts from the model's tokenizer); with --warmup, runs a
@@ -54,6 +54,7 @@ def parse() -> argparse.Namespace:
                    "(default: spill's own)")
     p.add_argument("--kv-bits", type=int, choices=(8, 4), help="spill's --kv-bits for every run (default: unquantized)")
     p.add_argument("--kv-group-size", type=int, default=64, help="spill's --kv-group-size with --kv-bits")
+    p.add_argument("--speculate", help="spill's --speculate for every run (default: spill's, auto)")
     p.add_argument("--pair-batch", type=int, default=8, help="rows of each tier's pair run (0: none)")
     p.add_argument("--figures", metavar="JOB", help="no runs: the figures of JOB, a job this script ran before in "
                    "--home with its input in --out")
@@ -167,6 +168,7 @@ def main() -> None:
     env = {**os.environ, "SPILL_HOME": str(home)}
     extra = ["--budget-fraction", str(a.budget_fraction)] if a.budget_fraction else []
     extra += ["--kv-bits", str(a.kv_bits), "--kv-group-size", str(a.kv_group_size)] if a.kv_bits else []
+    extra += ["--speculate", a.speculate] if a.speculate else []
     os.environ["SPILL_HOME"] = str(home)
     folder = model_folder(a)
     size = sum(f.stat().st_size for f in folder.glob("*.safetensors"))
