@@ -33,7 +33,6 @@ class SimRow:
     tier: str = ""
     context: int = 0          # a running row's tokens in its KV already (the live ETA): no prefill, at once
     max_tokens: int = 0       # what its slot is priced for, when it is known to end before it (0: out)
-    greedy: bool = True       # a sampled row drafts nothing (the streamer drafts greedy rows only)
 
 
 @dataclass
@@ -163,7 +162,7 @@ class _Drafts:
     def take(self, sched: Scheduler, planned) -> tuple[dict[int, int], list[list[int]]]:
         """({row: drafts accepted}, [[row, drafts carried]]) of the pass `planned`, as the streamer reports them."""
         self.rows += planned.shape.decode_rows
-        bounds = {r: k for r, k in planned.drafts.items() if self.by_id[r].greedy}
+        bounds = dict(planned.drafts)
         self.passes += bool(bounds)
         if self.acceptance is None or not bounds:
             return {}, []

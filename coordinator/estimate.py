@@ -102,7 +102,7 @@ def sim_rows(folder: Path, requests: list, which, defaults: dict, core=None) -> 
             if ids is None:
                 errors += 1
             else:
-                rows.append(SimRow(i, len(ids), request.max_tokens, greedy=request.sampling.greedy))
+                rows.append(SimRow(i, len(ids), request.max_tokens))
     return rows, errors
 
 
@@ -178,7 +178,7 @@ class JobEstimate:
 
     def to_wire(self) -> dict:
         """What the estimate's child hands the coordinator (JSON): the rows, the pre-run figure, the advice."""
-        return {"rows": [[r.row, r.prompt, r.out, r.tier, r.context, r.max_tokens, r.greedy] for r in self.rows], "first": asdict(self.first),
+        return {"rows": [[r.row, r.prompt, r.out, r.tier, r.context, r.max_tokens] for r in self.rows], "first": asdict(self.first),
                 "calibration": self.calibration, "advice": asdict(self.advice), "others": self.others,
                 "memory": self.memory, "fraction": self.fraction, "cost": self.cost, "kv": self.kv,
                 "speculate": self.speculate}
@@ -200,7 +200,7 @@ class JobEstimate:
         if now - self.at >= self.eta_s:   # rows left, the count-down at 0: at most half the time
             wait = min(wait, 2 * self.cost)
         if now - self.at >= wait:
-            left = [SimRow(r.row, r.prompt, max(r.out - g, 1), r.tier, context=r.prompt + g if g else 0, greedy=r.greedy)
+            left = [SimRow(r.row, r.prompt, max(r.out - g, 1), r.tier, context=r.prompt + g if g else 0)
                     for r in self.rows if r.row in pending for g in [generated.get(r.row, 0)]]
             self.eta_s, self.at = estimate_rows(self.folder, left, memory=self.memory, resident=self.advice.resident,
                                                 loaded=True, others=self.others, fraction=self.fraction,

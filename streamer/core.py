@@ -67,7 +67,7 @@ class Streamer:
         self.prefill_budget: int | None = None   # prompt tokens a pass of `step` may prefill in all; None: a chunk a row
         self.keep_logits = keep_logits
         self.seed = seed
-        self.speculate = speculate   # the job's --speculate K; above 0 its sampled rows draw as `verify` does
+        self.speculate = speculate   # the job's --speculate (K, or -1 auto); not 0: its sampled rows draw as `verify` does
         self._cpu, self._threads = mx.default_device() == mx.cpu, 0   # OpenBLAS's threads, set each pass
         self._reader_args = dict(dtype=self.dtype, read_ahead=read_ahead, drop_cache=drop_cache)
         self.reader = WeightReader(self.plan, **self._reader_args, in_flight=_in_flight(resident))
@@ -115,7 +115,7 @@ class Streamer:
 
     def _start(self, row: Row) -> RowState:
         self._check(row)
-        verified = self.speculate > 0 and row.teacher is None   # sampled rows: seeded draws, drafts or not
+        verified = self.speculate != 0 and row.teacher is None   # sampled rows: seeded draws, drafts or not
         state = RowState(row, RowSampler(row.sampling, self.seed + len(self.rows) + self.passes, verified))
         self.rows[row.id] = state
         return state

@@ -72,9 +72,9 @@ class WeightReader:
         self.buffers_made = 0                      # MLX buffers allocated (and zero-filled) for reads
         self._busy, self._error = 0, None   # IO-side threads inside a job; (position, error) for take() to raise
         self._dead: RuntimeError | None = None    # an IO-side thread stopped: take() and start_pass raise it
-        self._closed, self._threads = False, []   # the read and convert threads, once started
         self._stats = {"bytes_read": 0, "read_s": 0.0, "wait_s": 0.0, "convert_s": 0.0, "layers": 0}
-        self._rate = config.test_read_rate()      # SPILL_TEST_READ_RATE: bytes/s of a slow disk (0: no limit)
+        # the read and convert threads, once started; SPILL_TEST_READ_RATE, a slow disk's bytes/s (0: none)
+        self._closed, self._threads, self._rate = False, [], config.test_read_rate()
 
     def _place(self, into: str, engine, read_ahead: bool) -> None:
         """The read slots' buffers and where each layer's tensors sit; "pinned" is "buffers" where CUDA will not pin."""
@@ -102,8 +102,7 @@ class WeightReader:
         return out
 
     def start_pass(self, order: list[int] | None = None) -> None:
-        """Set the layers of this pass (default all, in order) and start reading the first.
-        A pass still in flight is abandoned."""
+        """Set the layers of this pass (default all, in order) and start reading the first; one in flight is abandoned."""
         n = len(self.plan.layers)
         order = list(range(n)) if order is None else [int(i) for i in order]
         bad = [i for i in order if not 0 <= i < n]

@@ -205,8 +205,6 @@ def test_drafts_without_a_measured_acceptance_are_not_priced_but_said():
     unpriced = simulate(rows, FifoPolicy(), waiting, READ_BOUND, BYTES, speculate=-1)
     assert (unpriced.passes, unpriced.total_seconds) == (off.passes, off.total_seconds)
     assert unpriced.drafts["speculate"] == "auto" and unpriced.drafts["acceptance"] is None
-    sampled = [SimRow(i, 16, 30, greedy=False) for i in range(8)]   # the streamer drafts greedy rows only
-    assert simulate(sampled, FifoPolicy(), waiting, READ_BOUND, BYTES, speculate=4, acceptance=0.9).passes == off.passes
 
 
 def test_auto_drafts_nothing_where_passes_are_compute_bound():

@@ -11,6 +11,7 @@ import pytest
 from spill.streamer.core import PassPlan, Row, Streamer
 from spill.streamer.sampling import SamplingParams, target_logits
 from spill.streamer.verify import uniforms
+from spill.typed import AUTO_DRAFTS
 
 PROMPTS = {"a": [5, 9, 13, 5, 9, 21, 34, 5, 9, 13, 2, 8, 5, 9, 13], "b": [7, 8, 9, 7, 8, 9, 7, 8],
            "c": [30, 31, 32, 33, 30, 31]}
@@ -86,14 +87,15 @@ COOL = {"a": SamplingParams(temperature=0.05, seed=11), "b": SamplingParams(temp
         "c": SamplingParams(temperature=0.1)}   # c unseeded: the streamer's seed for it
 
 
-def test_a_sampled_rows_text_depends_only_on_its_seed_whatever_lookup_drafted(make_tiny):
+@pytest.mark.parametrize("speculate", [4, AUTO_DRAFTS])
+def test_a_sampled_rows_text_depends_only_on_its_seed_whatever_lookup_drafted(make_tiny, speculate):
     folder = make_tiny("llama", "float32")
-    runs = {k: drive(folder, k, sampling=COOL, speculate=4) for k in (0, 1, 2, 4)}
+    runs = {k: drive(folder, k, sampling=COOL, speculate=speculate) for k in (0, 1, 2, 4)}
     assert all(run.out == runs[0].out for run in runs.values())
     assert all(f == "length" for _, f in runs[0].out.values())
     assert not any(runs[0].accepted.values()) and all(runs[k].accepted["a"] > 0 for k in (1, 2, 4))
     assert sum(map(len, runs[4].passes.values())) < sum(map(len, runs[0].passes.values()))
-    again = drive(folder, 4, sampling=COOL, speculate=4)
+    again = drive(folder, 4, sampling=COOL, speculate=speculate)
     assert again.out == runs[4].out and again.accepted == runs[4].accepted
 
 
