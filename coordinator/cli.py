@@ -17,7 +17,8 @@ KV_BITS_HELP = "Store the decode rows' K and V quantized to 8 or 4 bits (MLX's a
 KV_GROUP_HELP = "Values sharing one scale and bias in quantized KV: 32, 64 or 128 (must divide the head dimension)."
 SPECULATE_HELP = ("Drafts a decode row carries each pass, from its own text (prompt lookup), verified in the same "
                   "read: auto (the default: as many as the pass's read hides and the row's acceptance pays for), "
-                  "off, or K, 1 to 16. Greedy rows give the same text.")
+                  "off, or K, 1 to 16. Greedy rows give the same text; sampled rows the same distribution, "
+                  "each row's text fixed by its seed.")
 CHECK_SPECULATE_HELP = ("Free-running rows carry up to K drafts a pass (prompt lookup), verified in the pass; in "
                         "float32 their greedy text must equal mlx-lm's: off (the default) or K, 1 to 16.")
 FRACTION_HELP = "Share of the working set that live allocation aims at (default 0.78; 0.90 of a CUDA GPU's memory)."
