@@ -8,7 +8,8 @@ text is the same as without drafts.
 Each tier is a prompt set of benchmarks/data (open questions, summaries, edits, documents; NOTICE.md gives their
 sources). `--read-rate` caps the weight reader's bytes/s (SPILL_TEST_READ_RATE): a slow disk under a fast compute,
 the ratio of the machines spill is for, where `auto` has a read to hide drafts under. Every run has its own
-SPILL_HOME under --out (the first run's calibration is copied to the others, so none probes twice).
+SPILL_HOME under --out, starting from the calibration the run before it left (none probes twice, and a setting
+given twice, `4,4`, prices its second run's estimate with the drafts' acceptance the first one measured).
 """
 
 import argparse
@@ -65,7 +66,10 @@ def run(a, tier: str, setting: str, rows: Path, seed_from: Path | None) -> dict:
     ps = passes(home)
     decode = sum(p["decode_rows"] for p in ps)
     accepted = sum(n for p in ps for _, n in p.get("accepted", []))
+    meta = json.loads(next((home / "jobs").iterdir()).joinpath("job.json").read_text())
+    summary = meta.get("summary") or {}
     return {"tier": tier, "speculate": setting, "rows": len(texts(out)), "passes": len(ps),
+            "estimate_s": summary.get("estimate_seconds"), "actual_s": summary.get("actual_seconds"),
             "decode_row_passes": decode, "proposed": sum(n for p in ps for _, n in p.get("drafted", [])),
             "accepted": accepted, "tokens_per_decode_row": round((decode + accepted) / max(decode, 1), 3),
             "pass_s": round(sum(p["seconds"] for p in ps), 2), "wall_s": round(wall, 1), "home": str(home),
@@ -82,7 +86,7 @@ def main() -> None:
         base = None
         for setting in a.settings.split(","):
             r = run(a, tier, setting, rows, seed)
-            seed = seed or Path(r["home"])
+            seed = Path(r["home"])   # the next run starts from this one's calibration (its drafts' acceptance too)
             if base is None:
                 base = r
             else:
