@@ -48,12 +48,12 @@ def passes(home: Path) -> list[dict]:
     return [p for p in lines if "seconds" in p]
 
 
-def run(a, tier: str, setting: str, rows: Path, seed_from: Path | None) -> dict:
-    home = a.out / f"{tier}-{setting}"
+def run(a, tier: str, setting: str, rows: Path, seed_from: Path | None, n: int) -> dict:
+    home = a.out / f"{tier}-{n}-{setting}"   # a setting given twice runs twice, each in a home of its own
     shutil.rmtree(home, ignore_errors=True)
     if seed_from is not None:
         shutil.copytree(seed_from / "calibration", home / "calibration")
-    out = a.out / f"{tier}-{setting}.out.jsonl"
+    out = a.out / f"{tier}-{n}-{setting}.out.jsonl"
     env = {**os.environ, "SPILL_HOME": str(home), **({"SPILL_TEST_READ_RATE": str(a.read_rate)} if a.read_rate else {})}
     cmd = [sys.executable, "-m", "spill.coordinator.cli", "run", a.model, str(rows), "-o", str(out), "--new",
            "--quiet", "--speculate", setting, *(["--stream"] if a.stream else []),
@@ -84,8 +84,8 @@ def main() -> None:
         rows = a.out / f"{tier}.jsonl"
         rows.write_text("".join((DATA / f"{tier}.jsonl").read_text().splitlines(keepends=True)[:a.rows]))
         base = None
-        for setting in a.settings.split(","):
-            r = run(a, tier, setting, rows, seed)
+        for n, setting in enumerate(a.settings.split(",")):
+            r = run(a, tier, setting, rows, seed, n)
             seed = Path(r["home"])   # the next run starts from this one's calibration (its drafts' acceptance too)
             if base is None:
                 base = r
