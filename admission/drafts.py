@@ -6,8 +6,8 @@ or padding), so a pass with a cap of c costs what (1 + c) times its decode rows 
 
     auto   every drafting row may carry up to c drafts, c the cap that gives the pass the most tokens a second
            (`PassModel.pass_s`), priced as the streamer runs it: a (1 + c)-token chunk for every decode row; a
-           row carries no draft less likely than LEAST to add a token; a pass that is compute-bound already
-           (a CPU), resident (nothing read) or uncalibrated drafts nothing
+           row carries no draft less likely than LEAST to add a token; where compute is the pass's cost only
+           rows that accept nearly everything pay for it; a resident (nothing read) or uncalibrated pass drafts nothing
     off    none (0)
     K      up to K every pass, for tests, benchmarks and users who know their job
 
