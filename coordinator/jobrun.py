@@ -153,6 +153,11 @@ class JobRun:
         return self.defaults.get("speculate") or 0
 
     @property
+    def draft(self) -> str:
+        """The draft model's folder (--draft); "": drafts by prompt lookup."""
+        return self.defaults.get("draft") or ""
+
+    @property
     def kv_format(self) -> str:
         from spill.streamer.shares import kv_format
         return kv_format(self.kv[0] or None, self.kv[1])

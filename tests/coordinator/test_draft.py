@@ -1,0 +1,58 @@
+"""--draft at the front door: a job with a draft model writes every greedy row's text as without drafts, with drafts
+accepted; it keeps its draft for --resume, and refuses another vocabulary and quantized KV in one sentence."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from spill.coordinator.cli import app
+from spill.errors import SpillError
+
+from .group_util import read_output, seed_home, spill, texts
+from .test_speculate import _input
+
+runner = CliRunner()
+
+
+def test_a_draft_is_kept_with_the_job_and_refused_with_another_vocabulary_or_quantized_kv(make_tiny, tmp_path,
+                                                                                          monkeypatch):
+    from spill.coordinator.jobrun import JobRun
+    from spill.coordinator.submit import prepare
+    monkeypatch.setenv("SPILL_HOME", str(tmp_path / "home"))
+    model, draft, rows = str(make_tiny("llama")), str(make_tiny("llama", seed=1)), str(_input(tmp_path / "in.jsonl"))
+    s = prepare({"model": model, "input": rows, "speculate": 4, "draft": draft}, {}, {}, True)
+    assert s.params["draft"] == draft and prepare({"resume": s.job.id}, {}, {}, True).args["draft"] == draft
+    assert JobRun(s.job, s.requests, model, s.job.meta["params"]).draft == draft   # what the group's RESET carries
+    group = prepare({"model": model, "input": rows, "new": True}, {"draft": draft}, {}, True)   # `spill up --draft`
+    assert group.params["draft"] == draft
+    other = runner.invoke(app, ["run", "--resume", s.job.id, "--draft", model])
+    assert other.exit_code == 2 and f"job {s.job.id} runs with the --draft it started with" in other.output
+    foreign = tmp_path / "foreign"
+    shutil.copytree(model, foreign)
+    shutil.copy(Path(__file__).parents[1] / "data" / "mistral-v0.3" / "tokenizer.json", foreign / "tokenizer.json")
+    with pytest.raises(SpillError) as err:
+        prepare({"model": model, "input": rows, "draft": str(foreign), "new": True}, {}, {}, True)
+    assert str(err.value) == (f"--draft {foreign}: its vocabulary (32768 tokens) differs from the model's (2048 "
+                              "tokens); give --draft a smaller model that shares the model's tokenizer (the same "
+                              "family), or leave --draft out")
+    with pytest.raises(SpillError, match="^--draft verifies drafts over unquantized KV only for now; leave --kv-bits"):
+        prepare({"model": model, "input": rows, "draft": draft, "kv_bits": 8, "kv_group_size": 32, "new": True}, {}, {}, True)
+
+
+def test_spill_run_with_a_draft_writes_the_same_text_with_drafts_accepted(make_tiny, tmp_path, monkeypatch,
+                                                                          llama_calibration):
+    monkeypatch.setenv("SPILL_HOME", str(tmp_path / "home"))
+    seed_home(tmp_path / "home", llama_calibration)
+    model, rows = make_tiny("llama", "float32"), _input(tmp_path / "in.jsonl", 4)
+    out = {k: tmp_path / f"out-{k}.jsonl" for k in ("off", "draft")}
+    said = {"off": spill("run", model, rows, "-o", out["off"], "--speculate", "off", "--new"),
+            "draft": spill("run", model, rows, "-o", out["draft"], "--speculate", "4", "--draft", model, "--new")}
+    for k, s in said.items():
+        assert s.returncode == 0, s.stdout + s.stderr
+    assert texts(read_output(out["draft"])) == texts(read_output(out["off"]))
+    jobs = {json.loads((d / "job.json").read_text())["output"]: d for d in (tmp_path / "home" / "jobs").iterdir()}
+    passes = [json.loads(line) for line in (jobs[str(out["draft"])] / "passes.jsonl").read_text().splitlines()]
+    assert sum(n for p in passes for _, n in p.get("accepted", [])) > 0
