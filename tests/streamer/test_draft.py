@@ -56,6 +56,21 @@ def test_a_draft_of_other_weights_has_few_drafts_accepted_and_the_same_tokens(ma
     assert spec.drafted > 0 and spec.accepted < spec.drafted / 2
 
 
+def test_the_draft_models_cache_moves_back_to_what_the_row_kept(make_tiny):
+    from spill.streamer.draft import DraftModel
+    from spill.streamer.groups import RowState
+    from spill.streamer.sampling import RowSampler
+    other = make_tiny("llama", "float32", seed=1)
+    row, kept = RowState(Row("a", PROMPTS["a"], 40), RowSampler(SamplingParams(), 0)), DraftModel(other, None, None)
+    row.tokens = [3]
+    first = kept.propose([(row, 4)], {"a"})[id(row)]
+    row.tokens += [first[0], (first[1] + 1) % 2048, 7]   # the row kept one draft, then took tokens of its own
+    again = kept.propose([(row, 4)], {"a"})[id(row)]
+    assert again == DraftModel(other, None, None).propose([(row, 4)], {"a"})[id(row)]   # a cache made anew
+    assert kept.caches["a"][0][0].offset == len(PROMPTS["a"]) + len(row.tokens) + 3   # its 4th draft never fed
+    assert kept.propose([], set()) == {} and kept.caches == {}   # a row gone: its cache too
+
+
 def test_a_sampled_rows_seeded_text_is_the_same_at_any_bound_with_a_draft(make_tiny):
     folder, other = make_tiny("qwen2", "float32"), make_tiny("qwen2", "float32", seed=1)
     runs = {k: drive(folder, k, draft=folder, sampling=COOL, speculate=4) for k in (0, 1, 4)}
