@@ -33,7 +33,7 @@ CHUNK = 512   # prompt tokens the draft model takes a step when it catches up (i
 
 class DraftModel:
     def __init__(self, folder, dtype, vocab: int):
-        from mlx_lm.models.cache import make_prompt_cache
+        from mlx_lm.models.cache import KVCache, make_prompt_cache
         from mlx_lm.utils import load_config, load_model
 
         from .families.rope import rope_config
@@ -47,45 +47,70 @@ class DraftModel:
             self.model.set_dtype(dtype)
         mx.eval(self.model.parameters())
         self.caches: dict = {}   # row id -> (its cache, the tokens it holds)
+        # rows' steps batched where every layer's cache is a plain KVCache (BatchKVCache merges those)
+        self.batched = all(type(c) is KVCache for c in make_prompt_cache(self.model))
 
     def propose(self, wanted: list, live: set) -> dict[int, list[int]]:
         """wanted: (row state, k) -> id(row state) -> its k drafts; caches of rows not in `live` (ids) go."""
         for rid in [rid for rid in self.caches if rid not in live]:
             del self.caches[rid]
-        return {id(r): self._row(r, k) for r, k in wanted}
+        if len(wanted) > 1 and self.batched:
+            return self._together(wanted)
+        return {id(r): self._steps([r], k, 1)[0][:k] for r, k in wanted}
 
     def clear(self) -> None:
         self.caches = {}
 
-    def _row(self, r, k: int) -> list[int]:
-        tokens = list(r.row.prompt) + r.tokens
+    def _together(self, wanted: list) -> dict[int, list[int]]:
+        """Every row's k steps in one batch: each cache cut back (or fed) to all but its last m tokens, m the most
+        any row lacks, then merged into mlx-lm's BatchKVCache (left-padded) and split again after."""
+        rows, tokens = [r for r, _ in wanted], [list(r.row.prompt) + r.tokens for r, _ in wanted]
+        held = [_shared(self.caches[r.row.id][1], t[:-1]) if r.row.id in self.caches else 0 for r, t in zip(rows, tokens)]
+        m = min(max(len(t) - h for t, h in zip(tokens, held)), min(map(len, tokens)))
+        drafts = self._steps(rows, max(k for _, k in wanted), m)
+        return {id(r): d[:k] for (r, k), d in zip(wanted, drafts)}
+
+    def _steps(self, rows: list, k: int, m: int) -> list[list[int]]:
+        """k drafts of each row: its cache made to hold all but its last m tokens, which the first step feeds."""
+        from mlx_lm.models.cache import BatchKVCache
+        tokens = [list(r.row.prompt) + r.tokens for r in rows]
+        caches = [self._held(r, t, len(t) - m) for r, t in zip(rows, tokens)]
+        cache = caches[0] if len(rows) == 1 else [BatchKVCache.merge(list(c)) for c in zip(*caches)]
+        fed, out = mx.array([t[-m:] for t in tokens], dtype=mx.int32), [[] for _ in rows]
+        for j in range(k):
+            logits = self.model(fed, cache=cache)[:, -1, :self.vocab].astype(mx.float32)
+            for i, tok in enumerate(self._pick(logits, rows, j)):
+                out[i].append(tok)
+            fed = mx.array([d[-1:] for d in out], dtype=mx.int32)
+        for i, (r, t) in enumerate(zip(rows, tokens)):
+            self.caches[r.row.id] = (cache if len(rows) == 1 else [c.extract(i) for c in cache], t + out[i][:-1])
+        return out
+
+    def _held(self, r, tokens: list[int], n: int) -> list:
+        """The row's cache holding exactly its first n tokens: cut back to what it shares with them, fed the rest."""
         cache, seen = self.caches.get(r.row.id) or (self._new(self.model), [])
-        keep = _shared(seen, tokens[:-1])
+        keep = min(_shared(seen, tokens), n)
         if keep < len(seen):
             if all(c.is_trimmable() for c in cache):
                 for c in cache:
                     c.trim(len(seen) - keep)
             else:   # a cache that cannot move back (a rotated window): a new one from the start
                 cache, keep = self._new(self.model), 0
-        for at in range(keep, len(tokens) - 1, CHUNK):   # what it has not seen but the last token: its KV only
-            self.model(mx.array(tokens[at:min(at + CHUNK, len(tokens) - 1)], dtype=mx.int32)[None], cache=cache)
+        for at in range(keep, n, CHUNK):   # its KV only: the logits of these positions are never computed
+            self.model(mx.array(tokens[at:min(at + CHUNK, n)], dtype=mx.int32)[None], cache=cache)
             mx.eval([c.state for c in cache])
-        fed, out = tokens[-1:], []
-        for j in range(k):
-            logits = self.model(mx.array(fed, dtype=mx.int32)[None], cache=cache)[0, -1, :self.vocab]
-            out.append(self._pick(logits.astype(mx.float32), r, len(r.tokens) + j))
-            fed = out[-1:]
-        self.caches[r.row.id] = (cache, tokens + out[:-1])
-        return out
+        return cache
 
-    @staticmethod
-    def _pick(logits: mx.array, r, index: int) -> int:
-        """The draft at output index `index`: the argmax (greedy), else the draft's draw by the target's uniform."""
-        p = r.sampler.params
-        if p.greedy:
-            return int(mx.argmax(logits))
-        q = mx.softmax(target_logits(logits[None], p), axis=-1)
-        return int(draw(q, uniforms(r.sampler.seed, [index], 1))[0])
+    def _pick(self, logits: mx.array, rows: list, j: int) -> list[int]:
+        """logits [rows, V] -> each row's j-th draft: the argmax (greedy), else the draft model's draw by the
+        uniform the target draws that output index with."""
+        top = mx.argmax(logits, axis=-1).tolist()
+        for i, r in enumerate(rows):
+            p = r.sampler.params
+            if not p.greedy:
+                q = mx.softmax(target_logits(logits[i:i + 1], p), axis=-1)
+                top[i] = int(draw(q, uniforms(r.sampler.seed, [len(r.tokens) + j], 1))[0])
+        return top
 
 
 def _shared(a: list[int], b: list[int]) -> int:

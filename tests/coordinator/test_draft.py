@@ -42,11 +42,12 @@ def test_a_draft_is_kept_with_the_job_and_refused_with_another_vocabulary_or_qua
         prepare({"model": model, "input": rows, "draft": draft, "kv_bits": 8, "kv_group_size": 32, "new": True}, {}, {}, True)
 
 
+@pytest.mark.slow   # two embedded groups, 10-15 s on two cores
 def test_spill_run_with_a_draft_writes_the_same_text_with_drafts_accepted(make_tiny, tmp_path, monkeypatch,
                                                                           llama_calibration):
     monkeypatch.setenv("SPILL_HOME", str(tmp_path / "home"))
     seed_home(tmp_path / "home", llama_calibration)
-    model, rows = make_tiny("llama", "float32"), _input(tmp_path / "in.jsonl", 4)
+    model, rows = make_tiny("llama", "float32"), _input(tmp_path / "in.jsonl", 2)
     out = {k: tmp_path / f"out-{k}.jsonl" for k in ("off", "draft")}
     said = {"off": spill("run", model, rows, "-o", out["off"], "--speculate", "off", "--new"),
             "draft": spill("run", model, rows, "-o", out["draft"], "--speculate", "4", "--draft", model, "--new")}

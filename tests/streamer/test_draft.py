@@ -6,6 +6,7 @@ import shutil
 from pathlib import Path
 from typing import NamedTuple
 
+import pytest
 from typer.testing import CliRunner
 
 from spill.coordinator.cli import app
@@ -42,8 +43,9 @@ def drive(folder, k: int, draft=None, sampling=None, speculate: int = 0, max_tok
         plan = PassPlan(drafts={rid: k for rid in PROMPTS})
 
 
-def test_the_target_as_its_own_draft_has_every_draft_accepted_and_the_same_tokens(make_tiny):
-    folder = make_tiny("llama", "float32")
+@pytest.mark.parametrize("family", ["llama", "gemma3_text"])   # gemma3: sliding-window caches, a row at a time
+def test_the_target_as_its_own_draft_has_every_draft_accepted_and_the_same_tokens(make_tiny, family):
+    folder = make_tiny(family, "float32")
     plain, spec = drive(folder, 0), drive(folder, 4, draft=folder)
     assert spec.out == plain.out and all(len(t) == 20 for t in spec.out.values())
     assert spec.accepted == spec.drafted > 0 and spec.passes < plain.passes
@@ -69,6 +71,16 @@ def test_the_draft_models_cache_moves_back_to_what_the_row_kept(make_tiny):
     assert again == DraftModel(other, None, None).propose([(row, 4)], {"a"})[id(row)]   # a cache made anew
     assert kept.caches["a"][0][0].offset == len(PROMPTS["a"]) + len(row.tokens) + 3   # its 4th draft never fed
     assert kept.propose([], set()) == {} and kept.caches == {}   # a row gone: its cache too
+    rows = [RowState(Row(rid, PROMPTS[rid], 40), RowSampler(SamplingParams(), 0)) for rid in ("a", "b")]
+    for r in rows:
+        r.tokens = [3]
+    together = kept.propose([(rows[0], 4), (rows[1], 2)], {"a", "b"})   # one batch: rows of unequal lengths
+    assert [len(together[id(r)]) for r in rows] == [4, 2]
+    rows[0].tokens += together[id(rows[0])][:2] + [9]   # a keeps two drafts, b none
+    rows[1].tokens += [11]
+    together = kept.propose([(r, 4) for r in rows], {"a", "b"})
+    assert [together[id(r)] for r in rows] == [DraftModel(other, None, None).propose([(r, 4)], {r.row.id})[id(r)]
+                                               for r in rows]
 
 
 def test_a_sampled_rows_seeded_text_is_the_same_at_any_bound_with_a_draft(make_tiny):
