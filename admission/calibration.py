@@ -200,10 +200,13 @@ class Calibrator:
         self.model, self.kv = "", None
         self.cal: Calibration | None = None
         self.streamed = 0                      # bytes a pass streams
+        self.lookup = True                     # the job's drafts are prompt lookup's (not a draft model's)
 
-    def reset(self, model: str, resident: bool = False, kv: tuple | None = None) -> None:
+    def reset(self, model: str, resident: bool = False, kv: tuple | None = None, draft: bool = False) -> None:
         """A new epoch; `resident`: passes read nothing, so no read time bounds a pass's prefill; `kv`: the job's
-        quantized KV format (its own calibration), None: unquantized."""
+        quantized KV format (its own calibration), None: unquantized; `draft`: drafts come from a draft model
+        (--draft), whose acceptance is not the model's own prompt lookup's and is not stored with it."""
+        self.lookup = not draft
         if model and (model, kv) != (self.model, self.kv):
             self.model, self.kv, self.cal = model, kv, None
             try:   # stored by the job's estimate before the job starts: admission never probes (nor loads MLX)
@@ -234,5 +237,6 @@ class Calibrator:
             self.cal.observe(Observation(shape.decode_rows, msg.prefill_tokens, shape.context_tokens,
                                          msg.bytes_streamed, msg.seconds, msg.wait_s, msg.compute_s, msg.read_s,
                                          prefill_groups=msg.prefill_groups, prefill_context=msg.prefill_context))
-            self.cal.observe_drafts(msg.drafted, msg.accepted)
+            if self.lookup:
+                self.cal.observe_drafts(msg.drafted, msg.accepted)
             self.cal.save()

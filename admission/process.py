@@ -34,7 +34,8 @@ def run_admission_process(endpoints, args, log) -> None:
         for msg in batch:
             if isinstance(msg, m.Reset):
                 epoch, job, running = msg.epoch, msg.job, None
-                calibrator.reset(msg.model, msg.resident, (msg.kv_bits, msg.kv_group_size) if msg.kv_bits else None)
+                calibrator.reset(msg.model, msg.resident, (msg.kv_bits, msg.kv_group_size) if msg.kv_bits else None,
+                                 bool(msg.draft))
                 if msg.model:
                     sched, others = _price(msg, args, box, log, calibrator)
                     runtime = msg.runtime
