@@ -57,3 +57,17 @@ def test_spill_run_with_a_draft_writes_the_same_text_with_drafts_accepted(make_t
     jobs = {json.loads((d / "job.json").read_text())["output"]: d for d in (tmp_path / "home" / "jobs").iterdir()}
     passes = [json.loads(line) for line in (jobs[str(out["draft"])] / "passes.jsonl").read_text().splitlines()]
     assert sum(n for p in passes for _, n in p.get("accepted", [])) > 0
+
+
+def test_the_estimate_prices_the_draft_models_weights_and_kv(make_tiny, tmp_path, monkeypatch, llama_calibration):
+    from spill.admission.simulate import SimRow
+    from spill.coordinator.estimate import JobEstimate, estimate_rows
+    monkeypatch.setenv("SPILL_HOME", str(tmp_path / "home"))
+    seed_home(tmp_path / "home", llama_calibration)
+    folder, rows = make_tiny("llama"), [SimRow(i, 200, 64) for i in range(300)]
+    plain, _ = estimate_rows(folder, rows, memory="48MiB", speculate=4)
+    drafted, _ = estimate_rows(folder, rows, memory="48MiB", speculate=4, draft=str(folder))
+    assert drafted.passes > plain.passes   # fewer rows a pass
+    assert drafted.drafts is None or drafted.drafts["acceptance"] is None   # lookup's acceptance is not the draft's
+    back = JobEstimate.from_wire(folder, JobEstimate(folder, rows[:4], 0, "48MiB", draft=str(folder)).to_wire())
+    assert back.draft == str(folder)
