@@ -251,6 +251,7 @@ def estimate_cmd(
     kv_bits: int = typer.Option(None, help=KV_BITS_HELP),
     kv_group_size: int = typer.Option(None, help=KV_GROUP_HELP + " Default 64."),
     speculate: str = typer.Option(None, help=SPECULATE_HELP),
+    draft: str = typer.Option(None, help=DRAFT_HELP),
 ) -> None:
     """How long `spill run MODEL INPUT` will take here: the rows tokenized, the schedule simulated pass by pass.
     Exit code: 0 an estimate, 2 none (no row can run as given; the lines say why) or a usage error."""
@@ -259,16 +260,17 @@ def estimate_cmd(
     from spill.coordinator.estimate_text import format_estimate
     from spill.memory import memory_args
     from spill.typed import AUTO_DRAFTS
-    from spill.coordinator.submit import speculate_refusal
+    from spill.coordinator.preflight import local_model
+    from spill.coordinator.submit import draft_refusal, speculate_refusal
     try:
         memory_args(memory, budget_fraction)   # checked as `spill run` checks them
         kv = kv_args(kv_bits, kv_group_size)
         drafts = AUTO_DRAFTS if (k := speculate_arg(speculate)) is None else k
-        if why := speculate_refusal(drafts, kv_bits):
+        if why := speculate_refusal(drafts, kv_bits) or draft_refusal(draft, kv_bits):
             raise SpillError(why)
         est, cal, advice = estimate_file(model, input, max_tokens=max_tokens, memory=memory, stream=stream,
                                          fraction=budget_fraction, kv=(kv_bits, kv["kv_group_size"]) if kv_bits else None,
-                                         speculate=drafts)
+                                         speculate=drafts, draft=local_model(draft) if draft else None)
     except SpillError as err:
         _fail(err)
     typer.echo(json.dumps({**est.to_dict(), "advice": advice.line, "calibration": cal}) if as_json

@@ -53,16 +53,22 @@ def remembered_others() -> int | None:
 
 def estimate_file(model: str, input: Path, *, max_tokens: int = 256, memory: str | None = None,
                   stream: bool = False, fraction: float | None = None,
-                  kv: tuple | None = None, speculate: int = AUTO_DRAFTS) -> tuple[Estimate, dict, Advice]:
+                  kv: tuple | None = None, speculate: int = AUTO_DRAFTS, draft: str | None = None
+                  ) -> tuple[Estimate, dict, Advice]:
     """(the estimate, the calibration it used with the group's memory it priced, the advice) for a batch
     file as `spill run` would run it (`fraction`: --budget-fraction, None for the default; `kv`: the KV
-    quantization, (bits, group size), None unquantized; `speculate`: --speculate's drafts)."""
+    quantization, (bits, group size), None unquantized; `speculate`: --speculate's drafts; `draft`: --draft's model)."""
     from .first_use import calibrate, make_demo
     if model == "demo":
         make_demo()
     folder = resolve(model)
     if kv and (why := plan_kv_refusal(*kv, load_plan(folder))):
         raise SpillError(why)
+    if draft:
+        from .submit import vocabulary_refusal
+        if why := vocabulary_refusal(folder, drafts := resolve(draft), draft):
+            raise SpillError(why)
+        draft = str(drafts)
     requests, bad = read_batch(Path(input))
     calibrate(folder, kv)
     rows, errors = sim_rows(folder, requests, range(len(requests)), {"max_tokens": max_tokens})
@@ -70,7 +76,7 @@ def estimate_file(model: str, input: Path, *, max_tokens: int = 256, memory: str
     advice = advise_rows(folder, rows, memory=memory, stream=stream, name=model, fraction=fraction,
                          others=others or 0, kv=kv)
     est, cal = estimate_rows(folder, rows, errors=errors + len(bad), memory=memory, resident=advice.resident,
-                             fraction=fraction, others=others or 0, kv=kv, speculate=speculate)
+                             fraction=fraction, others=others or 0, kv=kv, speculate=speculate, draft=draft)
     if kv is None and est.passes and not est.shortfall:   # KV-bound: 8-bit KV fits more rows a pass
         eight = (8, max(g for g in KV_GROUP_SIZES[:2] if load_plan(folder).kv_heads_and_dim[1] % g == 0))
         alt, _ = estimate_rows(folder, rows, errors=errors + len(bad), memory=memory, resident=advice.resident,

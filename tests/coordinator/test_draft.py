@@ -2,7 +2,6 @@
 accepted; it keeps its draft for --resume, and refuses another vocabulary and quantized KV in one sentence."""
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -11,6 +10,7 @@ from typer.testing import CliRunner
 from spill.coordinator.cli import app
 from spill.errors import SpillError
 
+from ..streamer.test_draft import _other_vocabulary
 from .group_util import read_output, seed_home, spill, texts
 from .test_speculate import _input
 
@@ -30,14 +30,10 @@ def test_a_draft_is_kept_with_the_job_and_refused_with_another_vocabulary_or_qua
     assert group.params["draft"] == draft
     other = runner.invoke(app, ["run", "--resume", s.job.id, "--draft", model])
     assert other.exit_code == 2 and f"job {s.job.id} runs with the --draft it started with" in other.output
-    foreign = tmp_path / "foreign"
-    shutil.copytree(model, foreign)
-    shutil.copy(Path(__file__).parents[1] / "data" / "mistral-v0.3" / "tokenizer.json", foreign / "tokenizer.json")
+    foreign = _other_vocabulary(Path(model), tmp_path)
     with pytest.raises(SpillError) as err:
         prepare({"model": model, "input": rows, "draft": str(foreign), "new": True}, {}, {}, True)
-    assert str(err.value) == (f"--draft {foreign}: its vocabulary (32768 tokens) differs from the model's (2048 "
-                              "tokens); give --draft a smaller model that shares the model's tokenizer (the same "
-                              "family), or leave --draft out")
+    assert str(err.value) == refusal(foreign)
     with pytest.raises(SpillError, match="^--draft verifies drafts over unquantized KV only for now; leave --kv-bits"):
         prepare({"model": model, "input": rows, "draft": draft, "kv_bits": 8, "kv_group_size": 32, "new": True}, {}, {}, True)
 
@@ -71,3 +67,20 @@ def test_the_estimate_prices_the_draft_models_weights_and_kv(make_tiny, tmp_path
     assert drafted.drafts is None or drafted.drafts["acceptance"] is None   # lookup's acceptance is not the draft's
     back = JobEstimate.from_wire(folder, JobEstimate(folder, rows[:4], 0, "48MiB", draft=str(folder)).to_wire())
     assert back.draft == str(folder)
+
+
+def refusal(foreign: Path) -> str:
+    return (f"--draft {foreign}: its vocabulary (32768 tokens) differs from the model's (2048 tokens); give --draft a "
+            "smaller model that shares the model's tokenizer (the same family), or leave --draft out")
+
+
+def test_spill_estimate_with_a_draft_prices_it_and_refuses_another_vocabulary(make_tiny, tmp_path, monkeypatch,
+                                                                              llama_calibration):
+    monkeypatch.setenv("SPILL_HOME", str(tmp_path / "home"))
+    seed_home(tmp_path / "home", llama_calibration)
+    model, rows = make_tiny("llama"), str(_input(tmp_path / "in.jsonl"))
+    said = runner.invoke(app, ["estimate", str(model), rows, "--speculate", "4", "--draft", str(model), "--json"])
+    assert said.exit_code == 0 and json.loads(said.output)["passes"] > 0, said.output
+    foreign = _other_vocabulary(model, tmp_path)
+    said = runner.invoke(app, ["estimate", str(model), rows, "--draft", str(foreign)])
+    assert said.exit_code == 2 and said.output.strip() == f"spill: {refusal(foreign)}"
