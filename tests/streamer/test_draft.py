@@ -117,3 +117,13 @@ def test_check_with_a_draft_and_quantized_kv_is_one_sentence(make_tiny):
     said = CliRunner().invoke(app, ["check", str(folder), "--speculate", "4", "--draft", str(folder), "--kv-bits", "8"])
     assert said.exit_code == 2 and said.output.strip() == (
         "spill: --draft verifies drafts over unquantized KV only for now; leave --kv-bits out, or leave --draft out")
+
+
+def test_the_actors_reset_loads_the_jobs_draft_model_and_drops_it(make_tiny):
+    from spill import messages as m
+    from spill.streamer.process import StreamerActor
+    folder, actor = str(make_tiny("llama", "float32")), StreamerActor()
+    actor.reset(m.decode(m.encode(m.Reset(1, folder, speculate=4, draft=folder))))   # as it crosses the wire
+    assert actor.engine.draft.folder == folder
+    actor.reset(m.Reset(2, folder, speculate=4))   # the next job's: prompt lookup
+    assert actor.engine.draft is None
