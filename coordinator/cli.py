@@ -102,11 +102,11 @@ def check_cmd(
     from spill.streamer.check import run_check
     try:
         folder, drafts = model_folder(model), model_folder(draft) if draft else None
-        if why := draft and (draft_refusal(draft, kv_bits) or vocabulary_refusal(folder, drafts, draft)):
+        spec = speculate_arg(speculate) or 0
+        if why := draft and (draft_refusal(draft, kv_bits, spec) or vocabulary_refusal(folder, drafts, draft)):
             raise SpillError(why)
         report = run_check(folder, n=rows, max_tokens=max_tokens, prefill_chunk=prefill_chunk, dtype=dtype,
-                           tolerance=tolerance, **kv_args(kv_bits, kv_group_size), speculate=speculate_arg(speculate) or 0,
-                           draft=drafts)
+                           tolerance=tolerance, **kv_args(kv_bits, kv_group_size), speculate=spec, draft=drafts)
     except SpillError as err:
         _fail(err)
     if not print_check(report):
@@ -266,7 +266,7 @@ def estimate_cmd(
         memory_args(memory, budget_fraction)   # checked as `spill run` checks them
         kv = kv_args(kv_bits, kv_group_size)
         drafts = AUTO_DRAFTS if (k := speculate_arg(speculate)) is None else k
-        if why := speculate_refusal(drafts, kv_bits) or draft_refusal(draft, kv_bits):
+        if why := speculate_refusal(drafts, kv_bits) or draft_refusal(draft, kv_bits, drafts):
             raise SpillError(why)
         est, cal, advice = estimate_file(model, input, max_tokens=max_tokens, memory=memory, stream=stream,
                                          fraction=budget_fraction, kv=(kv_bits, kv["kv_group_size"]) if kv_bits else None,

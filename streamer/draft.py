@@ -14,7 +14,7 @@ A greedy row's draft is the draft model's argmax. A sampled row's j-th draft is 
 uniform the target draws its token at that output index with (`verify.uniforms`, stream 1): verification
 keeps a draft where the target's draw equals it, so the row's text is the target's seeded draws whatever the
 draft proposed or how many, and the draft only decides how many tokens a pass gives. The draft's
-vocabulary must be the target's (`coordinator/submit.draft_refusal`); logits past the target's
+vocabulary must be the target's (`coordinator/submit.vocabulary_refusal`); logits past the target's
 vocab_size (a padded embedding) are cut off.
 """
 

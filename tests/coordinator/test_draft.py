@@ -36,6 +36,8 @@ def test_a_draft_is_kept_with_the_job_and_refused_with_another_vocabulary_or_qua
     assert str(err.value) == refusal(foreign)
     with pytest.raises(SpillError, match="^--draft verifies drafts over unquantized KV only for now; leave --kv-bits"):
         prepare({"model": model, "input": rows, "draft": draft, "kv_bits": 8, "kv_group_size": 32, "new": True}, {}, {}, True)
+    with pytest.raises(SpillError, match="^--draft proposes the drafts --speculate carries, which is off; add"):
+        prepare({"model": model, "input": rows, "draft": draft, "speculate": 0, "new": True}, {}, {}, True)
 
 
 @pytest.mark.slow   # two embedded groups, 10-15 s on two cores
