@@ -40,7 +40,6 @@ def test_a_draft_is_kept_with_the_job_and_refused_with_another_vocabulary_or_qua
         prepare({"model": model, "input": rows, "draft": draft, "speculate": 0, "new": True}, {}, {}, True)
 
 
-@pytest.mark.slow   # two embedded groups, 10-15 s on two cores
 def test_spill_run_with_a_draft_writes_the_same_text_with_drafts_accepted(make_tiny, tmp_path, monkeypatch,
                                                                           llama_calibration):
     monkeypatch.setenv("SPILL_HOME", str(tmp_path / "home"))
