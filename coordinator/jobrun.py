@@ -216,7 +216,7 @@ class JobRun:
     def summary(self) -> dict:
         from .estimate_text import summary
         return summary(self.estimate.first.total_seconds if self.estimate else None, self.actual_seconds(),
-                       self.finishes, self.lengths, self.passes, self.kv_format, self.drafts)
+                       self.finishes, self.lengths, self.passes, self.kv_format, self.drafts, self.draft)
 
 
 def row_request(r: Request, defaults: dict, seed: int | None) -> m.RowRequest:

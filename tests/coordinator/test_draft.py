@@ -51,6 +51,7 @@ def test_spill_run_with_a_draft_writes_the_same_text_with_drafts_accepted(make_t
     for k, s in said.items():
         assert s.returncode == 0, s.stdout + s.stderr
     assert texts(read_output(out["draft"])) == texts(read_output(out["off"]))
+    assert f"drafts from the draft model {model}: " in said["draft"].stdout
     jobs = {json.loads((d / "job.json").read_text())["output"]: d for d in (tmp_path / "home" / "jobs").iterdir()}
     passes = [json.loads(line) for line in (jobs[str(out["draft"])] / "passes.jsonl").read_text().splitlines()]
     assert sum(n for p in passes for _, n in p.get("accepted", [])) > 0
