@@ -9,6 +9,11 @@ fed the rest, and the row's k drafts are taken one step at a time:
     cache held   p p p p a x y        (x y: last pass's drafts; x was rejected for b)
     cut to       p p p p a            then fed b -> d1, then d1 -> d2 ... (k steps)
 
+Every row's steps run as one batch: each cache is cut back to all but the row's last m tokens (m the most any
+row lacks, so the first step feeds every row m tokens), the caches are merged into mlx-lm's BatchKVCache
+(left-padded to the longest row), and split back into each row's after its k steps. A model whose caches
+cannot merge (sliding windows: RotatingKVCache) steps a row at a time.
+
 A greedy row's draft is the draft model's argmax. A sampled row's j-th draft is the draft model's own draw
 (its distribution filtered by the row's temperature, top_k and top_p, as `sampling.target_logits`) by the
 uniform the target draws its token at that output index with (`verify.uniforms`, stream 1): verification
@@ -32,7 +37,7 @@ CHUNK = 512   # prompt tokens the draft model takes a step when it catches up (i
 
 
 class DraftModel:
-    def __init__(self, folder, dtype, vocab: int):
+    def __init__(self, folder, dtype, vocab: int | None):
         from mlx_lm.models.cache import KVCache, make_prompt_cache
         from mlx_lm.utils import load_config, load_model
 
