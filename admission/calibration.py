@@ -200,10 +200,14 @@ class Calibrator:
         self.model, self.kv = "", None
         self.cal: Calibration | None = None
         self.streamed = 0                      # bytes a pass streams
+        self.lookup = True                     # the job's passes are the model's own (no --draft model beside it)
 
-    def reset(self, model: str, resident: bool = False, kv: tuple | None = None) -> None:
+    def reset(self, model: str, resident: bool = False, kv: tuple | None = None, draft: bool = False) -> None:
         """A new epoch; `resident`: passes read nothing, so no read time bounds a pass's prefill; `kv`: the job's
-        quantized KV format (its own calibration), None: unquantized."""
+        quantized KV format (its own calibration), None: unquantized; `draft`: drafts come from a draft model
+        (--draft): its passes (their time holds the draft model's, their acceptance is not the model's prompt
+        lookup's) are not learned into the model's calibration."""
+        self.lookup = not draft
         if model and (model, kv) != (self.model, self.kv):
             self.model, self.kv, self.cal = model, kv, None
             try:   # stored by the job's estimate before the job starts: admission never probes (nor loads MLX)
@@ -230,7 +234,8 @@ class Calibrator:
 
     def observe(self, shape, msg) -> None:
         """A pass as it was planned (`shape`: the rows that decoded in it and their context) and as it ran (`msg`)."""
-        if self.cal is not None:   # a resident pass reads nothing, yet prices compute and overhead
+        if self.cal is not None and self.lookup:   # a draft model's passes hold its time too: not the model's own
+            # a resident pass reads nothing, yet prices compute and overhead
             self.cal.observe(Observation(shape.decode_rows, msg.prefill_tokens, shape.context_tokens,
                                          msg.bytes_streamed, msg.seconds, msg.wait_s, msg.compute_s, msg.read_s,
                                          prefill_groups=msg.prefill_groups, prefill_context=msg.prefill_context))

@@ -8,7 +8,9 @@ The budget is a target for live allocation at the knee of the memory curve, not 
                  decode layer's freed KV)
                  + activations of the largest chunk + prompts' KV before they join the pool
                  + the other processes' resident memory
+                 + a draft model's weights (--draft: every tensor of its safetensors, in the compute dtype)
     KV budget  = budget - fixed
+    a row      = its tokens x (the target's KV a token + the draft model's, from its config) + logits and hidden state
 
 Resident (the advisor's choice, advisor.py), "resident tensors" are every layer's and none is in flight.
 On a CUDA GPU the working set is the GPU's, and what lives in the host's memory (the reader's buffers, the other
@@ -30,6 +32,7 @@ class Sheet:
     kv_per_token: int                        # bytes of K and V for one token in every layer, as a decode pool holds it
     prompt_kv_per_token: int = 0             # as a prefill group holds it (unquantized); 0: kv_per_token
     kv: tuple | None = None                  # the pools' KV quantization (bits, group size); None: unquantized
+    draft_kv_per_token: int = 0              # the draft model's KV for one token of a row (--draft), its own cache
     row_overhead: int = 0                    # per running row besides its KV (logits, hidden state)
     layers: int = 0                          # attention's copy of one layer's KV is priced per slot (0: not)
     fixed: dict[str, int] = field(default_factory=dict)
@@ -62,7 +65,7 @@ class Sheet:
 
     def cost(self, rows: int, longest: int) -> int:
         """Bytes reserved for `rows` running rows whose longest full length is `longest` tokens."""
-        return rows * (longest * self.kv_per_token + self.row_overhead)
+        return rows * (longest * (self.kv_per_token + self.draft_kv_per_token) + self.row_overhead)
 
     def prefill_kv(self, lengths: list[int]) -> int:
         """A prefill group's KV from its first chunk until it joins the pool: what Group.prefill allocates
@@ -98,10 +101,12 @@ _FLOAT = {"F16": 2, "BF16": 2, "F32": 4, "F64": 8}
 
 
 def sheet_for(plan, working_set: int, itemsize: int, *, prefill_tokens: int, prefill_chunk: int = 512,
-              others: int = 0, resident: bool = False, host_set: int = 0, kv: tuple | None = None, **lines) -> Sheet:
+              others: int = 0, resident: bool = False, host_set: int = 0, kv: tuple | None = None, draft=None,
+              **lines) -> Sheet:
     """The price sheet of `plan` (a streamer ModelPlan) computed in `itemsize`-byte floats. `resident`:
     every layer stays in memory after its first read (a fixed part), so no layer is in flight. `kv`: (bits,
-    group size) of the decode pools' quantized KV (prompts' KV stays unquantized until it joins a pool).
+    group size) of the decode pools' quantized KV (prompts' KV stays unquantized until it joins a pool). `draft`: the
+    plan of a resident draft model (--draft), its weights fixed and its KV priced per row.
     Each fixed price is what the streamer was measured to hold at its peak (docs/benchmarks.md, "Memory
     under the budget"); the margin is the cache's largest tensor, which the peak did not always fill."""
     def compute(t) -> int:
@@ -127,10 +132,13 @@ def sheet_for(plan, working_set: int, itemsize: int, *, prefill_tokens: int, pre
              # prompts' KV until they join the pool: twice on a CPU, once on a CUDA GPU (docs/benchmarks.md,
              # "Memory under the budget", measures both)
              "prefill_kv": (1 if host_set else 2) * prefill_tokens * prompt_kv,
-             "others": others}                          # the other processes' RSS and the streamer's runtime
+             "others": others,                          # the other processes' RSS and the streamer's runtime
+             "draft": 0 if draft is None else sum(compute(t) for ts in [draft.resident, *draft.layers] for t in ts)}
     host = {k: fixed.pop(k) for k in ("reader", "others")} if host_set else {}   # a CUDA GPU: the host's apart
     sheet = Sheet(working_set, kv_per_token=kv_per_token, prompt_kv_per_token=prompt_kv, kv=kv, layers=len(plan.layers),
-                  host=host, host_set=host_set, row_overhead=(int(c.get("vocab_size", 0)) + 4 * hidden) * 4, fixed=fixed, **lines)
+                  host=host, host_set=host_set, row_overhead=(int(c.get("vocab_size", 0)) + 4 * hidden) * 4, fixed=fixed,
+                  draft_kv_per_token=0 if draft is None else kv_token_bytes(len(draft.layers), *draft.kv_heads_and_dim,
+                                                                            itemsize), **lines)
     # room for what each decode layer frees beside the freed layer (with Streamer.step's emptied cache: ~0 faults)
     fixed["cache_kv"] = 0 if resident else min(2 * max(sheet.kv_budget, 0) // max(len(plan.layers), 1), layer)
     return sheet

@@ -34,7 +34,8 @@ def run_admission_process(endpoints, args, log) -> None:
         for msg in batch:
             if isinstance(msg, m.Reset):
                 epoch, job, running = msg.epoch, msg.job, None
-                calibrator.reset(msg.model, msg.resident, (msg.kv_bits, msg.kv_group_size) if msg.kv_bits else None)
+                calibrator.reset(msg.model, msg.resident, (msg.kv_bits, msg.kv_group_size) if msg.kv_bits else None,
+                                 bool(msg.draft))
                 if msg.model:
                     sched, others = _price(msg, args, box, log, calibrator)
                     runtime = msg.runtime
@@ -96,12 +97,13 @@ def _price(msg: m.Reset, args: dict, box, log, calibrator=None):
     """The scheduler for the job's model, its budget priced: (scheduler, other processes' RSS)."""
     try:
         plan = load_plan(msg.model)
+        draft = load_plan(msg.draft) if msg.draft else None   # --draft: its weights and KV priced beside the model's
     except SpillError:
         return None, 0   # the streamer fails the job with the loader's sentence
     others = _others_rss(runtime=(msg.runtime, msg.runtime_file))   # the other processes now, and the streamer's runtime
     kv = (msg.kv_bits, msg.kv_group_size) if msg.kv_bits else None   # the pools' KV quantization
     policy, ws = budget_policy(plan, args.get("memory"), args.get("budget_fraction"), others,
-                               args.get("prefill_chunk", 512), resident=msg.resident, kv=kv)
+                               args.get("prefill_chunk", 512), resident=msg.resident, kv=kv, draft=draft)
     sheet = policy.sheet
     log.info("budget", mode="resident" if msg.resident else "streamed", kv=kv_format(*(kv or (None,))),
              working_set=ws.bytes, source=ws.source, budget=sheet.budget, kv_budget=sheet.kv_budget,

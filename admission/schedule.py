@@ -29,9 +29,10 @@ from .prices import sheet_for
 
 def budget_policy(plan, memory_arg=None, fraction: float | None = None, others: int = 0,
                   prefill_chunk: int = 512, resident: bool = False,
-                  kv: tuple | None = None) -> tuple[BudgetPolicy, memory.WorkingSet]:
+                  kv: tuple | None = None, draft=None) -> tuple[BudgetPolicy, memory.WorkingSet]:
     """The budget policy for `plan` on this machine (`memory_arg`: --memory, else detected);
-    `resident`: every layer's weights priced as kept in memory; `kv`: the pools' (bits, group size), or None."""
+    `resident`: every layer's weights priced as kept in memory; `kv`: the pools' (bits, group size), or None;
+    `draft`: a resident draft model's plan (--draft), its weights and KV priced."""
     ws = memory.working_set(memory_arg)
     host = memory.host_apart()   # a CUDA GPU's: the host's memory, budgeted apart
     limit = memory.cgroup_limit()   # its usage counts as live only where it binds (prices.live_allocation)
@@ -42,6 +43,7 @@ def budget_policy(plan, memory_arg=None, fraction: float | None = None, others: 
     def price(tokens: int):
         return sheet_for(plan, ws.bytes, compute_itemsize(plan), prefill_tokens=tokens, prefill_chunk=prefill_chunk,
                          others=others, resident=resident, host_set=host.bytes if host else 0, fraction=share, kv=kv,
+                         draft=draft,
                          host_fraction=config.BUDGET_FRACTION, source=ws.source, cgroup_binds=binds,
                          guard=config.guard_line(bool(host), share), hard=config.hard_line(bool(host), share))
     tokens = config.prefill_tokens()
@@ -62,10 +64,10 @@ def compute_itemsize(plan) -> int:
 
 
 def policy_for(plan, memory_arg: str | None, model, resident: bool = False, fraction: float | None = None,
-               others: int = 0, kv: tuple | None = None):
+               others: int = 0, kv: tuple | None = None, draft=None):
     """(policy, SimRow -> its waiting record, SimRow -> the largest batch that fits rows like it);
-    `others`: the group's other processes' memory, priced as admission prices it."""
-    policy, _ = budget_policy(plan, memory_arg, fraction, others=others, resident=resident, kv=kv)
+    `others`: the group's other processes' memory, priced as admission prices it; `draft`: a draft model's plan."""
+    policy, _ = budget_policy(plan, memory_arg, fraction, others=others, resident=resident, kv=kv, draft=draft)
 
     def waiting(r) -> Waiting:   # only the prompt's length matters to the policy: a view of no size
         return Waiting(r.row, np.broadcast_to(np.int32(0), (r.prompt,)), r.max_tokens or r.out)

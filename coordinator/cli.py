@@ -21,6 +21,8 @@ SPECULATE_HELP = ("Drafts a decode row carries each pass, from its own text (pro
                   "each row's text fixed by its seed.")
 CHECK_SPECULATE_HELP = ("Free-running rows carry up to K drafts a pass (prompt lookup), verified in the pass; in "
                         "float32 their greedy text must equal mlx-lm's: off (the default) or K, 1 to 16.")
+DRAFT_HELP = ("A small model with the model's tokenizer (a folder or a tag, as MODEL) that proposes the drafts, "
+              "resident beside the streamed one, in place of prompt lookup; with --speculate auto or K.")
 FRACTION_HELP = "Share of the working set that live allocation aims at (default 0.78; 0.90 of a CUDA GPU's memory)."
 
 
@@ -90,15 +92,21 @@ def check_cmd(
     kv_bits: int = typer.Option(None, help=KV_BITS_HELP),
     kv_group_size: int = typer.Option(None, help=KV_GROUP_HELP + " Default 64."),
     speculate: str = typer.Option(None, help=CHECK_SPECULATE_HELP),
+    draft: str = typer.Option(None, help=DRAFT_HELP),
 ) -> None:
     """Run prompts streamed and resident (mlx-lm), greedy: teacher-forced logits within a tolerance of
     the dtype, and free-running identity."""
     from spill.coordinator.preflight import model_folder
     from spill.coordinator.report import print_check
+    from spill.coordinator.submit import draft_refusal, vocabulary_refusal
     from spill.streamer.check import run_check
     try:
-        report = run_check(model_folder(model), n=rows, max_tokens=max_tokens, prefill_chunk=prefill_chunk, dtype=dtype,
-                           tolerance=tolerance, **kv_args(kv_bits, kv_group_size), speculate=speculate_arg(speculate) or 0)
+        folder, drafts = model_folder(model), model_folder(draft) if draft else None
+        spec = speculate_arg(speculate) or 0
+        if why := draft and (draft_refusal(draft, kv_bits, spec) or vocabulary_refusal(folder, drafts, draft)):
+            raise SpillError(why)
+        report = run_check(folder, n=rows, max_tokens=max_tokens, prefill_chunk=prefill_chunk, dtype=dtype,
+                           tolerance=tolerance, **kv_args(kv_bits, kv_group_size), speculate=spec, draft=drafts)
     except SpillError as err:
         _fail(err)
     if not print_check(report):
@@ -143,6 +151,7 @@ def run_cmd(
     kv_bits: int = typer.Option(None, help=KV_BITS_HELP),
     kv_group_size: int = typer.Option(None, help=KV_GROUP_HELP + " Default 64."),
     speculate: str = typer.Option(None, help=SPECULATE_HELP),
+    draft: str = typer.Option(None, help=DRAFT_HELP),
 ) -> None:
     """Run a JSONL batch: on the running group (`spill up`), or on one started for this job.
     Exit code: 0 every row succeeded, 3 some rows failed, 130 interrupted, 1 the job failed, 2 a usage error."""
@@ -159,7 +168,7 @@ def run_cmd(
         code = run_job(model=model, input=input, output=output, max_tokens=max_tokens, temperature=temperature,
                        resume=resume, new=new, quiet=quiet, listen=listen, every=every, stream=stream,
                        memory=memory_args(memory, budget_fraction), kv=kv_args(kv_bits, kv_group_size),
-                       speculate=speculate_arg(speculate))
+                       speculate=speculate_arg(speculate), draft=draft)
     except GroupDead as err:   # not a usage error: the group stopped under the job
         _fail(err, 1)
     except SpillError as err:
@@ -180,8 +189,10 @@ def up_cmd(
     kv_bits: int = typer.Option(None, help=KV_BITS_HELP + " The group's default for jobs that do not say."),
     kv_group_size: int = typer.Option(None, help=KV_GROUP_HELP + " Default 64."),
     speculate: str = typer.Option(None, help=SPECULATE_HELP + " The group's default for jobs that do not say."),
+    draft: str = typer.Option(None, help=DRAFT_HELP + " The group's default for jobs that do not say."),
 ) -> None:
     """Start the actor group and return (it keeps running until `spill down`)."""
+    from spill.coordinator.preflight import local_model
     from spill.coordinator.run import group_up
     from spill.coordinator.telemetry import metrics_args
     from spill.memory import memory_args
@@ -189,7 +200,8 @@ def up_cmd(
         settings = {**metrics_args(metrics_host, metrics_port), **({"allow_remote": True} if allow_remote else {})}
         typer.echo(group_up(model=model, foreground=foreground, listen=listen,
                             memory={**memory_args(memory, budget_fraction), **kv_args(kv_bits, kv_group_size),
-                                    **({} if (k := speculate_arg(speculate)) is None else {"speculate": k})},
+                                    **({} if (k := speculate_arg(speculate)) is None else {"speculate": k}),
+                                    **({"draft": local_model(draft)} if draft else {})},
                             group_args=settings))
     except SpillError as err:
         _fail(err)
@@ -239,6 +251,7 @@ def estimate_cmd(
     kv_bits: int = typer.Option(None, help=KV_BITS_HELP),
     kv_group_size: int = typer.Option(None, help=KV_GROUP_HELP + " Default 64."),
     speculate: str = typer.Option(None, help=SPECULATE_HELP),
+    draft: str = typer.Option(None, help=DRAFT_HELP),
 ) -> None:
     """How long `spill run MODEL INPUT` will take here: the rows tokenized, the schedule simulated pass by pass.
     Exit code: 0 an estimate, 2 none (no row can run as given; the lines say why) or a usage error."""
@@ -247,16 +260,17 @@ def estimate_cmd(
     from spill.coordinator.estimate_text import format_estimate
     from spill.memory import memory_args
     from spill.typed import AUTO_DRAFTS
-    from spill.coordinator.submit import speculate_refusal
+    from spill.coordinator.preflight import local_model
+    from spill.coordinator.submit import draft_refusal, speculate_refusal
     try:
         memory_args(memory, budget_fraction)   # checked as `spill run` checks them
         kv = kv_args(kv_bits, kv_group_size)
         drafts = AUTO_DRAFTS if (k := speculate_arg(speculate)) is None else k
-        if why := speculate_refusal(drafts, kv_bits):
+        if why := speculate_refusal(drafts, kv_bits) or draft_refusal(draft, kv_bits, drafts):
             raise SpillError(why)
         est, cal, advice = estimate_file(model, input, max_tokens=max_tokens, memory=memory, stream=stream,
                                          fraction=budget_fraction, kv=(kv_bits, kv["kv_group_size"]) if kv_bits else None,
-                                         speculate=drafts)
+                                         speculate=drafts, draft=local_model(draft) if draft else None)
     except SpillError as err:
         _fail(err)
     typer.echo(json.dumps({**est.to_dict(), "advice": advice.line, "calibration": cal}) if as_json

@@ -165,7 +165,8 @@ class Group:
                                         resident=bool(model) and self.current.resident,   # a model: a job runs
                                         **dict(zip(("kv_bits", "kv_group_size"),
                                                    self.current.kv if model else (0, 64))),
-                                        speculate=self.current.speculate if model else 0))
+                                        speculate=self.current.speculate if model else 0,
+                                        draft=self.current.draft if model else ""))
 
     def _restart_rows(self) -> None:
         """(Re)start the current job's unfinished rows on a fresh epoch."""

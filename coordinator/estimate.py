@@ -53,16 +53,22 @@ def remembered_others() -> int | None:
 
 def estimate_file(model: str, input: Path, *, max_tokens: int = 256, memory: str | None = None,
                   stream: bool = False, fraction: float | None = None,
-                  kv: tuple | None = None, speculate: int = AUTO_DRAFTS) -> tuple[Estimate, dict, Advice]:
+                  kv: tuple | None = None, speculate: int = AUTO_DRAFTS, draft: str | None = None
+                  ) -> tuple[Estimate, dict, Advice]:
     """(the estimate, the calibration it used with the group's memory it priced, the advice) for a batch
     file as `spill run` would run it (`fraction`: --budget-fraction, None for the default; `kv`: the KV
-    quantization, (bits, group size), None unquantized; `speculate`: --speculate's drafts)."""
+    quantization, (bits, group size), None unquantized; `speculate`: --speculate's drafts; `draft`: --draft's model)."""
     from .first_use import calibrate, make_demo
     if model == "demo":
         make_demo()
     folder = resolve(model)
     if kv and (why := plan_kv_refusal(*kv, load_plan(folder))):
         raise SpillError(why)
+    if draft:
+        from .submit import vocabulary_refusal
+        if why := vocabulary_refusal(folder, drafts := resolve(draft), draft):
+            raise SpillError(why)
+        draft = str(drafts)
     requests, bad = read_batch(Path(input))
     calibrate(folder, kv)
     rows, errors = sim_rows(folder, requests, range(len(requests)), {"max_tokens": max_tokens})
@@ -70,7 +76,7 @@ def estimate_file(model: str, input: Path, *, max_tokens: int = 256, memory: str
     advice = advise_rows(folder, rows, memory=memory, stream=stream, name=model, fraction=fraction,
                          others=others or 0, kv=kv)
     est, cal = estimate_rows(folder, rows, errors=errors + len(bad), memory=memory, resident=advice.resident,
-                             fraction=fraction, others=others or 0, kv=kv, speculate=speculate)
+                             fraction=fraction, others=others or 0, kv=kv, speculate=speculate, draft=draft)
     if kv is None and est.passes and not est.shortfall:   # KV-bound: 8-bit KV fits more rows a pass
         eight = (8, max(g for g in KV_GROUP_SIZES[:2] if load_plan(folder).kv_heads_and_dim[1] % g == 0))
         alt, _ = estimate_rows(folder, rows, errors=errors + len(bad), memory=memory, resident=advice.resident,
@@ -109,22 +115,24 @@ def sim_rows(folder: Path, requests: list, which, defaults: dict, core=None) -> 
 def estimate_rows(folder: Path, rows: list[SimRow], *, errors: int = 0, memory: str | None = None,
                   resident: bool = False, loaded: bool = False, fraction: float | None = None,
                   others: int = 0, model: PassModel | None = None, kv: tuple | None = None,
-                  speculate: int = 0) -> tuple[Estimate, dict]:
+                  speculate: int = 0, draft: str | None = None) -> tuple[Estimate, dict]:
     """Resident: the first pass reads every layer (none once `loaded`), later ones nothing (compute alone).
     `others`: the group's processes' memory, which the budget leaves out of the KV as admission does.
     `model`: a pass model to price with in place of this machine's stored calibration. `speculate`: the job's
-    drafts (0 off, K, AUTO_DRAFTS), taken at the acceptance the calibration measured (quantized KV drafts none)."""
+    drafts (0 off, K, AUTO_DRAFTS), taken at the acceptance the calibration measured (quantized KV drafts none);
+    `draft`: a draft model's folder (--draft), its weights and KV priced, its acceptance not measured here."""
     plan = load_plan(folder)
     cal = open_calibration(folder, kv=kv)
     model = model or cal.model
-    policy, waiting, max_batch = schedule.policy_for(plan, memory, model, resident, fraction, others, kv)
+    policy, waiting, max_batch = schedule.policy_for(plan, memory, model, resident, fraction, others, kv,
+                                                     load_plan(draft) if draft else None)
     streamed = 0 if resident else plan.streamed_bytes
     if (short := shortfall(policy.sheet)) is not None:   # admission fails such a job before its first pass
         est = Estimate(0.0, 0.0, 0, [], errors=errors, shortfall=short)
     else:
         est = simulate(rows, policy, waiting, model, streamed, max_batch=max_batch, errors=errors,
                        read_once=0 if loaded else plan.streamed_bytes - streamed, speculate=0 if kv else speculate,
-                       acceptance=cal.acceptance)
+                       acceptance=None if draft else cal.acceptance)
         est.ideal_seconds = ideal(est, rows, model, streamed, max_batch)
         if est.drafts:
             est.drafts["measured"] = cal.draft_counts["count"]
@@ -162,17 +170,17 @@ class JobEstimate:
     def __init__(self, folder: Path, rows: list[SimRow], errors: int, memory: str | None = None, every: float = 15.0,
                  advice: Advice | None = None, share: float = 0.05, others: int = 0, fraction: float | None = None,
                  first: tuple[Estimate, dict] | None = None, cost: float | None = None, kv: tuple | None = None,
-                 speculate: int = 0):
+                 speculate: int = 0, draft: str | None = None):
         """`first`: the pre-run figure and its calibration as simulated elsewhere (the estimate's child), `cost` its
         seconds; `speculate`: the job's drafts (JobRun.speculate)."""
         self.folder, self.rows, self.memory, self.every, self.share = folder, rows, memory, every, share
         self.advice, self.others, self.fraction, self.kv = advice or Advice(False, ""), others, fraction, kv
-        self.speculate = speculate
+        self.speculate, self.draft = speculate, draft
         self.remembered = None     # the figure last written for `spill estimate`
         started = time.monotonic()
         self.first, self.calibration = first or estimate_rows(folder, rows, errors=errors, memory=memory,
                                                               fraction=fraction, resident=self.advice.resident, others=others,
-                                                              kv=kv, speculate=speculate)
+                                                              kv=kv, speculate=speculate, draft=draft)
         self.eta_s, self.at = self.first.total_seconds, time.monotonic()
         self.cost = self.at - started if cost is None else cost    # seconds the last simulation took
 
@@ -181,7 +189,7 @@ class JobEstimate:
         return {"rows": [[r.row, r.prompt, r.out, r.tier, r.context, r.max_tokens] for r in self.rows], "first": asdict(self.first),
                 "calibration": self.calibration, "advice": asdict(self.advice), "others": self.others,
                 "memory": self.memory, "fraction": self.fraction, "cost": self.cost, "kv": self.kv,
-                "speculate": self.speculate}
+                "speculate": self.speculate, "draft": self.draft}
 
     @classmethod
     def from_wire(cls, folder: Path, d: dict) -> "JobEstimate":
@@ -189,7 +197,7 @@ class JobEstimate:
                  "timeline": [tuple(p) for p in d["first"]["timeline"]]}
         return cls(folder, [SimRow(*r) for r in d["rows"]], first["errors"], d["memory"], advice=Advice(**d["advice"]),
                    others=d["others"], fraction=d["fraction"], first=(Estimate(**first), d["calibration"]), cost=d["cost"],
-                   kv=tuple(d["kv"]) if d.get("kv") else None, speculate=d.get("speculate", 0))
+                   kv=tuple(d["kv"]) if d.get("kv") else None, speculate=d.get("speculate", 0), draft=d.get("draft"))
 
     def eta(self, pending: set[int], generated: dict[int, int]) -> float:
         """Seconds left: the rows still pending, less the tokens the running ones have generated."""
@@ -204,7 +212,7 @@ class JobEstimate:
                     for r in self.rows if r.row in pending for g in [generated.get(r.row, 0)]]
             self.eta_s, self.at = estimate_rows(self.folder, left, memory=self.memory, resident=self.advice.resident,
                                                 loaded=True, others=self.others, fraction=self.fraction,
-                                                kv=self.kv, speculate=self.speculate)[0].total_seconds, now
+                                                kv=self.kv, speculate=self.speculate, draft=self.draft)[0].total_seconds, now
             self.cost = time.monotonic() - now
         return max(self.eta_s - (now - self.at), 0.0)
 
@@ -276,7 +284,7 @@ def job_estimate(folder: Path, input: Path, pending: set[int], defaults: dict, a
         advice = advise_rows(folder, rows, memory=memory, stream=bool(args.get("stream")), name=args.get("model", ""),
                              others=others, fraction=fraction, kv=kv)
         return JobEstimate(folder, rows, errors, memory, advice=advice, others=others, fraction=fraction, kv=kv,
-                           speculate=defaults.get("speculate") or 0)
+                           speculate=defaults.get("speculate") or 0, draft=defaults.get("draft"))
     except Exception as err:
         log.warning("no estimate", error=str(err))
         return None

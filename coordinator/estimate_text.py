@@ -76,12 +76,12 @@ def format_estimate(est: Estimate, calibration: dict, advice: Advice | None = No
 
 
 def summary(estimate_s: float | None, actual_s: float, finishes: list[str], lengths: list[int], passes: int,
-            kv: str = "unquantized", drafts: dict | None = None) -> dict:
+            kv: str = "unquantized", drafts: dict | None = None, draft: str = "") -> dict:
     """The end-of-job figures: estimate against actual, finish reasons, output lengths, rates; `drafts`: decode rows
-    summed over passes and the draft tokens proposed and accepted."""
+    summed over passes and the draft tokens proposed and accepted; `draft`: the draft model's folder (--draft)."""
     lengths, d = sorted(lengths), drafts or {}
     spec = {"proposed": d["proposed"], "accepted": d["accepted"],
-            "tokens_per_decode_row": round(1 + d["accepted"] / d["rows"], 3)} if d.get("proposed") and d.get("rows") else None
+            "tokens_per_decode_row": round(1 + d["accepted"] / d["rows"], 3), "draft": draft or None} if d.get("proposed") and d.get("rows") else None
     return {"estimate_seconds": round(estimate_s, 1) if estimate_s else None, "actual_seconds": round(actual_s, 1),
             "actual_over_estimate": round(actual_s / estimate_s, 3) if estimate_s else None,
             "finish_reasons": dict(Counter(finishes)),
@@ -101,7 +101,8 @@ def summary_lines(s: dict) -> list[str]:
     lines.append(f"{s['passes']} passes, {kv}{s.get('rows_per_hour') or 0:.0f} rows/hour; finish reasons: {reasons or 'none'}"
                  + (f"; output tokens min {out['min']}, median {out['median']}, max {out['max']}" if out else ""))
     if d := s.get("drafts"):
-        lines.append(f"drafts: {d['proposed']} proposed, {d['accepted']} accepted ({d['accepted'] / d['proposed']:.0%}); "
+        source = f" from the draft model {d['draft']}" if d.get("draft") else ""
+        lines.append(f"drafts{source}: {d['proposed']} proposed, {d['accepted']} accepted ({d['accepted'] / d['proposed']:.0%}); "
                      f"{d['tokens_per_decode_row']:.2f} tokens a decode row a pass")
     return lines
 

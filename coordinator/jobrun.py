@@ -153,6 +153,11 @@ class JobRun:
         return self.defaults.get("speculate") or 0
 
     @property
+    def draft(self) -> str:
+        """The draft model's folder (--draft); "": drafts by prompt lookup."""
+        return self.defaults.get("draft") or ""
+
+    @property
     def kv_format(self) -> str:
         from spill.streamer.shares import kv_format
         return kv_format(self.kv[0] or None, self.kv[1])
@@ -211,7 +216,7 @@ class JobRun:
     def summary(self) -> dict:
         from .estimate_text import summary
         return summary(self.estimate.first.total_seconds if self.estimate else None, self.actual_seconds(),
-                       self.finishes, self.lengths, self.passes, self.kv_format, self.drafts)
+                       self.finishes, self.lengths, self.passes, self.kv_format, self.drafts, self.draft)
 
 
 def row_request(r: Request, defaults: dict, seed: int | None) -> m.RowRequest:

@@ -25,8 +25,8 @@ from spill.files import fsync as _fsync, fsync_dir as _fsync_dir, replaced
 
 STATUSES = ("estimating", "queued", "running", "interrupted", "cancelled", "done", "failed")
 LIVE = ("estimating", "queued", "running")   # one whose lock nobody holds lost its coordinator: interrupted
-SETTINGS = ("memory", "budget_fraction", "stream", "kv_bits", "kv_group_size", "speculate")   # job.json's params,
-                                                                                               # beside max_tokens, temperature
+# job.json's params, beside max_tokens and temperature
+SETTINGS = ("memory", "budget_fraction", "stream", "kv_bits", "kv_group_size", "speculate", "draft")
 NEW_JOB_HINT = "start a new job with `spill run --new`"   # the CLI owns this flag; keep the two in step
 
 

@@ -41,7 +41,8 @@ def print_check(report, console: Console | None = None) -> bool:
                           f"streamed {r.got[k:k + 4]}")
     if report.speculate:
         gate = "gated" if report.gates_identity else f"not gated in {report.dtype}"
-        print(f"drafts: up to {report.speculate} a pass by prompt lookup on the free-running rows, {report.drafted} "
+        source = f"from the draft model {report.draft}" if report.draft else "by prompt lookup"
+        print(f"drafts: up to {report.speculate} a pass {source} on the free-running rows, {report.drafted} "
               f"proposed, {report.accepted} accepted, {report.tokens_per_pass:.2f} tokens a pass; identity {gate}")
     n = len(report.rows)   # first-token: the streamed first token against mlx_lm.generate run on its own
     print(f"identity {report.identical}/{n}, first-token {report.first_tokens}/{n}")

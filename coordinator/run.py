@@ -21,7 +21,7 @@ from spill.streamer.shares import kv_setting
 from . import rundir
 from .first_use import make_demo
 from .metrics_line import NOT_SERVED
-from .preflight import check_run   # light: a refused command never imports ZeroMQ, numpy or MLX
+from .preflight import check_run, local_model   # light: a refused command never imports ZeroMQ, numpy or MLX
 
 EXIT_FAILED_ROWS, EXIT_INTERRUPTED = 3, 130
 SUBMIT_TIMEOUT_S = 120   # the group answers once it has read the input; the estimate comes later (`estimating`)
@@ -89,7 +89,8 @@ def _watched(client):
 
 
 def run_job(*, model, input, output, max_tokens, temperature, resume, new, quiet, listen, every=10.0,
-            stream=False, memory: dict | None = None, kv: dict | None = None, speculate: int | None = None) -> int:
+            stream=False, memory: dict | None = None, kv: dict | None = None, speculate: int | None = None,
+            draft: str | None = None) -> int:
     """`memory`: the checked --memory/--budget-fraction (memory_args: None where not given); `kv`: the checked
     --kv-bits/--kv-group-size (a resumed job keeps its own); `speculate`: --speculate's K (0: off; None: not given,
     a resumed job keeps its own)."""
@@ -107,6 +108,12 @@ def run_job(*, model, input, output, max_tokens, temperature, resume, new, quiet
             raise SpillError(f"job {resume} runs with the --speculate it started with; leave --speculate out to "
                              "continue it, or run its input as a new job with it")
         args["speculate"] = speculate
+    if draft is not None:
+        draft = local_model(draft)   # a folder as the user typed it, from here
+        if resume and draft != args.get("draft"):
+            raise SpillError(f"job {resume} runs with the --draft it started with; leave --draft out to continue it, "
+                             "or run its input as a new job with it")
+        args["draft"] = draft
     if finished is not None:
         c = finished.counts()
         typer.echo(f"job {finished.id} already ran this command: done, {c['succeeded']} succeeded, {c['failed']} "

@@ -43,8 +43,9 @@ def prepare(args: dict, group_args: dict, ready_rss: dict, embedded: bool) -> Su
     params = {"max_tokens": 256 if args.get("max_tokens") is None else args["max_tokens"],
               "temperature": args.get("temperature") or 0.0, "stream": bool(args.get("stream")),
               **{k: group_args.get(k) for k in ("memory", "budget_fraction")}, **kv_settings(args, group_args, folder),
-              "speculate": speculate_setting(args, group_args)}
-    if why := speculate_refusal(params["speculate"], params["kv_bits"]):
+              "speculate": speculate_setting(args, group_args), "draft": draft_setting(args, group_args, folder)}
+    if why := (speculate_refusal(params["speculate"], params["kv_bits"])
+               or draft_refusal(params["draft"], params["kv_bits"], params["speculate"])):
         raise SpillError(why)
     mem.update((k, params[k]) for k in ("kv_bits", "kv_group_size"))   # the KV format its estimate prices
     output = Path(args["output"]) if args.get("output") else None
@@ -64,7 +65,7 @@ def resumed(job: Job, args: dict) -> dict:
     return {**args, "input": args.get("input") or job.meta["input"], "model": args.get("model") or job.meta["model"],
             "output": args.get("output") or job.meta.get("output"),
             "stream": bool(args.get("stream") or settings.get("stream")),
-            **{k: settings[k] if k in settings else args.get(k) for k in ("kv_bits", "kv_group_size", "speculate")}}
+            **{k: settings[k] if k in settings else args.get(k) for k in ("kv_bits", "kv_group_size", "speculate", "draft")}}
 
 
 def speculate_setting(args: dict, group_args: dict) -> int:
@@ -79,6 +80,45 @@ def speculate_refusal(speculate: int, kv_bits: int | None) -> str | None:
         return ("--speculate verifies drafts over unquantized KV only for now; leave --kv-bits out, "
                 "or run with --speculate off")
     return None
+
+
+def draft_setting(args: dict, group_args: dict, folder: Path) -> str | None:
+    """The job's --draft, else the group's (`spill up`), resolved as MODEL is and checked against it; None: none."""
+    given = next((d["draft"] for d in (args, group_args) if d.get("draft")), None)
+    if given is None:
+        return None
+    draft = resolve(given)
+    if why := vocabulary_refusal(folder, draft, given):
+        raise SpillError(why)
+    return str(draft)
+
+
+def draft_refusal(draft: str | None, kv_bits: int | None, speculate: int) -> str | None:
+    """Why a draft model cannot run with this KV (--draft with --kv-bits) or has no drafts to give, or None."""
+    if draft and kv_bits:
+        return "--draft verifies drafts over unquantized KV only for now; leave --kv-bits out, or leave --draft out"
+    if draft and not speculate:
+        return "--draft proposes the drafts --speculate carries, which is off; add --speculate K, or leave --draft out"
+    return None
+
+
+def vocabulary_refusal(target: Path, draft: Path, name: str) -> str | None:
+    """Why `draft` cannot propose tokens for `target` (their tokenizers' vocabularies differ), or None."""
+    mine, theirs = vocabulary(draft), vocabulary(target)
+    if None in (mine, theirs):   # a tokenizer without tokenizer.json: the configs' sizes
+        mine, theirs = (dict.fromkeys(range(int(load_plan(f).config.get("vocab_size") or 0))) for f in (draft, target))
+    if mine == theirs:
+        return None
+    return (f"--draft {name}: its vocabulary ({len(mine)} tokens) differs from the model's ({len(theirs)} tokens); "
+            "give --draft a smaller model that shares the model's tokenizer (the same family), or leave --draft out")
+
+
+def vocabulary(folder: Path) -> dict | None:
+    """A model's tokens -> ids as its tokenizer.json has them (added tokens included); None without one."""
+    if not (folder / "tokenizer.json").is_file():
+        return None
+    from tokenizers import Tokenizer
+    return Tokenizer.from_file(str(folder / "tokenizer.json")).get_vocab(with_added_tokens=True)
 
 
 def kv_settings(args: dict, group_args: dict, folder: Path) -> dict:

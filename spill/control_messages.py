@@ -36,6 +36,7 @@ class SubmitJob:
     kv_bits: Annotated[int, Range(0, 8)] | None = None           # --kv-bits: 8 or 4 (quantized KV); None: the group's
     kv_group_size: Annotated[int, Range(1, 1024)] | None = None  # --kv-group-size
     speculate: Drafts | None = None                               # --speculate: K, 0 off; None: the job's or off
+    draft: str | None = None                                      # --draft: the draft model; None: the job's or none
 
 
 @dataclass

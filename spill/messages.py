@@ -91,6 +91,7 @@ class Reset:
     kv_bits: Annotated[int, Range(0, 8)] = 0            # the decode pools' K and V in 8 or 4 bits (--kv-bits); 0: unquantized
     kv_group_size: Annotated[int, Range(1, 1024)] = 64  # values per scale and bias of quantized KV (--kv-group-size)
     speculate: Drafts = 0    # drafts a decode row may carry a pass (--speculate K); 0: off; -1: auto
+    draft: str = ""          # the draft model's folder (--draft); "": drafts by prompt lookup
 
 
 @dataclass(frozen=True)

@@ -8,9 +8,9 @@ identity (0 difference is expected in float32) is reported beside it, not gated.
 what the streamer does differently from mlx-lm: varied lengths in one batch, rows joining mid-run,
 and a prompt long enough to be prefilled in several chunks.
 
-With `--speculate K` the free-running rows carry up to K prompt-lookup drafts a pass (`speculate.py`), verified in
-the pass, and in float32 their identity is gated too: greedy drafts must change no token. Teacher-forced rows take
-a token a pass beside them, in the same (1 + K)-column chunk.
+With `--speculate K` the free-running rows carry up to K prompt-lookup drafts a pass (`speculate.py`; with `--draft
+MODEL` the draft model's, `draft.py`), verified in the pass, and in float32 their identity is gated too: greedy
+drafts must change no token. Teacher-forced rows take a token a pass beside them, in the same (1 + K)-column chunk.
 
 With quantized KV (`--kv-bits`) the resident side is mlx-lm's own quantized cache (QuantizedKVCache, its
 quantized attention) at the same bits and group size: the prompt computed unquantized and its KV quantized once
@@ -80,6 +80,7 @@ class CheckReport:
     kv_group_size: int = 64
     spread: float = 0.0        # quantized KV: mlx-lm's own logits moved by a rounding step of every weight (reference.py)
     speculate: int = 0         # the most drafts a free-running row carried a pass (0: none)
+    draft: str | None = None   # the draft model's folder (--draft); None: prompt lookup
 
     @property
     def kv_step(self) -> float:
@@ -163,9 +164,9 @@ def compute_dtype(dtype: str | None):
 
 def run_check(folder: str | Path, n: int = 20, max_tokens: int = 16, prefill_chunk: int = 128,
               dtype: str | None = None, tolerance: float | None = None, kv_bits: int | None = None,
-              kv_group_size: int = 64, speculate: int = 0) -> CheckReport:
+              kv_group_size: int = 64, speculate: int = 0, draft: str | Path | None = None) -> CheckReport:
     """Each prompt runs twice in the same streamed batch: free-running (its own greedy tokens, with up to
-    `speculate` drafts a pass) and teacher-forced (fed the resident's tokens, so every step's logits can be
+    `speculate` drafts a pass, from `draft` where given) and teacher-forced (fed the resident's tokens, so every step's logits can be
     compared); the resident side runs in a process of its own (reference.py)."""
     if n < 1:
         raise SpillError(f"--rows must be at least 1, got {n}")
@@ -173,7 +174,7 @@ def run_check(folder: str | Path, n: int = 20, max_tokens: int = 16, prefill_chu
         raise SpillError("--speculate verifies drafts over unquantized KV only for now; leave --kv-bits out, "
                          "or leave --speculate out")
     streamer = Streamer(folder, prefill_chunk=prefill_chunk, keep_logits=True, dtype=compute_dtype(dtype),
-                        kv_bits=kv_bits, kv_group_size=kv_group_size)
+                        kv_bits=kv_bits, kv_group_size=kv_group_size, draft=str(draft) if draft else None)
     kv = None if kv_bits is None else {"kv_bits": kv_bits, "kv_group_size": kv_group_size}
     try:
         dtype_name = None if streamer.dtype is None else str(streamer.dtype).removeprefix("mlx.core.")
@@ -198,7 +199,7 @@ def run_check(folder: str | Path, n: int = 20, max_tokens: int = 16, prefill_chu
         streamer.close()
     device = "gpu" if mx.default_device() == mx.gpu else "cpu"
     return CheckReport([rows[str(i)] for i in range(n)], ref["dtype"], device, eps, scale, tol, derived, kv_bits,
-                       kv_group_size, ref["spread"], speculate)
+                       kv_group_size, ref["spread"], speculate, str(draft) if draft else None)
 
 
 _TEACHER = "/teacher"

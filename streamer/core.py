@@ -25,6 +25,7 @@ from spill.errors import SpillError
 from spill.platform import blas_threads_for, default_dtype, layers_in_flight, release_heap, set_blas_threads
 
 from .families import adapter_for
+from .draft import DraftModel
 from .groups import Decode, Group, Pool, RowState
 from .kvquant import pool_maker
 from .shares import bucket, chunk_for
@@ -55,7 +56,7 @@ class Streamer:
     def __init__(self, folder, *, dtype: mx.Dtype | None = "auto", prefill_chunk: int = 512,
                  read_ahead: bool = True, drop_cache: bool = True, keep_logits: bool = False,
                  seed: int = 0, resident: bool = False, kv_bits: int | None = None, kv_group_size: int = 64,
-                 speculate: int = 0):
+                 speculate: int = 0, draft: str | None = None):
         if prefill_chunk < 1:
             raise SpillError(f"prefill_chunk must be at least 1, got {prefill_chunk}")
         self.plan = load_plan(folder)
@@ -68,6 +69,8 @@ class Streamer:
         self.keep_logits = keep_logits
         self.seed = seed
         self.speculate = speculate   # the job's --speculate (K, or -1 auto); not 0: its sampled rows draw as `verify` does
+        self.draft: DraftModel | None = None   # the resident draft model (--draft); None: drafts by prompt lookup
+        self.set_draft(draft)
         self._cpu, self._threads = mx.default_device() == mx.cpu, 0   # OpenBLAS's threads, set each pass
         self._reader_args = dict(dtype=self.dtype, read_ahead=read_ahead, drop_cache=drop_cache)
         self.reader = WeightReader(self.plan, **self._reader_args, in_flight=_in_flight(resident))
@@ -176,6 +179,11 @@ class Streamer:
         self.make_pool = pool_maker(bits, group_size, self.plan, self.dtype)
         self.kv_bits, self.kv_group_size = bits, group_size
 
+    def set_draft(self, folder: str | None) -> None:
+        """The draft model of the next rows (--draft), loaded where it changes; None: drafts by prompt lookup."""
+        if (folder or None) != (self.draft.folder if self.draft else None):
+            self.draft = DraftModel(folder, self.dtype, self.plan.config.get("vocab_size")) if folder else None
+
     @property
     def resident(self) -> bool:
         return self.kept is not None
@@ -207,6 +215,8 @@ class Streamer:
         """Drop every row and its KV (a reset of the group); the weights plan stays."""
         self.pools, self.reservation, self.prefills, self.waiting, self.rows = {}, {}, {}, [], {}
         self.prefill_budget = None
+        if self.draft is not None:
+            self.draft.clear()
 
     @property
     def idle(self) -> bool:
@@ -226,7 +236,7 @@ class Streamer:
             return self._report(t0, wait0, read0, 0.0, [], 0, 0)
         # 2. inputs: decode rows feed their last token (and their drafts), prefill groups their planned chunk
         hs, masks, prefill_tokens, prefilling, attended = [], [], 0, len(prefills), 0
-        drafts = speculate.proposals(groups[0], bounds) if pools and bounds else {}
+        drafts = speculate.proposals(groups[0], bounds, self.draft) if pools and bounds else {}
         columns = 1
         for g, step in zip(groups, steps):
             tokens = speculate.chunk(g, drafts) if drafts and not g.prefilling else g.next_tokens(step)

@@ -35,7 +35,7 @@ class StreamerActor:
             self.engine, self.model = None, ""
             self.engine = Streamer(msg.model, prefill_chunk=self.prefill_chunk, resident=msg.resident,
                                    kv_bits=msg.kv_bits or None, kv_group_size=msg.kv_group_size,
-                                   speculate=msg.speculate)
+                                   speculate=msg.speculate, draft=msg.draft or None)
             self.model = msg.model
         elif self.engine is not None:
             self.engine.clear()
@@ -43,6 +43,7 @@ class StreamerActor:
                 self.engine.set_resident(msg.resident)   # the job's advice: keep the layers, or stream
                 self.engine.set_kv(msg.kv_bits or None, msg.kv_group_size)
                 self.engine.speculate = msg.speculate   # the job's rows sample as its --speculate says
+                self.engine.set_draft(msg.draft or None)  # the job's draft model, loaded where it changes
 
     def run(self, msg: m.Plan) -> tuple[m.Tokens, m.Pass, list]:
         """The plan's pass: (tokens for the tokenizer, the report, rows refused as (row, why))."""

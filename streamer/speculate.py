@@ -1,9 +1,9 @@
 """Drafts verified inside the pass (`verify.py` has the rule): the decode group runs a T-token chunk per row.
 
 A decode row the plan gives a bound k > 0 proposes up to k drafts by prompt lookup from its own history
-(`lookup.History`, kept on the row's state): greedy rows, and sampled rows of a speculating job (below). Every
-row of the decode pools then feeds T columns, its last token and its drafts, padded (T = 1 + the most drafts,
-capped so every slot has T free columns):
+(`lookup.History`, kept on the row's state), or from a resident draft model (`draft.py`, --draft): greedy
+rows, and sampled rows of a speculating job (below). Every row of the decode pools then feeds T columns, its
+last token and its drafts, padded (T = 1 + the most drafts, capped so every slot has T free columns):
 
     slot  len  fed (T = 3)    KV written at   position t sees    head on
     0     5    a  x  y        5 6 7           columns 0..5+t     3 positions: a, x, y
@@ -18,8 +18,9 @@ A sampled row of a speculating job (the streamer's `speculate` above 0; its `Row
 every token, its first included, from `verify`'s draws, with drafts or without (k = 0): token i is the target's
 draw by the uniform of (the row's seed, i), kept as a draft's acceptance where it equals the draft. Its text
 depends only on its prompt, sampling parameters and seed (its own, else the streamer's fallback seed for it),
-never on what lookup drafted, on its bound k or on which rows share the pass; a re-run gives the same text. It
-is not the text the row gives with speculation off (`RowSampler`'s own draws), though from the same distribution.
+never on what lookup or a draft model drafted (a draft model's draft is its own draw by the same uniform:
+`draft.py`), on its bound k or on which rows share the pass; a re-run gives the same text. It is not the text
+the row gives with speculation off (`RowSampler`'s own draws), though from the same distribution.
 """
 
 import mlx.core as mx
@@ -32,19 +33,20 @@ from .sampling import sample
 from .verify import Draft, verify
 
 
-def proposals(decode: Decode, bounds: dict) -> dict[int, list[int]]:
-    """id(row) -> its drafts (at least one), for the rows whose bound is above 0 and that can take them."""
-    out = {}
+def proposals(decode: Decode, bounds: dict, draft=None) -> dict[int, list[int]]:
+    """id(row) -> its drafts (at least one), for the rows whose bound is above 0 and that can take them: from
+    `draft` (a resident `draft.DraftModel`, --draft) where given, else by prompt lookup."""
+    wanted = []
     for p in decode.pools:
         if p.bits:   # quantized KV: no chunk
             return {}
         for r in p.live:
             k = min(bounds.get(r.row.id, 0), r.row.max_tokens - len(r.tokens) - 1)
             if k > 0 and r.finish is None and (r.sampler.params.greedy or r.sampler.verified) and r.row.teacher is None:
-                drafts = _history(r).propose(k)
-                if drafts:
-                    out[id(r)] = drafts
-    return out
+                wanted.append((r, k))
+    if draft is not None:
+        return draft.propose(wanted, {r.row.id for p in decode.pools for r in p.live})
+    return {id(r): d for r, k in wanted if (d := _history(r).propose(k))}
 
 
 def _history(r: RowState) -> History:

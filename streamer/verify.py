@@ -161,7 +161,7 @@ def _lookup(p: mx.array, at: np.ndarray, rows: list[Draft]) -> list[tuple[list[i
     n = np.array([len(r.tokens) + 1 for r in rows])
     within = np.arange(n.sum()) - np.repeat(np.cumsum(n) - n, n)
     index = np.repeat([r.position for r in rows], n) + within
-    own = _draw(_take(p, np.repeat(at, n) + within), uniforms(np.repeat([r.seed for r in rows], n), index, 1))
+    own = draw(_take(p, np.repeat(at, n) + within), uniforms(np.repeat([r.seed for r in rows], n), index, 1))
     return _agree(own, rows)
 
 
@@ -170,7 +170,7 @@ def _rejection(p: mx.array, at: np.ndarray, rows: list[Draft]) -> list[tuple[lis
     rejection the row's token comes from `residual`, after k acceptances from p. `at`: each row's first row of p."""
     k = np.array([len(r.tokens) for r in rows], dtype=np.int64)
     if not k.any():
-        own = _draw(p[mx.array(at)], uniforms([r.seed for r in rows], [r.position for r in rows], 1))
+        own = draw(p[mx.array(at)], uniforms([r.seed for r in rows], [r.position for r in rows], 1))
         return [([t], 0) for t in own.tolist()]
     within = np.concatenate([np.arange(n) for n in k])
     drafts = mx.array(np.concatenate([r.tokens for r in rows]).astype(np.int32))[:, None]
@@ -188,7 +188,7 @@ def _rejection(p: mx.array, at: np.ndarray, rows: list[Draft]) -> list[tuple[lis
         first = dist[mx.array(rejected)]
         rest = residual(first, q[mx.array((ends - k + accepted)[rejected])])
         dist[mx.array(rejected)] = mx.where(rest.sum(axis=-1, keepdims=True) > 0, rest, first)
-    own = _draw(dist, uniforms([r.seed for r in rows], np.array([r.position for r in rows]) + accepted, 1))
+    own = draw(dist, uniforms([r.seed for r in rows], np.array([r.position for r in rows]) + accepted, 1))
     return [(r.tokens[:a].tolist() + [t], a) for r, a, t in zip(rows, accepted.tolist(), own.tolist())]
 
 
@@ -199,7 +199,7 @@ def _take(x: mx.array, rows: np.ndarray) -> mx.array:
     return x[mx.array(rows)]
 
 
-def _draw(dist: mx.array, v: np.ndarray) -> np.ndarray:
+def draw(dist: mx.array, v: np.ndarray) -> np.ndarray:
     """One token from each row of dist [n, V] (unnormalized, non-negative), by its uniform in (0, 1)."""
     cdf = mx.cumsum(dist.astype(mx.float32), axis=-1)
     v = np.minimum(v, 1.0 - 2.0 ** -24).astype(np.float32)   # below the total even in float32

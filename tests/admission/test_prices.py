@@ -148,3 +148,13 @@ def test_on_a_cuda_gpu_the_live_allocation_is_the_larger_share_of_either_memory(
     s = sheet_for(plan, 4 * 2**30, 2, prefill_tokens=64, host_set=2**30, fraction=0.9, host_fraction=0.78)
     p.cgroup_usage = int(0.78 * 2**30)                        # the host at its budget line: the GPU's at its own
     assert abs(live_allocation(p, others=100 * MB, runtime=100 * MB, sheet=s) - s.budget) <= 8
+
+
+def test_a_draft_models_weights_are_fixed_and_its_kv_priced_with_every_row(make_tiny):
+    plan, draft = load_plan(make_tiny("llama")), load_plan(make_tiny("qwen2"))
+    alone, both = (sheet_for(plan, 2**30, 4, prefill_tokens=64, draft=d) for d in (None, draft))
+    c = draft.config
+    assert both.fixed["draft"] == draft.total_bytes // 2 * 4 and alone.fixed["draft"] == 0   # bf16 stored, f32 computed
+    assert both.draft_kv_per_token == c["num_hidden_layers"] * 2 * c["num_key_value_heads"] * draft.kv_heads_and_dim[1] * 4
+    assert both.cost(3, 100) == alone.cost(3, 100) + 3 * 100 * both.draft_kv_per_token
+    assert both.kv_budget // both.slot(256, 256) < alone.kv_budget // alone.slot(256, 256)   # fewer rows a pass
