@@ -2,6 +2,7 @@
 tells the coordinator after a pass (its report, no sockets), and its answer to each report (over mailboxes)."""
 
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -23,25 +24,30 @@ from spill.wire import Endpoints, Mailbox
 from .test_policy import MB, rows, sheet
 
 
-def test_the_other_processes_are_priced_though_their_arguments_name_the_streamer(monkeypatch):
+def test_the_other_processes_are_priced_though_their_arguments_name_the_streamer():
     """Every actor's command line carries the endpoints, which name the streamer's socket: only the
-    streamer's own process may be left out of the others' resident memory."""
+    streamer's own process may be left out of the others' resident memory. The group stands in a process of its
+    own, so no child of the test's process (a pytest worker's) is counted."""
     endpoints = '{"endpoints": {"streamer": "ipc:///run/streamer.sock"}}'
-    sleep = [sys.executable, "-c", "import time; time.sleep(30)"]
-    sibling = subprocess.Popen([*sleep, endpoints])
-    streamer = subprocess.Popen([*sleep, "-m", "spill.streamer.process", endpoints])   # argv as the streamer's
+    group = ("import subprocess, sys, time; sleep = [sys.executable, '-c', 'import time; time.sleep(30)']; "
+             f"a = subprocess.Popen([*sleep, {endpoints!r}]); "
+             f"b = subprocess.Popen([*sleep, '-m', 'spill.streamer.process', {endpoints!r}]); "   # argv as the streamer's
+             "print(a.pid, b.pid, flush=True); time.sleep(30)")
+    coordinator = subprocess.Popen([sys.executable, "-c", group], stdout=subprocess.PIPE, text=True)
+    sibling, streamer = map(int, coordinator.stdout.readline().split())
     try:
         time.sleep(1.0)
-        monkeypatch.setattr(os, "getppid", os.getpid)   # we stand for the coordinator
-        others = process._others_rss()
-        ours, theirs = memory.process_memory(os.getpid()), memory.process_memory(sibling.pid)
+        others = process._others_rss(coordinator.pid)
+        ours, theirs = memory.process_memory(coordinator.pid), memory.process_memory(sibling)
         # each process's own pages, and the shared libraries' file pages once (one copy in memory)
         once = ours.rss - ours.file + theirs.rss - theirs.file + max(ours.file, theirs.file)
         assert theirs.file > 2**20 and once - 2**20 <= others < once + 2**20
         assert others < ours.rss + theirs.rss - 2**20
     finally:
-        sibling.kill()
-        streamer.kill()
+        for pid in (sibling, streamer):
+            os.kill(pid, signal.SIGKILL)
+        coordinator.kill()
+        coordinator.wait()
 
 
 def test_a_resident_reset_prices_every_layer_as_fixed_and_leaves_less_kv(make_tiny):
