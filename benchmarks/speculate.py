@@ -3,7 +3,7 @@ setting, tier by tier; passes, tokens a decode row a pass, drafts proposed and a
 text is the same as without drafts.
 
     python benchmarks/speculate.py MODEL [--tiers edit,document] [--settings off,4] [--rows 16] [--stream]
-        [--read-rate BYTES_S] [--out /tmp/spill-spec-bench]
+        [--read-rate BYTES_S] [--draft DRAFT_MODEL] [--out /tmp/spill-spec-bench]
 
 Each tier is a prompt set of benchmarks/data (open questions, summaries, edits, documents; NOTICE.md gives their
 sources). `--read-rate` caps the weight reader's bytes/s (SPILL_TEST_READ_RATE): a slow disk under a fast compute,
@@ -33,6 +33,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--max-tokens", type=int, help="every row's max_tokens (default: each row's own)")
     p.add_argument("--stream", action="store_true", help="stream the weights every pass (--stream)")
     p.add_argument("--read-rate", type=float, default=0.0, help="bytes/s the reader reads at most (0: no cap)")
+    p.add_argument("--draft", help="a draft model for every setting but off (--draft), in place of prompt lookup")
     p.add_argument("--out", type=Path, default=Path("/tmp/spill-spec-bench"))
     return p.parse_args()
 
@@ -57,6 +58,7 @@ def run(a, tier: str, setting: str, rows: Path, seed_from: Path | None, n: int) 
     env = {**os.environ, "SPILL_HOME": str(home), **({"SPILL_TEST_READ_RATE": str(a.read_rate)} if a.read_rate else {})}
     cmd = [sys.executable, "-m", "spill.coordinator.cli", "run", a.model, str(rows), "-o", str(out), "--new",
            "--quiet", "--speculate", setting, *(["--stream"] if a.stream else []),
+           *(["--draft", a.draft] if a.draft and setting != "off" else []),
            *(["--max-tokens", str(a.max_tokens)] if a.max_tokens else [])]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
