@@ -95,7 +95,7 @@ def reader_passes(folder, reps: int, settings: str) -> dict:
         for into in settings.split(","):
             with reader.WeightReader(plan, dtype=default_dtype(), into=into.split("/")[0], engine=engine) as rd:
                 if into == "pinned/gpu-views":        # the tensors' views made on the GPU's stream, as before
-                    rd._view_stream = None
+                    rd.tensors.view_stream = None
                 for k in range(2):                    # the second pass recycles what the first made
                     drop_cache(files)
                     spent.clear()

@@ -31,8 +31,9 @@ from spill.platform import read_into, read_slots, recycles_layers
 
 from . import gpu_copy
 from .mlx_buffers import gpu_buffer, host_buffer, raise_cache_limit
-from .pages import FLOATS, MX_OF, NP_OF, UINT_OF, Span, aligned_buffer, layout, open_direct, open_file
-from .plan import ModelPlan, TensorSpec
+from .pages import Span, aligned_buffer, layout, open_direct, open_file
+from .plan import ModelPlan
+from .tensors import Tensors
 
 _CHUNK = 16 << 20       # bytes per read call; the page cache holds at most a few of these
 
@@ -41,7 +42,7 @@ class WeightReader:
     def __init__(self, plan: ModelPlan, *, dtype: "mx.Dtype | None" = None, read_ahead: bool = True,
                  drop_cache: bool = True, read_threads: int | None = None, convert_threads: int | None = None,
                  direct: bool | None = None, into: str | None = None, engine=None, in_flight: int = 2):
-        self.plan, self.dtype, self.read_ahead, self.drop_cache = plan, dtype, read_ahead, drop_cache
+        self.plan, self.read_ahead, self.drop_cache = plan, read_ahead, drop_cache
         self.in_flight = in_flight    # layers of arrays alive: 1 waits for `release`, so a caller that keeps layers sets 2
         # one fd per shard, kept open; O_DIRECT only where every shard allows it
         paths = sorted({t.path for t in plan.resident} | {t.path for layer in plan.layers for t in layer})
@@ -55,7 +56,7 @@ class WeightReader:
         # per layer, where each tensor goes in a buffer: (tensor, its position), spans, bytes
         self._layout = [layout(layer) for layer in plan.layers]
         self._size = max((end for _, _, end in self._layout), default=0)   # buffers fit the largest layer
-        self._place(into or read_into(), engine, read_ahead)
+        self._place(into or read_into(), engine, read_ahead, dtype)
         self._recycle = recycles_layers(self.into)   # released layers' memory is read (or copied) into again
         self.slot_bytes = self._size * len(self._bufs)   # read into at once: the reader's own buffers or MLX memory
         self.buffer_bytes = 0 if self.into == "mlx" else self.slot_bytes   # the reader's own (MLX's is MLX memory)
@@ -76,18 +77,17 @@ class WeightReader:
         # the read and convert threads, once started; SPILL_TEST_READ_RATE, a slow disk's bytes/s (0: none)
         self._closed, self._threads, self._rate = False, [], config.test_read_rate()
 
-    def _place(self, into: str, engine, read_ahead: bool) -> None:
+    def _place(self, into: str, engine, read_ahead: bool, dtype) -> None:
         """The read slots' buffers and where each layer's tensors sit; "pinned" is "buffers" where CUDA will not pin."""
         self._bufs = [(None, None) if into == "mlx" else (aligned_buffer(self._size), None)   # (numpy view, its MLX owner)
                       for _ in range(read_slots() if read_ahead else 1)]
         self._engine = gpu_copy.pinned(engine or gpu_copy.engine(), self._bufs) if into == "pinned" else None
         self.into = "buffers" if into == "pinned" and self._engine is None else into
-        # a view's start: the item size on a CPU; a GPU's matmuls (cuBLASLt) refuse less than 256 bytes
-        self._align = 256 if mx.default_device() == mx.gpu else 1
-        self._view_stream = mx.cpu if self._engine else None   # read_path.py's gpu-views sets None
+        self.tensors = Tensors(dtype, self.into, 256 if mx.default_device() == mx.gpu else 1,
+                               mx.cpu if self._engine else None)
         # per layer, (tensor, position read, position viewed): "pinned" places each at 256 bytes (gpu_copy.placed)
         self._placed = [gpu_copy.placed(lay[0]) if self._engine else [(t, p, p) for t, p in lay[0]] for lay in self._layout]
-        self._views = [any(self._viewed(t, at) for t, _, at in placed) for placed in self._placed]   # per layer
+        self._views = [any(self.tensors.viewed(t, at) for t, _, at in placed) for placed in self._placed]   # per layer
         self._placed_size = max((at + t.nbytes for placed in self._placed for t, _, at in placed), default=0)
 
     # -- the interface ------------------------------------------------------------------------------
@@ -97,7 +97,7 @@ class WeightReader:
         for spec in self.plan.resident:
             [(_, pos)], spans, size = layout([spec])
             self._read_spans(spans, staging := aligned_buffer(size), gen=None)
-            out[spec.name] = self._convert_tensor(spec, staging, pos)
+            out[spec.name] = self.tensors.convert(spec, staging, pos)
         self._drop_files()
         return out
 
@@ -363,40 +363,9 @@ class WeightReader:
                 self._engine.copy(owner[2] + at, buf.ctypes.data + pos, spec.nbytes)
             self._bufs[slot] = (buf, owner)
         work = sorted(self._placed[i], key=lambda sp: -sp[0].nbytes)   # largest first: none left at the end
-        convert = lambda sp: self._convert_tensor(sp[0], buf, sp[1], owner, sp[2])    # noqa: E731
+        convert = lambda sp: self.tensors.convert(sp[0], buf, sp[1], owner, sp[2])    # noqa: E731
         arrays = map(convert, work) if self._conv_pool is None else self._conv_pool.map(convert, work)
         done = {sp[0].name: a for sp, a in zip(work, arrays)}
         with self._cv:
             self._stats["convert_s"] += time.perf_counter() - t0
         return {spec.name: done[spec.name] for spec, _ in self._layout[i][0]}
-
-    def _aligned(self, spec: TensorSpec, pos: int) -> bool:
-        """Whether MLX can view a tensor at `pos` of a read buffer in place: a dtype it has, its bytes aligned."""
-        return spec.dtype in MX_OF and pos % max(np.dtype(NP_OF[spec.dtype]).itemsize, self._align) == 0
-
-    def _viewed(self, spec: TensorSpec, pos: int) -> bool:
-        """Whether a tensor read into MLX memory stays a view of it: aligned, and not cast."""
-        stored = mx.bfloat16 if spec.dtype == "BF16" else MX_OF.get(spec.dtype)
-        cast = self.dtype is not None and spec.dtype in FLOATS and stored != self.dtype
-        return self._aligned(spec, pos) and not cast
-
-    def _convert_tensor(self, spec: TensorSpec, buf: np.ndarray, pos: int, owner=None, at=None) -> mx.array:
-        """An evaluated mx.array (nothing lazy is left for the compute thread): a view of the MLX memory `owner`
-        (array, offset of a DIO boundary in it), `at` bytes past that boundary, where aligned; else a copy of buf."""
-        item, s, at = np.dtype(NP_OF[spec.dtype]).itemsize, None, pos if at is None else at
-        start = at + (owner[1] if owner is not None else 0)
-        if owner is not None and self._aligned(spec, at):
-            s = self._view_stream   # "pinned": made on the host's stream, a view waits for no GPU work
-            a = mx.as_strided(owner[0], (spec.nbytes,), (1,), start, stream=s)
-            a = mx.reshape(mx.view(a, MX_OF[spec.dtype], stream=s), spec.shape, stream=s)
-        elif self.into == "mlx" and owner is not None and spec.dtype in MX_OF and item in UINT_OF:   # x | 0, host
-            a = mx.bitwise_or(owner[0][start:start + spec.nbytes].view(UINT_OF[item]), 0, stream=mx.cpu)
-            a = a.view(MX_OF[spec.dtype]).reshape(spec.shape)
-        else:
-            a = mx.array(buf[pos:pos + spec.nbytes].view(NP_OF[spec.dtype]).reshape(spec.shape))
-        if spec.dtype == "BF16":
-            a = mx.view(a, mx.bfloat16, stream=s)
-        if self.dtype is not None and spec.dtype in FLOATS and a.dtype != self.dtype:
-            a = a.astype(self.dtype)
-        mx.eval(a)
-        return a

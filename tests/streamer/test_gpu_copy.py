@@ -76,7 +76,7 @@ def test_pinned_tensors_are_views_at_256_bytes_where_the_file_s_are_not(tmp_path
     plan = load_plan(tmp_path)
     monkeypatch.setattr(reader_mod.mx, "default_device", lambda: mx.gpu)   # the reader's alignment on a GPU
     with WeightReader(plan, into="pinned", engine=HostCopy()) as reader:
-        assert reader._align == 256
+        assert reader.tensors.align == 256
         assert any(pos % 256 for spec, pos in reader._layout[1][0])   # the file's positions: some off 256
         reader.start_pass()
         got = [reader.take(i) for i in range(2)][1]

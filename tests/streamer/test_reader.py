@@ -59,7 +59,7 @@ def test_threads_and_o_direct_give_the_same_bytes(model, direct, threads, monkey
         assert reader.direct == (direct and sys.platform.startswith("linux"))
         check_layer(reader.read_resident(), tensors, [t.name for t in plan.resident])
         for dtype in (None, mx.float32):
-            reader.dtype = dtype
+            reader.tensors.dtype = dtype
             reader.start_pass()
             for i, layer in enumerate(plan.layers):
                 check_layer(reader.take(i), tensors, [t.name for t in layer], dtype)
@@ -362,7 +362,7 @@ def test_without_admission_the_reader_sets_the_cache_limit_admission_prices(make
 def test_on_a_gpu_tensors_not_at_256_bytes_are_copied_bit_for_bit(model):
     plan, tensors = model
     with WeightReader(plan) as reader:
-        reader._align = 256   # what a GPU's matmuls need (set at start from the default device)
+        reader.tensors.align = 256   # what a GPU's matmuls need (set at start from the default device)
         reader.start_pass()
         for i, layer in enumerate(plan.layers):
             check_layer(reader.take(i), tensors, [t.name for t in layer])
