@@ -34,17 +34,13 @@ from .reader import WeightReader
 from .records import Emitted, PassPlan, PassReport, Row  # noqa: F401 - the core's records, imported from here too
 from .sampling import RowSampler, sample
 from . import speculate
+from .verify import take
 
 
 def _free_cache() -> None:
     """MLX's cache emptied and the freed pages handed back to the OS, not kept by the C heap."""
     mx.clear_cache()
     release_heap()
-
-
-def _some(x: mx.array, rows: list[int]) -> mx.array:
-    """x's rows at `rows`: x itself where they are all of them."""
-    return x if len(rows) == x.shape[0] else x[mx.array(rows)]
 
 
 def _in_flight(resident: bool) -> int:
@@ -313,10 +309,10 @@ class Streamer:
         kept = np.array(logits) if self.keep_logits else None
         out: dict[int, list[Emitted]] = {}   # row -> its tokens, in the rows' order
         seeded = [j for j, r in enumerate(rows) if r.sampler.verified]   # a speculating job's sampled rows
-        taken = speculate.take_verified(_some(logits, seeded), [rows[j] for j in seeded], {}) if seeded else []
+        taken = speculate.take_verified(take(logits, np.array(seeded)), [rows[j] for j in seeded], {}) if seeded else []
         out.update((j, t[0]) for j, t in zip(seeded, taken) if t is not None)
         drawn = [j for j, r in enumerate(rows) if not r.sampler.verified]
-        for j, tok in zip(drawn, sample(_some(logits, drawn), [rows[j].sampler for j in drawn]) if drawn else []):
+        for j, tok in zip(drawn, sample(take(logits, np.array(drawn)), [rows[j].sampler for j in drawn]) if drawn else []):
             r = rows[j]
             if r.finish is not None:
                 continue  # ended from outside while its last step ran

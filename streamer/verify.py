@@ -97,7 +97,7 @@ def verify(logits: mx.array, rows: list[Draft]) -> list[Verdict]:
     decided: list[tuple] = [None] * len(rows)   # per row: (the tokens decided, the drafts accepted)
 
     def positions(which):   # the logits of these rows' positions
-        return _take(logits, np.concatenate([np.arange(starts[i], starts[i] + counts[i]) for i in which]))
+        return take(logits, np.concatenate([np.arange(starts[i], starts[i] + counts[i]) for i in which]))
 
     greedy = [i for i, r in enumerate(rows) if r.params.greedy]
     if greedy:   # the target's argmax at every position
@@ -161,7 +161,7 @@ def _lookup(p: mx.array, at: np.ndarray, rows: list[Draft]) -> list[tuple[list[i
     n = np.array([len(r.tokens) + 1 for r in rows])
     within = np.arange(n.sum()) - np.repeat(np.cumsum(n) - n, n)
     index = np.repeat([r.position for r in rows], n) + within
-    own = draw(_take(p, np.repeat(at, n) + within), uniforms(np.repeat([r.seed for r in rows], n), index, 1))
+    own = draw(take(p, np.repeat(at, n) + within), uniforms(np.repeat([r.seed for r in rows], n), index, 1))
     return _agree(own, rows)
 
 
@@ -192,7 +192,7 @@ def _rejection(p: mx.array, at: np.ndarray, rows: list[Draft]) -> list[tuple[lis
     return [(r.tokens[:a].tolist() + [t], a) for r, a, t in zip(rows, accepted.tolist(), own.tolist())]
 
 
-def _take(x: mx.array, rows: np.ndarray) -> mx.array:
+def take(x: mx.array, rows) -> mx.array:
     """x's rows at `rows`: x itself where they are all of them in order (no copy of [N, V])."""
     if rows.size == x.shape[0] and (rows == np.arange(rows.size)).all():
         return x
