@@ -23,21 +23,10 @@ import numpy as np
 from .passmodel import PassModel, PassShape
 
 AUTO_MOST = 8          # the most drafts a row carries under auto
-MOST = 16              # the most `--speculate K` takes
 LEAST = 0.05           # a draft less likely than this to add a token is not worth its logits
 GAIN = 1.02            # drafts must raise the pass's tokens a second by this much (rates are estimates)
 PRIOR, PRIOR_WEIGHT = 0.5, 2.0   # a new row's acceptance: 0.5, worth two drafts tried
 DECAY = 0.8            # each pass that drafted keeps this much of a row's earlier counts
-
-
-def parse(text: str) -> str | int:
-    """`--speculate` as given: "auto", or the most drafts a row carries (0 for off)."""
-    t = str(text).strip().lower()
-    if t in ("auto", "off"):
-        return "auto" if t == "auto" else 0
-    if t.isdigit() and int(t) <= MOST:
-        return int(t)
-    raise ValueError(f"--speculate takes auto, off or a number of drafts from 0 to {MOST}; got {text!r}")
 
 
 def observe(accepted_s: np.ndarray, tried: np.ndarray, drafted, accepted) -> tuple[np.ndarray, np.ndarray]:

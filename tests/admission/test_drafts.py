@@ -87,14 +87,3 @@ def test_tokens_per_row_is_the_geometric_sum():
     assert drafts.tokens_per_row(0.6, 4) == pytest.approx(2.3056)
     assert drafts.tokens_per_row(0.8, 4) == pytest.approx(3.3616)
     assert drafts.tokens_per_row(0.5, 0) == 1.0 and drafts.tokens_per_row(1.0, 3) == 4.0
-
-
-@pytest.mark.parametrize("text, mode", [("auto", "auto"), ("off", 0), ("4", 4), (" AUTO ", "auto")])
-def test_the_flag_reads_auto_off_or_a_count(text, mode):
-    assert drafts.parse(text) == mode
-
-
-@pytest.mark.parametrize("text", ["-1", "17", "some", "2.5"])
-def test_a_bad_flag_names_what_it_takes(text):
-    with pytest.raises(ValueError, match=r"--speculate takes auto, off or a number of drafts from 0 to 16"):
-        drafts.parse(text)

@@ -88,3 +88,10 @@ def test_the_default_auto_drafts_where_the_disk_is_slow_and_writes_the_same_text
     assert sum(n for p in passes for _, n in p.get("accepted", [])) > 0
     assert any(p.get("columns", 1) > 1 for p in passes) and "drafts: " in said["auto"].stdout
     assert "drafts: " not in said["off"].stdout
+
+
+@pytest.mark.parametrize("text, k", [("auto", -1), ("off", 0), ("4", 4), (" AUTO ", -1), ("16", 16)])
+def test_the_flag_reads_auto_off_or_a_count(text, k):
+    from spill.coordinator.cli import speculate_arg
+    from spill.typed import AUTO_DRAFTS
+    assert speculate_arg(text) == k and AUTO_DRAFTS == -1
