@@ -276,7 +276,7 @@ class Streamer:
         # 4. head and sampling for rows at the end of their input
         c0 = time.perf_counter()
         emitting = [(g, h) for g, h in zip(groups, hs) if g.advance()]
-        drafted = {r.row.id: len(drafts[id(r)]) for p in pools for r in p.live if id(r) in drafts}   # as cut to fit
+        drafted = {r.row.id: len(drafts[id(r)]) for p in pools for r in p.live if id(r) in drafts} if drafts else {}
         verified, accepted = (speculate.decide(self.adapter, *emitting.pop(0), drafts, self.keep_logits) if drafts
                               else ([], {}))
         emitted = verified + self._sample(emitting)
