@@ -3,7 +3,7 @@ setting, tier by tier; passes, tokens a decode row a pass, drafts proposed and a
 text is the same as without drafts.
 
     python benchmarks/speculate.py MODEL [--tiers edit,document] [--settings off,4] [--rows 16] [--stream]
-        [--read-rate BYTES_S] [--draft DRAFT_MODEL] [--out /tmp/spill-spec-bench]
+        [--read-rate BYTES_S] [--draft DRAFT_MODEL] [--memory SIZE] [--out /tmp/spill-spec-bench]
 
 Each tier is a prompt set of benchmarks/data (open questions, summaries, edits, documents; NOTICE.md gives their
 sources). `--read-rate` caps the weight reader's bytes/s (SPILL_TEST_READ_RATE): a slow disk under a fast compute,
@@ -34,6 +34,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--stream", action="store_true", help="stream the weights every pass (--stream)")
     p.add_argument("--read-rate", type=float, default=0.0, help="bytes/s the reader reads at most (0: no cap)")
     p.add_argument("--draft", help="a draft model for every setting but off (--draft), in place of prompt lookup")
+    p.add_argument("--memory", help="spill's --memory (a cap below the model's size, on a GPU where a cgroup caps the host)")
     p.add_argument("--out", type=Path, default=Path("/tmp/spill-spec-bench"))
     return p.parse_args()
 
@@ -59,7 +60,8 @@ def run(a, tier: str, setting: str, rows: Path, seed_from: Path | None, n: int) 
     cmd = [sys.executable, "-m", "spill.coordinator.cli", "run", a.model, str(rows), "-o", str(out), "--new",
            "--quiet", "--speculate", setting, *(["--stream"] if a.stream else []),
            *(["--draft", a.draft] if a.draft and setting != "off" else []),
-           *(["--max-tokens", str(a.max_tokens)] if a.max_tokens else [])]
+           *(["--max-tokens", str(a.max_tokens)] if a.max_tokens else []),
+           *(["--memory", a.memory] if a.memory else [])]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     wall = time.perf_counter() - t0
@@ -74,7 +76,9 @@ def run(a, tier: str, setting: str, rows: Path, seed_from: Path | None, n: int) 
             "estimate_s": summary.get("estimate_seconds"), "actual_s": summary.get("actual_seconds"),
             "decode_row_passes": decode, "proposed": sum(n for p in ps for _, n in p.get("drafted", [])),
             "accepted": accepted, "tokens_per_decode_row": round((decode + accepted) / max(decode, 1), 3),
-            "pass_s": round(sum(p["seconds"] for p in ps), 2), "wall_s": round(wall, 1), "home": str(home),
+            "pass_s": round(sum(p["seconds"] for p in ps), 2),
+            "decode_tokens_per_s": round((decode + accepted) / max(sum(p["seconds"] for p in ps), 1e-9), 2),
+            "rows_per_pass_max": max((p["decode_rows"] for p in ps), default=0), "wall_s": round(wall, 1), "home": str(home),
             "output": str(out), "summary": proc.stdout.strip().splitlines()[-3:]}
 
 
@@ -94,7 +98,8 @@ def main() -> None:
             else:
                 same = texts(Path(r["output"])) == texts(Path(base["output"]))
                 r.update(identical=same, fewer_passes=round(base["passes"] / r["passes"], 3),
-                         pass_time_ratio=round(base["pass_s"] / max(r["pass_s"], 1e-9), 3))
+                         pass_time_ratio=round(base["pass_s"] / max(r["pass_s"], 1e-9), 3),
+                         tokens_per_s_ratio=round(r["decode_tokens_per_s"] / max(base["decode_tokens_per_s"], 1e-9), 3))
             results.append(r)
             print(json.dumps({k: v for k, v in r.items() if k not in ("home", "output")}), flush=True)
     (a.out / "result.json").write_text(json.dumps({"model": a.model, "args": vars(a) | {"out": str(a.out)},

