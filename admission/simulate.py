@@ -8,8 +8,8 @@ Rows whose output length is unknown are priced at max_tokens (`Estimate.at_max_t
 
 With drafts (`speculate`, the job's --speculate) and this model's measured per-draft acceptance a, a pass
 whose plan gives rows drafts is priced as the streamer runs it (`drafts.padded`) and each drafting row takes
-tokens_per_row(a, k) - 1 drafts on average, its fraction carried to its next pass, reported to the scheduler
-as the streamer reports them. Without a measured a, drafts are planned (to say whether any would run) but
+each draft with probability a until its first rejection (seeded draws), reported to the scheduler as the
+streamer reports them. Without a measured a, drafts are planned (to say whether any would run) but
 neither priced nor taken.
 """
 
@@ -151,12 +151,13 @@ def simulate(rows: list[SimRow], policy, waiting, model: PassModel, bytes_stream
 
 
 class _Drafts:
-    """The drafts simulated passes take: each drafting row its expected accepted drafts at `acceptance`, the
-    fraction carried to its next pass so the integers add up to the expectation."""
+    """The drafts simulated passes take: each of a row's drafts accepted with probability `acceptance` until the
+    first rejection, as verification takes them, drawn from a seeded generator (the same estimate every time).
+    Draws, not expectations: a row's rate rises or falls as a running row's does, so auto drafts as in a job."""
 
     def __init__(self, by_id: dict[int, SimRow], acceptance: float | None):
         self.by_id, self.acceptance = by_id, acceptance
-        self.carry: dict[int, float] = {}
+        self.draws = np.random.default_rng(0)
         self.passes = self.rows = self.accepted = 0   # passes that planned drafts; decode rows and drafts taken in all
 
     def take(self, sched: Scheduler, planned) -> tuple[dict[int, int], list[list[int]]]:
@@ -166,15 +167,13 @@ class _Drafts:
         self.passes += bool(bounds)
         if self.acceptance is None or not bounds:
             return {}, []
-        rows = list(bounds)
-        expect = drafts.tokens_per_row(self.acceptance, np.array([bounds[r] for r in rows])) - 1.0
         took = {}
-        for r, e in zip(rows, expect.tolist()):
-            c = self.carry.get(r, 0.0) + e
-            n = min(int(c), bounds[r], max(self.by_id[r].out - sched.generated[r], 0))
-            self.carry[r], took[r] = c - int(c), n
+        for r, k in bounds.items():
+            hits = self.draws.random(k) < self.acceptance
+            run = k if hits.all() else int(np.argmin(hits))   # accepted until the first rejection
+            took[r] = min(run, max(self.by_id[r].out - sched.generated[r], 0))
         self.accepted += sum(took.values())
-        return took, [[r, bounds[r]] for r in rows]
+        return took, [[r, k] for r, k in bounds.items()]
 
 
 def _share(tiers, by_id, running: list[int], seconds: float) -> dict[str, int]:

@@ -191,10 +191,11 @@ def test_drafts_at_a_measured_acceptance_finish_in_the_passes_tokens_per_row_pre
     rows = [SimRow(i, 16, 61) for i in range(20)]
     off = simulate(rows, FifoPolicy(), waiting, READ_BOUND, BYTES)
     on = simulate(rows, FifoPolicy(), waiting, READ_BOUND, BYTES, speculate=4, acceptance=0.6)
-    # one pass prefills and samples each row's first token; the other 60 come tokens_per_row(0.6, 4) a pass
+    # one pass prefills and samples each row's first token; the other 60 come tokens_per_row(0.6, 4) a pass on
+    # average, and the job lasts as long as its unluckiest row
     assert off.passes == 61
-    assert on.passes - 1 == pytest.approx(60 / float(tokens_per_row(0.6, 4)), rel=0.1)
-    assert on.timeline[-1][1] == len(rows) and on.total_seconds < 0.5 * off.total_seconds
+    assert 0.9 < (on.passes - 1) / (60 / float(tokens_per_row(0.6, 4))) < 1.35
+    assert on.timeline[-1][1] == len(rows) and on.total_seconds < 0.6 * off.total_seconds
     assert (on.drafts["speculate"], on.drafts["acceptance"]) == (4, 0.6) and on.drafts["passes"] >= on.passes - 2
     assert on.drafts["tokens_per_decode_row"] == pytest.approx(float(tokens_per_row(0.6, 4)), rel=0.1)
 
@@ -217,3 +218,19 @@ def test_auto_drafts_nothing_where_passes_are_compute_bound():
     forced = simulate(rows, FifoPolicy(), waiting, COMPUTE_BOUND, BYTES, speculate=4, acceptance=0.8)
     # K drafts anyway: fewer passes, each priced as 5 columns for every decode row
     assert forced.passes < off.passes and forced.total_seconds / forced.passes > 2 * off.total_seconds / off.passes
+
+
+# a small streamed model on two CPU cores, as calibrated: one draft a row pays at the prior's acceptance, more
+# only once rows accept more
+CPU_SMALL = PassModel(bandwidth=1.37e9, fixed_s=0.12, per_row_s=0.005, per_context_token_s=3e-6, overlap=0.8,
+                      overhead_s=0.003, read_tail_s=0.075)
+
+
+def test_auto_keeps_drafting_for_rows_that_accept_most_drafts_when_the_first_pass_drafts_one():
+    rows = [SimRow(i, 100, 200) for i in range(16)]
+    off = simulate(rows, FifoPolicy(), waiting, CPU_SMALL, 270_000_000)
+    auto = simulate(rows, FifoPolicy(), waiting, CPU_SMALL, 270_000_000, speculate=-1, acceptance=0.84)
+    # each draft is accepted or not: rows that accept rise above the prior and draft more, as in a job
+    assert auto.drafts["tokens_per_decode_row"] > 2.0 and auto.passes < 0.6 * off.passes
+    again = simulate(rows, FifoPolicy(), waiting, CPU_SMALL, 270_000_000, speculate=-1, acceptance=0.84)
+    assert (again.passes, again.total_seconds) == (auto.passes, auto.total_seconds)   # seeded: the same each time
