@@ -96,8 +96,8 @@ def main() -> None:
             if base is None:
                 base = r
             else:
-                same = texts(Path(r["output"])) == texts(Path(base["output"]))
-                r.update(identical=same, fewer_passes=round(base["passes"] / r["passes"], 3),
+                mine, theirs = texts(Path(r["output"])), texts(Path(base["output"]))
+                r.update(identical=mine == theirs, same_rows=sum(mine.get(k) == v for k, v in theirs.items()), fewer_passes=round(base["passes"] / r["passes"], 3),
                          pass_time_ratio=round(base["pass_s"] / max(r["pass_s"], 1e-9), 3),
                          tokens_per_s_ratio=round(r["decode_tokens_per_s"] / max(base["decode_tokens_per_s"], 1e-9), 3))
             results.append(r)

@@ -97,7 +97,7 @@ case $cmd in
     python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$site" "$keep"/peers/gguf-*.whl
     if [ ! -d "$models/smollm2" ]; then
       (cd "$keep" && cat smollm2.gguf.part* > smollm2.gguf && sha256sum -c smollm2.gguf.sha256)
-      spill import-gguf "$keep/smollm2.gguf" "$models/smollm2"
+      python3 -m spill.coordinator.cli import-gguf "$keep/smollm2.gguf" "$models/smollm2"
     fi
     python3 $src/benchmarks/speculate.py "$models/smollm2" --out "$work/spec-$SECONDS" \
       ${SPEC_ARGS:---tiers edit,document --settings off,auto --stream --memory 128MiB} 2>&1 | tee "$out/speculate.txt"
