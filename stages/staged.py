@@ -1,0 +1,132 @@
+"""The streamer core on one stage of a pipeline: its layer range, each pass as the whole group's.
+
+Every rank holds a `StagedStreamer` and runs the same plans (rank 0 sends each to the others first), so its
+rows, slots, pools and prefill groups are the same everywhere; only the math is split:
+
+    rank 0 (first)       embed -> its layers -> hidden states [B, T, hidden] of every group to rank 1
+    rank r               hidden states from r-1 -> its layers -> to r+1
+    rank N-1 (last)      hidden states from N-2 -> its layers -> norm, head, a token a row -> tokens to rank 0
+    every rank but N-1   the last rank's tokens, taken into its rows as sampling would have (EOS, max_tokens)
+
+Each reads only its layers and the tensors around them it needs (`split.resident_names`), and holds KV for its
+layers only. A staged pass carries no drafts: speculation (--speculate, --draft) is refused here for now.
+"""
+
+import dataclasses
+
+import mlx.core as mx
+import numpy as np
+
+from spill.errors import SpillError
+from spill.streamer import emit
+from spill.streamer.core import PassPlan, PassReport, Streamer
+from spill.streamer.kvquant import stored_dtype
+from spill.streamer.plan import load_plan
+
+from . import plans
+from .relay import Relay, StageLost
+from .split import resident_names, stage_shares
+
+
+class StagedStreamer(Streamer):
+    """This rank's stage: `layers` (default its share by bytes, `split.stage_shares`) of the model in `folder`.
+    Rank 0 drives (`run`, `step`, `clear`...: each told to the others first); the others `follow`."""
+
+    def __init__(self, folder, relay: Relay, layers: range | None = None, **kw):
+        if kw.get("speculate") or kw.get("draft"):
+            raise SpillError("drafts are not verified across pipeline stages yet; run a group of several ranks "
+                             "with --speculate 0 and no --draft")
+        self.relay, self.rank, self.size = relay, relay.rank, relay.size
+        self.first, self.last = self.rank == 0, self.rank == self.size - 1
+        plan = load_plan(folder)
+        layers = stage_shares(plan, self.size)[self.rank].layers if layers is None else layers
+        super().__init__(folder, layers=layers, holds=resident_names(plan, self.first, self.last), **kw)
+        self.hidden = self.adapter.args.hidden_size
+        self.hidden_dtype = self.dtype or stored_dtype(self.plan)   # what travels between stages
+
+    # -- rank 0 tells, the others follow ----------------------------------------------------------------------
+    def _tell(self, op: str, body=None) -> None:
+        if self.first and self.size > 1:
+            self.relay.plan(plans.pack(op, body))
+
+    def run(self, plan: PassPlan) -> PassReport:
+        plan = dataclasses.replace(plan, drafts={})   # a staged pass verifies no drafts
+        self._tell("plan", plan)
+        return super().run(plan)
+
+    def follow(self, on_pass=None) -> int:
+        """Ranks 1..N-1: do what rank 0 says until it says stop (`on_pass(report)` after each pass); the passes run."""
+        done = {"clear": lambda _: self.clear(), "resident": self.set_resident, "kv": lambda kv: self.set_kv(*kv)}
+        passes = 0
+        while True:
+            op, body = plans.unpack(self.relay.plan())
+            if op == "stop":
+                return passes
+            if op == "plan":
+                report, passes = self.run(body), passes + 1
+                if on_pass is not None:
+                    on_pass(report)
+            else:
+                done[op](body)
+
+    def clear(self) -> None:
+        super().clear()
+        self._tell("clear")
+
+    def set_resident(self, resident: bool) -> None:
+        super().set_resident(resident)
+        self._tell("resident", resident)
+
+    def set_kv(self, bits: int | None, group_size: int) -> None:
+        super().set_kv(bits, group_size)   # rank 0 first: a format it refuses never reaches the others
+        self._tell("kv", [bits, group_size])
+
+    def set_draft(self, folder: str | None) -> None:
+        if folder:
+            raise SpillError("a draft model is not run across pipeline stages yet; run without --draft")
+
+    def finish(self, row_id, reason: str = "stop") -> None:
+        raise SpillError("a staged streamer changes its rows only through plans; end a row with PassPlan.finish")
+
+    def preempt(self, row_ids, pools=None) -> None:
+        raise SpillError("a staged streamer changes its rows only through plans; drop rows with PassPlan.drop")
+
+    def close(self) -> None:
+        """Rank 0 stops the others' loops; every rank lets its reader and relay go."""
+        try:
+            self._tell("stop")
+        except StageLost:
+            pass   # the group is gone: nobody to stop
+        finally:
+            super().close()
+            self.relay.close()
+
+    # -- the pass's three hand-overs ---------------------------------------------------------------------------
+    def _embed(self, tokens: mx.array) -> mx.array:
+        if self.first:
+            return super()._embed(tokens)
+        return self.relay.recv((*tokens.shape, self.hidden), self.hidden_dtype, self.rank - 1,
+                               "waiting for hidden states from")
+
+    def _stream_layers(self, groups: list, hs: list, masks: list) -> tuple[list, float, int]:
+        hs, compute_s, streamed = super()._stream_layers(groups, hs, masks)
+        if not self.last:
+            for h in hs:
+                self.relay.send(h.astype(self.hidden_dtype), self.rank + 1)
+        return hs, compute_s, streamed
+
+    def _sample(self, emitting) -> list:
+        rows = emit.rows_of(emitting)
+        if self.size == 1 or not rows:
+            return super()._sample(emitting)
+        if self.last:   # -1: a row ended from outside while its last step ran (every rank skips it alike)
+            emitted = super()._sample(emitting)
+            drawn = {e.row_id: e.token for e in emitted}
+            self.relay.tokens(np.array([drawn.get(r.row.id, -1) for r in rows], dtype=np.int32), len(rows))
+            return emitted
+        tokens = self.relay.tokens(None, len(rows)).tolist()
+        if any((t < 0) != (r.finish is not None) for r, t in zip(rows, tokens)):
+            raise SpillError(f"stage {self.rank} is out of step with the last stage: their rows ended differently; "
+                             "every rank must run the same plans")
+        out = emit.accept(rows, tokens)
+        return [e for j in sorted(out) for e in out[j]]
