@@ -3,7 +3,9 @@
     ["plan", {ids, prompts, lengths, ...}]    run this PassPlan (its rows struct-of-arrays, prompts packed int32)
     ["clear", None]                           drop every row (the group's reset)
     ["resident", true]  ["kv", [bits, group]] keep the layers, or stream them; the next rows' KV format
-    ["stop", None]                            leave the loop (the group is going down)
+    ["load", {model, layers, dtype, ...}]     load a model: each rank its own [start, stop) of `layers`
+    ["stop", None]                            this model is done (its stage closes)
+    ["exit", None]                            leave (the group is going down)
 """
 
 import msgpack
@@ -12,7 +14,7 @@ from spill.errors import SpillError
 from spill.messages import RowSampling, pack_tokens, unpack_tokens
 from spill.streamer.records import PassPlan, Row
 
-OPS = ("plan", "clear", "resident", "kv", "stop")
+OPS = ("load", "plan", "clear", "resident", "kv", "stop", "exit")
 
 
 def pack(op: str, body=None) -> bytes:

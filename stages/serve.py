@@ -1,5 +1,6 @@
-"""One rank of a staged run of given plans: rank 0 runs them (each sent to the others first), ranks 1..N-1
-follow it until it stops them. Started on every rank by `launch.run` or `mlx.launch --backend ring`.
+"""One rank of a staged run: rank 0 loads MODEL and runs the given plans (each sent to the others first);
+ranks 1..N-1 load what rank 0 names and follow it until it lets them go. Started on every rank by `launch.run`
+or `mlx.launch --backend ring`; a rank 1..N-1 needs no arguments (`spill up --ranks N` starts them so).
 
     python -m spill.stages.serve MODEL --plans PLANS.msgpack --out PASSES.json
 
@@ -23,16 +24,16 @@ from spill.errors import SpillError
 from . import plans
 from .link import join
 from .relay import Relay
-from .staged import StagedStreamer
+from .staged import StagedStreamer, serve, tell
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m spill.stages.serve")
-    p.add_argument("model")
+    p.add_argument("model", nargs="?", help="rank 0: the model (the others load what rank 0 names)")
     p.add_argument("--plans", help="rank 0: the plans to run")
     p.add_argument("--out", help="rank 0: where to write each pass's tokens")
     p.add_argument("--prefill-chunk", type=int, default=512)
-    p.add_argument("--resident", action="store_true", help="keep the stage's layers after their first read")
+    p.add_argument("--resident", action="store_true", help="keep the stages' layers after their first read")
     p.add_argument("--deadline", type=float, default=None, help="seconds to wait on a neighbour (SPILL_STAGE_TIMEOUT)")
     args = p.parse_args(argv)
     fault, passes, read = Fault("streamer"), [], []
@@ -44,28 +45,29 @@ def main(argv: list[str] | None = None) -> int:
         fault.tick("pass")
 
     try:
-        group = join()
-        relay = Relay(group, args.deadline or config.stage_timeout())
-        engine = StagedStreamer(args.model, relay, prefill_chunk=args.prefill_chunk, resident=args.resident)
-        try:
-            if group.rank() == 0:
-                ops = {"plan": lambda plan: on_pass(engine.run(plan)), "clear": lambda _: engine.clear(),
-                       "resident": engine.set_resident, "kv": lambda kv: engine.set_kv(*kv), "stop": lambda _: None}
+        relay = Relay(join(), args.deadline or config.stage_timeout())
+        if relay.rank > 0:
+            engine = serve(relay, on_pass)
+        else:
+            engine = StagedStreamer(args.model, relay, prefill_chunk=args.prefill_chunk, resident=args.resident)
+            ops = {"plan": lambda plan: on_pass(engine.run(plan)), "clear": lambda _: engine.clear(),
+                   "resident": engine.set_resident, "kv": lambda kv: engine.set_kv(*kv)}
+            try:
                 for frame in msgpack.unpackb(Path(args.plans).read_bytes()) if args.plans else []:
                     op, body = plans.unpack(frame)
                     ops[op](body)
-            else:
-                engine.follow(on_pass)
-        finally:
-            engine.close()
+            finally:
+                engine.close()
+            tell(relay, "exit")
     except SpillError as err:
         print(f"rank error: {err}", file=sys.stderr, flush=True)
         return 2
-    if group.rank() == 0 and args.out:
+    if relay.rank == 0 and args.out:
         Path(args.out).write_text(json.dumps(passes))
-    print(json.dumps({"rank": group.rank(), "ranks": group.size(), "layers": [engine.layers.start, engine.layers.stop],
-                      "passes": len(passes), "tokens": sum(len(p["emitted"]) for p in passes), "read": read,
-                      "resident_bytes": sum(t.nbytes for t in engine.plan.resident)}), flush=True)
+    layers = [engine.layers.start, engine.layers.stop] if engine else None
+    print(json.dumps({"rank": relay.rank, "ranks": relay.size, "layers": layers, "passes": len(passes),
+                      "tokens": sum(len(p["emitted"]) for p in passes), "read": read,
+                      "resident_bytes": sum(t.nbytes for t in engine.plan.resident) if engine else 0}), flush=True)
     return 0
 
 

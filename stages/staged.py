@@ -28,26 +28,46 @@ from .relay import Relay, StageLost
 from .split import resident_names, stage_shares
 
 
+SHARED = ("prefill_chunk", "resident", "kv_bits", "kv_group_size", "seed")   # options every stage runs alike
+
+
+def tell(relay: Relay, op: str, body=None) -> None:
+    """Rank 0: an op (plans.py) to every other rank, before it does it itself."""
+    if relay.rank == 0 and relay.size > 1:
+        relay.plan(plans.pack(op, body))
+
+
 class StagedStreamer(Streamer):
-    """This rank's stage: `layers` (default its share by bytes, `split.stage_shares`) of the model in `folder`.
-    Rank 0 drives (`run`, `step`, `clear`...: each told to the others first); the others `follow`."""
+    """This rank's stage: `layers` of the model in `folder` (rank 0: its share by bytes, `split.stage_shares`,
+    and it tells the others to load theirs). Rank 0 drives (`run`, `step`, `clear`...: each told to the others
+    first); the others `follow` (`serve`)."""
 
     def __init__(self, folder, relay: Relay, layers: range | None = None, **kw):
-        if kw.get("speculate") or kw.get("draft"):
-            raise SpillError("drafts are not verified across pipeline stages yet; run a group of several ranks "
-                             "with --speculate 0 and no --draft")
         self.relay, self.rank, self.size = relay, relay.rank, relay.size
         self.first, self.last = self.rank == 0, self.rank == self.size - 1
         plan = load_plan(folder)
-        layers = stage_shares(plan, self.size)[self.rank].layers if layers is None else layers
+        ranges = [s.layers for s in stage_shares(plan, self.size)]
+        layers = ranges[self.rank] if layers is None else layers
         super().__init__(folder, layers=layers, holds=resident_names(plan, self.first, self.last), **kw)
         self.hidden = self.adapter.args.hidden_size
         self.hidden_dtype = self.dtype or stored_dtype(self.plan)   # what travels between stages
+        dtype = None if self.dtype is None else str(self.dtype).rsplit(".", 1)[-1]
+        tell(relay, "load", {"model": str(folder), "layers": [[r.start, r.stop] for r in ranges], "dtype": dtype,
+                             **{k: kw[k] for k in SHARED if k in kw}})
+
+    @property
+    def speculate(self) -> int:
+        return 0
+
+    @speculate.setter
+    def speculate(self, k: int) -> None:
+        if k:
+            raise SpillError("drafts are not verified across pipeline stages yet; run a group of several ranks "
+                             "with --speculate 0 and no --draft")
 
     # -- rank 0 tells, the others follow ----------------------------------------------------------------------
     def _tell(self, op: str, body=None) -> None:
-        if self.first and self.size > 1:
-            self.relay.plan(plans.pack(op, body))
+        tell(self.relay, op, body)
 
     def run(self, plan: PassPlan) -> PassReport:
         plan = dataclasses.replace(plan, drafts={})   # a staged pass verifies no drafts
@@ -55,7 +75,8 @@ class StagedStreamer(Streamer):
         return super().run(plan)
 
     def follow(self, on_pass=None) -> int:
-        """Ranks 1..N-1: do what rank 0 says until it says stop (`on_pass(report)` after each pass); the passes run."""
+        """Ranks 1..N-1: do what rank 0 says until it stops this stage (`on_pass(report)` after each pass); the
+        passes run."""
         done = {"clear": lambda _: self.clear(), "resident": self.set_resident, "kv": lambda kv: self.set_kv(*kv)}
         passes = 0
         while True:
@@ -66,8 +87,11 @@ class StagedStreamer(Streamer):
                 report, passes = self.run(body), passes + 1
                 if on_pass is not None:
                     on_pass(report)
-            else:
+            elif op in done:
                 done[op](body)
+            else:
+                raise SpillError(f"stage {self.rank} was told {op!r} while it ran a model; every rank must run "
+                                 "the same spill version")
 
     def clear(self) -> None:
         super().clear()
@@ -92,14 +116,13 @@ class StagedStreamer(Streamer):
         raise SpillError("a staged streamer changes its rows only through plans; drop rows with PassPlan.drop")
 
     def close(self) -> None:
-        """Rank 0 stops the others' loops; every rank lets its reader and relay go."""
+        """Rank 0 stops the others' stages (they wait for the next model, `serve`); every rank lets its reader go."""
         try:
             self._tell("stop")
         except StageLost:
             pass   # the group is gone: nobody to stop
         finally:
             super().close()
-            self.relay.close()
 
     # -- the pass's three hand-overs ---------------------------------------------------------------------------
     def _embed(self, tokens: mx.array) -> mx.array:
@@ -130,3 +153,22 @@ class StagedStreamer(Streamer):
                              "every rank must run the same plans")
         out = emit.accept(rows, tokens)
         return [e for j in sorted(out) for e in out[j]]
+
+
+def serve(relay: Relay, on_pass=None) -> "StagedStreamer | None":
+    """Ranks 1..N-1 of a group: load each model rank 0 names and follow it until rank 0 says exit; the last stage."""
+    engine = None
+    while True:
+        op, body = plans.unpack(relay.plan())
+        if op == "exit":
+            return engine
+        if op != "load":
+            raise SpillError(f"stage {relay.rank} was told {op!r} with no model loaded; every rank must run the "
+                             "same spill version")
+        name = body.pop("dtype", None)   # rank 0's compute dtype: what every stage computes in
+        engine = StagedStreamer(body.pop("model"), relay, range(*body.pop("layers")[relay.rank]),
+                                dtype=getattr(mx, name) if name else None, **body)
+        try:
+            engine.follow(on_pass)
+        finally:
+            engine.close()
