@@ -15,7 +15,10 @@ import threading
 import mlx.core as mx
 import numpy as np
 
+from spill import config
 from spill.errors import SpillError
+
+from .link import join
 
 
 class StageLost(SpillError):
@@ -29,6 +32,15 @@ def peer_name(rank: int) -> str:
             return f"rank {rank} ({json.load(f)[rank][0]})"
     except (KeyError, OSError, ValueError, IndexError, TypeError):
         return f"rank {rank}"
+
+
+def group_relay() -> "Relay | None":
+    """This process's relay where `mlx.launch` (or `launch.spawn`) made it one of several ranks (MLX_RANK,
+    MLX_HOSTFILE), waiting SPILL_STAGE_TIMEOUT on a neighbour; None where it runs alone."""
+    if "MLX_RANK" not in os.environ and "MLX_HOSTFILE" not in os.environ:
+        return None
+    group = join()
+    return Relay(group, config.stage_timeout()) if group.size() > 1 else None
 
 
 class Relay:

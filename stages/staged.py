@@ -74,24 +74,20 @@ class StagedStreamer(Streamer):
         self._tell("plan", plan)
         return super().run(plan)
 
-    def follow(self, on_pass=None) -> int:
-        """Ranks 1..N-1: do what rank 0 says until it stops this stage (`on_pass(report)` after each pass); the
-        passes run."""
+    def follow(self, on_pass=None) -> tuple[str, object]:
+        """Ranks 1..N-1: do what rank 0 says (`on_pass(report)` after each pass) until it stops this stage, names
+        another model or lets the rank go: that op and its body."""
         done = {"clear": lambda _: self.clear(), "resident": self.set_resident, "kv": lambda kv: self.set_kv(*kv)}
-        passes = 0
         while True:
             op, body = plans.unpack(self.relay.plan())
-            if op == "stop":
-                return passes
             if op == "plan":
-                report, passes = self.run(body), passes + 1
+                report = self.run(body)
                 if on_pass is not None:
                     on_pass(report)
             elif op in done:
                 done[op](body)
             else:
-                raise SpillError(f"stage {self.rank} was told {op!r} while it ran a model; every rank must run "
-                                 "the same spill version")
+                return op, body
 
     def clear(self) -> None:
         super().clear()
@@ -156,19 +152,20 @@ class StagedStreamer(Streamer):
 
 
 def serve(relay: Relay, on_pass=None) -> "StagedStreamer | None":
-    """Ranks 1..N-1 of a group: load each model rank 0 names and follow it until rank 0 says exit; the last stage."""
-    engine = None
-    while True:
-        op, body = plans.unpack(relay.plan())
-        if op == "exit":
-            return engine
-        if op != "load":
+    """Ranks 1..N-1 of a group: load each model rank 0 names and follow it, until rank 0 says exit; the last stage."""
+    engine, (op, body) = None, plans.unpack(relay.plan())
+    while op != "exit":
+        if op == "load":
+            name = body.pop("dtype", None)   # rank 0's compute dtype: what every stage computes in
+            engine = StagedStreamer(body.pop("model"), relay, range(*body.pop("layers")[relay.rank]),
+                                    dtype=getattr(mx, name) if name else None, **body)
+            try:
+                op, body = engine.follow(on_pass)
+            finally:
+                engine.close()
+        elif op == "stop":   # its model is done: wait for the next
+            op, body = plans.unpack(relay.plan())
+        else:
             raise SpillError(f"stage {relay.rank} was told {op!r} with no model loaded; every rank must run the "
                              "same spill version")
-        name = body.pop("dtype", None)   # rank 0's compute dtype: what every stage computes in
-        engine = StagedStreamer(body.pop("model"), relay, range(*body.pop("layers")[relay.rank]),
-                                dtype=getattr(mx, name) if name else None, **body)
-        try:
-            engine.follow(on_pass)
-        finally:
-            engine.close()
+    return engine
