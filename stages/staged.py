@@ -32,15 +32,15 @@ SHARED = ("prefill_chunk", "resident", "kv_bits", "kv_group_size", "seed")   # o
 
 
 def tell(relay: Relay, op: str, body=None) -> None:
-    """Rank 0: an op (plans.py) to every other rank, before it does it itself."""
+    """Rank 0: an op (plans.py) to every other rank; elsewhere nothing (a follower does what it was told)."""
     if relay.rank == 0 and relay.size > 1:
         relay.plan(plans.pack(op, body))
 
 
 class StagedStreamer(Streamer):
     """This rank's stage: `layers` of the model in `folder` (rank 0: its share by bytes, `split.stage_shares`,
-    and it tells the others to load theirs). Rank 0 drives (`run`, `step`, `clear`...: each told to the others
-    first); the others `follow` (`serve`)."""
+    and it tells the others to load theirs). Rank 0 drives (`run`, `step`, `clear`...: each told to the
+    others, a plan before its pass); the others `follow` (`serve`)."""
 
     def __init__(self, folder, relay: Relay, layers: range | None = None, **kw):
         self.relay, self.rank, self.size = relay, relay.rank, relay.size
