@@ -32,16 +32,16 @@ def hostfile(n: int, folder: Path) -> Path:
 
 
 def spawn(n: int, argv: list[str], *, env: dict | None = None, folder: Path | None = None,
-          cpus: list[set[int]] | None = None) -> list[subprocess.Popen]:
+          cpus: list[set[int]] | None = None, rank_env: dict[int, dict] | None = None) -> list[subprocess.Popen]:
     """Start `python argv...` as ranks 0..n-1 of one ring; stdout and stderr piped, each in its own session,
-    rank r on the cores cpus[r] where given."""
+    rank r on the cores cpus[r] where given, with rank_env[r] added to its environment."""
     hosts = hostfile(n, Path(folder or tempfile.mkdtemp(prefix="spill-ring-")))
     procs = []
     for rank in range(n):   # one rank is a group of its own: no ring to join
         ring = {"MLX_RANK": str(rank), "MLX_HOSTFILE": str(hosts)} if n > 1 else {}
-        rank_env = {**os.environ, **(env or {}), **ring}
+        environ = {**os.environ, **(env or {}), **(rank_env or {}).get(rank, {}), **ring}
         pin = (lambda cores=cpus[rank]: os.sched_setaffinity(0, cores)) if cpus else None
-        procs.append(subprocess.Popen([sys.executable, *argv], env=rank_env, stdout=subprocess.PIPE,
+        procs.append(subprocess.Popen([sys.executable, *argv], env=environ, stdout=subprocess.PIPE,
                                       stderr=subprocess.PIPE, text=True, start_new_session=True, preexec_fn=pin))
     return procs
 

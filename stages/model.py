@@ -2,10 +2,17 @@
 
 Ranks. `mlx.launch` (or `spill up --ranks N` on loopback) starts one process a rank. Rank 0 runs the group
 as today (coordinator, tokenizer, admission) with its streamer as stage 0: the embedding and the first layer
-range. Ranks 1..N-1 each run a stage actor: the streamer core on its layer range (`split.stage_shares`: by
-bytes, or by each host's working set); the last also holds the final norm and head and samples. Plans, reports
-and heartbeats travel over ZeroMQ as today (a stage's endpoints in `spill/wire.py`); hidden states and tokens
-over `mx.distributed` (ring over TCP, JACCL over Thunderbolt), each hop between ring neighbours.
+range. Ranks 1..N-1 each run a stage (`serve.py`): the streamer core on its layer range (`split.stage_shares`:
+by bytes, or by each host's working set); the last also holds the final norm and head and samples. Built
+(`staged.py`): the streamer actor finds MLX_RANK and MLX_HOSTFILE (`relay.group_relay`) and, with several
+ranks, names the model and each rank's layers, then sends each plan round the ring before its pass; every
+stage runs it on the same rows, hidden states go r -> r+1, the last stage's tokens back to every rank, all
+over `mx.distributed` (ring over TCP, JACCL over Thunderbolt), each hop between ring neighbours. One micro-batch
+a pass so far, and no drafts. Left: `spill up --ranks N` (the followers from `launch.spawn`, the streamer with
+rank 0's variables), `--hostfile` (a follower a host by `mlx.launch`), the stages' reports, heartbeats and
+budgets to admission (below), and the recovery from a lost rank (below: a `relay.StageLost` on rank 0 ends the
+streamer as an error no restart fixes, so today the job fails with its sentence; the coordinator must take it
+as the group's end instead, and start the group anew).
 
 A plan becomes micro-batches. A row joins one of M micro-batches at admission (the one with the least work)
 and stays in it while it lives: its KV lives on every stage in that micro-batch's pools (each stage only its

@@ -12,13 +12,15 @@ Each pass runs one plan (`run`): the rows that start, each prefilling group's ch
 (dropped, or ended by a stop string the caller saw); rows also leave on EOS or max_tokens, and never
 disturb the others. Resident (the advisor's choice when the model fits), each
 layer's weights are kept after their first read and the reader closed once all are: later passes
-take them from memory, through the same loop.
+take them from memory, through the same loop. A pipeline stage (stages/staged.py) runs the same pass on its
+layer range: its input, its output and its rows' tokens cross to the other ranks at `_embed`,
+`_stream_layers` and `_sample`.
 """
 
+import dataclasses
 import time
 
 import mlx.core as mx
-import numpy as np
 
 from spill import config, memory
 from spill.errors import SpillError
@@ -32,9 +34,8 @@ from .shares import bucket, chunk_for
 from .plan import load_plan
 from .reader import WeightReader
 from .records import Emitted, PassPlan, PassReport, Row  # noqa: F401 - the core's records, imported from here too
-from .sampling import RowSampler, sample
-from . import speculate
-from .verify import take
+from .sampling import RowSampler
+from . import emit, speculate
 
 
 def _free_cache() -> None:
@@ -52,11 +53,16 @@ class Streamer:
     def __init__(self, folder, *, dtype: mx.Dtype | None = "auto", prefill_chunk: int = 512,
                  read_ahead: bool = True, drop_cache: bool = True, keep_logits: bool = False,
                  seed: int = 0, resident: bool = False, kv_bits: int | None = None, kv_group_size: int = 64,
-                 speculate: int = 0, draft: str | None = None):
+                 speculate: int = 0, draft: str | None = None, layers: range | None = None,
+                 holds: set[str] | None = None):
         if prefill_chunk < 1:
             raise SpillError(f"prefill_chunk must be at least 1, got {prefill_chunk}")
         self.plan = load_plan(folder)
         self.adapter = adapter_for(self.plan)
+        # the layers it runs, and the tensors around them it reads: all, or a pipeline stage's (stages/staged.py)
+        self.layers = range(len(self.plan.layers)) if layers is None else layers
+        if holds is not None:
+            self.plan = dataclasses.replace(self.plan, resident=[t for t in self.plan.resident if t.name in holds])
         self.dtype = default_dtype() if dtype == "auto" else dtype
         self.kv_bits, self.kv_group_size = kv_bits, kv_group_size   # the decode pools' KV format (kvquant.py)
         self.make_pool = pool_maker(kv_bits, kv_group_size, self.plan, self.dtype)
@@ -109,7 +115,7 @@ class Streamer:
                 self.left.append(row.id)
                 self.refused.append((row.id, str(err)))
         for group, rows in opening.items():
-            self.prefills[group] = Group.prefill(rows, self.adapter)
+            self.prefills[group] = Group.prefill(rows, self.adapter, self.layers)
         return self._pass(plan.chunks, plan.drafts)
 
     def _start(self, row: Row) -> RowState:
@@ -226,7 +232,7 @@ class Streamer:
         self._retire()
         pools = list(self.pools.values())
         prefills = list(self.prefills.items())
-        groups = ([Decode(pools, len(self.adapter.layers))] if pools else []) + [g for _, g in prefills]
+        groups = ([Decode(pools, len(self.layers))] if pools else []) + [g for _, g in prefills]
         steps = ([1] if pools else []) + [chunks.get(k, self.prefill_chunk) for k, _ in prefills]
         if not groups:
             return self._report(t0, wait0, read0, 0.0, [], 0, 0)
@@ -239,40 +245,10 @@ class Streamer:
             columns = tokens.shape[1] if drafts and not g.prefilling else columns
             prefill_tokens += tokens.size if g.prefilling else 0
             attended += tokens.size * (g.done + tokens.shape[1]) if g.prefilling else 0   # keys a prompt token scores
-            h = self.adapter.embed(tokens)
-            if self.dtype is not None:
-                h = h.astype(self.dtype)
-            hs.append(h)
+            hs.append(h := self._embed(tokens))
             masks.append(self.adapter.masks(h, g.caches))
-        missing = [i for i in range(len(self.adapter.layers)) if self.kept is None or i not in self.kept]
-        if self._cpu:   # OpenBLAS's threads share the cores with the reader's (platform.blas_threads_for)
-            threads = blas_threads_for(max(h.shape[0] * h.shape[1] for h in hs), config.blas_threads(), bool(missing))
-            if threads != self._threads and set_blas_threads(threads):
-                self._threads = threads
         # 3. stream the layers: every group through each layer while it is resident
-        compute_s, streamed = 0.0, 0
-        if missing:
-            if self._cpu:
-                # MLX's CPU cache takes a freed buffer only while it fits under the limit: what earlier passes left
-                # there (prompts' activations, logits) would keep every freed layer out, each allocated (faulted) anew
-                mx.clear_cache()
-            self.reader.start_pass(missing)
-        for i in range(len(self.adapter.layers)):
-            weights = self.kept.get(i) if self.kept is not None else None
-            if weights is None:
-                weights = self.reader.take(i)
-                streamed += self.plan.layer_bytes(i)
-                if self.kept is not None:
-                    self.kept[i] = weights
-            c0 = time.perf_counter()
-            self.adapter.load_layer(i, weights)
-            hs = self.adapter.run_layer(i, hs, [m[i] for m in masks], [g.caches[i] for g in groups])
-            mx.eval(hs, [(g.caches[i].keys, g.caches[i].values) for g in groups])
-            self.adapter.unload_layer(i)
-            del weights
-            if self.kept is None:
-                self.reader.release(i)   # nothing holds the layer now: its memory takes a later one, unfilled
-            compute_s += time.perf_counter() - c0
+        hs, compute_s, streamed = self._stream_layers(groups, hs, masks)
         # 4. head and sampling for rows at the end of their input
         c0 = time.perf_counter()
         emitting = [(g, h) for g, h in zip(groups, hs) if g.advance()]
@@ -286,7 +262,7 @@ class Streamer:
         for k in joined:
             self._join(self.prefills.pop(k))
         self._retire()   # rows that ended this pass leave now, so `idle` is true once all have
-        if self.kept is not None and len(self.kept) == len(self.adapter.layers) and self.reader is not None:
+        if self.kept is not None and len(self.kept) == len(self.layers) and self.reader is not None:
             self._close_reader()   # every layer is resident: its buffers and files are not needed again
         if joined:
             # the prefill caches are the only KV buffers ever freed; left in MLX's cache they
@@ -299,30 +275,47 @@ class Streamer:
         report.accepted, report.drafted, report.columns = accepted, drafted, columns
         return report
 
+    def _embed(self, tokens: mx.array) -> mx.array:
+        """A group's input ids [B, T] -> its hidden states [B, T, hidden] in the compute dtype."""
+        h = self.adapter.embed(tokens)
+        return h.astype(self.dtype) if self.dtype is not None else h
+
+    def _stream_layers(self, groups: list, hs: list, masks: list) -> tuple[list, float, int]:
+        """Every group through each of this streamer's layers while it is resident (read, or kept): the groups'
+        hidden states after the last, the compute seconds and the bytes read."""
+        missing = [i for i in self.layers if self.kept is None or i not in self.kept]
+        if self._cpu:   # OpenBLAS's threads share the cores with the reader's (platform.blas_threads_for)
+            threads = blas_threads_for(max(h.shape[0] * h.shape[1] for h in hs), config.blas_threads(), bool(missing))
+            if threads != self._threads and set_blas_threads(threads):
+                self._threads = threads
+        compute_s, streamed = 0.0, 0
+        if missing:
+            if self._cpu:
+                # MLX's CPU cache takes a freed buffer only while it fits under the limit: what earlier passes left
+                # there (prompts' activations, logits) would keep every freed layer out, each allocated (faulted) anew
+                mx.clear_cache()
+            self.reader.start_pass(missing)
+        for k, i in enumerate(self.layers):   # k: the layer's place in the groups' caches (a stage holds its own)
+            weights = self.kept.get(i) if self.kept is not None else None
+            if weights is None:
+                weights = self.reader.take(i)
+                streamed += self.plan.layer_bytes(i)
+                if self.kept is not None:
+                    self.kept[i] = weights
+            c0 = time.perf_counter()
+            self.adapter.load_layer(i, weights)
+            hs = self.adapter.run_layer(i, hs, [m[i] for m in masks], [g.caches[k] for g in groups])
+            mx.eval(hs, [(g.caches[k].keys, g.caches[k].values) for g in groups])
+            self.adapter.unload_layer(i)
+            del weights
+            if self.kept is None:
+                self.reader.release(i)   # nothing holds the layer now: its memory takes a later one, unfilled
+            compute_s += time.perf_counter() - c0
+        return hs, compute_s, streamed
+
     def _sample(self, emitting) -> list[Emitted]:
-        if not emitting:
-            return []
-        picks = [(g.sampled(), h) for g, h in emitting]
-        rows = [r for (_, rs), _ in picks for r in rs]
-        logits = self.adapter.head(mx.concatenate([h[mx.array(idx), -1, :] for (idx, _), h in picks if idx]))
-        logits = logits.astype(mx.float32)
-        kept = np.array(logits) if self.keep_logits else None
-        out: dict[int, list[Emitted]] = {}   # row -> its tokens, in the rows' order
-        seeded = [j for j, r in enumerate(rows) if r.sampler.verified]   # a speculating job's sampled rows
-        taken = speculate.take_verified(take(logits, np.array(seeded)), [rows[j] for j in seeded], {}) if seeded else []
-        out.update((j, t[0]) for j, t in zip(seeded, taken) if t is not None)
-        drawn = [j for j, r in enumerate(rows) if not r.sampler.verified]
-        for j, tok in zip(drawn, sample(take(logits, np.array(drawn)), [rows[j].sampler for j in drawn]) if drawn else []):
-            r = rows[j]
-            if r.finish is not None:
-                continue  # ended from outside while its last step ran
-            position = len(r.tokens)
-            r.finish = r.accept(tok)
-            out[j] = [Emitted(r.row.id, tok, r.finish, None, position)]
-        if kept is not None:
-            for j, emitted in out.items():
-                emitted[0].logits = kept[j]
-        return [e for j in sorted(out) for e in out[j]]
+        """Head and a token for each row at the end of its input (a pipeline stage: its tokens over the group)."""
+        return emit.draw(self.adapter, emitting, self.keep_logits)
 
     def _join(self, g: Group) -> None:
         """A finished prefill group's rows take slots in their pools, made at the reserved shape
@@ -334,9 +327,9 @@ class Streamer:
         for width, js in picks.items():
             rows, pool = [g.rows[j] for j in js], self.pools.get(width)
             if pool is None:
-                pool = self.pools[width] = self.make_pool(*self._shape(width, rows), len(self.adapter.layers))
+                pool = self.pools[width] = self.make_pool(*self._shape(width, rows), len(self.layers))
             elif not pool.fits(rows):   # rows past the reservation: a bigger pool, copied once
-                old, pool = pool, self.make_pool(*self._shape(width, pool.live + rows), len(self.adapter.layers))
+                old, pool = pool, self.make_pool(*self._shape(width, pool.live + rows), len(self.layers))
                 pool.move(old)
                 self.pools[width] = pool
                 _free_cache()   # the old pool's layers, freed one by one
@@ -357,7 +350,7 @@ class Streamer:
             pool = pool.without_finished()
             slots = self.reservation.get(width, 0) if width else 0
             if pool is not None and len(pool.live) <= slots < pool.slots:
-                old, pool = pool, self.make_pool(slots, pool.width, len(self.adapter.layers))
+                old, pool = pool, self.make_pool(slots, pool.width, len(self.layers))
                 pool.move(old)
                 del old
                 shrunk = True

@@ -61,13 +61,14 @@ class Group:
         self._step = 0
 
     @classmethod
-    def prefill(cls, rows: list[RowState], adapter) -> "Group":
+    def prefill(cls, rows: list[RowState], adapter, layers: range | None = None) -> "Group":
+        """The rows' prompts left-padded, and a cache for each of `layers` (default every layer of the model)."""
         width = prefill_width([len(r.row.prompt) for r in rows])
         pads = [width - len(r.row.prompt) for r in rows]
         prompt = np.zeros((len(rows), width), dtype=np.int32)
         for j, r in enumerate(rows):
             prompt[j, pads[j]:] = r.row.prompt
-        caches = [adapter.make_cache(i, pads) for i in range(len(adapter.layers))]
+        caches = [adapter.make_cache(i, pads) for i in (range(len(adapter.layers)) if layers is None else layers)]
         for c in caches:
             c.step = width   # one allocation of the prompt's width, not mlx-lm's 256-token steps
         return cls(rows, caches, prompt)

@@ -9,10 +9,12 @@ from spill import messages as m
 from spill.actor import Fault, bind_context, inbox, run_actor
 from spill.errors import SpillError
 from spill.platform import without_torch
+from spill.stages.relay import group_relay
 from spill.wire import Mailbox
 
 without_torch()   # here, not only in run_actor: .core imports mlx-lm, whose transformers would import torch
 from .core import PassPlan, Row, Streamer  # noqa: E402
+from spill.stages.staged import StagedStreamer, tell  # noqa: E402
 
 
 
@@ -20,8 +22,9 @@ class StreamerActor:
     """The streamer core behind the group's messages (no sockets: tests drive it directly). It decides nothing:
     each PLAN is one pass, run as admission's scheduler wrote it."""
 
-    def __init__(self, prefill_chunk: int = 512):
+    def __init__(self, prefill_chunk: int = 512, relay=None):
         self.prefill_chunk = prefill_chunk
+        self.relay = relay   # a pipeline group's (stages/relay.py): this streamer is its stage 0, the others follow
         self.engine: Streamer | None = None
         self.model = ""
         self.epoch, self.job = -1, ""
@@ -33,10 +36,7 @@ class StreamerActor:
             if self.engine is not None:
                 self.engine.close()
             self.engine, self.model = None, ""
-            self.engine = Streamer(msg.model, prefill_chunk=self.prefill_chunk, resident=msg.resident,
-                                   kv_bits=msg.kv_bits or None, kv_group_size=msg.kv_group_size,
-                                   speculate=msg.speculate, draft=msg.draft or None)
-            self.model = msg.model
+            self.engine, self.model = self._open(msg), msg.model
         elif self.engine is not None:
             self.engine.clear()
             if msg.model:
@@ -44,6 +44,13 @@ class StreamerActor:
                 self.engine.set_kv(msg.kv_bits or None, msg.kv_group_size)
                 self.engine.speculate = msg.speculate   # the job's rows sample as its --speculate says
                 self.engine.set_draft(msg.draft or None)  # the job's draft model, loaded where it changes
+
+    def _open(self, msg: m.Reset) -> Streamer:
+        kw = dict(prefill_chunk=self.prefill_chunk, resident=msg.resident, kv_bits=msg.kv_bits or None,
+                  kv_group_size=msg.kv_group_size, speculate=msg.speculate, draft=msg.draft or None)
+        if self.relay is None:
+            return Streamer(msg.model, **kw)
+        return StagedStreamer(msg.model, self.relay, **kw)
 
     def run(self, msg: m.Plan) -> tuple[m.Tokens, m.Pass, list]:
         """The plan's pass: (tokens for the tokenizer, the report, rows refused as (row, why))."""
@@ -79,7 +86,8 @@ class StreamerActor:
 
 def run_streamer_process(endpoints, args, log) -> None:
     box = Mailbox(endpoints, "streamer", sends_to=("tokenizer", "admission", "coordinator"))
-    actor = StreamerActor(prefill_chunk=args.get("prefill_chunk", 512))
+    relay = group_relay()   # several ranks (mlx.launch, or `launch.spawn`): stage 0 of a pipeline, the others follow
+    actor = StreamerActor(prefill_chunk=args.get("prefill_chunk", 512), relay=relay)
     fault = Fault("streamer")
     delay = config.test_pass_delay()
 
@@ -113,6 +121,8 @@ def run_streamer_process(endpoints, args, log) -> None:
             handlers.get(type(msg), lambda _msg: None)(msg)
     if actor.engine is not None:
         actor.engine.close()
+    if relay is not None:
+        tell(relay, "exit")
     box.close()
 
 

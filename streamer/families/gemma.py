@@ -53,10 +53,9 @@ class Gemma3TextAdapter(Adapter):
         return h * mx.array(self.args.hidden_size ** 0.5, mx.bfloat16).astype(h.dtype)
 
     def masks(self, h, caches):
+        # every layer's cache of a group has the same offsets and kind: the first one's masks serve them all
         n = h.shape[1]
-        glob = next((c for i, c in enumerate(caches) if self._global(i)), None)
-        full = glob.make_mask(n) if glob is not None else None
-        slide = caches[0].make_mask(n, window_size=self.args.sliding_window)
+        full, slide = caches[0].make_mask(n), caches[0].make_mask(n, window_size=self.args.sliding_window)
         return [full if self._global(i) else slide for i in range(len(self.layers))]
 
     def head(self, h):

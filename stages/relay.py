@@ -1,0 +1,117 @@
+"""A rank's sends and receives over the pipeline group, each with a deadline.
+
+They run on a thread of their own (with an MLX stream of its own: MLX's streams belong to a thread), so a
+neighbour that died is a `StageLost` at once (MLX's ring says the connection was lost) and one that stopped
+answering is one after `deadline_s`, never a hang. MLX's ring sends only between neighbours, so messages
+go round the ring: a plan from rank 0 rank by rank to the last (`plan`), hidden states r -> r+1, the last
+rank's tokens to rank 0 and on to the others (`tokens`).
+"""
+
+import json
+import os
+import queue
+import threading
+
+import mlx.core as mx
+import numpy as np
+
+from spill import config
+from spill.errors import SpillError
+
+from .link import join
+
+
+class StageLost(SpillError):
+    """The group lost a rank (it died, or missed a deadline): the group's epoch ends and it starts anew."""
+
+
+def peer_name(rank: int) -> str:
+    """"rank 2 (10.0.0.3:5002)" where MLX_HOSTFILE (the ring's JSON list of each rank's addresses) names it."""
+    try:
+        with open(os.environ["MLX_HOSTFILE"]) as f:
+            return f"rank {rank} ({json.load(f)[rank][0]})"
+    except (KeyError, OSError, ValueError, IndexError, TypeError):
+        return f"rank {rank}"
+
+
+def group_relay() -> "Relay | None":
+    """This process's relay where `mlx.launch` (or `launch.spawn`) made it one of several ranks (MLX_RANK,
+    MLX_HOSTFILE), waiting SPILL_STAGE_TIMEOUT on a neighbour; None where it runs alone."""
+    if "MLX_RANK" not in os.environ and "MLX_HOSTFILE" not in os.environ:
+        return None
+    group = join()
+    return Relay(group, config.stage_timeout()) if group.size() > 1 else None
+
+
+class Relay:
+    def __init__(self, group, deadline_s: float):
+        self.group, self.rank, self.size = group, group.rank(), group.size()
+        self.deadline_s = deadline_s
+        self._jobs: queue.Queue = queue.Queue()
+        self._lost: StageLost | None = None   # once lost, every later call raises it: the thread may be stuck
+        threading.Thread(target=self._work, name="spill-relay", daemon=True).start()
+
+    def _work(self) -> None:
+        stream = mx.new_stream(mx.cpu)
+        while (job := self._jobs.get()) is not None:
+            fn, box, done = job
+            try:
+                box["out"] = fn(stream)
+            except BaseException as err:  # noqa: BLE001 - handed to the waiting thread, which raises it
+                box["err"] = err
+            finally:
+                done.set()
+
+    def _run(self, fn, peer: int, what: str, deadline: float | None):
+        if self._lost is not None:
+            raise self._lost
+        box, done = {}, threading.Event()
+        self._jobs.put((fn, box, done))
+        if not done.wait(deadline):
+            self._lost = StageLost(f"the pipeline group lost a rank: {what} {peer_name(peer)} took over {deadline:g} s; "
+                                   "a rank stopped answering (SPILL_STAGE_TIMEOUT sets the wait), start the group anew")
+        elif "err" in box:
+            self._lost = StageLost(f"the pipeline group lost a rank: {what} {peer_name(peer)} failed "
+                                   f"({' '.join(str(box['err']).split())}); a rank died or its host dropped off, "
+                                   "start the group anew")
+        if self._lost is not None:
+            raise self._lost
+        return box.get("out")
+
+    def send(self, x: mx.array, peer: int, what: str = "sending to") -> None:
+        mx.eval(x)   # computed here: the relay's thread runs only the send
+        self._run(lambda s: mx.eval(mx.distributed.send(x, peer, group=self.group, stream=s)), peer, what,
+                  self.deadline_s)
+
+    def recv(self, shape: tuple, dtype: mx.Dtype, peer: int, what: str, wait: bool = True) -> mx.array:
+        """An array from `peer`; `wait` False: for as long as it takes (a stage waiting for work)."""
+        def fn(stream):
+            x = mx.distributed.recv(shape, dtype, peer, group=self.group, stream=stream)
+            mx.eval(x)
+            return x
+        return self._run(fn, peer, what, self.deadline_s if wait else None)
+
+    def plan(self, data: bytes | None = None) -> bytes:
+        """Rank 0's `data` on every rank, round the ring: its length (int32), then its bytes (uint8). The
+        others wait for it as long as it takes (a group between jobs has no plan to run)."""
+        if self.rank > 0:
+            n = int(self.recv((1,), mx.int32, self.rank - 1, "waiting for a plan from", wait=False).item())
+            data = bytes(np.array(self.recv((n,), mx.uint8, self.rank - 1, "receiving a plan from"), copy=False))
+        if self.rank + 1 < self.size:
+            self.send(mx.array([len(data)], dtype=mx.int32), self.rank + 1)
+            self.send(mx.array(np.frombuffer(data, dtype=np.uint8)), self.rank + 1)
+        return data
+
+    def tokens(self, tokens: np.ndarray | None, count: int) -> np.ndarray:
+        """The last rank's `count` tokens (int32) on every rank: it sends them to rank 0, which sends them on."""
+        last = self.size - 1
+        if self.rank == last:
+            self.send(mx.array(tokens.astype(np.int32)), 0)
+            return tokens
+        got = self.recv((count,), mx.int32, (self.rank - 1) % self.size, "waiting for tokens from")
+        if self.rank + 1 < last:
+            self.send(got, self.rank + 1)
+        return np.array(got)
+
+    def close(self) -> None:
+        self._jobs.put(None)

@@ -1,0 +1,75 @@
+"""One rank of a staged run: rank 0 loads MODEL and runs the given plans (each sent to the others first);
+ranks 1..N-1 load what rank 0 names and follow it until it lets them go. Started on every rank by `launch.run`
+or `mlx.launch --backend ring`; a rank 1..N-1 needs no arguments (`spill up --ranks N` starts them so).
+
+    python -m spill.stages.serve MODEL --plans PLANS.msgpack --out PASSES.json
+
+PLANS.msgpack is a msgpack list of `plans.pack` frames; rank 0 writes each pass's tokens, rows that left and
+rows preempted to PASSES.json. Every rank prints one JSON line at the end: its rank, layers, passes, tokens,
+bytes read a pass and resident bytes. SPILL_TEST_CRASH_STREAMER ("pass:n[:wedge]") in a rank's environment
+kills that rank (or blocks it) at its n-th pass.
+"""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import msgpack
+
+from spill import config
+from spill.actor import Fault
+from spill.errors import SpillError
+
+from . import plans
+from .link import join
+from .relay import Relay
+from .staged import StagedStreamer, serve, tell
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m spill.stages.serve")
+    p.add_argument("model", nargs="?", help="rank 0: the model (the others load what rank 0 names)")
+    p.add_argument("--plans", help="rank 0: the plans to run")
+    p.add_argument("--out", help="rank 0: where to write each pass's tokens")
+    p.add_argument("--prefill-chunk", type=int, default=512)
+    p.add_argument("--resident", action="store_true", help="keep the stages' layers after their first read")
+    p.add_argument("--deadline", type=float, default=None, help="seconds to wait on a neighbour (SPILL_STAGE_TIMEOUT)")
+    args = p.parse_args(argv)
+    fault, passes, read = Fault("streamer"), [], []
+
+    def on_pass(report) -> None:
+        read.append(report.bytes_streamed)
+        passes.append({"emitted": [[e.row_id, e.token, e.finish, e.position] for e in report.emitted],
+                       "left": report.left, "preempted": report.preempted})
+        fault.tick("pass")
+
+    try:
+        relay = Relay(join(), args.deadline or config.stage_timeout())
+        if relay.rank > 0:
+            engine = serve(relay, on_pass)
+        else:
+            engine = StagedStreamer(args.model, relay, prefill_chunk=args.prefill_chunk, resident=args.resident)
+            ops = {"plan": lambda plan: on_pass(engine.run(plan)), "clear": lambda _: engine.clear(),
+                   "resident": engine.set_resident, "kv": lambda kv: engine.set_kv(*kv)}
+            try:
+                for frame in msgpack.unpackb(Path(args.plans).read_bytes()) if args.plans else []:
+                    op, body = plans.unpack(frame)
+                    ops[op](body)
+            finally:
+                engine.close()
+            tell(relay, "exit")
+    except SpillError as err:
+        print(f"rank error: {err}", file=sys.stderr, flush=True)
+        return 2
+    if relay.rank == 0 and args.out:
+        Path(args.out).write_text(json.dumps(passes))
+    layers = [engine.layers.start, engine.layers.stop] if engine else None
+    print(json.dumps({"rank": relay.rank, "ranks": relay.size, "layers": layers, "passes": len(passes),
+                      "tokens": sum(len(p["emitted"]) for p in passes), "read": read,
+                      "resident_bytes": sum(t.nbytes for t in engine.plan.resident) if engine else 0}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,171 @@
+"""The streamer core on one stage of a pipeline: its layer range, each pass as the whole group's.
+
+Every rank holds a `StagedStreamer` and runs the same plans (rank 0 sends each to the others first), so its
+rows, slots, pools and prefill groups are the same everywhere; only the math is split:
+
+    rank 0 (first)       embed -> its layers -> hidden states [B, T, hidden] of every group to rank 1
+    rank r               hidden states from r-1 -> its layers -> to r+1
+    rank N-1 (last)      hidden states from N-2 -> its layers -> norm, head, a token a row -> tokens to rank 0
+    every rank but N-1   the last rank's tokens, taken into its rows as sampling would have (EOS, max_tokens)
+
+Each reads only its layers and the tensors around them it needs (`split.resident_names`), and holds KV for its
+layers only. A staged pass carries no drafts: speculation (--speculate, --draft) is refused here for now.
+"""
+
+import dataclasses
+
+import mlx.core as mx
+import numpy as np
+
+from spill.errors import SpillError
+from spill.streamer import emit
+from spill.streamer.core import PassPlan, PassReport, Streamer
+from spill.streamer.kvquant import stored_dtype
+from spill.streamer.plan import load_plan
+
+from . import plans
+from .relay import Relay, StageLost
+from .split import resident_names, stage_shares
+
+
+SHARED = ("prefill_chunk", "resident", "kv_bits", "kv_group_size", "seed")   # options every stage runs alike
+
+
+def tell(relay: Relay, op: str, body=None) -> None:
+    """Rank 0: an op (plans.py) to every other rank; elsewhere nothing (a follower does what it was told)."""
+    if relay.rank == 0 and relay.size > 1:
+        relay.plan(plans.pack(op, body))
+
+
+class StagedStreamer(Streamer):
+    """This rank's stage: `layers` of the model in `folder` (rank 0: its share by bytes, `split.stage_shares`,
+    and it tells the others to load theirs). Rank 0 drives (`run`, `step`, `clear`...: each told to the
+    others, a plan before its pass); the others `follow` (`serve`)."""
+
+    def __init__(self, folder, relay: Relay, layers: range | None = None, **kw):
+        self.relay, self.rank, self.size = relay, relay.rank, relay.size
+        self.first, self.last = self.rank == 0, self.rank == self.size - 1
+        plan = load_plan(folder)
+        ranges = [s.layers for s in stage_shares(plan, self.size)]
+        layers = ranges[self.rank] if layers is None else layers
+        super().__init__(folder, layers=layers, holds=resident_names(plan, self.first, self.last), **kw)
+        self.hidden = self.adapter.args.hidden_size
+        self.hidden_dtype = self.dtype or stored_dtype(self.plan)   # what travels between stages
+        dtype = None if self.dtype is None else str(self.dtype).rsplit(".", 1)[-1]
+        tell(relay, "load", {"model": str(folder), "layers": [[r.start, r.stop] for r in ranges], "dtype": dtype,
+                             **{k: kw[k] for k in SHARED if k in kw}})
+
+    @property
+    def speculate(self) -> int:
+        return 0
+
+    @speculate.setter
+    def speculate(self, k: int) -> None:
+        if k:
+            raise SpillError("drafts are not verified across pipeline stages yet; run a group of several ranks "
+                             "with --speculate 0 and no --draft")
+
+    # -- rank 0 tells, the others follow ----------------------------------------------------------------------
+    def _tell(self, op: str, body=None) -> None:
+        tell(self.relay, op, body)
+
+    def run(self, plan: PassPlan) -> PassReport:
+        plan = dataclasses.replace(plan, drafts={})   # a staged pass verifies no drafts
+        self._tell("plan", plan)
+        return super().run(plan)
+
+    def follow(self, on_pass=None) -> tuple[str, object]:
+        """Ranks 1..N-1: do what rank 0 says (`on_pass(report)` after each pass) until it stops this stage, names
+        another model or lets the rank go: that op and its body."""
+        done = {"clear": lambda _: self.clear(), "resident": self.set_resident, "kv": lambda kv: self.set_kv(*kv)}
+        while True:
+            op, body = plans.unpack(self.relay.plan())
+            if op == "plan":
+                report = self.run(body)
+                if on_pass is not None:
+                    on_pass(report)
+            elif op in done:
+                done[op](body)
+            else:
+                return op, body
+
+    def clear(self) -> None:
+        super().clear()
+        self._tell("clear")
+
+    def set_resident(self, resident: bool) -> None:
+        super().set_resident(resident)
+        self._tell("resident", resident)
+
+    def set_kv(self, bits: int | None, group_size: int) -> None:
+        super().set_kv(bits, group_size)   # rank 0 first: a format it refuses never reaches the others
+        self._tell("kv", [bits, group_size])
+
+    def set_draft(self, folder: str | None) -> None:
+        if folder:
+            raise SpillError("a draft model is not run across pipeline stages yet; run without --draft")
+
+    def finish(self, row_id, reason: str = "stop") -> None:
+        raise SpillError("a staged streamer changes its rows only through plans; end a row with PassPlan.finish")
+
+    def preempt(self, row_ids, pools=None) -> None:
+        raise SpillError("a staged streamer changes its rows only through plans; drop rows with PassPlan.drop")
+
+    def close(self) -> None:
+        """Rank 0 stops the others' stages (they wait for the next model, `serve`); every rank lets its reader go."""
+        try:
+            self._tell("stop")
+        except StageLost:
+            pass   # the group is gone: nobody to stop
+        finally:
+            super().close()
+
+    # -- the pass's three hand-overs ---------------------------------------------------------------------------
+    def _embed(self, tokens: mx.array) -> mx.array:
+        if self.first:
+            return super()._embed(tokens)
+        return self.relay.recv((*tokens.shape, self.hidden), self.hidden_dtype, self.rank - 1,
+                               "waiting for hidden states from")
+
+    def _stream_layers(self, groups: list, hs: list, masks: list) -> tuple[list, float, int]:
+        hs, compute_s, streamed = super()._stream_layers(groups, hs, masks)
+        if not self.last:
+            for h in hs:
+                self.relay.send(h.astype(self.hidden_dtype), self.rank + 1)
+        return hs, compute_s, streamed
+
+    def _sample(self, emitting) -> list:
+        rows = emit.rows_of(emitting)
+        if self.size == 1 or not rows:
+            return super()._sample(emitting)
+        if self.last:   # -1: a row ended from outside while its last step ran (every rank skips it alike)
+            emitted = super()._sample(emitting)
+            drawn = {e.row_id: e.token for e in emitted}
+            self.relay.tokens(np.array([drawn.get(r.row.id, -1) for r in rows], dtype=np.int32), len(rows))
+            return emitted
+        tokens = self.relay.tokens(None, len(rows)).tolist()
+        if any((t < 0) != (r.finish is not None) for r, t in zip(rows, tokens)):
+            raise SpillError(f"stage {self.rank} is out of step with the last stage: their rows ended differently; "
+                             "every rank must run the same plans")
+        out = emit.accept(rows, tokens)
+        return [e for j in sorted(out) for e in out[j]]
+
+
+def serve(relay: Relay, on_pass=None) -> "StagedStreamer | None":
+    """Ranks 1..N-1 of a group: load each model rank 0 names and follow it, until rank 0 says exit; the last stage."""
+    engine, (op, body) = None, plans.unpack(relay.plan())
+    while op != "exit":
+        if op == "load":
+            name = body.pop("dtype", None)   # rank 0's compute dtype: what every stage computes in
+            engine = StagedStreamer(body.pop("model"), relay, range(*body.pop("layers")[relay.rank]),
+                                    dtype=getattr(mx, name) if name else None, **body)
+            try:
+                op, body = engine.follow(on_pass)
+            finally:
+                engine.close()
+        elif op == "stop":   # its model is done: wait for the next
+            op, body = plans.unpack(relay.plan())
+        else:
+            raise SpillError(f"stage {relay.rank} was told {op!r} with no model loaded; every rank must run the "
+                             "same spill version")
+    return engine
