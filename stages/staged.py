@@ -127,8 +127,8 @@ class StagedStreamer(Streamer):
         return self.relay.recv((*tokens.shape, self.hidden), self.hidden_dtype, self.rank - 1,
                                "waiting for hidden states from")
 
-    def _stream_layers(self, groups: list, hs: list, masks: list) -> tuple[list, float, int]:
-        hs, compute_s, streamed = super()._stream_layers(groups, hs, masks)
+    def _stream_layers(self, groups: list, hs: list, masks: list, missing: list[int]) -> tuple[list, float, int]:
+        hs, compute_s, streamed = super()._stream_layers(groups, hs, masks, missing)
         if not self.last:
             for h in hs:
                 self.relay.send(h.astype(self.hidden_dtype), self.rank + 1)

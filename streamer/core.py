@@ -236,6 +236,7 @@ class Streamer:
         steps = ([1] if pools else []) + [chunks.get(k, self.prefill_chunk) for k, _ in prefills]
         if not groups:
             return self._report(t0, wait0, read0, 0.0, [], 0, 0)
+        missing = self._start_reads()   # the reads go on while the drafts and inputs are made
         # 2. inputs: decode rows feed their last token (and their drafts), prefill groups their planned chunk
         hs, masks, prefill_tokens, prefilling, attended = [], [], 0, len(prefills), 0
         drafts = speculate.proposals(groups[0], bounds, self.draft) if pools and bounds else {}
@@ -248,7 +249,7 @@ class Streamer:
             hs.append(h := self._embed(tokens))
             masks.append(self.adapter.masks(h, g.caches))
         # 3. stream the layers: every group through each layer while it is resident
-        hs, compute_s, streamed = self._stream_layers(groups, hs, masks)
+        hs, compute_s, streamed = self._stream_layers(groups, hs, masks, missing)
         # 4. head and sampling for rows at the end of their input
         c0 = time.perf_counter()
         emitting = [(g, h) for g, h in zip(groups, hs) if g.advance()]
@@ -280,21 +281,26 @@ class Streamer:
         h = self.adapter.embed(tokens)
         return h.astype(self.dtype) if self.dtype is not None else h
 
-    def _stream_layers(self, groups: list, hs: list, masks: list) -> tuple[list, float, int]:
-        """Every group through each of this streamer's layers while it is resident (read, or kept): the groups'
-        hidden states after the last, the compute seconds and the bytes read."""
+    def _start_reads(self) -> list[int]:
+        """The pass's reads started (the layers not kept), before its inputs are made: a draft model's steps and
+        prompt lookup run while the first layers are read."""
         missing = [i for i in self.layers if self.kept is None or i not in self.kept]
-        if self._cpu:   # OpenBLAS's threads share the cores with the reader's (platform.blas_threads_for)
-            threads = blas_threads_for(max(h.shape[0] * h.shape[1] for h in hs), config.blas_threads(), bool(missing))
-            if threads != self._threads and set_blas_threads(threads):
-                self._threads = threads
-        compute_s, streamed = 0.0, 0
         if missing:
             if self._cpu:
                 # MLX's CPU cache takes a freed buffer only while it fits under the limit: what earlier passes left
                 # there (prompts' activations, logits) would keep every freed layer out, each allocated (faulted) anew
                 mx.clear_cache()
             self.reader.start_pass(missing)
+        return missing
+
+    def _stream_layers(self, groups: list, hs: list, masks: list, missing: list[int]) -> tuple[list, float, int]:
+        """Every group through each of this streamer's layers while it is resident (read: `missing`, or kept): the
+        groups' hidden states after the last, the compute seconds and the bytes read."""
+        if self._cpu:   # OpenBLAS's threads share the cores with the reader's (platform.blas_threads_for)
+            threads = blas_threads_for(max(h.shape[0] * h.shape[1] for h in hs), config.blas_threads(), bool(missing))
+            if threads != self._threads and set_blas_threads(threads):
+                self._threads = threads
+        compute_s, streamed = 0.0, 0
         for k, i in enumerate(self.layers):   # k: the layer's place in the groups' caches (a stage holds its own)
             weights = self.kept.get(i) if self.kept is not None else None
             if weights is None:

@@ -162,3 +162,18 @@ def test_the_actors_reset_gives_the_jobs_speculate_to_its_sampled_rows(make_tiny
             out, stats, _ = actor.run(plan(len(runs), drafts=[[10, 4]]))
         runs.append((tokens, accepted))
     assert runs[0][1] > 0 and runs[1][1] == 0 and runs[2] == runs[0]
+
+
+def test_a_streamed_pass_starts_its_reads_before_it_proposes_drafts(make_tiny, monkeypatch):
+    """Prompt lookup and a draft model's steps run while the pass's first layers are read, not before the reads."""
+    from spill.streamer import speculate
+    from spill.streamer.reader import WeightReader
+    seen = []
+    start, propose, run = WeightReader.start_pass, speculate.proposals, Streamer.run
+    monkeypatch.setattr(WeightReader, "start_pass", lambda self, *a, **kw: seen.append("read") or start(self, *a, **kw))
+    monkeypatch.setattr(speculate, "proposals", lambda *a, **kw: seen.append("propose") or propose(*a, **kw))
+    monkeypatch.setattr(Streamer, "run", lambda self, plan: seen.append("pass") or run(self, plan))
+    drive(make_tiny("llama", "float32"), 4, max_tokens=6)
+    passes = " ".join(seen).split("pass")
+    drafting = [p.split() for p in passes if "propose" in p]
+    assert drafting and all(p.index("read") < p.index("propose") for p in drafting)
