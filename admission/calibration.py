@@ -238,6 +238,7 @@ class Calibrator:
             # a resident pass reads nothing, yet prices compute and overhead
             self.cal.observe(Observation(shape.decode_rows, msg.prefill_tokens, shape.context_tokens,
                                          msg.bytes_streamed, msg.seconds, msg.wait_s, msg.compute_s, msg.read_s,
-                                         prefill_groups=msg.prefill_groups, prefill_context=msg.prefill_context))
+                                         prefill_groups=msg.prefill_groups, prefill_context=msg.prefill_context,
+                                         columns=shape.columns))
             self.cal.observe_drafts(msg.drafted, msg.accepted)
             self.cal.save()

@@ -54,7 +54,7 @@ def padded(shape: PassShape, columns: int) -> PassShape:
     """The pass as the streamer runs it with `columns` tokens a decode row (1: no drafts): every row's columns
     through the matmuls, the t-th attending to the row's keys and the t - 1 columns before it."""
     t, n = int(columns), shape.decode_rows
-    return replace(shape, decode_rows=n * t, context_tokens=shape.context_tokens * t + n * t * (t - 1) // 2)
+    return replace(shape, decode_rows=n * t, context_tokens=shape.context_tokens * t + n * t * (t - 1) // 2, columns=t)
 
 
 def worth(rates, cap: int) -> np.ndarray:

@@ -6,6 +6,7 @@
               + per_prefill_context x prompt tokens x the keys each scores (its prompt cached, its chunk)
     pass    = max(IO, compute) + (1 - overlap) x min(IO, compute) + overhead
             = IO + read tail + overhead, where the read is longer and passes have timed the tail
+            + draft, where decode rows carry drafts (columns > 1): what drafting passes ran beyond their price
 
 `overlap` is how much of the shorter term hides under the longer one (1: perfect double buffering,
 0: read and compute in series); it is fitted from real passes, never assumed. A read-bound pass runs
@@ -13,7 +14,7 @@ past its read by about the same time whatever its compute (the last layer, the l
 hand-offs); `benchmarks/pass_time.py` reports that tail beside the roofline.
 """
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
@@ -32,6 +33,7 @@ class PassShape:
     bytes_streamed: int
     prefill_groups: int = field(default=0, kw_only=True)   # prompts prefilling in groups, each its own attention
     prefill_context: int = field(default=0, kw_only=True)  # prompt tokens x the keys each scores
+    columns: int = field(default=1, kw_only=True)          # tokens a decode row feeds (1 + its drafts, padded)
 
     @property
     def batched(self) -> bool:
@@ -67,6 +69,7 @@ class PassModel:
     overlap: float = 0.5              # before any pass: halfway between serial and perfect
     overhead_s: float = 0.0
     read_tail_s: float | None = None   # a read-bound pass's time past its read; None: (1 - overlap) x compute
+    draft_s: float = 0.0              # a drafting pass's time beyond its padded shape's price (lookup, verification)
 
     def io_s(self, shape: PassShape) -> float:
         return shape.bytes_streamed / self.bandwidth
@@ -82,6 +85,9 @@ class PassModel:
         return max(self.io_s(shape), self.compute_s(shape))
 
     def pass_s(self, shape: PassShape) -> float:
+        return self._pass_s(shape) + (self.draft_s if shape.columns > 1 else 0.0)
+
+    def _pass_s(self, shape: PassShape) -> float:
         io, c = self.io_s(shape), self.compute_s(shape)
         if io >= c and self.read_tail_s is not None:
             return io + self.read_tail_s + self.overhead_s
@@ -143,6 +149,20 @@ def _ridge(x: np.ndarray, y: np.ndarray, strength: float) -> np.ndarray:
 
 def fit(prior: PassModel, passes: list[Observation], older: list[Observation] = (),
         strength: float = 0.01) -> PassModel:
+    """`refit`, then again with what drafting passes ran beyond their price (`draft_cost`) taken off their time:
+    the other terms price what every pass does, `draft_s` what a drafting pass does besides."""
+    model = refit(prior, passes, older, strength)
+    draft_s = draft_cost(model, passes, prior.draft_s)
+    if draft_s > 0 and any(p.columns > 1 for p in passes):
+        def less(p: Observation) -> Observation:
+            return replace(p, seconds=p.seconds - draft_s, wait_s=max(p.wait_s - draft_s, 0.0)) if p.columns > 1 else p
+        model = refit(prior, [less(p) for p in passes], [less(p) for p in older], strength)
+    model.draft_s = draft_s
+    return model
+
+
+def refit(prior: PassModel, passes: list[Observation], older: list[Observation] = (),
+          strength: float = 0.01) -> PassModel:
     """Refit the compute terms, the overlap, the overhead and the bandwidth from observed passes (the compute
     terms from `older` ones too: a sample of those before, whose shapes the last ones may not have run).
 
@@ -191,8 +211,8 @@ def fit(prior: PassModel, passes: list[Observation], older: list[Observation] = 
         w = _ridge(x, target, strength)
     terms = w * prior_terms
     terms[frozen] = priced[frozen]
-    model = PassModel(prior.bandwidth, *terms.tolist(),
-                      overlap=prior.overlap, overhead_s=prior.overhead_s, read_tail_s=prior.read_tail_s)
+    model = PassModel(prior.bandwidth, *terms.tolist(), overlap=prior.overlap, overhead_s=prior.overhead_s,
+                      read_tail_s=prior.read_tail_s, draft_s=prior.draft_s)
     seconds, y = np.array([p.seconds for p in passes]), y[len(every) - len(passes):]   # the last passes alone
     model.overhead_s = float(np.median([max(p.seconds - p.wait_s - p.compute_s, 0.0) for p in passes]))
     nbytes = np.array([p.bytes_streamed for p in passes], dtype=float)
@@ -216,3 +236,13 @@ def fit(prior: PassModel, passes: list[Observation], older: list[Observation] = 
             read_s = (seconds - model.overhead_s - (1.0 - model.overlap) * y)[bound]
             model.bandwidth = float(np.median(nbytes[bound] / np.maximum(read_s, 1e-9)))
     return model
+
+
+def draft_cost(model: PassModel, passes: list[Observation], prior: float, least: int = 3) -> float:
+    """What drafting passes ran beyond their price, less what plain ones did (the median of each, `least` of
+    each at least; else `prior`): the work the padded shape does not show, lookup and verification among it."""
+    drafting = [p.seconds - model._pass_s(p) for p in passes if p.columns > 1]
+    plain = [p.seconds - model._pass_s(p) for p in passes if p.columns == 1]
+    if len(drafting) < least or len(plain) < least:
+        return prior
+    return max(float(np.median(drafting) - np.median(plain)), 0.0)

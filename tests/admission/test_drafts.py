@@ -87,3 +87,13 @@ def test_tokens_per_row_is_the_geometric_sum():
     assert drafts.tokens_per_row(0.6, 4) == pytest.approx(2.3056)
     assert drafts.tokens_per_row(0.8, 4) == pytest.approx(3.3616)
     assert drafts.tokens_per_row(0.5, 0) == 1.0 and drafts.tokens_per_row(1.0, 3) == 4.0
+
+
+def test_auto_drafts_nothing_where_a_drafting_pass_costs_more_than_its_tokens_give():
+    from spill.admission.passmodel import PassModel, PassShape
+    read_bound = PassModel(bandwidth=2.8e9, fixed_s=0.01, per_row_s=2e-4, overlap=0.95, read_tail_s=0.0)
+    shape, rates, left = PassShape(16, 0, 4000, 266_000_000), [0.3] * 16, [100] * 16
+    assert drafts.counts("auto", read_bound, shape, [250] * 16, rates, left).sum() > 0   # drafts ride the read
+    costly = PassModel(**{**vars(read_bound), "draft_s": 0.064})   # as measured: 2/3 of the read
+    assert drafts.counts("auto", costly, shape, [250] * 16, rates, left).sum() == 0
+    assert drafts.counts("auto", costly, shape, [250] * 16, [0.95] * 16, left).sum() > 0   # rows that take all

@@ -251,3 +251,25 @@ def test_the_allowance_prices_the_prompt_its_tokens_find_cached():
         more = PassShape(16, n + 1, 5000, 4_000_000_000, prefill_context=(n + 1) * offset)
         assert model.compute_s(more) > model.io_s(shape)
     assert model.prefill_allowance(4_000_000_000, 16, 5000, 800) < model.prefill_allowance(4_000_000_000, 16, 5000)
+
+
+def test_a_drafting_pass_costs_what_passes_measured_beyond_its_padded_shape():
+    """A small model read from an H100's disk: a pass 95 ms, and a pass with drafts 64 ms more (lookup, the longer
+    head, verification) though its padded compute still hides under the read."""
+    from spill.admission.drafts import padded
+    engine = PassModel(bandwidth=2.8e9, fixed_s=0.01, per_row_s=2e-4, overlap=0.95, overhead_s=0.002, read_tail_s=0.0)
+    rnd, passes = random.Random(5), []
+    for i in range(90):
+        shape = PassShape(16, 0, rnd.randint(2000, 6000), 266_000_000)
+        if i % 3:
+            shape = padded(shape, rnd.randint(2, 5))
+        c = engine.compute_s(shape)
+        seconds = engine.pass_s(shape) + (0.064 if shape.columns > 1 else 0.0)
+        passes.append(Observation(**vars(shape), seconds=seconds, wait_s=seconds - c - 0.002, compute_s=c,
+                                  read_s=engine.io_s(shape)))
+    got = fit(PassModel(bandwidth=2.5e9, fixed_s=0.01, per_row_s=2e-4), passes)
+    assert got.draft_s == pytest.approx(0.064, abs=0.005)
+    plain, drafting = PassShape(16, 0, 4000, 266_000_000), padded(PassShape(16, 0, 4000, 266_000_000), 5)
+    assert got.pass_s(drafting) == pytest.approx(engine.pass_s(drafting) + 0.064, rel=0.03)
+    assert got.pass_s(plain) == pytest.approx(engine.pass_s(plain), rel=0.03)
+    assert fit(got, [p for p in passes if p.columns == 1]).draft_s == got.draft_s   # no drafting pass: kept
