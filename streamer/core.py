@@ -18,7 +18,7 @@ take them from memory, through the same loop.
 import time
 
 import mlx.core as mx
-import numpy as np
+import structlog
 
 from spill import config, memory
 from spill.errors import SpillError
@@ -27,14 +27,13 @@ from spill.platform import blas_threads_for, default_dtype, layers_in_flight, re
 from .families import adapter_for
 from .draft import DraftModel
 from .groups import Decode, Group, Pool, RowState
-from .kvquant import pool_maker
+from .kvquant import chunk_refusal, pool_maker
 from .shares import bucket, chunk_for
 from .plan import load_plan
 from .reader import WeightReader
 from .records import Emitted, PassPlan, PassReport, Row  # noqa: F401 - the core's records, imported from here too
-from .sampling import RowSampler, sample
+from .sampling import RowSampler
 from . import speculate
-from .verify import take
 
 
 def _free_cache() -> None:
@@ -58,8 +57,7 @@ class Streamer:
         self.plan = load_plan(folder)
         self.adapter = adapter_for(self.plan)
         self.dtype = default_dtype() if dtype == "auto" else dtype
-        self.kv_bits, self.kv_group_size = kv_bits, kv_group_size   # the decode pools' KV format (kvquant.py)
-        self.make_pool = pool_maker(kv_bits, kv_group_size, self.plan, self.dtype)
+        self.set_kv(kv_bits, kv_group_size)   # the decode pools' KV format (kvquant.py)
         self.prefill_chunk = prefill_chunk
         self.prefill_budget: int | None = None   # prompt tokens a pass of `step` may prefill in all; None: a chunk a row
         self.keep_logits = keep_logits
@@ -174,6 +172,8 @@ class Streamer:
         """The decode pools' KV format of the next rows (a reset: no pool is held)."""
         self.make_pool = pool_maker(bits, group_size, self.plan, self.dtype)
         self.kv_bits, self.kv_group_size = bits, group_size
+        self.no_chunk = chunk_refusal(bits, group_size, self.plan, self.dtype)   # None: quantized pools take drafts
+        self._said = False   # that they do not, where --speculate K asked for drafts: said once
 
     def set_draft(self, folder: str | None) -> None:
         """The draft model of the next rows (--draft), loaded where it changes; None: drafts by prompt lookup."""
@@ -232,7 +232,7 @@ class Streamer:
             return self._report(t0, wait0, read0, 0.0, [], 0, 0)
         # 2. inputs: decode rows feed their last token (and their drafts), prefill groups their planned chunk
         hs, masks, prefill_tokens, prefilling, attended = [], [], 0, len(prefills), 0
-        drafts = speculate.proposals(groups[0], bounds, self.draft) if pools and bounds else {}
+        drafts = self._proposals(groups[0], bounds) if pools and bounds else {}
         columns = 1
         for g, step in zip(groups, steps):
             tokens = speculate.chunk(g, drafts) if drafts and not g.prefilling else g.next_tokens(step)
@@ -299,30 +299,26 @@ class Streamer:
         report.accepted, report.drafted, report.columns = accepted, drafted, columns
         return report
 
+    def _proposals(self, decode: Decode, bounds: dict) -> dict[int, list[int]]:
+        """The decode rows' drafts (speculate.proposals); none where this device cannot attend a chunk over the
+        pools' quantized KV, which an explicit --speculate K hears once in the log."""
+        if self.no_chunk is None:
+            return speculate.proposals(decode, bounds, self.draft)
+        if self.speculate > 0 and not self._said:
+            self._said = True
+            structlog.get_logger().warning("drafts off: this device cannot run attention over quantized KV for a "
+                                           "chunk of drafts", speculate=self.speculate, kv_bits=self.kv_bits,
+                                           kv_group_size=self.kv_group_size, error=self.no_chunk)
+        return {}
+
     def _sample(self, emitting) -> list[Emitted]:
+        """A token for each row at the end of its input (no drafts), as `speculate.emit` decides it."""
         if not emitting:
             return []
         picks = [(g.sampled(), h) for g, h in emitting]
         rows = [r for (_, rs), _ in picks for r in rs]
         logits = self.adapter.head(mx.concatenate([h[mx.array(idx), -1, :] for (idx, _), h in picks if idx]))
-        logits = logits.astype(mx.float32)
-        kept = np.array(logits) if self.keep_logits else None
-        out: dict[int, list[Emitted]] = {}   # row -> its tokens, in the rows' order
-        seeded = [j for j, r in enumerate(rows) if r.sampler.verified]   # a speculating job's sampled rows
-        taken = speculate.take_verified(take(logits, np.array(seeded)), [rows[j] for j in seeded], {}) if seeded else []
-        out.update((j, t[0]) for j, t in zip(seeded, taken) if t is not None)
-        drawn = [j for j, r in enumerate(rows) if not r.sampler.verified]
-        for j, tok in zip(drawn, sample(take(logits, np.array(drawn)), [rows[j].sampler for j in drawn]) if drawn else []):
-            r = rows[j]
-            if r.finish is not None:
-                continue  # ended from outside while its last step ran
-            position = len(r.tokens)
-            r.finish = r.accept(tok)
-            out[j] = [Emitted(r.row.id, tok, r.finish, None, position)]
-        if kept is not None:
-            for j, emitted in out.items():
-                emitted[0].logits = kept[j]
-        return [e for j in sorted(out) for e in out[j]]
+        return speculate.emit(logits.astype(mx.float32), rows, {}, self.keep_logits)[0]
 
     def _join(self, g: Group) -> None:
         """A finished prefill group's rows take slots in their pools, made at the reserved shape

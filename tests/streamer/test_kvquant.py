@@ -121,6 +121,37 @@ def test_a_streamer_refuses_a_format_no_group_of_which_runs_here_in_one_sentence
     Streamer(make_tiny("llama"), kv_bits=8, kv_group_size=32).close()
 
 
+def test_a_device_that_attends_one_query_a_row_only_drafts_nothing_there_and_says_so_once(make_tiny, monkeypatch):
+    """Where MLX runs quantized attention for a token a row but not for a chunk of drafts, the pools take a token a
+    row a pass: --speculate K gives the same tokens without drafts and says so once in the log; auto says nothing."""
+    from structlog.testing import capture_logs
+
+    from spill.typed import AUTO_DRAFTS
+
+    from .test_speculate import drive
+    real = mx.quantized_matmul
+
+    def matmul(x, *args, **kw):
+        if x.shape[-2] > 1:   # queries (or their scores) of a chunk
+            raise RuntimeError("[quantized_matmul] No implementation for problem shape: 2x4x8")
+        return real(x, *args, **kw)
+    from spill.streamer import kvquant
+    monkeypatch.setattr(kvquant.mx, "quantized_matmul", matmul)
+    monkeypatch.setattr(kvquant, "_RUNS", {})
+    folder, kv = make_tiny("llama", "float32"), dict(kv_bits=8, kv_group_size=32)
+    plain = drive(folder, 0, speculate=4, kv=kv)
+    with capture_logs() as said:
+        spec = drive(folder, 4, speculate=4, kv=kv)
+    assert spec.out == plain.out and spec.passes == plain.passes and not any(spec.accepted.values())
+    (line,) = [e for e in said if e["log_level"] == "warning"]
+    assert line["event"] == "drafts off: this device cannot run attention over quantized KV for a chunk of drafts"
+    assert (line["speculate"], line["kv_bits"], line["kv_group_size"]) == (4, 8, 32)
+    assert line["error"].startswith("[quantized_matmul] No implementation")
+    with capture_logs() as said:
+        assert drive(folder, 4, speculate=AUTO_DRAFTS, kv=kv).out["a"] == plain.out["a"]   # greedy
+    assert not [e for e in said if e["log_level"] == "warning"]
+
+
 def test_mlx_lms_reference_failing_on_a_format_is_one_sentence_not_a_traceback(make_tiny):
     """The check's reference runs mlx-lm's own quantized cache in a process of its own; where mlx-lm cannot run the
     format (here: a group size that does not divide the head dimension), the check says so in one sentence."""
