@@ -88,6 +88,22 @@ def test_a_quantized_pool_allocates_exactly_what_the_sheet_prices_for_it(make_ti
 
 
 
+def test_drafts_on_a_quantized_pool_stay_in_the_slot_admission_priced(make_tiny):
+    """A row's drafts write KV past its length but inside its slot (prompt + max_tokens, at the quantized bytes): the
+    pool holds what the sheet prices pass after pass, its last drafts cut to the room left."""
+    from spill.admission.prices import sheet_for
+    s = Streamer(make_tiny("llama", "float32"), dtype=None, kv_bits=8, kv_group_size=32)
+    s.reserve([[2, 32]])
+    s.add(Row("a", [7, 8, 9] * 4, 20, width=32))   # a repeating prompt: lookup drafts it
+    price, accepted = sheet_for(s.plan, 2**30, 4, prefill_tokens=512, kv=(8, 32)).kv_per_token, 0
+    while not s.idle:
+        accepted += sum(s.step({"a": 8}).accepted.values())
+        for pool in s.pools.values():
+            assert sum(x.nbytes for c in pool.caches for kv in (c.keys, c.values) for x in kv) == 2 * 32 * price
+    assert accepted > 0
+    s.close()
+
+
 def _cuda_like(monkeypatch, runs):
     """mx.quantized_matmul as MLX 0.32's CUDA backend has it: no implementation outside the (bits, group) in `runs`."""
     from spill.streamer import kvquant
