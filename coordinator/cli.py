@@ -103,7 +103,7 @@ def check_cmd(
     try:
         folder, drafts = model_folder(model), model_folder(draft) if draft else None
         spec = speculate_arg(speculate) or 0
-        if why := draft and (draft_refusal(draft, kv_bits, spec) or vocabulary_refusal(folder, drafts, draft)):
+        if why := draft and (draft_refusal(draft, spec) or vocabulary_refusal(folder, drafts, draft)):
             raise SpillError(why)
         report = run_check(folder, n=rows, max_tokens=max_tokens, prefill_chunk=prefill_chunk, dtype=dtype,
                            tolerance=tolerance, **kv_args(kv_bits, kv_group_size), speculate=spec, draft=drafts)
@@ -261,12 +261,12 @@ def estimate_cmd(
     from spill.memory import memory_args
     from spill.typed import AUTO_DRAFTS
     from spill.coordinator.preflight import local_model
-    from spill.coordinator.submit import draft_refusal, speculate_refusal
+    from spill.coordinator.submit import draft_refusal
     try:
         memory_args(memory, budget_fraction)   # checked as `spill run` checks them
         kv = kv_args(kv_bits, kv_group_size)
         drafts = AUTO_DRAFTS if (k := speculate_arg(speculate)) is None else k
-        if why := speculate_refusal(drafts, kv_bits) or draft_refusal(draft, kv_bits, drafts):
+        if why := draft_refusal(draft, drafts):
             raise SpillError(why)
         est, cal, advice = estimate_file(model, input, max_tokens=max_tokens, memory=memory, stream=stream,
                                          fraction=budget_fraction, kv=(kv_bits, kv["kv_group_size"]) if kv_bits else None,

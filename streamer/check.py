@@ -170,9 +170,6 @@ def run_check(folder: str | Path, n: int = 20, max_tokens: int = 16, prefill_chu
     compared); the resident side runs in a process of its own (reference.py)."""
     if n < 1:
         raise SpillError(f"--rows must be at least 1, got {n}")
-    if speculate and kv_bits:
-        raise SpillError("--speculate verifies drafts over unquantized KV only for now; leave --kv-bits out, "
-                         "or leave --speculate out")
     streamer = Streamer(folder, prefill_chunk=prefill_chunk, keep_logits=True, dtype=compute_dtype(dtype),
                         kv_bits=kv_bits, kv_group_size=kv_group_size, draft=str(draft) if draft else None)
     kv = None if kv_bits is None else {"kv_bits": kv_bits, "kv_group_size": kv_group_size}
