@@ -20,7 +20,8 @@ SPECULATE_HELP = ("Drafts a decode row carries each pass, from its own text (pro
                   "off, or K, 1 to 16. Greedy rows give the same text; sampled rows the same distribution, "
                   "each row's text fixed by its seed.")
 CHECK_SPECULATE_HELP = ("Free-running rows carry up to K drafts a pass (prompt lookup), verified in the pass; in "
-                        "float32 their greedy text must equal mlx-lm's: off (the default) or K, 1 to 16.")
+                        "float32 their greedy text must equal mlx-lm's (with --kv-bits, over its quantized cache): "
+                        "off (the default) or K, 1 to 16.")
 DRAFT_HELP = ("A small model with the model's tokenizer (a folder or a tag, as MODEL) that proposes the drafts, "
               "resident beside the streamed one, in place of prompt lookup; with --speculate auto or K.")
 FRACTION_HELP = "Share of the working set that live allocation aims at (default 0.78; 0.90 of a CUDA GPU's memory)."

@@ -18,6 +18,8 @@ after it, as a row joining a decode pool, then `generate_step(..., kv_bits, kv_g
 the tolerance adds one quantization step of the format at the largest logit, or is twice mlx-lm's own spread
 where that is larger: its logits when every weight moves by a rounding step (a value near a quantization boundary
 rounds the other way and later layers carry it on: 0.46 on the real SmolLM2 at 8 bits, against one KV step's 0.14).
+With both, the drafts run over the quantized pools and the free-running rows' identity is gated against mlx-lm's
+greedy tokens over its quantized cache (float32: 20/20 rows on the real SmolLM2 at 8 bits, group 64).
 """
 
 from dataclasses import dataclass, field

@@ -129,7 +129,7 @@ def pool_maker(bits: int | None, group_size: int, plan, dtype=None):
     return lambda slots, width, layers: QuantPool(slots, width, layers, bits=bits, group_size=group_size)
 
 
-_RUNS: dict[tuple, str | None] = {}   # (bits, group, dtype, device, heads, dim, queries) -> None, or MLX's error line
+_RUNS: dict[tuple, str | None] = {}   # (bits, group, dtype, device, kv, heads, dim, queries) -> MLX's error or None
 CHUNKS = (2, 1 + MAX_DRAFTS)   # the queries a row's chunk of drafts attends with, the fewest and the most
 
 

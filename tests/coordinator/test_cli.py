@@ -123,7 +123,8 @@ def test_unknown_family_for_make_model(tmp_path):
 
 def test_check_with_speculate_over_quantized_kv_passes_with_identity_gated(make_tiny):
     result = runner.invoke(app, ["check", str(make_tiny("llama")), "--rows", "3", "--max-tokens", "8", "--prefill-chunk",
-                                 "16", "--speculate", "4", "--kv-bits", "8", "--kv-group-size", "32"], terminal_width=200)
+                                 "16", "--speculate", "4", "--kv-bits", "8", "--kv-group-size", "32"],
+                           terminal_width=200)
     assert result.exit_code == 0, result.output
     assert "KV 8-bit (group 32) against mlx-lm's QuantizedKVCache" in result.output
     assert "drafts: up to 4 a pass by prompt lookup on the free-running rows" in result.output

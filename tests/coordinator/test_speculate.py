@@ -50,7 +50,8 @@ def test_spill_run_over_quantized_kv_writes_the_same_text_with_drafts_accepted(m
                                                                              llama_calibration):
     monkeypatch.setenv("SPILL_HOME", str(tmp_path / "home"))
     seed_home(tmp_path / "home", llama_calibration)
-    model, rows, kv = make_tiny("llama", "float32"), _input(tmp_path / "in.jsonl", 4), ["--kv-bits", "8", "--kv-group-size", "32"]
+    model, rows = make_tiny("llama", "float32"), _input(tmp_path / "in.jsonl", 4)
+    kv = ["--kv-bits", "8", "--kv-group-size", "32"]
     out = {k: tmp_path / f"out-{k}.jsonl" for k in ("off", "4")}
     for k, path in out.items():
         said = spill("run", model, rows, "-o", path, *kv, "--speculate", k, "--new")

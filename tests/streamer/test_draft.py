@@ -120,7 +120,8 @@ def test_a_draft_beside_quantized_pools_keeps_its_own_cache_and_gives_the_same_t
     plain, spec = drive(folder, 0, kv=kv), drive(folder, 4, draft=folder, kv=kv)
     assert spec.out == plain.out and spec.accepted > 0 and spec.passes < plain.passes
     said = CliRunner().invoke(app, ["check", str(folder), "--rows", "2", "--max-tokens", "12", "--prefill-chunk", "16",
-                                    "--speculate", "4", "--draft", str(folder), "--kv-bits", "8", "--kv-group-size", "32"])
+                                    "--speculate", "4", "--draft", str(folder), "--kv-bits", "8",
+                                    "--kv-group-size", "32"])
     assert said.exit_code == 0, said.output
     assert f"drafts: up to 4 a pass from the draft model {folder} on the free-running rows" in said.output
 
