@@ -20,7 +20,8 @@ SPECULATE_HELP = ("Drafts a decode row carries each pass, from its own text (pro
                   "off, or K, 1 to 16. Greedy rows give the same text; sampled rows the same distribution, "
                   "each row's text fixed by its seed.")
 CHECK_SPECULATE_HELP = ("Free-running rows carry up to K drafts a pass (prompt lookup), verified in the pass; in "
-                        "float32 their greedy text must equal mlx-lm's: off (the default) or K, 1 to 16.")
+                        "float32 their greedy text must equal mlx-lm's (with --kv-bits, over its quantized cache): "
+                        "off (the default) or K, 1 to 16.")
 DRAFT_HELP = ("A small model with the model's tokenizer (a folder or a tag, as MODEL) that proposes the drafts, "
               "resident beside the streamed one, in place of prompt lookup; with --speculate auto or K.")
 FRACTION_HELP = "Share of the working set that live allocation aims at (default 0.78; 0.90 of a CUDA GPU's memory)."
@@ -103,7 +104,7 @@ def check_cmd(
     try:
         folder, drafts = model_folder(model), model_folder(draft) if draft else None
         spec = speculate_arg(speculate) or 0
-        if why := draft and (draft_refusal(draft, kv_bits, spec) or vocabulary_refusal(folder, drafts, draft)):
+        if why := draft and (draft_refusal(draft, spec) or vocabulary_refusal(folder, drafts, draft)):
             raise SpillError(why)
         report = run_check(folder, n=rows, max_tokens=max_tokens, prefill_chunk=prefill_chunk, dtype=dtype,
                            tolerance=tolerance, **kv_args(kv_bits, kv_group_size), speculate=spec, draft=drafts)
@@ -261,12 +262,12 @@ def estimate_cmd(
     from spill.memory import memory_args
     from spill.typed import AUTO_DRAFTS
     from spill.coordinator.preflight import local_model
-    from spill.coordinator.submit import draft_refusal, speculate_refusal
+    from spill.coordinator.submit import draft_refusal
     try:
         memory_args(memory, budget_fraction)   # checked as `spill run` checks them
         kv = kv_args(kv_bits, kv_group_size)
         drafts = AUTO_DRAFTS if (k := speculate_arg(speculate)) is None else k
-        if why := speculate_refusal(drafts, kv_bits) or draft_refusal(draft, kv_bits, drafts):
+        if why := draft_refusal(draft, drafts):
             raise SpillError(why)
         est, cal, advice = estimate_file(model, input, max_tokens=max_tokens, memory=memory, stream=stream,
                                          fraction=budget_fraction, kv=(kv_bits, kv["kv_group_size"]) if kv_bits else None,

@@ -119,7 +119,7 @@ def estimate_rows(folder: Path, rows: list[SimRow], *, errors: int = 0, memory: 
     """Resident: the first pass reads every layer (none once `loaded`), later ones nothing (compute alone).
     `others`: the group's processes' memory, which the budget leaves out of the KV as admission does.
     `model`: a pass model to price with in place of this machine's stored calibration. `speculate`: the job's
-    drafts (0 off, K, AUTO_DRAFTS), taken at the acceptance the calibration measured (quantized KV drafts none);
+    drafts (0 off, K, AUTO_DRAFTS), taken at the acceptance the calibration (of the KV format) measured;
     `draft`: a draft model's folder (--draft), its weights and KV priced, its acceptance not measured here."""
     plan = load_plan(folder)
     cal = open_calibration(folder, kv=kv)
@@ -131,7 +131,7 @@ def estimate_rows(folder: Path, rows: list[SimRow], *, errors: int = 0, memory: 
         est = Estimate(0.0, 0.0, 0, [], errors=errors, shortfall=short)
     else:
         est = simulate(rows, policy, waiting, model, streamed, max_batch=max_batch, errors=errors,
-                       read_once=0 if loaded else plan.streamed_bytes - streamed, speculate=0 if kv else speculate,
+                       read_once=0 if loaded else plan.streamed_bytes - streamed, speculate=speculate,
                        acceptance=None if draft else cal.acceptance)
         est.ideal_seconds = ideal(est, rows, model, streamed, max_batch)
         if est.drafts:

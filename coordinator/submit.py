@@ -44,8 +44,7 @@ def prepare(args: dict, group_args: dict, ready_rss: dict, embedded: bool) -> Su
               "temperature": args.get("temperature") or 0.0, "stream": bool(args.get("stream")),
               **{k: group_args.get(k) for k in ("memory", "budget_fraction")}, **kv_settings(args, group_args, folder),
               "speculate": speculate_setting(args, group_args), "draft": draft_setting(args, group_args, folder)}
-    if why := (speculate_refusal(params["speculate"], params["kv_bits"])
-               or draft_refusal(params["draft"], params["kv_bits"], params["speculate"])):
+    if why := draft_refusal(params["draft"], params["speculate"]):
         raise SpillError(why)
     mem.update((k, params[k]) for k in ("kv_bits", "kv_group_size"))   # the KV format its estimate prices
     output = Path(args["output"]) if args.get("output") else None
@@ -74,14 +73,6 @@ def speculate_setting(args: dict, group_args: dict) -> int:
     return AUTO_DRAFTS if given is None else given
 
 
-def speculate_refusal(speculate: int, kv_bits: int | None) -> str | None:
-    """Why drafts cannot run with this KV (--speculate K with --kv-bits), or None."""
-    if speculate > 0 and kv_bits:
-        return ("--speculate verifies drafts over unquantized KV only for now; leave --kv-bits out, "
-                "or run with --speculate off")
-    return None
-
-
 def draft_setting(args: dict, group_args: dict, folder: Path) -> str | None:
     """The job's --draft, else the group's (`spill up`), resolved as MODEL is and checked against it; None: none."""
     given = next((d["draft"] for d in (args, group_args) if d.get("draft")), None)
@@ -93,10 +84,8 @@ def draft_setting(args: dict, group_args: dict, folder: Path) -> str | None:
     return str(draft)
 
 
-def draft_refusal(draft: str | None, kv_bits: int | None, speculate: int) -> str | None:
-    """Why a draft model cannot run with this KV (--draft with --kv-bits) or has no drafts to give, or None."""
-    if draft and kv_bits:
-        return "--draft verifies drafts over unquantized KV only for now; leave --kv-bits out, or leave --draft out"
+def draft_refusal(draft: str | None, speculate: int) -> str | None:
+    """Why a draft model has no drafts to give (--draft with --speculate off), or None."""
     if draft and not speculate:
         return "--draft proposes the drafts --speculate carries, which is off; add --speculate K, or leave --draft out"
     return None

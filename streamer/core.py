@@ -21,6 +21,7 @@ import dataclasses
 import time
 
 import mlx.core as mx
+import structlog
 
 from spill import config, memory
 from spill.errors import SpillError
@@ -29,7 +30,7 @@ from spill.platform import blas_threads_for, default_dtype, layers_in_flight, re
 from .families import adapter_for
 from .draft import DraftModel
 from .groups import Decode, Group, Pool, RowState
-from .kvquant import pool_maker
+from .kvquant import chunk_refusal, pool_maker
 from .shares import bucket, chunk_for
 from .plan import load_plan
 from .reader import WeightReader
@@ -64,8 +65,7 @@ class Streamer:
         if holds is not None:
             self.plan = dataclasses.replace(self.plan, resident=[t for t in self.plan.resident if t.name in holds])
         self.dtype = default_dtype() if dtype == "auto" else dtype
-        self.kv_bits, self.kv_group_size = kv_bits, kv_group_size   # the decode pools' KV format (kvquant.py)
-        self.make_pool = pool_maker(kv_bits, kv_group_size, self.plan, self.dtype)
+        self.set_kv(kv_bits, kv_group_size)   # the decode pools' KV format (kvquant.py)
         self.prefill_chunk = prefill_chunk
         self.prefill_budget: int | None = None   # prompt tokens a pass of `step` may prefill in all; None: a chunk a row
         self.keep_logits = keep_logits
@@ -180,6 +180,8 @@ class Streamer:
         """The decode pools' KV format of the next rows (a reset: no pool is held)."""
         self.make_pool = pool_maker(bits, group_size, self.plan, self.dtype)
         self.kv_bits, self.kv_group_size = bits, group_size
+        self.no_chunk = chunk_refusal(bits, group_size, self.plan, self.dtype)   # None: quantized pools take drafts
+        self._said = False   # that they do not, where --speculate K asked for drafts: said once
 
     def set_draft(self, folder: str | None) -> None:
         """The draft model of the next rows (--draft), loaded where it changes; None: drafts by prompt lookup."""
@@ -239,7 +241,7 @@ class Streamer:
         missing = self._start_reads()   # the reads go on while the drafts and inputs are made
         # 2. inputs: decode rows feed their last token (and their drafts), prefill groups their planned chunk
         hs, masks, prefill_tokens, prefilling, attended = [], [], 0, len(prefills), 0
-        drafts = speculate.proposals(groups[0], bounds, self.draft) if pools and bounds else {}
+        drafts = self._proposals(groups[0], bounds) if pools and bounds else {}
         columns = 1
         for g, step in zip(groups, steps):
             tokens = speculate.chunk(g, drafts) if drafts and not g.prefilling else g.next_tokens(step)
@@ -318,6 +320,18 @@ class Streamer:
                 self.reader.release(i)   # nothing holds the layer now: its memory takes a later one, unfilled
             compute_s += time.perf_counter() - c0
         return hs, compute_s, streamed
+
+    def _proposals(self, decode: Decode, bounds: dict) -> dict[int, list[int]]:
+        """The decode rows' drafts (speculate.proposals); none where this device cannot attend a chunk over the
+        pools' quantized KV, which an explicit --speculate K hears once in the log."""
+        if self.no_chunk is None:
+            return speculate.proposals(decode, bounds, self.draft)
+        if self.speculate > 0 and not self._said:
+            self._said = True
+            structlog.get_logger().warning("drafts off: this device cannot run attention over quantized KV for a "
+                                           "chunk of drafts", speculate=self.speculate, kv_bits=self.kv_bits,
+                                           kv_group_size=self.kv_group_size, error=self.no_chunk)
+        return {}
 
     def _sample(self, emitting) -> list[Emitted]:
         """Head and a token for each row at the end of its input (a pipeline stage: its tokens over the group)."""

@@ -125,7 +125,7 @@ class SlotCache:
         return mx.contiguous(self.keys[slot:slot + 1, :, :n, :]), mx.contiguous(self.values[slot:slot + 1, :, :n, :])
 
     def update_and_fetch(self, keys: mx.array, values: mx.array):
-        """keys [used, heads, 1, head_dim] of this pass, written at each slot's len in place."""
+        """keys [used, heads, T, head_dim] of this pass (T: its chunk), written at columns len..len+T-1 in place."""
         p = self.pool
         def put(store, new):
             if new.shape[0] < p.slots:   # unused slots past the last row: a write to their column 0

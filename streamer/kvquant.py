@@ -7,8 +7,9 @@ layer holds K and V as three arrays each, one entry per (slot, head, column), ea
     scales  [slots, heads, width, head_dim / group]      compute  one per group of `group` along head_dim
     biases  [slots, heads, width, head_dim / group]      compute  value = packed x scale + bias
 
-A token's groups run along its own head_dim, so writing a token never touches another's; a joining row's
-prompt KV (computed unquantized by its prefill group) is quantized once as it is copied into its slot, rows
+A token's groups run along its own head_dim, so writing a token never touches another's: a pass's chunk of T
+tokens (its last token and its drafts, speculate.py) is stored as T tokens written one at a time would be. A joining
+row's prompt KV (computed unquantized by its prefill group) is quantized once as it is copied into its slot, rows
 moved between slots or pools are copied as stored. Attention reads a pool's live slots and columns through
 `mx.quantized_matmul` (scores against packed keys, then the weighted sum of packed values), pool by pool:
 nothing dequantizes a pool. `shares.kv_fields` is the layout both the allocation and admission's price read.
@@ -17,6 +18,7 @@ nothing dequantizes a pool. `shares.kv_fields` is the layout both the allocation
 import mlx.core as mx
 
 from spill.errors import SpillError
+from spill.typed import MAX_DRAFTS
 
 from .groups import Pool, SlotCache, decode_shares
 from .shares import KV_GROUP_SIZES, kv_fields, plan_kv_refusal
@@ -52,7 +54,7 @@ class QuantSlotCache(SlotCache):
         return tuple(tuple(mx.contiguous(x[slot:slot + 1, :, :n, :]) for x in kv) for kv in (self.keys, self.values))
 
     def update_and_fetch(self, keys: mx.array, values: mx.array):
-        """keys [used, heads, 1, head_dim] of this pass, quantized and written at each slot's len in place."""
+        """keys [used, heads, T, head_dim] of this pass, quantized and written at columns len..len+T-1 of each slot."""
         p = self.pool
 
         def put(stores, new):
@@ -81,8 +83,8 @@ class QuantPool(Pool):
 
     @staticmethod
     def attend(cache, queries, scale, mask, sinks, streams) -> mx.array:
-        """A JointCache's attention (queries [rows, heads, 1, head_dim]), each pool over its own span, a pool of
-        enough rows split by rows over the CPU streams."""
+        """A JointCache's attention (queries [rows, heads, T, head_dim], T the pass's chunk), each pool over its own
+        span, a pool of enough rows split by rows over the CPU streams."""
         if sinks is not None:
             raise SpillError("this model's attention uses sinks, which quantized KV cannot take; leave --kv-bits out")
         out, start = [], 0
@@ -127,37 +129,49 @@ def pool_maker(bits: int | None, group_size: int, plan, dtype=None):
     return lambda slots, width, layers: QuantPool(slots, width, layers, bits=bits, group_size=group_size)
 
 
-_RUNS: dict[tuple, str | None] = {}   # (bits, group, dtype, device, heads) -> None, or the first line of MLX's error
+_RUNS: dict[tuple, str | None] = {}   # (bits, group, dtype, device, kv, heads, dim, queries) -> MLX's error or None
+CHUNKS = (2, 1 + MAX_DRAFTS)   # the queries a row's chunk of drafts attends with, the fewest and the most
 
 
 def device_refusal(bits: int, group_size: int, plan, dtype) -> str | None:
     """The sentence for a KV format whose attention this MLX cannot run on this device, found by running it on two
     small shapes (MLX 0.32's CUDA backend has no quantized matmul for some group sizes); None where it runs."""
-    kv, dim = plan.kv_heads_and_dim
-    heads = int(plan.config.get("num_attention_heads") or kv)
-
-    def fails(group: int) -> str | None:
-        key = (bits, group, dtype, mx.default_device(), kv, heads, dim)
-        if key not in _RUNS:
-            _RUNS[key] = _attention_fails(bits, group, dtype, kv, heads, dim)
-        return _RUNS[key]
-
-    if (err := fails(group_size)) is None:
+    if (err := _fails(bits, group_size, plan, dtype)) is None:
         return None
-    runs = [g for g in KV_GROUP_SIZES if g != group_size and dim % g == 0 and fails(g) is None]
+    dim = plan.kv_heads_and_dim[1]
+    runs = [g for g in KV_GROUP_SIZES if g != group_size and dim % g == 0 and _fails(bits, g, plan, dtype) is None]
     fix = f"use --kv-group-size {runs[0]}" if runs else "leave --kv-bits out"
     where = "GPU" if mx.default_device() == mx.gpu else "CPU"
     return (f"--kv-bits {bits} --kv-group-size {group_size}: MLX {mx.__version__} on this {where} cannot run attention "
             f"over KV in that format ({err}); {fix}")
 
 
-def _attention_fails(bits: int, group: int, dtype, kv: int, heads: int, dim: int) -> str | None:
+def chunk_refusal(bits: int | None, group_size: int, plan, dtype=None) -> str | None:
+    """MLX's error where this device runs a quantized pool's attention for one query a row but not for a chunk of
+    drafts (queries CHUNKS); None where it runs, or the KV is unquantized. `dtype` as `pool_maker` takes it."""
+    if bits is None:
+        return None
+    dtype = dtype or stored_dtype(plan)
+    return next((err for n in CHUNKS if (err := _fails(bits, group_size, plan, dtype, n)) is not None), None)
+
+
+def _fails(bits: int, group: int, plan, dtype, queries: int = 1) -> str | None:
+    kv, dim = plan.kv_heads_and_dim
+    heads = int(plan.config.get("num_attention_heads") or kv)
+    key = (bits, group, dtype, mx.default_device(), kv, heads, dim, queries)
+    if key not in _RUNS:
+        _RUNS[key] = _attention_fails(bits, group, dtype, kv, heads, dim, queries)
+    return _RUNS[key]
+
+
+def _attention_fails(bits: int, group: int, dtype, kv: int, heads: int, dim: int, queries: int) -> str | None:
     try:
-        for rows, tokens in ((1, 3), (48, 130)):   # a pool's live columns: a slice of its wider arrays, as fetched
+        for rows, tokens in ((1, 2 + queries), (48, 130)):   # a pool's live columns: a slice of its wider arrays
             stored = tuple(x[:, :, :tokens] for x in mx.quantize(mx.zeros((rows, kv, tokens + 5, dim), dtype),
                                                                  group_size=group, bits=bits))
-            mask = mx.ones((rows, 1, 1, tokens), mx.bool_)
-            mx.eval(quantized_attention(mx.zeros((rows, heads, 1, dim), dtype), stored, stored, 1.0, mask, bits, group))
+            mask = mx.ones((rows, 1, queries, tokens), mx.bool_)
+            q = mx.zeros((rows, heads, queries, dim), dtype)
+            mx.eval(quantized_attention(q, stored, stored, 1.0, mask, bits, group))
     except (RuntimeError, ValueError) as err:
         return str(err).splitlines()[0][:200]
     return None

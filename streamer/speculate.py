@@ -11,8 +11,9 @@ last token and its drafts, padded (T = 1 + the most drafts, capped so every slot
 
 Positions past a row's own drafts write KV past its length, overwritten by its next chunk. After the pass a
 row that drafted appends what `verify` decided and its slot's length moves to L + accepted + 1; a greedy or
-teacher-fed row without drafts takes the one-token path (`sample`). Quantized pools draft nothing (the chunk
-is the unquantized `Pool`'s only).
+teacher-fed row without drafts takes the one-token path (`sample`). Quantized pools (kvquant.py) take the chunk
+as unquantized ones do, each token's K and V quantized on its own; a device whose MLX cannot attend a chunk over
+quantized KV drafts nothing there (the streamer's `chunk_refusal`).
 
 A sampled row of a speculating job (the streamer's `speculate` above 0; its `RowSampler` is `verified`) takes
 every token, its first included, from `verify`'s draws, with drafts or without (k = 0): token i is the target's
@@ -26,11 +27,12 @@ the row gives with speculation off (`RowSampler`'s own draws), though from the s
 import mlx.core as mx
 import numpy as np
 
+from .emit import accept
 from .groups import Decode, RowState
 from .lookup import History
 from .records import Emitted
 from .sampling import sample
-from .verify import Draft, verify
+from .verify import Draft, take, verify
 
 
 def proposals(decode: Decode, bounds: dict, draft=None) -> dict[int, list[int]]:
@@ -38,8 +40,6 @@ def proposals(decode: Decode, bounds: dict, draft=None) -> dict[int, list[int]]:
     `draft` (a resident `draft.DraftModel`, --draft) where given, else by prompt lookup."""
     wanted = []
     for p in decode.pools:
-        if p.bits:   # quantized KV: no chunk
-            return {}
         for r in p.live:
             k = min(bounds.get(r.row.id, 0), r.row.max_tokens - len(r.tokens) - 1)
             if k > 0 and r.finish is None and (r.sampler.params.greedy or r.sampler.verified) and r.row.teacher is None:
@@ -81,34 +81,43 @@ def chunk(decode: Decode, drafts: dict[int, list[int]]) -> mx.array:
 
 def decide(adapter, decode: Decode, h: mx.array, drafts: dict[int, list[int]],
            keep_logits: bool = False) -> tuple[list[Emitted], dict]:
-    """h [rows, T, D] of the chunk -> (the rows' tokens, row -> drafts accepted where it drafted): `verify`'s where a
-    row drafted or draws seeded, else sampled as without drafts (with their logits where kept). Moves each drafting
-    row's length on by what it accepted."""
+    """h [rows, T, D] of the chunk -> (the rows' tokens, row -> drafts accepted where it drafted), as `emit` decides
+    them from each row's 1 + its drafts positions. Moves each drafting row's length on by what it accepted."""
     idx, rows = decode.sampled()
     counts = [1 + len(drafts.get(id(r), ())) for r in rows]
     logits = adapter.head(mx.concatenate([h[j, :n, :] for j, n in zip(idx, counts)])).astype(mx.float32)
-    at = np.cumsum(counts) - counts
+    emitted, accepted = emit(logits, rows, drafts, keep_logits)
+    for r in rows:
+        if r.row.id in accepted:
+            _advance(decode, r, accepted[r.row.id])
+    return emitted, accepted
+
+
+def emit(logits: mx.array, rows: list[RowState], drafts: dict[int, list[int]],
+         keep_logits: bool = False) -> tuple[list[Emitted], dict]:
+    """logits [N, V]: each row's 1 + its drafts positions in turn -> (its tokens, in the rows' order; row -> drafts
+    accepted where it drafted). `verify` decides a row that drafted or draws seeded, `sample` any other's one token;
+    each token carries its position's logits where kept."""
+    counts = [1 + len(drafts.get(id(r), ())) for r in rows]
+    at = np.cumsum(counts, dtype=np.int64) - counts
     spec = [i for i, r in enumerate(rows) if id(r) in drafts or r.sampler.verified]
     plain = [i for i, r in enumerate(rows) if not (id(r) in drafts or r.sampler.verified)]
     out: dict[int, list[Emitted]] = {}
     accepted = {}
-    if plain:
-        own = logits[mx.array(at[plain])]
-        tokens = sample(own, [rows[i].sampler for i in plain])
-        kept = np.array(own) if keep_logits else [None] * len(plain)
-        for i, tok, x in zip(plain, tokens, kept):
-            r, position = rows[i], len(rows[i].tokens)
-            if r.finish is None:
-                r.finish = r.accept(tok)
-                out[i] = [Emitted(r.row.id, tok, r.finish, x, position)]
+    tokens = sample(take(logits, at[plain]), [rows[i].sampler for i in plain]) if plain else []
+    out.update((plain[k], e) for k, e in accept([rows[i] for i in plain], tokens).items())
     if spec:
         sel = np.concatenate([np.arange(at[i], at[i] + counts[i]) for i in spec])
-        for i, taken in zip(spec, take_verified(logits[mx.array(sel)], [rows[i] for i in spec], drafts)):
+        for i, taken in zip(spec, take_verified(take(logits, sel), [rows[i] for i in spec], drafts)):
             if taken is not None:
                 out[i], n = taken
                 if id(rows[i]) in drafts:
-                    _advance(decode, rows[i], n)
                     accepted[rows[i].row.id] = n
+    if keep_logits:
+        kept = np.array(logits)
+        for i, emitted in out.items():
+            for j, e in enumerate(emitted):
+                e.logits = kept[at[i] + j]
     return [e for i in sorted(out) for e in out[i]], accepted
 
 

@@ -31,8 +31,9 @@ How the pass will carry drafts (the next step, with the pools):
   too (`RowSampler` draws otherwise), so lookup drafts never change a seeded row's text.
 - Report: per row the tokens it appends (packed), drafts proposed and drafts accepted, so admission keeps
   each row's acceptance (`drafts.observe`) and counts tokens per pass.
-- Admission prices a row's slot at prompt + max_tokens + K (the most drafts it may carry), and the pass
-  with drafts as the padded chunk it is: rows x (1 + k) tokens (`drafts.padded`).
+- Admission prices a row's slot at prompt + max_tokens (its drafts never pass its max_tokens, so their KV lies
+  inside the slot, at the pool's bytes a token, quantized or not), and the pass with drafts as the padded chunk
+  it is: rows x (1 + k) tokens (`drafts.padded`).
 """
 
 from dataclasses import dataclass

@@ -121,7 +121,11 @@ def test_unknown_family_for_make_model(tmp_path):
         "spill: unknown model family 'gpt9'; choose one of: llama, qwen2, mistral, qwen3, phi3, gemma2, gemma3_text")
 
 
-def test_check_with_speculate_and_quantized_kv_is_one_line(make_tiny):
-    line = _one_line_error(["check", str(make_tiny("llama")), "--speculate", "4", "--kv-bits", "8"])
-    assert line == ("spill: --speculate verifies drafts over unquantized KV only for now; leave --kv-bits out, "
-                    "or leave --speculate out")
+def test_check_with_speculate_over_quantized_kv_passes_with_identity_gated(make_tiny):
+    result = runner.invoke(app, ["check", str(make_tiny("llama")), "--rows", "3", "--max-tokens", "8", "--prefill-chunk",
+                                 "16", "--speculate", "4", "--kv-bits", "8", "--kv-group-size", "32"],
+                           terminal_width=200)
+    assert result.exit_code == 0, result.output
+    assert "KV 8-bit (group 32) against mlx-lm's QuantizedKVCache" in result.output
+    assert "drafts: up to 4 a pass by prompt lookup on the free-running rows" in result.output
+    assert "identity gated" in result.output and result.output.rstrip().splitlines()[-1].startswith("passed: ")

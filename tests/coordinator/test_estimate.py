@@ -242,6 +242,7 @@ def test_spill_estimate_speculate_says_what_it_priced_of_the_drafts(make_tiny, t
     stored.save()
     (line,) = said("--speculate", "4")
     assert line.startswith("drafts: up to 4 a row, acceptance 0.75 measured on this model (12 drafts), ")
+    assert said("--speculate", "4", "--kv-bits", "8", "--kv-group-size", "32") == [line]   # quantized pools draft too
     assert said("--speculate", "off") == []
     off, on = (json.loads(runner.invoke(app, [*args, "--json", "--speculate", k]).stdout) for k in ("off", "auto"))
     assert off["drafts"] is None and on["drafts"]["acceptance"] == 0.75 and on["drafts"]["measured"] == 12

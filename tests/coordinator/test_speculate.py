@@ -1,6 +1,6 @@
-"""--speculate at the front door: a job with drafts writes every greedy row's text as without them, accepts drafts
-on repetitive rows (sampled ones too, whose seeded text a re-run gives again), keeps its K for --resume, and
-refuses quantized KV and a K out of range in one sentence."""
+"""--speculate at the front door: a job with drafts writes every greedy row's text as without them, over unquantized
+or quantized KV, accepts drafts on repetitive rows (sampled ones too, whose seeded text a re-run gives again), keeps its
+K for --resume, and refuses a K out of range in one sentence."""
 
 import json
 
@@ -46,8 +46,24 @@ def test_spill_run_with_speculate_writes_the_same_text_with_drafts_accepted(make
     assert accepted(jobs[0], range(6)) == 0 and accepted(jobs[1], range(4)) > 0 and accepted(jobs[1], (4, 5)) > 0
 
 
-def test_speculate_is_refused_out_of_range_with_quantized_kv_and_against_a_resumed_jobs_own(make_tiny, tmp_path,
-                                                                                            monkeypatch):
+def test_spill_run_over_quantized_kv_writes_the_same_text_with_drafts_accepted(make_tiny, tmp_path, monkeypatch,
+                                                                             llama_calibration):
+    monkeypatch.setenv("SPILL_HOME", str(tmp_path / "home"))
+    seed_home(tmp_path / "home", llama_calibration)
+    model, rows = make_tiny("llama", "float32"), _input(tmp_path / "in.jsonl", 4)
+    kv = ["--kv-bits", "8", "--kv-group-size", "32"]
+    out = {k: tmp_path / f"out-{k}.jsonl" for k in ("off", "4")}
+    for k, path in out.items():
+        said = spill("run", model, rows, "-o", path, *kv, "--speculate", k, "--new")
+        assert said.returncode == 0, said.stdout + said.stderr
+    assert texts(read_output(out["4"])) == texts(read_output(out["off"])) and len(texts(read_output(out["4"]))) == 4
+    jobs = {json.loads((d / "job.json").read_text())["output"]: d for d in (tmp_path / "home" / "jobs").iterdir()}
+    passes = [json.loads(line) for line in (jobs[str(out["4"])] / "passes.jsonl").read_text().splitlines()]
+    assert sum(n for p in passes for _, n in p.get("accepted", [])) > 0
+
+
+def test_speculate_is_refused_out_of_range_and_against_a_resumed_jobs_own_and_taken_with_quantized_kv(
+        make_tiny, tmp_path, monkeypatch):
     from spill.coordinator.jobrun import JobRun
     from spill.coordinator.submit import prepare
     monkeypatch.setenv("SPILL_HOME", str(tmp_path / "home"))
@@ -59,12 +75,9 @@ def test_speculate_is_refused_out_of_range_with_quantized_kv_and_against_a_resum
     assert JobRun(s.job, s.requests, model, s.job.meta["params"]).speculate == 4   # what the group's RESET carries
     other = runner.invoke(app, ["run", "--resume", s.job.id, "--speculate", "off"])
     assert other.exit_code == 2 and f"job {s.job.id} runs with the --speculate it started with" in other.output
-    try:
-        prepare({"model": model, "input": rows, "speculate": 4, "kv_bits": 8, "kv_group_size": 32, "new": True}, {}, {}, True)
-    except Exception as err:   # noqa: BLE001
-        assert str(err).startswith("--speculate verifies drafts over unquantized KV only for now; leave --kv-bits out")
-    else:
-        raise AssertionError("--speculate with quantized KV was taken")
+    quantized = prepare({"model": model, "input": rows, "speculate": 4, "kv_bits": 8, "kv_group_size": 32, "new": True},
+                        {}, {}, True)
+    assert (quantized.params["speculate"], quantized.params["kv_bits"], quantized.params["kv_group_size"]) == (4, 8, 32)
 
 
 def test_the_default_auto_drafts_where_the_disk_is_slow_and_writes_the_same_text(make_tiny, tmp_path, monkeypatch,

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from spill.errors import SpillError
-from spill.streamer import check, emit
+from spill.streamer import check, speculate
 from spill.streamer.check import run_check
 from spill.streamer.core import Row, Streamer
 from spill.streamer.families.base import Adapter
@@ -62,7 +62,7 @@ def test_logits_that_drift_past_the_tolerance_fail(make_tiny, monkeypatch):
 @cpu_default
 def test_a_token_that_is_not_the_argmax_of_its_logits_fails(make_tiny, monkeypatch):
     """Logits within tolerance, but the streamer samples something else (token 3): caught by the argmax."""
-    monkeypatch.setattr(emit, "sample", lambda logits, samplers: [3] * len(samplers))
+    monkeypatch.setattr(speculate, "sample", lambda logits, samplers: [3] * len(samplers))
     report = run_check(make_tiny("qwen2"), n=2, max_tokens=4, prefill_chunk=16)
     assert report.max_logit_diff <= report.tolerance
     assert not report.passed and report.agree < report.compared

@@ -1,5 +1,6 @@
 """`spill check --speculate`: free-running rows carrying prompt-lookup drafts give mlx-lm's greedy tokens on every
-family the factory makes, with drafts accepted, and in float32 a row that is not identical fails the check."""
+family the factory makes, and its quantized cache's over quantized KV, with drafts accepted; in float32 a row that is
+not identical fails the check."""
 
 import mlx.core as mx
 import numpy as np
@@ -7,7 +8,6 @@ import pytest
 from rich.console import Console
 
 from spill.coordinator.report import print_check
-from spill.errors import SpillError
 from spill.factory.families import FAMILIES
 from spill.streamer.check import CheckReport, CheckRow, run_check
 
@@ -43,7 +43,10 @@ def test_a_row_drafts_changed_fails_in_float32_and_is_reported_elsewhere(capsys)
     assert "row 0 free-running diverges at token 2: resident [3] streamed [4]" in out and out[-1].startswith("FAILED")
 
 
-def test_speculate_with_quantized_kv_is_one_sentence(make_tiny):
-    with pytest.raises(SpillError, match=r"^--speculate verifies drafts over unquantized KV only for now; leave "
-                                         r"--kv-bits out, or leave --speculate out$"):
-        run_check(make_tiny("llama"), n=2, kv_bits=8, speculate=4)
+@cpu_default
+@pytest.mark.parametrize("bits", [8, 4])
+def test_rows_with_drafts_over_quantized_kv_are_identical_to_mlx_lms_quantized_cache(make_tiny, bits):
+    report = run_check(make_tiny("llama"), n=4, max_tokens=16, prefill_chunk=16, kv_bits=bits, kv_group_size=32,
+                       speculate=4)
+    assert report.gates_identity and report.passed, [(r.id, r.first_difference()) for r in report.failures()]
+    assert report.identical == 4 and report.drafted > report.accepted > 0 and report.tokens_per_pass > 1

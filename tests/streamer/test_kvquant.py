@@ -88,6 +88,22 @@ def test_a_quantized_pool_allocates_exactly_what_the_sheet_prices_for_it(make_ti
 
 
 
+def test_drafts_on_a_quantized_pool_stay_in_the_slot_admission_priced(make_tiny):
+    """A row's drafts write KV past its length but inside its slot (prompt + max_tokens, at the quantized bytes): the
+    pool holds what the sheet prices pass after pass, its last drafts cut to the room left."""
+    from spill.admission.prices import sheet_for
+    s = Streamer(make_tiny("llama", "float32"), dtype=None, kv_bits=8, kv_group_size=32)
+    s.reserve([[2, 32]])
+    s.add(Row("a", [7, 8, 9] * 4, 20, width=32))   # a repeating prompt: lookup drafts it
+    price, accepted = sheet_for(s.plan, 2**30, 4, prefill_tokens=512, kv=(8, 32)).kv_per_token, 0
+    while not s.idle:
+        accepted += sum(s.step({"a": 8}).accepted.values())
+        for pool in s.pools.values():
+            assert sum(x.nbytes for c in pool.caches for kv in (c.keys, c.values) for x in kv) == 2 * 32 * price
+    assert accepted > 0
+    s.close()
+
+
 def _cuda_like(monkeypatch, runs):
     """mx.quantized_matmul as MLX 0.32's CUDA backend has it: no implementation outside the (bits, group) in `runs`."""
     from spill.streamer import kvquant
@@ -119,6 +135,37 @@ def test_a_streamer_refuses_a_format_no_group_of_which_runs_here_in_one_sentence
     with pytest.raises(SpillError, match=r"^--kv-bits 4 --kv-group-size 32: .*; leave --kv-bits out$"):
         Streamer(make_tiny("llama"), kv_bits=4, kv_group_size=32)
     Streamer(make_tiny("llama"), kv_bits=8, kv_group_size=32).close()
+
+
+def test_a_device_that_attends_one_query_a_row_only_drafts_nothing_there_and_says_so_once(make_tiny, monkeypatch):
+    """Where MLX runs quantized attention for a token a row but not for a chunk of drafts, the pools take a token a
+    row a pass: --speculate K gives the same tokens without drafts and says so once in the log; auto says nothing."""
+    from structlog.testing import capture_logs
+
+    from spill.typed import AUTO_DRAFTS
+
+    from .test_speculate import drive
+    real = mx.quantized_matmul
+
+    def matmul(x, *args, **kw):
+        if x.shape[-2] > 1:   # queries (or their scores) of a chunk
+            raise RuntimeError("[quantized_matmul] No implementation for problem shape: 2x4x8")
+        return real(x, *args, **kw)
+    from spill.streamer import kvquant
+    monkeypatch.setattr(kvquant.mx, "quantized_matmul", matmul)
+    monkeypatch.setattr(kvquant, "_RUNS", {})
+    folder, kv = make_tiny("llama", "float32"), dict(kv_bits=8, kv_group_size=32)
+    plain = drive(folder, 0, speculate=4, kv=kv)
+    with capture_logs() as said:
+        spec = drive(folder, 4, speculate=4, kv=kv)
+    assert spec.out == plain.out and spec.passes == plain.passes and not any(spec.accepted.values())
+    (line,) = [e for e in said if e["log_level"] == "warning"]
+    assert line["event"] == "drafts off: this device cannot run attention over quantized KV for a chunk of drafts"
+    assert (line["speculate"], line["kv_bits"], line["kv_group_size"]) == (4, 8, 32)
+    assert line["error"].startswith("[quantized_matmul] No implementation")
+    with capture_logs() as said:
+        assert drive(folder, 4, speculate=AUTO_DRAFTS, kv=kv).out["a"] == plain.out["a"]   # greedy
+    assert not [e for e in said if e["log_level"] == "warning"]
 
 
 def test_mlx_lms_reference_failing_on_a_format_is_one_sentence_not_a_traceback(make_tiny):

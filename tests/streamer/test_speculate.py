@@ -1,6 +1,6 @@
 """Drafts verified inside the pass: plans that give decode rows a draft bound change no greedy row's tokens and
-take fewer passes on a repetitive prompt; a sampled row of a speculating job drafts too, and its text depends only
-on its seed (the same whatever it drafted, alone or beside other rows, run after run)."""
+take fewer passes on a repetitive prompt, over unquantized or quantized KV; a sampled row of a speculating job drafts
+too, and its text depends only on its seed (the same whatever it drafted, alone or beside other rows, run after run)."""
 
 from typing import NamedTuple
 
@@ -26,10 +26,11 @@ class Run(NamedTuple):
 
 
 def drive(folder, k: int, max_tokens: int = 24, eos: frozenset = frozenset(), widths=None, sampling=None,
-          speculate: int = 0, keep_logits: bool = False, prompts=PROMPTS) -> Run:
+          speculate: int = 0, keep_logits: bool = False, prompts=PROMPTS, kv=None) -> Run:
     """Every row started in one pass (in the pools of `widths`, row -> width; sampled as `sampling` says, row ->
-    params, else c sampled and the rest greedy), then decode passes with up to k drafts a row."""
-    s, widths = Streamer(folder, dtype=None, speculate=speculate, keep_logits=keep_logits), widths or {}
+    params, else c sampled and the rest greedy; KV as `kv` says), then decode passes with up to k drafts a row."""
+    s = Streamer(folder, dtype=None, speculate=speculate, keep_logits=keep_logits, **(kv or {}))
+    widths = widths or {}
     sampling = sampling or {"c": SAMPLED}
     rows = [Row(rid, p, max_tokens, sampling.get(rid, SamplingParams()), eos, width=widths.get(rid, 0))
             for rid, p in prompts.items()]
@@ -81,6 +82,15 @@ def test_eos_ends_a_row_inside_an_accepted_run_where_it_would_have_without_draft
     assert spec == plain and plain["a"] == (tokens[:tokens.index(min(eos))], "stop")
 
 
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+@pytest.mark.parametrize("bits", [8, 4])
+def test_quantized_pools_take_drafts_and_give_the_same_tokens_in_fewer_passes(make_tiny, family, bits):
+    folder, kv = make_tiny(family, "float32"), dict(kv_bits=bits, kv_group_size=32)
+    plain, spec = drive(folder, 0, kv=kv), drive(folder, 4, kv=kv)
+    assert spec.out == plain.out and all(len(t) == 24 and f == "length" for t, f in plain.out.values())
+    assert spec.accepted["a"] > 0 and spec.accepted["b"] > 0
+    assert sum(map(len, spec.passes.values())) < sum(map(len, plain.passes.values()))
+
 
 # low temperatures and a top_k of 2: the tiny random model repeats itself, so lookup drafts get accepted
 COOL = {"a": SamplingParams(temperature=0.05, seed=11), "b": SamplingParams(temperature=1.0, top_k=2, seed=12),
@@ -112,6 +122,14 @@ def test_sampled_rows_beside_a_greedy_row_are_each_decided_by_their_own_paramete
         p = mx.softmax(target_logits(mx.array(np.stack(alone.logits[rid])), params), axis=-1)
         u = uniforms(params.seed, np.arange(p.shape[0]), 1)
         assert (np.array(mx.cumsum(p, axis=-1)) < u[:, None]).sum(axis=-1).tolist() == alone.out[rid][0], rid
+
+
+def test_a_sampled_rows_text_on_quantized_pools_is_the_same_with_drafts_as_without(make_tiny):
+    folder, kv = make_tiny("llama", "float32"), dict(kv_bits=8, kv_group_size=32)
+    plain, spec = (drive(folder, k, sampling=COOL, speculate=4, kv=kv, keep_logits=True) for k in (0, 4))
+    assert spec.out == plain.out and spec.accepted["a"] > 0 and not any(plain.accepted.values())
+    for rid, logits in spec.logits.items():   # every token its own position's logits, drafted or not
+        np.testing.assert_allclose(np.stack(logits), np.stack(plain.logits[rid]), atol=1e-4)
 
 
 def test_the_actor_sends_each_rows_tokens_in_order_and_reports_the_drafts_accepted(make_tiny):
