@@ -21,7 +21,6 @@ import dataclasses
 import time
 
 import mlx.core as mx
-import structlog
 
 from spill import config, memory
 from spill.errors import SpillError
@@ -65,7 +64,7 @@ class Streamer:
         if holds is not None:
             self.plan = dataclasses.replace(self.plan, resident=[t for t in self.plan.resident if t.name in holds])
         self.dtype = default_dtype() if dtype == "auto" else dtype
-        self.set_kv(kv_bits, kv_group_size)   # the decode pools' KV format (kvquant.py)
+        Streamer.set_kv(self, kv_bits, kv_group_size)   # the pools' KV format (kvquant.py); a stage tells nobody yet
         self.prefill_chunk = prefill_chunk
         self.prefill_budget: int | None = None   # prompt tokens a pass of `step` may prefill in all; None: a chunk a row
         self.keep_logits = keep_logits
@@ -181,7 +180,7 @@ class Streamer:
         self.make_pool = pool_maker(bits, group_size, self.plan, self.dtype)
         self.kv_bits, self.kv_group_size = bits, group_size
         self.no_chunk = chunk_refusal(bits, group_size, self.plan, self.dtype)   # None: quantized pools take drafts
-        self._said = False   # that they do not, where --speculate K asked for drafts: said once
+        self.said: set = set()   # that they do not, where --speculate K asked for drafts: said once a setting
 
     def set_draft(self, folder: str | None) -> None:
         """The draft model of the next rows (--draft), loaded where it changes; None: drafts by prompt lookup."""
@@ -241,7 +240,8 @@ class Streamer:
         missing = self._start_reads()   # the reads go on while the drafts and inputs are made
         # 2. inputs: decode rows feed their last token (and their drafts), prefill groups their planned chunk
         hs, masks, prefill_tokens, prefilling, attended = [], [], 0, len(prefills), 0
-        drafts = self._proposals(groups[0], bounds) if pools and bounds else {}
+        off = speculate.off(self.no_chunk, self.speculate, self.said, kv_bits=self.kv_bits, kv_group_size=self.kv_group_size)
+        drafts = speculate.proposals(groups[0], bounds, self.draft) if pools and bounds and not off else {}
         columns = 1
         for g, step in zip(groups, steps):
             tokens = speculate.chunk(g, drafts) if drafts and not g.prefilling else g.next_tokens(step)
@@ -320,18 +320,6 @@ class Streamer:
                 self.reader.release(i)   # nothing holds the layer now: its memory takes a later one, unfilled
             compute_s += time.perf_counter() - c0
         return hs, compute_s, streamed
-
-    def _proposals(self, decode: Decode, bounds: dict) -> dict[int, list[int]]:
-        """The decode rows' drafts (speculate.proposals); none where this device cannot attend a chunk over the
-        pools' quantized KV, which an explicit --speculate K hears once in the log."""
-        if self.no_chunk is None:
-            return speculate.proposals(decode, bounds, self.draft)
-        if self.speculate > 0 and not self._said:
-            self._said = True
-            structlog.get_logger().warning("drafts off: this device cannot run attention over quantized KV for a "
-                                           "chunk of drafts", speculate=self.speculate, kv_bits=self.kv_bits,
-                                           kv_group_size=self.kv_group_size, error=self.no_chunk)
-        return {}
 
     def _sample(self, emitting) -> list[Emitted]:
         """Head and a token for each row at the end of its input (a pipeline stage: its tokens over the group)."""

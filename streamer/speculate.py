@@ -26,6 +26,7 @@ the row gives with speculation off (`RowSampler`'s own draws), though from the s
 
 import mlx.core as mx
 import numpy as np
+import structlog
 
 from .emit import accept
 from .groups import Decode, RowState
@@ -33,6 +34,18 @@ from .lookup import History
 from .records import Emitted
 from .sampling import sample
 from .verify import Draft, take, verify
+
+
+def off(why: str | None, asked: int, said: set, **setting) -> bool:
+    """Whether drafts are off on these pools (`why`: this device cannot attend a chunk over their quantized KV);
+    an explicit --speculate K (`asked` above 0) hears it once in the log (`said`: the settings told)."""
+    if why is None:
+        return False
+    if asked > 0 and (key := (why, *setting.values())) not in said:
+        said.add(key)
+        structlog.get_logger().warning("drafts off: this device cannot run attention over quantized KV for a chunk "
+                                       "of drafts", speculate=asked, error=why, **setting)
+    return True
 
 
 def proposals(decode: Decode, bounds: dict, draft=None) -> dict[int, list[int]]:
