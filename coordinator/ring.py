@@ -34,7 +34,8 @@ def launched_hosts(env=None) -> list[str] | None:
 
 class Ring:
     def __init__(self, ranks: int = 1, env=None):
-        self.launched = launched_hosts(env)
+        env = os.environ if env is None else env
+        self.launched, self.hostfile = launched_hosts(env), env.get("MLX_HOSTFILE", "")
         self.ranks = len(self.launched) if self.launched else max(1, int(ranks or 1))
         self.hosts = self.launched or ["127.0.0.1"] * self.ranks
         self.alone = False        # a rank was lost: rank 0 holds every layer from then on
@@ -58,10 +59,10 @@ class Ring:
             return env
         if self.launched:
             if self.started:   # mlx.launch's ranks followed the streamer that ended and are gone with it
-                self.lose(-1, "mlx.launch's ranks ended with the streamer that crashed")
+                self.lose(-1, "they ended with the streamer that crashed", tell=False)
                 return env
             self.started += 1
-            return {**env, "MLX_RANK": "0", "MLX_HOSTFILE": os.environ["MLX_HOSTFILE"]}
+            return {**env, "MLX_RANK": "0", "MLX_HOSTFILE": self.hostfile}
         from spill.stages.launch import hostfile
         folder, logs = config.home() / "run" / "ring", config.home() / "run" / "logs"
         folder.mkdir(parents=True, exist_ok=True)
@@ -87,15 +88,17 @@ class Ring:
                 return rank, p.returncode
         return None
 
-    def lose(self, rank: int, cause: str) -> None:
-        """Rank `rank` (-1: several) is gone: the streamer runs alone from its next start, and the sentence waits."""
+    def lose(self, rank: int, cause: str, tell: bool = True) -> None:
+        """Rank `rank` (-1: several) is gone: the streamer runs alone from its next start; `tell`: the sentence waits
+        for the job (a crash that took the ranks with it is the crash's to tell)."""
         one = 0 < rank < len(self.hosts)
         where = f"rank {rank} on {self.hosts[rank]}" if one else "its other ranks"
         self.alone = True
-        self.pending = (f"the pipeline lost {where} ({cause}); rank 0 goes on alone holding every layer, "
-                        "and the job's unfinished rows are computed again")
-        self.lost.append(f"{f'stage {rank}' if one else 'stages 1-' + str(self.ranks - 1)}: lost ({where}: {cause}); "
-                         "rank 0 holds every layer")
+        if tell:
+            self.pending = (f"the pipeline lost {where} ({cause}); rank 0 goes on alone holding every layer, "
+                            "and the job's unfinished rows are computed again")
+        label = f"stage {rank}" if one else "stage 1" if self.ranks == 2 else f"stages 1-{self.ranks - 1}"
+        self.lost.append(f"{label}: lost ({where}: {cause}); rank 0 holds every layer")
 
     def take(self, lost_file: Path | None = None) -> str:
         """The sentence of a rank lost since the last call ("" if none); `lost_file`: what a streamer that ended on
