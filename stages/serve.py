@@ -21,11 +21,13 @@ import msgpack
 from spill import config
 from spill.actor import Fault, parent_watch
 from spill.errors import SpillError
+from spill.platform import without_torch
 
-from . import plans
-from .link import join
-from .relay import Relay
-from .staged import StagedStreamer, serve, tell
+without_torch()   # before mlx-lm, whose transformers would import torch (a stage uses none of it)
+from . import plans  # noqa: E402
+from .link import join  # noqa: E402
+from .relay import Relay  # noqa: E402
+from .staged import StagedStreamer, serve, tell  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
