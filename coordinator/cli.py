@@ -161,6 +161,9 @@ def run_cmd(
     Exit code: 0 every row succeeded, 3 some rows failed, 130 interrupted, 1 the job failed, 2 a usage error."""
     from spill.coordinator.run import run_job
     from spill.memory import memory_args
+    if _launched():
+        _fail(SpillError("mlx.launch starts `spill up` on every rank, not `spill run`: run `mlx.launch ... -- spill up`, "
+                         "then `spill run` on rank 0's host"))
     if resume is None and (model is None or input is None):
         _fail(SpillError("give MODEL and INPUT.jsonl, or --resume JOB_ID"))
     if resume is not None and (model is not None or input is not None):
@@ -328,6 +331,13 @@ def speculate_arg(value: str | None) -> int | None:
     if not value.strip().isdigit() or not 1 <= int(value) <= MAX_DRAFTS:
         raise SpillError(f"--speculate takes off, auto or a number of drafts from 1 to {MAX_DRAFTS}, found {value!r}")
     return int(value)
+
+
+def _launched() -> bool:
+    """This command is one rank of several that mlx.launch started (MLX_RANK, MLX_HOSTFILE)."""
+    import os
+    from spill.coordinator.ring import launched_hosts
+    return os.environ.get("MLX_RANK", "0") != "0" or bool(launched_hosts())
 
 
 def ranks_arg(ranks: int | None, speculate: str | None, draft: str | None) -> int | None:

@@ -160,7 +160,7 @@ def test_a_crashed_streamer_of_spill_up_ranks_2_comes_back_with_new_followers(jo
         spill("down", env=env)
 
 
-def test_more_ranks_than_layers_or_drafts_on_a_pipeline_are_refused_at_the_command_line(job12, tmp_path, env):
+def test_more_ranks_than_layers_drafts_or_spill_run_under_mlx_launch_are_refused_at_the_command_line(job12, env):
     folder, inp, _ = job12
     for args in (["up", "--ranks", "5", "--model", folder], ["run", folder, inp, "--ranks", "5"]):
         refused = spill(*args, env=env)
@@ -170,4 +170,8 @@ def test_more_ranks_than_layers_or_drafts_on_a_pipeline_are_refused_at_the_comma
     assert (refused.returncode, refused.stderr) == (2, "spill: drafts are not verified across pipeline stages yet; "
                                                        "with --ranks 2 leave --speculate (or set it to off) and "
                                                        "--draft out\n")
+    refused = spill("run", folder, inp, env={**env, "MLX_RANK": "1", "MLX_HOSTFILE": "/nonexistent"})
+    assert (refused.returncode, refused.stderr) == (2, "spill: mlx.launch starts `spill up` on every rank, not "
+                                                       "`spill run`: run `mlx.launch ... -- spill up`, then `spill run` "
+                                                       "on rank 0's host\n")
     assert spill("status", env=env).stdout.startswith("no spill group is running")
