@@ -21,8 +21,8 @@ from spill.streamer.shares import kv_setting
 from . import rundir
 from .first_use import make_demo
 from .metrics_line import NOT_SERVED
-from .ring import launched_hosts
 from .preflight import check_run, local_model   # light: a refused command never imports ZeroMQ, numpy or MLX
+from .ring import launched_hosts
 
 EXIT_FAILED_ROWS, EXIT_INTERRUPTED = 3, 130
 SUBMIT_TIMEOUT_S = 120   # the group answers once it has read the input; the estimate comes later (`estimating`)

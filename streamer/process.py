@@ -1,5 +1,6 @@
 """The streamer actor: one pass per PLAN from admission; tokens go to the tokenizer, the report to admission."""
 
+import contextlib
 import time
 
 import numpy as np
@@ -123,7 +124,8 @@ def run_streamer_process(endpoints, args, log) -> None:
     if actor.engine is not None:
         actor.engine.close()
     if relay is not None:
-        tell(relay, "exit")
+        with contextlib.suppress(RankLost):   # the followers are gone already: nobody to let go
+            tell(relay, "exit")
     box.close()
 
 
