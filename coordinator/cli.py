@@ -24,6 +24,9 @@ CHECK_SPECULATE_HELP = ("Free-running rows carry up to K drafts a pass (prompt l
                         "off (the default) or K, 1 to 16.")
 DRAFT_HELP = ("A small model with the model's tokenizer (a folder or a tag, as MODEL) that proposes the drafts, "
               "resident beside the streamed one, in place of prompt lookup; with --speculate auto or K.")
+RANKS_HELP = ("Run the model as a pipeline of N ranks on this machine (loopback), each holding its share of the "
+              "layers; 1 (the default) is one process. Under mlx.launch, leave it out: `spill up` on every rank "
+              "makes rank 0 the group and the others its stages.")
 FRACTION_HELP = "Share of the working set that live allocation aims at (default 0.78; 0.90 of a CUDA GPU's memory)."
 
 
@@ -153,11 +156,15 @@ def run_cmd(
     kv_group_size: int = typer.Option(None, help=KV_GROUP_HELP + " Default 64."),
     speculate: str = typer.Option(None, help=SPECULATE_HELP),
     draft: str = typer.Option(None, help=DRAFT_HELP),
+    ranks: int = typer.Option(None, "--ranks", help=RANKS_HELP + " Where a group runs, it must say the same."),
 ) -> None:
     """Run a JSONL batch: on the running group (`spill up`), or on one started for this job.
     Exit code: 0 every row succeeded, 3 some rows failed, 130 interrupted, 1 the job failed, 2 a usage error."""
     from spill.coordinator.run import run_job
     from spill.memory import memory_args
+    if _launched():
+        _fail(SpillError("mlx.launch starts `spill up` on every rank, not `spill run`: run `mlx.launch ... -- spill up`, "
+                         "then `spill run` on rank 0's host"))
     if resume is None and (model is None or input is None):
         _fail(SpillError("give MODEL and INPUT.jsonl, or --resume JOB_ID"))
     if resume is not None and (model is not None or input is not None):
@@ -169,7 +176,7 @@ def run_cmd(
         code = run_job(model=model, input=input, output=output, max_tokens=max_tokens, temperature=temperature,
                        resume=resume, new=new, quiet=quiet, listen=listen, every=every, stream=stream,
                        memory=memory_args(memory, budget_fraction), kv=kv_args(kv_bits, kv_group_size),
-                       speculate=speculate_arg(speculate), draft=draft)
+                       speculate=speculate_arg(speculate), draft=draft, ranks=ranks_arg(ranks, speculate, draft))
     except GroupDead as err:   # not a usage error: the group stopped under the job
         _fail(err, 1)
     except SpillError as err:
@@ -191,18 +198,30 @@ def up_cmd(
     kv_group_size: int = typer.Option(None, help=KV_GROUP_HELP + " Default 64."),
     speculate: str = typer.Option(None, help=SPECULATE_HELP + " The group's default for jobs that do not say."),
     draft: str = typer.Option(None, help=DRAFT_HELP + " The group's default for jobs that do not say."),
+    ranks: int = typer.Option(None, "--ranks", help=RANKS_HELP),
 ) -> None:
-    """Start the actor group and return (it keeps running until `spill down`)."""
+    """Start the actor group and return (it keeps running until `spill down`). Under mlx.launch, ranks past 0 each
+    run a stage of rank 0's group instead (and return when it lets them go)."""
+    import os
+    if os.environ.get("MLX_RANK", "0") != "0":   # mlx.launch's rank past 0: a stage following rank 0's streamer
+        from spill.platform import reexec_with_preload
+        from spill.stages.serve import main as serve
+        reexec_with_preload()
+        raise typer.Exit(serve([]))
     from spill.coordinator.preflight import local_model
     from spill.coordinator.run import group_up
     from spill.coordinator.telemetry import metrics_args
     from spill.memory import memory_args
     try:
         settings = {**metrics_args(metrics_host, metrics_port), **({"allow_remote": True} if allow_remote else {})}
+        n = ranks_arg(ranks, speculate, draft)
+        if n and n > 1 and "MLX_RANK" in os.environ:
+            raise SpillError(f"mlx.launch made this `spill up` rank 0 of its ranks; leave --ranks {n} out")
         typer.echo(group_up(model=model, foreground=foreground, listen=listen,
                             memory={**memory_args(memory, budget_fraction), **kv_args(kv_bits, kv_group_size),
                                     **({} if (k := speculate_arg(speculate)) is None else {"speculate": k}),
-                                    **({"draft": local_model(draft)} if draft else {})},
+                                    **({"draft": local_model(draft)} if draft else {}),
+                                    **({"ranks": n} if n and n > 1 else {})},
                             group_args=settings))
     except SpillError as err:
         _fail(err)
@@ -313,6 +332,25 @@ def speculate_arg(value: str | None) -> int | None:
     if not value.strip().isdigit() or not 1 <= int(value) <= MAX_DRAFTS:
         raise SpillError(f"--speculate takes off, auto or a number of drafts from 1 to {MAX_DRAFTS}, found {value!r}")
     return int(value)
+
+
+def _launched() -> bool:
+    """This command is one rank of several that mlx.launch started (MLX_RANK, MLX_HOSTFILE)."""
+    import os
+    from spill.coordinator.ring import launched_hosts
+    return os.environ.get("MLX_RANK", "0") != "0" or bool(launched_hosts())
+
+
+def ranks_arg(ranks: int | None, speculate: str | None, draft: str | None) -> int | None:
+    """--ranks checked: at least 1, and no drafts on a pipeline (its stages verify none yet)."""
+    if ranks is None:
+        return None
+    if ranks < 1:
+        raise SpillError(f"--ranks takes the number of ranks of the pipeline, 1 or more, found {ranks}")
+    if ranks > 1 and (draft or (speculate_arg(speculate) or 0) > 0):
+        raise SpillError(f"drafts are not verified across pipeline stages yet; with --ranks {ranks} leave "
+                         "--speculate (or set it to off) and --draft out")
+    return ranks
 
 
 def main() -> None:

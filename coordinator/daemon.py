@@ -32,6 +32,7 @@ from .estimate import JobEstimate, group_others
 from .estimating import Estimates
 from .jobrun import JobRun
 from .jobstore import Job
+from .liveness import check_actors
 from .metrics_line import metrics_line
 from .models import warning
 from .rundir import LOCKED_EXIT, lock as lock_run_dir, remove_sockets, write_record, clear_record
@@ -39,7 +40,6 @@ from .submit import prepare
 from .supervisor import ACTORS, Supervisor
 from .telemetry import Telemetry
 
-MAX_CRASHES = 3   # restarts of one actor during one job before the job fails
 END_GRACE_S = 5.0   # a stopping group waits this long at most for clients to see how their jobs ended
 
 
@@ -133,30 +133,7 @@ class Group:
         self._broadcast_reset()
 
     def check_actors(self) -> None:
-        last = self.current.last_pass if self.current else None   # busy beats, the loop's count still: a deadlock
-        wedge, beat = config.wedge_timeout(last.seconds if last else 0.0), config.liveness_timeout()   # no beat: stopped
-        stuck = {role: wedge for role in self.sup.wedged(wedge)} | {role: beat for role in self.sup.hung(beat)}
-        for role, deadline in stuck.items():
-            self.log.warning("actor hung; killing it", role=role, deadline_s=deadline)
-            self.sup.kill(role)
-        for role, code in self.sup.dead():
-            why = self.sup.why(role)   # an error no restart fixes (a corrupt shard): the job fails with it at once
-            cause = self.sup.why(role, final=False)   # a crash's exception, named if the job fails of crashes
-            self.log.warning("actor died; restarting", role=role, exit_code=code, error=why or cause or None)
-            self.crashes[role] = self.crashes.get(role, 0) + 1
-            if self.current is not None and (why or self.crashes[role] > MAX_CRASHES):
-                self.fail(why or f"the {role} crashed {self.crashes[role]} times during this job"
-                          f"{f' (the last time: {cause})' if cause else ''}; "
-                          f"see {config.home() / 'run' / 'logs' / (role + '.log')}")
-            self.sup.restart(role)
-            if not self.waiting:
-                self.waiting_since = time.monotonic()
-            self.waiting.add(role)
-            self.epoch += 1    # whatever the group holds now is stale
-        quiet = time.monotonic() - max(self.sup.active_at, self.stirred)   # rows out, every actor idle: lost on the way
-        if self.current and self.current.in_flight and not self.waiting and quiet > config.stall_timeout():
-            self.log.warning("rows outstanding while every actor is idle; submitting them again", quiet_s=round(quiet))
-            self._restart_rows()
+        check_actors(self)
 
     def _broadcast_reset(self, model: str = "") -> None:
         for role in ACTORS:
@@ -165,8 +142,19 @@ class Group:
                                         resident=bool(model) and self.current.resident,   # a model: a job runs
                                         **dict(zip(("kv_bits", "kv_group_size"),
                                                    self.current.kv if model else (0, 64))),
-                                        speculate=self.current.speculate if model else 0,
+                                        speculate=self._drafts() if model else 0,
                                         draft=self.current.draft if model else ""))
+
+    def _drafts(self) -> int:
+        """The job's --speculate; none on a pipeline group (its stages verify no drafts yet), said once to the job."""
+        ranks = self.sup.args.get("stages", 1)
+        if not self.current.speculate or ranks == 1:
+            return self.current.speculate
+        note = f"drafts are off on a pipeline group of {ranks} ranks: its stages verify none yet"
+        if note not in self.current.notes:
+            self.current.notes.append(note)
+            self.log.info(note, job=self.current.job.id)
+        return 0
 
     def _restart_rows(self) -> None:
         """(Re)start the current job's unfinished rows on a fresh epoch."""
@@ -237,7 +225,8 @@ class Group:
 
     def status(self, req: m.Status) -> m.JobStatus:
         """The job asked about (the running one when none is named) with the group's processes and memory."""
-        return m.JobStatus(**self._status(req), memory=self.memory, metrics=self.metrics)
+        return m.JobStatus(**self._status(req), memory=self.memory, metrics=self.metrics,
+                           stages=self.sup.stages(self.model or None))
 
     def _status(self, req: m.Status) -> dict:
         runs = self.runs()

@@ -43,6 +43,7 @@ class JobRun:
         self.estimate = None              # a JobEstimate, when the daemon could make one
         self.finishes, self.lengths = [], []   # finish reason and output tokens of rows done in this run
         self.first_pass_s = 0.0
+        self.notes: list[str] = []        # what the group says to the job's client once each (a pipeline's lost rank)
 
     # -- what goes to the group ---------------------------------------------------------------
     def submits(self, epoch: int) -> list[m.Submit]:
@@ -185,7 +186,8 @@ class JobRun:
                 "wall_per_pass_s": (self.last_pass_at - self.first_pass_at) / (self.passes - 1) if self.passes > 1 else None,
                 "estimate": self.estimate.first.to_dict() if self.estimate else None, "summary": self.summary(),
                 "estimate_line": self.estimate.first_line if self.estimate else None,
-                "advice": self.estimate.advice.line if self.estimate else None, "kv": self.kv_format}
+                "advice": self.estimate.advice.line if self.estimate else None, "kv": self.kv_format,
+                "notes": list(self.notes)}
 
     def on_budget(self, msg) -> None:
         """Admission priced the job: its figure of the group's memory is the one the ETA prices."""

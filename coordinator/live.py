@@ -58,21 +58,31 @@ def follow(status, quiet: bool = False, poll_s: float = 0.25, every: float = 10.
     """Show the job until it ends (`status()` gives its m.JobStatus); returns its last status."""
     if not sys.stdout.isatty():
         return follow_plain(status, quiet=quiet, every=every, poll_s=poll_s)
+    said: list[str] = []
     with Live(_view(JobStatus(), quiet), console=Console(), refresh_per_second=8, transient=False) as live:
         while True:
             s = status()
+            tell(s, said, live.console.print)
             live.update(_view(s, quiet))
             if s.status in FINAL:
                 return s
             time.sleep(poll_s)
 
 
+def tell(s, said: list[str], say) -> None:
+    """Each of the job's notes (a pipeline's lost rank) not said yet, a line each, --quiet or not."""
+    for note in s.notes[len(said):]:
+        say(f"note: {note}")
+        said.append(note)
+
+
 def follow_plain(status, *, quiet: bool, every: float, poll_s: float = 0.25,
                  clock=time.monotonic, sleep=time.sleep):
     """Piped: a progress line every `every` seconds whether or not a row finished; --quiet: none."""
-    next_at = clock()
+    next_at, said = clock(), []
     while True:
         s = status()
+        tell(s, said, lambda line: print(line, flush=True))
         if s.status in FINAL:
             return s
         if not quiet and clock() >= next_at:

@@ -22,6 +22,7 @@ from . import rundir
 from .first_use import make_demo
 from .metrics_line import NOT_SERVED
 from .preflight import check_run, local_model   # light: a refused command never imports ZeroMQ, numpy or MLX
+from .ring import launched_hosts
 
 EXIT_FAILED_ROWS, EXIT_INTERRUPTED = 3, 130
 SUBMIT_TIMEOUT_S = 120   # the group answers once it has read the input; the estimate comes later (`estimating`)
@@ -90,10 +91,10 @@ def _watched(client):
 
 def run_job(*, model, input, output, max_tokens, temperature, resume, new, quiet, listen, every=10.0,
             stream=False, memory: dict | None = None, kv: dict | None = None, speculate: int | None = None,
-            draft: str | None = None) -> int:
+            draft: str | None = None, ranks: int | None = None) -> int:
     """`memory`: the checked --memory/--budget-fraction (memory_args: None where not given); `kv`: the checked
     --kv-bits/--kv-group-size (a resumed job keeps its own); `speculate`: --speculate's K (0: off; None: not given,
-    a resumed job keeps its own)."""
+    a resumed job keeps its own); `ranks`: --ranks (None: the running group's, else one)."""
     openblas_note()
     args, finished = check_run(model=model, input=input, output=output, max_tokens=max_tokens,
                                temperature=temperature, resume=resume, new=new)
@@ -120,6 +121,9 @@ def run_job(*, model, input, output, max_tokens, temperature, resume, new, quiet
                    f"failed; output {finished.output_path}. Add --new to run it again.")
         return 0
     memory = {k: v if v is not None else args.get(k) for k, v in (memory or memory_args()).items()}   # resumed: the job's
+    if ranks:
+        check_ranks(args.get("model"), ranks)
+        memory["ranks"] = ranks   # the embedded group's pipeline, or what the running one must run
     args = {**args, **memory}
     from spill import messages as m
     from .client import GroupDead, leave_group
@@ -242,10 +246,13 @@ def group_up(*, model, foreground, listen, memory: dict | None = None, group_arg
     eps = endpoints(_listen(listen))
     rec = rundir.record()
     if rec is not None or Client(eps).ping():
+        if launched_hosts():   # mlx.launch's other ranks would wait on a rank 0 that never comes
+            raise SpillError(f"{rundir.held_by_sentence()}; `spill down` it before mlx.launch starts a pipeline group")
         return rundir.held_by_sentence()
     if model:
         from .models import resolve
-        resolve(model)   # makes the demo model now rather than at the first job
+        folder = resolve(model)   # makes the demo model now rather than at the first job
+        check_ranks(str(folder), len(launched_hosts() or []) or (memory or {}).get("ranks") or 1)
     if foreground:
         import subprocess
         import sys
@@ -269,6 +276,14 @@ def group_up(*, model, foreground, listen, memory: dict | None = None, group_arg
         typer.echo(f"warning: {metrics}", err=True)
         return up
     return f"{up}\n{metrics}"
+
+
+def check_ranks(model: str | None, ranks: int) -> None:
+    """A pipeline of more ranks than a local model has layers is refused before any group starts (split's sentence)."""
+    if ranks > 1 and model and os.path.isdir(model):
+        from spill.stages.split import stage_shares
+        from spill.streamer.plan import load_plan
+        stage_shares(load_plan(model), ranks)
 
 
 def _answering(client) -> int:
@@ -330,6 +345,7 @@ def group_status(job, listen) -> str:
         return "no spill group is running" + _recent_jobs()
     s = client.request(m.Status(job))
     procs = "  ".join(f"{role} pid {pid}" for role, pid in s.processes.items())
+    procs += "".join(f"\n{line}" for line in s.stages)   # a pipeline group: a line a stage
     mem = "".join(f"\n{line}" for line in (describe_line(s.memory) if s.memory else "", s.metrics) if line)
     if not s.job:
         return f"group: {procs}\nno job running{mem}" + _recent_jobs()

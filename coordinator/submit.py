@@ -7,6 +7,7 @@ from pathlib import Path
 
 from spill.errors import SpillError
 from spill.memory import check_same, format_size
+from spill.stages.split import stage_shares
 from spill.streamer.plan import load_plan
 from spill.streamer.shares import plan_kv_refusal
 from spill.typed import AUTO_DRAFTS
@@ -44,7 +45,7 @@ def prepare(args: dict, group_args: dict, ready_rss: dict, embedded: bool) -> Su
               "temperature": args.get("temperature") or 0.0, "stream": bool(args.get("stream")),
               **{k: group_args.get(k) for k in ("memory", "budget_fraction")}, **kv_settings(args, group_args, folder),
               "speculate": speculate_setting(args, group_args), "draft": draft_setting(args, group_args, folder)}
-    if why := draft_refusal(params["draft"], params["speculate"]):
+    if why := draft_refusal(params["draft"], params["speculate"]) or ranks_refusal(args, group_args, folder, params):
         raise SpillError(why)
     mem.update((k, params[k]) for k in ("kv_bits", "kv_group_size"))   # the KV format its estimate prices
     output = Path(args["output"]) if args.get("output") else None
@@ -71,6 +72,24 @@ def speculate_setting(args: dict, group_args: dict) -> int:
     """The job's --speculate, else the group's (`spill up`), else auto."""
     given = next((d["speculate"] for d in (args, group_args) if d.get("speculate") is not None), None)
     return AUTO_DRAFTS if given is None else given
+
+
+def ranks_refusal(args: dict, group_args: dict, folder: Path, params: dict) -> str | None:
+    """Why the job cannot run on this group's pipeline (another --ranks, more ranks than layers, drafts), or None."""
+    ranks, now = group_args.get("ranks") or 1, group_args.get("stages") or 1
+    if args.get("ranks") and args["ranks"] != ranks:
+        return (f"the running group runs {ranks} rank(s); run without --ranks, or `spill down` and run again to "
+                f"start a group of {args['ranks']}")
+    if now == 1:
+        return None
+    try:
+        stage_shares(load_plan(folder), now)
+    except SpillError as err:
+        return str(err)
+    if params["draft"] or params["speculate"] > 0:
+        return (f"drafts are not verified across pipeline stages yet and this group runs {now} ranks; run with "
+                "--speculate off and no --draft, or on a group of one rank")
+    return None
 
 
 def draft_setting(args: dict, group_args: dict, folder: Path) -> str | None:

@@ -1,7 +1,8 @@
 """Starts the actor processes, watches them, restarts one that died.
 
 Each child gets the read end of a pipe whose write end only this process holds: when this
-process dies the child reads EOF and exits (portable; macOS has no PDEATHSIG).
+process dies the child reads EOF and exits (portable; macOS has no PDEATHSIG). A pipeline group's
+streamer and its followers are one unit (ring.py): started, watched and ended together.
 """
 
 import json
@@ -11,8 +12,10 @@ import sys
 import time
 
 from spill import config
-from spill.actor import failure_file
+from spill.actor import failure_file, lost_file
 from spill.platform import learn_device, preload_env
+
+from .ring import Ring, end
 
 ACTORS = {"tokenizer": "spill.tokenizer_worker.process", "admission": "spill.admission.process",
           "streamer": "spill.streamer.process"}
@@ -30,6 +33,8 @@ class Supervisor:
         self.progress: dict[str, int] = {}    # role -> its loop's count at its last beat
         self.moved: dict[str, tuple[float, bool]] = {}   # role -> (when its count last moved, busy at its last beat)
         self.active_at = time.monotonic()     # when an actor last beat busy, or with its loop moved on
+        self.ring = Ring(self.args.get("ranks") or 1)   # `spill up --ranks N`, or the ranks mlx.launch started
+        self.args["ranks"] = self.ring.ranks
 
     def start(self, role: str) -> None:
         read_end, write_end = os.pipe()
@@ -39,6 +44,9 @@ class Supervisor:
             env.pop(config.crash_name(role), None)   # a fault fires once, not on every restart
             if not config.test_alloc_fail()[1]:
                 env.pop("SPILL_TEST_ALLOC_FAIL", None)
+        if role == "streamer":   # a new ring for each streamer (MLX's group is fixed at init), or none
+            env = self.ring.start(env)
+            self.args["stages"] = args["stages"] = self.ring.size
         self.procs[role] = subprocess.Popen([sys.executable, "-m", ACTORS[role], json.dumps(args)],
                                             pass_fds=(read_end,), env=env, stdin=subprocess.DEVNULL)
         os.close(read_end)
@@ -56,8 +64,21 @@ class Supervisor:
             self.start(role)
 
     def dead(self) -> list[tuple[str, int]]:
-        """Actors that exited, with their exit codes."""
+        """Actors that exited, with their exit codes; a pipeline's streamer too once a follower of it exited."""
+        streamer = self.procs.get("streamer")
+        if streamer is not None and streamer.poll() is None and (gone := self.ring.exited()):
+            self.ring.lose(gone[0], f"it exited with code {gone[1]}")
+            self.kill("streamer")   # its ring is broken: it goes with it
         return [(role, p.returncode) for role, p in self.procs.items() if p.poll() is not None]
+
+    def lost(self, role: str) -> str:
+        """The sentence naming the rank a dead pipeline streamer lost, else "": the pipeline's end, not the job's."""
+        return self.ring.take(lost_file(self.procs[role].pid)) if role == "streamer" else ""
+
+    def stages(self, folder: str | None) -> list[str]:
+        """A line a pipeline stage (none for a group of one rank), as `spill status` shows them."""
+        streamer = self.procs.get("streamer")
+        return self.ring.lines(folder, streamer.pid if streamer is not None and streamer.poll() is None else None)
 
     def why(self, role: str, final: bool = True) -> str:
         """The sentence a dead actor left for an error no restart fixes (spill.actor.run_actor), else "";
@@ -105,12 +126,12 @@ class Supervisor:
         return {role: p.pid for role, p in self.procs.items()}
 
     def stop_all(self, timeout: float = 10.0) -> None:
-        for fd in self._pipes.values():
-            os.close(fd)   # children see EOF and exit
-        self._pipes.clear()
-        for p in self.procs.values():
+        streamer = self.procs.get("streamer")
+        if self.ring.size > 1 and streamer is not None:   # it lets its followers go first (told SHUTDOWN)
             try:
-                p.wait(timeout)
+                streamer.wait(timeout / 2)
             except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+                pass
+        end(self.procs.values(), self._pipes.values(), timeout)
+        self._pipes.clear()
+        self.ring.stop()

@@ -13,7 +13,7 @@ from pathlib import Path
 import structlog
 
 from . import config
-from .errors import SpillError
+from .errors import RankLost, SpillError
 from .platform import use_device, without_torch
 from .wire import Endpoints
 
@@ -118,6 +118,11 @@ def run_actor(role: str, main) -> None:
         main(Endpoints(**args["endpoints"]), args, log)
     except KeyboardInterrupt:
         pass
+    except RankLost as err:   # the pipeline's end, not the user's: the supervisor starts the streamer again alone
+        log.warning("pipeline rank lost", error=str(err))
+        with contextlib.suppress(OSError):
+            lost_file(os.getpid()).write_text(json.dumps({"rank": err.rank, "why": str(err)}))
+        os._exit(1)   # at once: the relay's thread may be stuck in a receive that never returns
     except BaseException as err:  # noqa: BLE001 - logged, then the supervisor sees the exit code
         log.error("crashed", traceback=traceback.format_exc())
         final = isinstance(err, SpillError)   # a fact about the user's files or input: no restart changes it
@@ -130,6 +135,11 @@ def failure_file(pid: int, final: bool = True) -> Path:
     """Where an actor that stopped on an error leaves it for the supervisor: a SpillError's sentence (final,
     supervisor.why), else the exception's first line (supervisor.cause)."""
     return config.home() / "run" / f"{'failed' if final else 'crashed'}-{pid}.txt"
+
+
+def lost_file(pid: int) -> Path:
+    """Where a pipeline's streamer that lost a rank leaves the rank and why (JSON) for the supervisor."""
+    return config.home() / "run" / f"lost-{pid}.json"
 
 
 def first_line(err: BaseException) -> str:

@@ -37,6 +37,7 @@ class SubmitJob:
     kv_group_size: Annotated[int, Range(1, 1024)] | None = None  # --kv-group-size
     speculate: Drafts | None = None                               # --speculate: K, 0 off; None: the job's or off
     draft: str | None = None                                      # --draft: the draft model; None: the job's or none
+    ranks: Annotated[int, Range(1, 1024)] | None = None           # --ranks: the pipeline's ranks; None: the group's
 
 
 @dataclass
@@ -142,6 +143,8 @@ class JobStatus:
     kv: str = "unquantized"           # the decode pools' KV format (--kv-bits), as the summary names it
     memory: dict[str, str | float | None] | None = None   # what the group plans for (spill.memory.describe)
     metrics: str = ""
+    stages: list[str] = field(default_factory=list)   # a pipeline group's stages, a line each (`spill status`)
+    notes: list[str] = field(default_factory=list)    # what the group told the job, oldest first (a lost rank)
 
 
 @dataclass

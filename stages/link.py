@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
+from spill import config
 from spill.errors import SpillError
 
 
@@ -23,11 +24,15 @@ def join(backend: str = "ring") -> "mx.distributed.Group":
     if not mx.distributed.is_available(backend):
         raise SpillError(f"this MLX has no {backend} backend for mx.distributed; install an MLX build with it "
                          "(pip install -U 'mlx[cpu]' on Linux)")
-    try:
-        return mx.distributed.init(strict=True, backend=backend)
-    except RuntimeError as err:
-        raise SpillError(f"could not join the {backend} group ({' '.join(str(err).split())}); start every rank "
-                         "with mlx.launch --backend ring, or set MLX_RANK and MLX_HOSTFILE") from None
+    deadline = time.monotonic() + config.ready_timeout()
+    while True:
+        try:
+            return mx.distributed.init(strict=True, backend=backend)
+        except RuntimeError as err:   # MLX's ring gives up on a neighbour after ~15 s: one starting slowly is retried
+            if "couldn't connect" in str(err).lower() and time.monotonic() < deadline:
+                continue
+            raise SpillError(f"could not join the {backend} group ({' '.join(str(err).split())}); start every rank "
+                             "with mlx.launch --backend ring, or set MLX_RANK and MLX_HOSTFILE") from None
 
 
 @dataclass(frozen=True)

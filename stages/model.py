@@ -8,11 +8,11 @@ by bytes, or by each host's working set); the last also holds the final norm and
 ranks, names the model and each rank's layers, then sends each plan round the ring before its pass; every
 stage runs it on the same rows, hidden states go r -> r+1, the last stage's tokens back to every rank, all
 over `mx.distributed` (ring over TCP, JACCL over Thunderbolt), each hop between ring neighbours. One micro-batch
-a pass so far, and no drafts. Left: `spill up --ranks N` (the followers from `launch.spawn`, the streamer with
-rank 0's variables), `--hostfile` (a follower a host by `mlx.launch`), the stages' reports, heartbeats and
-budgets to admission (below), and the recovery from a lost rank (below: a `relay.StageLost` on rank 0 ends the
-streamer as an error no restart fixes, so today the job fails with its sentence; the coordinator must take it
-as the group's end instead, and start the group anew).
+a pass so far, and no drafts (a pipeline group runs --speculate auto with none). Built too: `spill up --ranks N`
+and `spill run --ranks N` (the followers started beside the streamer on loopback, `coordinator/ring.py`: one unit,
+a new ring for each streamer), `mlx.launch ... spill up` (ranks past 0 follow rank 0's streamer), a stage a line in
+`spill status`, and the recovery from a lost rank (below). Left: the stages' reports, heartbeats and budgets to
+admission (below), and micro-batches.
 
 A plan becomes micro-batches. A row joins one of M micro-batches at admission (the one with the least work)
 and stays in it while it lives: its KV lives on every stage in that micro-batch's pools (each stage only its
@@ -30,10 +30,11 @@ budget: its layers in flight (or its share resident), its buffers, and its layer
 A row starts only where every stage can hold it (the scheduler prices slots against the tightest stage); a
 stage past its guard line holds admission for the group, past its hard line its newest rows are preempted.
 
-A lost rank. A stage that exits, or misses its heartbeats or the round's deadline (a multiple of the estimated
-round), ends the group's epoch: MLX's group is fixed at init, so rank 0 stops every rank, names the lost host,
-and the job's unfinished rows are recomputed from their prompts on a group started anew (on the hosts left, or
-on rank 0 alone), every custom_id still written once.
+A lost rank. A stage that exits, or misses SPILL_STAGE_TIMEOUT within a pass (rank 0's `StageLost`), ends the
+group's epoch: MLX's group is fixed at init, so the supervisor stops every rank, names the lost host to the job,
+and starts the streamer anew on rank 0 alone, holding every layer (streamed, any model fits one rank); the job's
+unfinished rows are recomputed from their prompts, every custom_id still written once. Built. Left: a heartbeat
+a round (today a stage that stops between passes is found at the next pass), and a ring anew on the hosts left.
 
 The bubble. t_i: stage i's seconds for one micro-batch; l_i: its hop's seconds for that micro-batch's hidden
 states (`link.Link.seconds`; the tokens on the last hop). Sends overlap the next micro-batch, so a round is

@@ -16,12 +16,12 @@ import mlx.core as mx
 import numpy as np
 
 from spill import config
-from spill.errors import SpillError
+from spill.errors import RankLost
 
 from .link import join
 
 
-class StageLost(SpillError):
+class StageLost(RankLost):
     """The group lost a rank (it died, or missed a deadline): the group's epoch ends and it starts anew."""
 
 
@@ -69,11 +69,12 @@ class Relay:
         self._jobs.put((fn, box, done))
         if not done.wait(deadline):
             self._lost = StageLost(f"the pipeline group lost a rank: {what} {peer_name(peer)} took over {deadline:g} s; "
-                                   "a rank stopped answering (SPILL_STAGE_TIMEOUT sets the wait), start the group anew")
+                                   "a rank stopped answering (SPILL_STAGE_TIMEOUT sets the wait), start the group anew",
+                                   peer)
         elif "err" in box:
             self._lost = StageLost(f"the pipeline group lost a rank: {what} {peer_name(peer)} failed "
                                    f"({' '.join(str(box['err']).split())}); a rank died or its host dropped off, "
-                                   "start the group anew")
+                                   "start the group anew", peer)
         if self._lost is not None:
             raise self._lost
         return box.get("out")

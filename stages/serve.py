@@ -1,6 +1,7 @@
 """One rank of a staged run: rank 0 loads MODEL and runs the given plans (each sent to the others first);
 ranks 1..N-1 load what rank 0 names and follow it until it lets them go. Started on every rank by `launch.run`
-or `mlx.launch --backend ring`; a rank 1..N-1 needs no arguments (`spill up --ranks N` starts them so).
+or `mlx.launch --backend ring`; a rank 1..N-1 needs no arguments (`spill up --ranks N` starts them so, and
+`spill up` under `mlx.launch` runs this on every rank past 0).
 
     python -m spill.stages.serve MODEL --plans PLANS.msgpack --out PASSES.json
 
@@ -18,13 +19,15 @@ from pathlib import Path
 import msgpack
 
 from spill import config
-from spill.actor import Fault
+from spill.actor import Fault, parent_watch
 from spill.errors import SpillError
+from spill.platform import without_torch
 
-from . import plans
-from .link import join
-from .relay import Relay
-from .staged import StagedStreamer, serve, tell
+without_torch()   # before mlx-lm, whose transformers would import torch (a stage uses none of it)
+from . import plans  # noqa: E402
+from .link import join  # noqa: E402
+from .relay import Relay  # noqa: E402
+from .staged import StagedStreamer, serve, tell  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,7 +38,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prefill-chunk", type=int, default=512)
     p.add_argument("--resident", action="store_true", help="keep the stages' layers after their first read")
     p.add_argument("--deadline", type=float, default=None, help="seconds to wait on a neighbour (SPILL_STAGE_TIMEOUT)")
+    p.add_argument("--parent-fd", type=int, default=None, help="leave when this pipe closes (the group's supervisor)")
     args = p.parse_args(argv)
+    if args.parent_fd is not None:
+        parent_watch(args.parent_fd)
     fault, passes, read = Fault("streamer"), [], []
 
     def on_pass(report) -> None:

@@ -1,5 +1,6 @@
 """The streamer actor: one pass per PLAN from admission; tokens go to the tokenizer, the report to admission."""
 
+import contextlib
 import time
 
 import numpy as np
@@ -7,7 +8,7 @@ import numpy as np
 from spill import config
 from spill import messages as m
 from spill.actor import Fault, bind_context, inbox, run_actor
-from spill.errors import SpillError
+from spill.errors import RankLost, SpillError
 from spill.platform import without_torch
 from spill.stages.relay import group_relay
 from spill.wire import Mailbox
@@ -15,7 +16,6 @@ from spill.wire import Mailbox
 without_torch()   # here, not only in run_actor: .core imports mlx-lm, whose transformers would import torch
 from .core import PassPlan, Row, Streamer  # noqa: E402
 from spill.stages.staged import StagedStreamer, tell  # noqa: E402
-
 
 
 class StreamerActor:
@@ -94,6 +94,8 @@ def run_streamer_process(endpoints, args, log) -> None:
     def reset(msg: m.Reset) -> None:
         try:
             actor.reset(msg)
+        except RankLost:
+            raise   # a pipeline's rank lost while loading: the group's end (run_actor), not the model's
         except Exception as err:   # noqa: BLE001 - a model that cannot load fails its job, not this process
             actor.engine, actor.model = None, ""
             why = str(err) if isinstance(err, SpillError) else f"{msg.model}: the model could not load ({type(err).__name__}: {err})"
@@ -122,7 +124,8 @@ def run_streamer_process(endpoints, args, log) -> None:
     if actor.engine is not None:
         actor.engine.close()
     if relay is not None:
-        tell(relay, "exit")
+        with contextlib.suppress(RankLost):   # the followers are gone already: nobody to let go
+            tell(relay, "exit")
     box.close()
 
 

@@ -54,6 +54,12 @@ class Sup:
     def why(self, role, final=True):
         return ""
 
+    def lost(self, role):
+        return ""
+
+    def stages(self, folder):
+        return []
+
     def pids(self):
         return {}
 

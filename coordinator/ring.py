@@ -1,0 +1,160 @@
+"""A pipeline group's ranks around the streamer actor: rank 0 is the streamer, ranks 1..N-1 each a
+`python -m spill.stages.serve` following it (stages/staged.py).
+
+`spill up --ranks N` starts the followers here, on loopback, with ports the kernel picked free and a new hostfile
+each time the streamer starts: the streamer and its followers are one unit. Under `mlx.launch`, which runs
+`spill up` on every rank, the followers are its processes and the streamer inherits rank 0's MLX_RANK and
+MLX_HOSTFILE. A lost rank (a follower exited, or the streamer's `StageLost`) ends the ring: MLX's group is fixed
+at init, so the streamer starts again alone and holds every layer (streamed, any model fits one rank).
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from spill import config
+from spill.errors import SpillError
+
+RING_VARS = ("MLX_RANK", "MLX_HOSTFILE")   # MLX's launcher contract: this rank, every rank's "ip:port"
+
+
+def launched_hosts(env=None) -> list[str] | None:
+    """Each rank's host where `mlx.launch` made this process rank 0 of several, else None."""
+    env = os.environ if env is None else env
+    if env.get("MLX_RANK") != "0" or not env.get("MLX_HOSTFILE"):
+        return None
+    try:
+        hosts = [str(addrs[0]).rsplit(":", 1)[0] for addrs in json.loads(Path(env["MLX_HOSTFILE"]).read_text())]
+    except (OSError, ValueError, TypeError, IndexError, KeyError):
+        return None
+    return hosts if len(hosts) > 1 else None
+
+
+class Ring:
+    def __init__(self, ranks: int = 1, env=None):
+        env = os.environ if env is None else env
+        self.launched, self.hostfile = launched_hosts(env), env.get("MLX_HOSTFILE", "")
+        self.ranks = len(self.launched) if self.launched else max(1, int(ranks or 1))
+        self.hosts = self.launched or ["127.0.0.1"] * self.ranks
+        self.alone = False        # a rank was lost: rank 0 holds every layer from then on
+        self.started = 0          # rings started (one that mlx.launch made starts once)
+        self.followers: dict[int, subprocess.Popen] = {}
+        self._pipes: list[int] = []
+        self.lost: list[str] = []   # each lost rank's sentence, newest last
+        self.pending = ""           # the latest, until the supervisor hands it on
+
+    @property
+    def size(self) -> int:
+        """The ranks the streamer runs on now."""
+        return 1 if self.alone else self.ranks
+
+    def start(self, env: dict) -> dict:
+        """A new ring: the followers started where spill runs them; the streamer's environment (rank 0's
+        variables, or none where it runs alone)."""
+        self.stop()
+        env = {k: v for k, v in env.items() if k not in RING_VARS}
+        if self.size == 1:
+            return env
+        if self.launched:
+            if self.started:   # mlx.launch's ranks followed the streamer that ended and are gone with it
+                self.lose(-1, "they ended with the streamer that crashed", tell=False)
+                return env
+            self.started += 1
+            return {**env, "MLX_RANK": "0", "MLX_HOSTFILE": self.hostfile}
+        from spill.stages.launch import hostfile
+        folder, logs = config.home() / "run" / "ring", config.home() / "run" / "logs"
+        folder.mkdir(parents=True, exist_ok=True)
+        logs.mkdir(parents=True, exist_ok=True)
+        path = hostfile(self.ranks, folder)
+        for rank in range(1, self.ranks):
+            read_end, write_end = os.pipe()
+            mine = {**env, "MLX_RANK": str(rank), "MLX_HOSTFILE": str(path)}
+            mine.pop(config.crash_name("streamer"), None)   # the streamer's fault, not its followers'
+            with open(logs / f"stage-{rank}.log", "ab") as log:
+                self.followers[rank] = subprocess.Popen(
+                    [sys.executable, "-m", "spill.stages.serve", "--parent-fd", str(read_end)], pass_fds=(read_end,),
+                    env=mine, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+            os.close(read_end)
+            self._pipes.append(write_end)
+        self.started += 1
+        return {**env, "MLX_RANK": "0", "MLX_HOSTFILE": str(path)}
+
+    def exited(self) -> tuple[int, int] | None:
+        """(rank, exit code) of a follower that exited, else None."""
+        for rank, p in self.followers.items():
+            if p.poll() is not None:
+                return rank, p.returncode
+        return None
+
+    def lose(self, rank: int, cause: str, tell: bool = True) -> None:
+        """Rank `rank` (-1: several) is gone: the streamer runs alone from its next start; `tell`: the sentence waits
+        for the job (a crash that took the ranks with it is the crash's to tell)."""
+        one = 0 < rank < len(self.hosts)
+        where = f"rank {rank} on {self.hosts[rank]}" if one else "its other ranks"
+        self.alone = True
+        if tell:
+            self.pending = (f"the pipeline lost {where} ({cause}); rank 0 goes on alone holding every layer, "
+                            "and the job's unfinished rows are computed again")
+        label = f"stage {rank}" if one else "stage 1" if self.ranks == 2 else f"stages 1-{self.ranks - 1}"
+        self.lost.append(f"{label}: lost ({where}: {cause}); rank 0 holds every layer")
+
+    def take(self, lost_file: Path | None = None) -> str:
+        """The sentence of a rank lost since the last call ("" if none); `lost_file`: what a streamer that ended on
+        `StageLost` left (the rank it waited on and why)."""
+        if not self.pending and lost_file is not None and lost_file.exists():
+            try:
+                said = json.loads(lost_file.read_text())
+                self.lose(int(said.get("rank", -1)), _cause(str(said.get("why", ""))))
+            except (OSError, ValueError, TypeError):
+                self.lose(-1, "the streamer lost its neighbour")
+        if lost_file is not None:
+            lost_file.unlink(missing_ok=True)
+        said, self.pending = self.pending, ""
+        return said
+
+    def lines(self, folder: str | None, streamer_pid: int | None) -> list[str]:
+        """`spill status`'s lines: a stage a line (rank, host, layers, pid), then the ranks lost."""
+        if self.ranks == 1:
+            return []
+        n = self.size
+        try:
+            from spill.stages.split import stage_shares
+            from spill.streamer.plan import load_plan
+            shares = [s.layers for s in stage_shares(load_plan(folder), n)] if folder else None
+        except (SpillError, OSError):
+            shares = None
+        out = []
+        for rank in range(n):
+            pid = streamer_pid if rank == 0 else getattr(self.followers.get(rank), "pid", None)
+            span = (f"layers {shares[rank].start}-{shares[rank].stop - 1} of {shares[-1].stop}" if shares
+                    else "its layers split when a job names the model")
+            out.append(f"stage {rank}: rank {rank} on {self.hosts[rank]}, {span}" + (f", pid {pid}" if pid else ""))
+        return out + self.lost
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """End the followers."""
+        end(self.followers.values(), self._pipes, timeout)
+        self._pipes.clear()
+        self.followers.clear()
+
+
+def end(procs, pipes, timeout: float) -> None:
+    """Children watching their parent's pipes: the pipes closed (each child sees EOF and leaves), any still there
+    after `timeout` seconds killed."""
+    for fd in pipes:
+        os.close(fd)
+    for p in procs:
+        try:
+            p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def _cause(why: str) -> str:
+    """What a streamer's StageLost says happened, in a few words."""
+    if "took over" in why:
+        return "it did not answer within SPILL_STAGE_TIMEOUT"
+    return "rank 0 lost its link to it" if why else "it was lost"

@@ -1,0 +1,45 @@
+"""A pipeline group's ring as the supervisor keeps it, without processes: the ranks mlx.launch made, what a
+streamer that lost a rank left behind, and the lines `spill status` shows."""
+
+import json
+
+from spill.coordinator.ring import Ring
+
+
+def _launched(tmp_path, n: int) -> dict:
+    hosts = tmp_path / "hosts.json"
+    hosts.write_text(json.dumps([[f"10.0.0.{r + 1}:{5000 + r}"] for r in range(n)]))
+    return {"MLX_RANK": "0", "MLX_HOSTFILE": str(hosts), "PATH": "/bin"}
+
+
+def test_the_ring_mlx_launch_made_runs_once_then_rank_0_runs_alone(tmp_path, make_tiny):
+    env = _launched(tmp_path, 3)
+    ring = Ring(env=env)
+    assert (ring.ranks, ring.size) == (3, 3)
+    assert ring.start(dict(env, SPILL_X="1")) == dict(env, SPILL_X="1")   # the streamer is rank 0 of it
+    assert ring.lines(str(make_tiny("llama")), 41) == [
+        "stage 0: rank 0 on 10.0.0.1, layers 0-0 of 4, pid 41", "stage 1: rank 1 on 10.0.0.2, layers 1-2 of 4",
+        "stage 2: rank 2 on 10.0.0.3, layers 3-3 of 4"]
+    assert ring.start(env) == {"PATH": "/bin"}   # a streamer after a crash: its followers went with the last one
+    assert ring.take() == ""                     # the crash tells the job, not the ring
+    assert ring.lines(None, 42) == [
+        "stage 0: rank 0 on 10.0.0.1, its layers split when a job names the model, pid 42",
+        "stages 1-2: lost (its other ranks: they ended with the streamer that crashed); rank 0 holds every layer"]
+
+
+def test_a_streamer_that_lost_a_rank_names_it_and_the_host(tmp_path):
+    ring = Ring(env=_launched(tmp_path, 3))
+    said = tmp_path / "lost-7.json"
+    said.write_text(json.dumps({"rank": 2, "why": "the pipeline group lost a rank: waiting for tokens from rank 2 "
+                                                  "(10.0.0.3:5002) took over 3 s; ..."}))
+    assert ring.take(said) == ("the pipeline lost rank 2 on 10.0.0.3 (it did not answer within SPILL_STAGE_TIMEOUT); "
+                               "rank 0 goes on alone holding every layer, and the job's unfinished rows are computed "
+                               "again")
+    assert not said.exists() and ring.size == 1 and ring.take() == ""
+    assert ring.lines(None, None)[-1] == ("stage 2: lost (rank 2 on 10.0.0.3: it did not answer within "
+                                          "SPILL_STAGE_TIMEOUT); rank 0 holds every layer")
+
+
+def test_a_group_of_one_rank_has_no_stages_and_no_ring(tmp_path):
+    ring = Ring(1, env={"PATH": "/bin"})
+    assert ring.start({"PATH": "/bin", "MLX_RANK": "0"}) == {"PATH": "/bin"} and ring.lines(None, 5) == []

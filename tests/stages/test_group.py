@@ -1,0 +1,182 @@
+"""A job through `spill run` on a pipeline group of 2 and 3 ranks on loopback, started by `mlx.launch` (its ring
+backend, as MLX's own CI runs it) or by `spill up --ranks N` / `spill run --ranks N`: every row's text that of
+resident mlx-lm in float32, every custom_id once; a rank killed mid-job, or the streamer crashed, and the job
+still finishes so."""
+
+import os
+import random
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import mlx.core as mx
+import psutil
+import pytest
+
+from tests.coordinator.group_util import llama_job, read_output, seed_home, spill, texts
+
+ring = pytest.mark.skipif(not mx.distributed.is_available("ring"), reason="this MLX build has no ring backend")
+SPILL = [sys.executable, "-m", "spill.coordinator.cli"]
+MLX_LAUNCH = [sys.executable, "-c", "from mlx._distributed_utils.launch import main; main()"]
+
+
+@pytest.fixture(scope="module")
+def job12(make_tiny, tmp_path_factory):
+    return llama_job(make_tiny, tmp_path_factory, 12, max_tokens=6)
+
+
+@pytest.fixture
+def env(tmp_path, llama_calibration):
+    """A data home of the test's own (its group, logs and ring), seeded with the tiny llama's calibration."""
+    seed_home(tmp_path / "home", llama_calibration)
+    return {**os.environ, "SPILL_HOME": str(tmp_path / "home"), "SPILL_METRICS_PORT": "0"}
+
+
+def _free_run(n: int) -> int:
+    """A port p with p..p+n-1 free on 127.0.0.1 now (mlx.launch gives rank r port p + r)."""
+    for _ in range(100):
+        base, socks = random.randint(20000, 60000), []
+        try:
+            for port in range(base, base + n):
+                socks.append(socket.socket())
+                socks[-1].bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise AssertionError("no run of free ports")
+
+
+def _launch(n: int, env: dict) -> subprocess.Popen:
+    """`mlx.launch` running `spill up` on n ranks of 127.0.0.1, once rank 0's group answers with its stages."""
+    proc = subprocess.Popen([*MLX_LAUNCH, "--backend", "ring", "--hosts", "127.0.0.1", "-n", str(n),
+                             "-p", str(_free_run(n)), "--", *SPILL, "up"], env=env, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while "stage 0:" not in spill("status", env=env).stdout:
+        assert proc.poll() is None or proc.returncode == 0, proc.communicate()
+        assert time.monotonic() < deadline, "the group did not come up"
+        time.sleep(0.2)
+    return proc
+
+
+def _stages(env: dict) -> list[str]:
+    return [line for line in spill("status", env=env).stdout.splitlines() if line.startswith("stage ")]
+
+
+def _run_until(args: list, env: dict, out, lines: int) -> subprocess.Popen:
+    """`spill run ...` started, once `lines` rows of its output are written."""
+    proc = subprocess.Popen([*SPILL, "run", *map(str, args)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env)
+    deadline = time.monotonic() + 180
+    while (not out.exists() or len(out.read_text().splitlines()) < lines) and time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    return proc
+
+
+@ring
+@pytest.mark.parametrize("n", [2, 3])
+def test_mlx_launch_ranks_run_a_job_row_for_row_as_one_process(job12, tmp_path, env, n):
+    folder, inp, expected = job12
+    launch = _launch(n, env)
+    try:
+        stages = _stages(env)
+        assert [line.split(",")[0] for line in stages] == [f"stage {r}: rank {r} on 127.0.0.1" for r in range(n)]
+        refused = spill("run", folder, inp, "--speculate", "2", "-o", tmp_path / "no.jsonl", env=env)
+        assert refused.returncode == 2 and refused.stderr.startswith("spill: drafts are not verified across "
+                                                                     f"pipeline stages yet and this group runs {n} ranks")
+        run = spill("run", folder, inp, "-o", tmp_path / "out.jsonl", "--quiet", env=env, timeout=240)
+        assert run.returncode == 0, run.stdout + run.stderr
+        assert f"note: drafts are off on a pipeline group of {n} ranks: its stages verify none yet" in run.stdout
+        assert texts(read_output(tmp_path / "out.jsonl")) == expected   # every custom_id once, resident mlx-lm's text
+        layers = [line.split(", ")[1] for line in _stages(env)]   # the job named the model: each stage's share
+        assert layers == {2: ["layers 0-1 of 4", "layers 2-3 of 4"],
+                          3: ["layers 0-0 of 4", "layers 1-2 of 4", "layers 3-3 of 4"]}[n]
+    finally:
+        spill("down", env=env)
+        out, err = launch.communicate(timeout=60)
+    assert launch.returncode == 0 and out.count('"passes": ') == n - 1, out + err[-2000:]   # each follower let go
+
+
+@ring
+def test_a_rank_mlx_launch_started_killed_mid_job_leaves_every_row_written_once(job12, tmp_path, env):
+    folder, inp, expected = job12
+    slow = {**env, "SPILL_TEST_PASS_DELAY": "0.3", "SPILL_MAX_ROWS": "4"}
+    launch, out = _launch(3, slow), tmp_path / "out.jsonl"
+    try:
+        run = _run_until([folder, inp, "-o", out, "--quiet"], env, out, lines=2)
+        last = [p for p in psutil.Process(launch.pid).children(recursive=True)
+                if p.environ().get("MLX_RANK") == "2" and "spill.coordinator.cli" in p.cmdline()]
+        assert len(last) == 1
+        last[0].kill()
+        stdout, stderr = run.communicate(timeout=240)
+        assert run.returncode == 0, stdout + stderr
+        assert texts(read_output(out)) == expected
+        lost = [line for line in stdout.splitlines() if line.startswith("note: the pipeline lost")]
+        assert re.fullmatch(r"note: the pipeline lost rank [12] on 127\.0\.0\.1 \(rank 0 lost its link to it\); rank 0 "
+                            r"goes on alone holding every layer, and the job's unfinished rows are computed again",
+                            lost[0]) and len(lost) == 1, stdout   # the rank on the hop rank 0 was using
+        assert _stages(env)[0].startswith("stage 0: rank 0 on 127.0.0.1, layers 0-3 of 4")
+    finally:
+        spill("down", env=env)
+        launch.communicate(timeout=60)
+
+
+@ring
+@pytest.mark.parametrize("n,sig,cause", [(3, signal.SIGKILL, "it exited with code -9"),
+                                         (2, signal.SIGSTOP, "it did not answer within SPILL_STAGE_TIMEOUT")])
+def test_a_follower_of_spill_run_ranks_killed_or_stopped_mid_job_is_named_and_the_job_finishes(
+        job12, tmp_path, env, n, sig, cause):
+    folder, inp, expected = job12
+    slow = {**env, "SPILL_TEST_PASS_DELAY": "0.3", "SPILL_MAX_ROWS": "4", "SPILL_STAGE_TIMEOUT": "3"}
+    out = tmp_path / "out.jsonl"
+    run = _run_until([folder, inp, "-o", out, "--ranks", n, "--quiet"], slow, out, lines=2)
+    stages = _stages(env)
+    assert [line.split(", ")[0] for line in stages] == [f"stage {r}: rank {r} on 127.0.0.1" for r in range(n)]
+    os.kill(int(stages[1].rsplit("pid ", 1)[1]), sig)
+    stdout, stderr = run.communicate(timeout=240)
+    assert run.returncode == 0, stdout + stderr
+    assert texts(read_output(out)) == expected
+    assert (f"note: the pipeline lost rank 1 on 127.0.0.1 ({cause}); rank 0 goes on alone holding every layer, and "
+            "the job's unfinished rows are computed again") in stdout.splitlines(), stdout
+
+
+@ring
+def test_a_crashed_streamer_of_spill_up_ranks_2_comes_back_with_new_followers(job12, tmp_path, env):
+    """The streamer and its followers are one unit: a new ring (new follower, new hostfile) for the new streamer."""
+    folder, inp, expected = job12
+    assert spill("up", "--ranks", "2", env={**env, "SPILL_TEST_CRASH_STREAMER": "pass:3"}).returncode == 0
+    try:
+        before = _stages(env)
+        run = spill("run", folder, inp, "-o", tmp_path / "out.jsonl", "--quiet", env=env, timeout=240)
+        assert run.returncode == 0, run.stdout + run.stderr
+        assert texts(read_output(tmp_path / "out.jsonl")) == expected
+        after = _stages(env)
+        assert [line.rsplit(", pid", 1)[0] for line in after] == [
+            "stage 0: rank 0 on 127.0.0.1, layers 0-1 of 4", "stage 1: rank 1 on 127.0.0.1, layers 2-3 of 4"]
+        assert before[1].rsplit("pid ", 1)[1] != after[1].rsplit("pid ", 1)[1]
+    finally:
+        spill("down", env=env)
+
+
+def test_more_ranks_than_layers_drafts_or_spill_run_under_mlx_launch_are_refused_at_the_command_line(job12, env):
+    folder, inp, _ = job12
+    for args in (["up", "--ranks", "5", "--model", folder], ["run", folder, inp, "--ranks", "5"]):
+        refused = spill(*args, env=env)
+        assert (refused.returncode, refused.stderr) == (2, "spill: 5 stages for a model of 4 layers: each stage "
+                                                           "needs a layer at least; run at most 4 ranks\n")
+    refused = spill("up", "--ranks", "2", "--speculate", "3", env=env)
+    assert (refused.returncode, refused.stderr) == (2, "spill: drafts are not verified across pipeline stages yet; "
+                                                       "with --ranks 2 leave --speculate (or set it to off) and "
+                                                       "--draft out\n")
+    refused = spill("run", folder, inp, env={**env, "MLX_RANK": "1", "MLX_HOSTFILE": "/nonexistent"})
+    assert (refused.returncode, refused.stderr) == (2, "spill: mlx.launch starts `spill up` on every rank, not "
+                                                       "`spill run`: run `mlx.launch ... -- spill up`, then `spill run` "
+                                                       "on rank 0's host\n")
+    assert spill("status", env=env).stdout.startswith("no spill group is running")
