@@ -16,7 +16,7 @@ def test_the_ring_mlx_launch_made_runs_once_then_rank_0_runs_alone(tmp_path, mak
     env = _launched(tmp_path, 3)
     ring = Ring(env=env)
     assert (ring.ranks, ring.size) == (3, 3)
-    assert ring.start(dict(env, SPILL_X="1")) == dict(env, SPILL_X="1")   # the streamer is rank 0 of it
+    assert ring.start(dict(env, LANG="C.UTF-8")) == dict(env, LANG="C.UTF-8")   # the streamer is rank 0 of it
     assert ring.lines(str(make_tiny("llama")), 41) == [
         "stage 0: rank 0 on 10.0.0.1, layers 0-0 of 4, pid 41", "stage 1: rank 1 on 10.0.0.2, layers 1-2 of 4",
         "stage 2: rank 2 on 10.0.0.3, layers 3-3 of 4"]
