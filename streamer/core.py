@@ -35,7 +35,7 @@ from .plan import load_plan
 from .reader import WeightReader
 from .records import Emitted, PassPlan, PassReport, Row  # noqa: F401 - the core's records, imported from here too
 from .sampling import RowSampler
-from . import emit, speculate
+from . import speculate
 
 
 def _free_cache() -> None:
@@ -323,7 +323,7 @@ class Streamer:
 
     def _sample(self, emitting) -> list[Emitted]:
         """Head and a token for each row at the end of its input (a pipeline stage: its tokens over the group)."""
-        return emit.draw(self.adapter, emitting, self.keep_logits)
+        return speculate.draw(self.adapter, emitting, self.keep_logits)
 
     def _join(self, g: Group) -> None:
         """A finished prefill group's rows take slots in their pools, made at the reserved shape

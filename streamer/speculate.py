@@ -106,6 +106,17 @@ def decide(adapter, decode: Decode, h: mx.array, drafts: dict[int, list[int]],
     return emitted, accepted
 
 
+def draw(adapter, emitting, keep_logits: bool = False) -> list[Emitted]:
+    """Final norm, head and a token for every row of `emitting` ((group, its hidden states) pairs), taken into
+    the rows as `emit` decides them (a speculating job's sampled rows: `verify`'s seeded draws)."""
+    if not emitting:
+        return []
+    picks = [(g.sampled(), h) for g, h in emitting]
+    rows = [r for (_, rs), _ in picks for r in rs]
+    logits = adapter.head(mx.concatenate([h[mx.array(idx), -1, :] for (idx, _), h in picks if idx]))
+    return emit(logits.astype(mx.float32), rows, {}, keep_logits)[0]
+
+
 def emit(logits: mx.array, rows: list[RowState], drafts: dict[int, list[int]],
          keep_logits: bool = False) -> tuple[list[Emitted], dict]:
     """logits [N, V]: each row's 1 + its drafts positions in turn -> (its tokens, in the rows' order; row -> drafts
