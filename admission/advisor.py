@@ -35,19 +35,21 @@ class Advice:
 
 def advise(plan: ModelPlan, rows: list, memory_arg=None, *, stream: bool = False,
            passes: PassModel | None = None, variants: list[tuple[str, int, int]] = (), others: int = 0,
-           fraction: float | None = None, kv: tuple | None = None) -> Advice:
+           fraction: float | None = None, kv: tuple | None = None, stages: int = 1) -> Advice:
     """`rows`: the job's SimRows (prompt, out); `passes`: the calibrated pass model, to weigh a resident
     batch smaller than the job's; `variants`: (tag, bits, group size) of quantized variants to name;
     `others`: the group's processes' resident memory, as admission prices it; `fraction`: --budget-fraction;
-    `kv`: the pools' KV quantization (bits, group size), None unquantized."""
-    policy, ws = budget_policy(plan, memory_arg, fraction, others=others, resident=True, kv=kv)
+    `kv`: the pools' KV quantization (bits, group size), None unquantized; `stages`: a pipeline's ranks (each
+    stage's share priced, resident where the tightest's fits)."""
+    policy, ws = budget_policy(plan, memory_arg, fraction, others=others, resident=True, kv=kv, stages=stages)
     s = policy.sheet
     width = width_class(max((r.prompt + r.out for r in rows), default=1))
     want = max(1, min(len(rows), policy.max_rows))
     slots = _slots(policy, want, width)
     weights, held = s.fixed["resident"], s.cost(want, width)
-    budget = f"the {fmt(s.budget)} memory budget"
-    streamed_slots = _slots(budget_policy(plan, memory_arg, fraction, others=others, kv=kv)[0], want, width)
+    budget = f"the {fmt(s.budget)} memory budget" + (f" of each of {stages} ranks (the tightest stage's share)"
+                                                     if stages > 1 else "")
+    streamed_slots = _slots(budget_policy(plan, memory_arg, fraction, others=others, kv=kv, stages=stages)[0], want, width)
     faster = 0 < slots < want and _faster(passes, plan, slots, streamed_slots, rows)
     fits = slots >= want or faster
     what = (f"the weights ({fmt(weights)}) and the job's KV ({fmt(held)} for {want} rows at once) fit {budget}"

@@ -103,12 +103,13 @@ def _price(msg: m.Reset, args: dict, box, log, calibrator=None):
     others = _others_rss(runtime=(msg.runtime, msg.runtime_file))   # the other processes now, and the streamer's runtime
     kv = (msg.kv_bits, msg.kv_group_size) if msg.kv_bits else None   # the pools' KV quantization
     policy, ws = budget_policy(plan, args.get("memory"), args.get("budget_fraction"), others,
-                               args.get("prefill_chunk", 512), resident=msg.resident, kv=kv, draft=draft)
+                               args.get("prefill_chunk", 512), resident=msg.resident, kv=kv, draft=draft,
+                               stages=msg.stages)
     sheet = policy.sheet
     log.info("budget", mode="resident" if msg.resident else "streamed", kv=kv_format(*(kv or (None,))),
              working_set=ws.bytes, source=ws.source, budget=sheet.budget, kv_budget=sheet.kv_budget,
              kv_per_token=sheet.kv_per_token, **sheet.fixed, **{f"host_{k}": v for k, v in sheet.host.items()},
-             **({"host_set": sheet.host_set} if sheet.host_set else {}))
+             stages=msg.stages, **({"host_set": sheet.host_set} if sheet.host_set else {}))
     if (short := shortfall(sheet)) is not None:
         box.send("coordinator", m.Error(msg.epoch, [m.MODEL_ROW], ["memory_budget_exceeded"], [short], msg.job))
         return None, others

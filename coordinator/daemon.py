@@ -143,7 +143,8 @@ class Group:
                                         **dict(zip(("kv_bits", "kv_group_size"),
                                                    self.current.kv if model else (0, 64))),
                                         speculate=self._drafts() if model else 0,
-                                        draft=self.current.draft if model else ""))
+                                        draft=self.current.draft if model else "",
+                                        stages=self.sup.args.get("stages", 1)))
 
     def _drafts(self) -> int:
         """The job's --speculate; none on a pipeline group (its stages verify no drafts yet), said once to the job."""
@@ -195,7 +196,8 @@ class Group:
             job.append([bad_row_line(b) for b in bad])
             run = JobRun(job, requests, args["model"], job.meta.get("params", params))
             if run.pending:   # its estimate is made apart (estimating.py); the job waits for it, the reply does not
-                self.estimates.ask(run, model, mem, group_others(self.ready_rss))
+                self.estimates.ask(run, model, {**mem, "stages": self.sup.args.get("stages", 1)},
+                                   group_others(self.ready_rss))
             else:
                 job.set_status("queued")
         except BaseException:

@@ -88,12 +88,14 @@ def estimate_file(model: str, input: Path, *, max_tokens: int = 256, memory: str
 
 
 def advise_rows(folder: Path, rows: list[SimRow], *, memory: str | None = None, stream: bool = False,
-                name: str = "", others: int = 0, fraction: float | None = None, kv: tuple | None = None) -> Advice:
+                name: str = "", others: int = 0, fraction: float | None = None, kv: tuple | None = None,
+                stages: int = 1) -> Advice:
     """Resident or streamed for these rows (admission/advisor.py); `name`: the MODEL argument, whose
-    quantized variants in models.yaml are named when it does not fit; `others`: the group's RSS."""
+    quantized variants in models.yaml are named when it does not fit; `others`: the group's RSS; `stages`: a
+    pipeline's ranks."""
     cal = open_calibration(folder, kv=kv)
     return advise(load_plan(folder), rows, memory, stream=stream or config.stream(), passes=cal.model,
-                  variants=variants(name), others=others, fraction=fraction, kv=kv)
+                  variants=variants(name), others=others, fraction=fraction, kv=kv, stages=stages)
 
 
 def sim_rows(folder: Path, requests: list, which, defaults: dict, core=None) -> tuple[list[SimRow], int]:
@@ -282,7 +284,7 @@ def job_estimate(folder: Path, input: Path, pending: set[int], defaults: dict, a
         memory, fraction = args.get("memory"), args.get("budget_fraction")
         others = group_others(actors_rss) if others is None else others
         advice = advise_rows(folder, rows, memory=memory, stream=bool(args.get("stream")), name=args.get("model", ""),
-                             others=others, fraction=fraction, kv=kv)
+                             others=others, fraction=fraction, kv=kv, stages=args.get("stages") or 1)
         return JobEstimate(folder, rows, errors, memory, advice=advice, others=others, fraction=fraction, kv=kv,
                            speculate=defaults.get("speculate") or 0, draft=defaults.get("draft"))
     except Exception as err:

@@ -122,7 +122,8 @@ class Estimates:
         from .first_use import calibrated
         ask = {"folder": str(folder), "input": str(args["input"]), "pending": sorted(run.pending),
                "defaults": run.defaults, "others": others,
-               "args": {k: args.get(k) for k in ("memory", "budget_fraction", "stream", "model", "kv_bits", "kv_group_size")}}
+               "args": {k: args.get(k) for k in ("memory", "budget_fraction", "stream", "model", "kv_bits", "kv_group_size",
+                                                  "stages")}}
         from spill.streamer.shares import kv_setting
         kv = kv_setting(args)
         self.jobs[run.job.id] = (run, Estimating(ask, probe=not calibrated(folder, kv)))

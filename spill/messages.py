@@ -92,6 +92,7 @@ class Reset:
     kv_group_size: Annotated[int, Range(1, 1024)] = 64  # values per scale and bias of quantized KV (--kv-group-size)
     speculate: Drafts = 0    # drafts a decode row may carry a pass (--speculate K); 0: off; -1: auto
     draft: str = ""          # the draft model's folder (--draft); "": drafts by prompt lookup
+    stages: Annotated[int, Range(1, 1024)] = 1   # the pipeline's ranks the streamer runs on now: each prices its share
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ layers by free memory:
     ranges    [0, 3) [3, 6)         loads 45 and 45
 """
 
+import dataclasses
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -91,3 +92,13 @@ def stage_shares(plan, n: int, capacity: list[float] | None = None) -> list[Stag
         return [StageShare(range(len(costs)), sum(costs), resident(True, True))]
     ranges = split(costs, n, capacity=capacity, first=resident(True, False), last=resident(False, True))
     return [StageShare(r, sum(costs[i] for i in r), resident(k == 0, k == n - 1)) for k, r in enumerate(ranges)]
+
+
+def stage_plans(plan, n: int) -> list:
+    """Each stage's share of `plan` as a plan of its own (its layers, the tensors around them it holds): what
+    a stage's memory prices."""
+    if n <= 1:
+        return [plan]
+    return [dataclasses.replace(plan, layers=[plan.layers[i] for i in s.layers],
+                                resident=[t for t in plan.resident if t.name in resident_names(plan, k == 0, k == n - 1)])
+            for k, s in enumerate(stage_shares(plan, n))]

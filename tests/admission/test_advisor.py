@@ -84,3 +84,13 @@ def test_the_groups_other_processes_count_against_the_resident_budget(plan):
     slot = budget_policy(plan, memory, resident=True)[0].sheet.cost(1, 64)
     assert advise(plan, ROWS, memory).resident
     assert not advise(plan, ROWS, memory, others=slot).resident   # one slot less: the batch no longer fits
+
+
+def test_a_pipeline_prices_each_stage_on_its_share_and_runs_resident_where_the_tightest_fits(plan):
+    memory = memory_for(plan, 0.5)   # resident: not one row of the whole model's KV beside its weights
+    one, two = advise(plan, ROWS, memory), advise(plan, ROWS, memory, stages=2)
+    assert not one.resident and two.resident and two.weights < one.weights / 1.5
+    assert " of each of 2 ranks (the tightest stage's share)" in two.line
+    alone, staged = (budget_policy(plan, memory, stages=n)[0].sheet for n in (1, 2))
+    assert staged.kv_per_token * 2 == alone.kv_per_token   # each stage holds its layers' share of a row's KV
+    assert staged.kv_budget > alone.kv_budget               # and only its share of the weights in flight

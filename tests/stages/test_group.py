@@ -3,6 +3,7 @@ backend, as MLX's own CI runs it) or by `spill up --ranks N` / `spill run --rank
 resident mlx-lm in float32, every custom_id once; a rank killed mid-job, or the streamer crashed, and the job
 still finishes so."""
 
+import json
 import os
 import random
 import re
@@ -11,11 +12,14 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import mlx.core as mx
 import psutil
 import pytest
 
+from spill.streamer.plan import load_plan
+from spill.streamer.shares import kv_token_bytes
 from tests.coordinator.group_util import llama_job, read_output, seed_home, spill, texts
 
 ring = pytest.mark.skipif(not mx.distributed.is_available("ring"), reason="this MLX build has no ring backend")
@@ -98,6 +102,10 @@ def test_mlx_launch_ranks_run_a_job_row_for_row_as_one_process(job12, tmp_path, 
         layers = [line.split(", ")[1] for line in _stages(env)]   # the job named the model: each stage's share
         assert layers == {2: ["layers 0-1 of 4", "layers 2-3 of 4"],
                           3: ["layers 0-0 of 4", "layers 1-2 of 4", "layers 3-3 of 4"]}[n]
+        budget = [json.loads(line) for line in (Path(env["SPILL_HOME"]) / "run" / "logs" / "admission.log")
+                  .read_text().splitlines() if '"event": "budget"' in line][-1]
+        heads, dim = load_plan(folder).kv_heads_and_dim   # the tightest stage holds 2 of the 4 layers' KV of a row
+        assert (budget["stages"], budget["kv_per_token"]) == (n, kv_token_bytes(2, heads, dim, 4))
     finally:
         spill("down", env=env)
         out, err = launch.communicate(timeout=60)

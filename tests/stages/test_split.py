@@ -3,7 +3,7 @@
 import pytest
 
 from spill.errors import SpillError
-from spill.stages.split import resident_names, split, stage_shares
+from spill.stages.split import resident_names, split, stage_plans, stage_shares
 from spill.streamer.plan import load_plan
 
 
@@ -46,3 +46,12 @@ def test_a_model_folder_splits_by_its_layer_bytes(make_tiny):
     assert first == {"model.embed_tokens.weight"}
     assert "model.norm.weight" in last and "model.embed_tokens.weight" not in resident_names(plan, False, False)
     assert stage_shares(plan, 1)[0].bytes == plan.total_bytes
+
+
+def test_each_stage_plan_holds_its_shares_layers_and_tensors_and_nothing_else(make_tiny):
+    plan = load_plan(make_tiny("llama", "float32"))
+    plans, shares = stage_plans(plan, 3), stage_shares(plan, 3)
+    assert [p.streamed_bytes for p in plans] == [s.layer_bytes for s in shares]
+    assert [p.total_bytes for p in plans] == [s.bytes for s in shares]
+    assert [t.name for p in plans for ts in p.layers for t in ts] == [t.name for ts in plan.layers for t in ts]
+    assert stage_plans(plan, 1) == [plan]
