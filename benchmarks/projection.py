@@ -30,7 +30,7 @@ from spill.streamer.plan import ModelPlan, TensorSpec, layer_of
 # Llama-3.3-70B-Instruct's config.json (Meta's published shapes; no 70B config is in /work/shared/reference-data)
 LLAMA_70B = Shape(hidden=8192, layers=80, intermediate=28672, heads=64, kv_heads=8, head_dim=128, vocab=128256)
 DISK = 5.4e9               # bytes/s: the M4 Pro's disk probe (DESIGN.md §2)
-WORKING_SET = "36GiB"      # Metal's recommended working set on a 48 GB Mac (macOS gives 3/4 of memory); not measured here
+WORKING_SET = "36GiB"      # Metal's recommended working set on a 48 GB Mac (3/4 of its memory); not measured here
 MEMORY_BW = 273e9          # bytes/s: the M4 Pro's unified memory (Apple's figure): weights and KV through the GPU
 # DESIGN.md §2b: a 70B bf16 pass at batch 150 has ~3 s of math: 2 x 70.6e9 params x 150 rows / 3 s
 GPU_FLOPS = 2 * 70.6e9 * 150 / 3.0
@@ -94,7 +94,7 @@ def stage_model(plan: ModelPlan, disk: float = DISK, flops: float = GPU_FLOPS, m
 class Pipeline(PassModel):
     """A round of the pipeline priced as one pass (a row advances a token a round): the base terms pace prefill as
     a pass of the busiest stage's reads; `pass_s` is the stage model's round of `m` micro-batches."""
-    stages: list = field(default_factory=list)    # (PassModel, bytes it reads a micro-batch visit (0: resident), its bytes)
+    stages: list = field(default_factory=list)    # (PassModel, bytes read a micro-batch visit (0: resident), its bytes)
     reads: int = 0                                # bytes the busiest stage reads a round: more, the first round
     hop: tuple = (0.0, 1.0)                       # the link's (latency s, bytes/s)
     hidden: int = 0
@@ -167,7 +167,8 @@ def project(n: int, link: tuple, rows: list[SimRow], *, plan: ModelPlan | None =
             "stage_s": [round(x, 3) for x in t], "hop_ms": [round(1e3 * h, 2) for h in hops],
             "idle": [round(x, 3) for x in idle_shares(t, hops, m)], "rows_per_pass": round(est.rows_per_pass, 1),
             "rows_most": running[-1], "rows_median": median,
-            "passes": est.passes, "seconds": est.total_seconds + fill, "hours": round((est.total_seconds + fill) / 3600, 2)}
+            "passes": est.passes, "seconds": est.total_seconds + fill,
+            "hours": round((est.total_seconds + fill) / 3600, 2)}
 
 
 def table(results: list[dict]) -> str:

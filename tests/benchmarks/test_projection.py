@@ -47,8 +47,16 @@ def test_a_pipeline_of_one_stage_prices_a_pass_as_its_pass_model():
     model = projection.stage_model(plan)
     pipe = projection.Pipeline(projection.DISK, stages=[(model, plan.streamed_bytes, plan.total_bytes)],
                                reads=plan.streamed_bytes, hidden=8192, m=1)
-    for shape in (PassShape(64, 0, 64 * 500, plan.streamed_bytes), PassShape(200, 3000, 200 * 900, plan.streamed_bytes)):
+    nbytes = plan.streamed_bytes
+    for shape in (PassShape(64, 0, 64 * 500, nbytes), PassShape(200, 3000, 200 * 900, nbytes)):
         assert pipe.pass_s(shape) == pytest.approx(model.pass_s(shape))
+
+
+def two_stages(stages, models, hop):
+    """Two streamed stages, two micro-batches a round."""
+    parts = [(s, p.streamed_bytes, p.total_bytes) for s, p in zip(models, stages)]
+    return projection.Pipeline(projection.DISK, stages=parts,
+                               reads=2 * stages[0].streamed_bytes, hop=hop, hidden=8192, m=2)
 
 
 def test_equal_stages_with_as_many_micro_batches_and_a_fast_link_never_idle():
@@ -56,8 +64,7 @@ def test_equal_stages_with_as_many_micro_batches_and_a_fast_link_never_idle():
     stages = projection.stage_plans(plan, 2)
     assert [len(p.layers) for p in stages] == [40, 40] and stages[0].streamed_bytes == stages[1].streamed_bytes
     models = [projection.stage_model(p) for p in stages]
-    pipe = projection.Pipeline(projection.DISK, stages=[(s, p.streamed_bytes, p.total_bytes) for s, p in zip(models, stages)],
-                               reads=2 * stages[0].streamed_bytes, hop=(0.0, 1e18), hidden=8192, m=2)
+    pipe = two_stages(stages, models, hop=(0.0, 1e18))
     shape = PassShape(100, 0, 100 * 500, pipe.reads)
     t, hops = pipe.times(shape)
     assert t[0] == t[1] == pytest.approx(40 * plan.layer_bytes(0) / projection.DISK)   # each reads its half
@@ -69,8 +76,7 @@ def test_a_hop_carries_a_micro_batch_of_hidden_states_and_the_last_its_tokens():
     plan = projection.model_plan()
     stages = projection.stage_plans(plan, 2)
     models = [projection.stage_model(p) for p in stages]
-    pipe = projection.Pipeline(projection.DISK, stages=[(s, p.streamed_bytes, p.total_bytes) for s, p in zip(models, stages)],
-                               reads=2 * stages[0].streamed_bytes, hop=(1e-4, 1.1e9), hidden=8192, m=2)
+    pipe = two_stages(stages, models, hop=(1e-4, 1.1e9))
     _, hops = pipe.times(PassShape(200, 0, 0, pipe.reads))
     # 100 rows a micro-batch: 100 x 8192 x 2 bytes over 10 GbE, then 100 x 4 bytes of tokens back
     assert hops == pytest.approx([1e-4 + 100 * 8192 * 2 / 1.1e9, 1e-4 + 100 * 4 / 1.1e9])
