@@ -4,6 +4,7 @@ its own (as N machines of that size would be), the single rank holding the whole
 
     python benchmarks/ranks.py [--size tall] [--ranks 1,2,3] [--cap 1GiB] [--cores-per-rank 1] [--rows 96]
                                [--max-tokens 32] [--micro-batches 0] [--repeat 1]
+    python benchmarks/ranks.py --dtype bfloat16 --up-args="--memory 3GiB" ...   (a GPU: its memory by --memory)
 
 1. builds a factory model (float32, as a CPU computes) and a job of short questions (kv_bits.py's);
 2. per rank count, starts `spill up` on every rank as `mlx.launch` would (MLX_RANK, MLX_HOSTFILE on loopback), each
@@ -48,7 +49,9 @@ def parse() -> argparse.Namespace:
     p.add_argument("--repeat", type=int, default=1, help="runs of each rank count, interleaved")
     p.add_argument("--data", type=Path, default=three_tier.DATA, help="the folder of gsm8k_test.jsonl")
     p.add_argument("--out", type=Path, default=Path("/tmp/spill-ranks-bench"))
-    p.add_argument("--up-args", default="", help="more arguments for every rank's `spill up`")
+    p.add_argument("--up-args", default="", help="more arguments for every rank's `spill up` (a GPU's --memory)")
+    p.add_argument("--cgroup-parent", default="", help="make the cgroups under this one (cgroup v2 where its "
+                   "processes moved to a leaf), not under this process's own")
     p.set_defaults(dtype="float32")
     return p.parse_args()
 
@@ -69,7 +72,7 @@ def up(n: int, a, env: dict, work: Path) -> tuple[list, list]:
     extra = a.up_args.split() + ([] if a.micro_batches is None or n == 1 else ["--micro-batches", a.micro_batches])
     groups, procs = [], []
     for r in range(n):
-        cg = ChildCgroup(f"spill-rank{r}-{os.getpid()}-{time.monotonic_ns()}", cap)
+        cg = ChildCgroup(f"spill-rank{r}-{os.getpid()}-{time.monotonic_ns()}", cap, a.cgroup_parent or None)
         groups.append(cg)
         ring = {"MLX_RANK": str(r), "MLX_HOSTFILE": str(hosts)} if hosts else {}
         cores = set(range(r * k, (r + 1) * k))

@@ -19,11 +19,13 @@
 #                                     then benchmarks/kv_bits.py under spill's --memory (KV_ARGS)
 #   bash h200.sh spec STAGE OUT       set up; the real SmolLM2 from the GGUF parts carried (pack.sh --smollm2),
 #                                     then benchmarks/speculate.py (SPEC_ARGS) under spill's --memory
+#   bash h200.sh ranks STAGE OUT      set up; benchmarks/ranks.py (RANKS_ARGS; RANKS_UP: each
+#                                     rank's `spill up` arguments): 1, 2, 3 ranks, a child cgroup each
 #   bash h200.sh peers STAGE OUT      set up; benchmarks/peers.py (PEERS_ARGS) under a memory cap, with the
 #                                     wheels of STAGE/peers (pack.sh --peers) carried in a call of their own;
 #                                     it runs on past the call: `peers-wait` waits again (PEERS_WAIT s each)
 set -euo pipefail
-cmd=${1:?usage: h200.sh stage|setup|probe|check|test|group|repeat|gpu|cpu|sweep|ab-gpu|ab-cpu|ab|kv|spec|peers|peers-wait STAGE [OUT]}
+cmd=${1:?usage: h200.sh stage|setup|probe|check|test|group|repeat|gpu|cpu|sweep|ab-gpu|ab-cpu|ab|kv|spec|ranks|peers|peers-wait STAGE [OUT]}
 stage=$(cd "${2:?STAGE}" && pwd)
 out=${3:-/tmp/spill-out}
 keep=/root/spill-stage site=/tmp/spill-site work=/tmp/spill-work
@@ -52,6 +54,14 @@ wait_peers() {   # up to PEERS_WAIT seconds (540), then what the run wrote so fa
   cp "$work/peers/log.txt" "$work/peers/results.jsonl" "$work/peers/"passes-*.jsonl "$out"/ 2>/dev/null || true
   for d in "$work"/peers/spill-*/; do cp "$d/home/run/logs/admission.log" "$out/admission-$(basename "$d").log" 2>/dev/null || true; done
   kill -0 "$pid" 2>/dev/null && echo "peers.py still running: call h200.sh peers-wait again" || tail -20 "$work/peers/log.txt"
+}
+
+children() {   # a cgroup (v2) whose children have the memory controller: the machine's own lends them none, so
+  local own; own=/sys/fs/cgroup$(cut -d: -f3 /proc/self/cgroup)   # its processes move to a leaf first
+  mkdir -p "$own/leaf" "$own/$1"
+  for p in $(cat "$own/cgroup.procs"); do echo "$p" > "$own/leaf/cgroup.procs" 2>/dev/null || true; done
+  echo +memory > "$own/cgroup.subtree_control" && echo +memory > "$own/$1/cgroup.subtree_control"
+  echo "$own/$1"
 }
 
 setup
@@ -127,20 +137,23 @@ case $cmd in
       env "$var=$v" python3 $src/benchmarks/pass_time.py --models "$models" --device $dev --reps 2 \
         --batches "${SPILL_BATCHES:-8,32}" --no-serial --doc "$out/pass-$dev-$v-$SECONDS.md" | tail -12
     done; done ;;
-  peers)   # the machine's cgroup (v2) lends its children no memory controller: move its processes to a leaf
+  peers)
     python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$site" "$keep"/peers/*.whl
-    own=/sys/fs/cgroup$(cut -d: -f3 /proc/self/cgroup)
-    mkdir -p "$own/leaf" "$own/peers" "$work/peers"
-    for p in $(cat "$own/cgroup.procs"); do echo "$p" > "$own/leaf/cgroup.procs" 2>/dev/null || true; done
-    echo +memory > "$own/cgroup.subtree_control" && echo +memory > "$own/peers/cgroup.subtree_control"
+    own=$(children peers) && mkdir -p "$work/peers"
     # in its own session, so it outlives this call (10 minutes at most); from $work: the source folder's
     # spill/ would shadow the installed package in `spill run`
     setsid nohup python3 $src/benchmarks/peers.py --models "$models" --work "$work/peers" --doc '' \
-      --json "$work/peers/results.jsonl" --cgroup-parent "$own/peers" --threads "$(nproc)" \
+      --json "$work/peers/results.jsonl" --cgroup-parent "$own" --threads "$(nproc)" \
       ${PEERS_ARGS:---size 3b --cap 3GiB --peers spill,accelerate --hf-batches 128,192,256 --hf-gpu-share 0.25,0.5 --new 16 --timeout 90 --spill-timeout 240} \
       > "$work/peers/log.txt" 2>&1 < /dev/null &
     echo $! > "$work/peers/pid"
     wait_peers ;;
+  ranks)   # a pipeline of 1, 2 and 3 ranks against one, each rank in a child cgroup of its own (RANKS_ARGS)
+    own=$(children ranks)
+    python3 $src/benchmarks/ranks.py --models "$models" --out "$work/ranks" --cgroup-parent "$own" \
+      --up-args="${RANKS_UP:---memory 2GiB}" ${RANKS_ARGS:---size 1b --dtype bfloat16 --cap 2GiB --ranks 1,2,3} \
+      | tee "$out/ranks.txt"
+    cp "$work/ranks/result.json" "$out/ranks.json" ;;
   peers-wait)   # a later call: wait again for the run `peers` started, and bring back what it wrote
     wait_peers ;;
   sweep)
