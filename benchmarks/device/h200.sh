@@ -20,7 +20,8 @@
 #   bash h200.sh spec STAGE OUT       set up; the real SmolLM2 from the GGUF parts carried (pack.sh --smollm2),
 #                                     then benchmarks/speculate.py (SPEC_ARGS) under spill's --memory
 #   bash h200.sh ranks STAGE OUT      set up; benchmarks/ranks.py (RANKS_ARGS; RANKS_UP: each
-#                                     rank's `spill up` arguments): 1, 2, 3 ranks, a child cgroup each
+#                                     rank's `spill up` arguments; RANKS_DEVICE=cpu: on the CPU cores): 1, 2, 3 ranks,
+#                                     a child cgroup each
 #   bash h200.sh peers STAGE OUT      set up; benchmarks/peers.py (PEERS_ARGS) under a memory cap, with the
 #                                     wheels of STAGE/peers (pack.sh --peers) carried in a call of their own;
 #                                     it runs on past the call: `peers-wait` waits again (PEERS_WAIT s each)
@@ -150,6 +151,10 @@ case $cmd in
     wait_peers ;;
   ranks)   # a pipeline of 1, 2 and 3 ranks against one, each rank in a child cgroup of its own (RANKS_ARGS)
     own=$(children ranks)
+    if [ "${RANKS_DEVICE:-gpu}" = cpu ]; then   # every process computes on the CPU cores: MLX's default device
+      mkdir -p "$work/cpu-site" && echo 'import mlx.core as mx; mx.set_default_device(mx.cpu)' > "$work/cpu-site/sitecustomize.py"
+      export PYTHONPATH=$work/cpu-site:$PYTHONPATH
+    fi
     python3 $src/benchmarks/ranks.py --models "$models" --out "$work/ranks" --cgroup-parent "$own" \
       --up-args="${RANKS_UP:---memory 2GiB}" ${RANKS_ARGS:---size 1b --dtype bfloat16 --cap 2GiB --ranks 1,2,3} \
       | tee "$out/ranks.txt"
