@@ -148,6 +148,15 @@ def test_a_follower_of_spill_run_ranks_killed_or_stopped_mid_job_is_named_and_th
 
 
 @ring
+def test_spill_run_ranks_2_micro_batches_2_writes_the_text_of_one_process(job12, tmp_path, env):
+    folder, inp, expected = job12
+    run = spill("run", folder, inp, "-o", tmp_path / "out.jsonl", "--ranks", "2", "--micro-batches", "2", "--quiet",
+                env=env, timeout=240)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert texts(read_output(tmp_path / "out.jsonl")) == expected
+
+
+@ring
 def test_a_crashed_streamer_of_spill_up_ranks_2_comes_back_with_new_followers(job12, tmp_path, env):
     """The streamer and its followers are one unit: a new ring (new follower, new hostfile) for the new streamer."""
     folder, inp, expected = job12
@@ -171,6 +180,10 @@ def test_more_ranks_than_layers_drafts_or_spill_run_under_mlx_launch_are_refused
         refused = spill(*args, env=env)
         assert (refused.returncode, refused.stderr) == (2, "spill: 5 stages for a model of 4 layers: each stage "
                                                            "needs a layer at least; run at most 4 ranks\n")
+    for args in (["up", "--ranks", "2", "--micro-batches", "-1"], ["run", folder, inp, "--micro-batches", "-1"]):
+        refused = spill(*args, env=env)
+        assert (refused.returncode, refused.stderr) == (2, "spill: --micro-batches takes 0 (one a rank) or the "
+                                                           "micro-batches of a pass, 1 or more, found -1\n")
     refused = spill("up", "--ranks", "2", "--speculate", "3", env=env)
     assert (refused.returncode, refused.stderr) == (2, "spill: drafts are not verified across pipeline stages yet; "
                                                        "with --ranks 2 leave --speculate (or set it to off) and "
