@@ -55,7 +55,7 @@ class StagedStreamer(Streamer):
         if micro_batches < 0:
             raise SpillError(f"--micro-batches takes 0 (auto: one a rank) or a number of micro-batches, found {micro_batches}")
         self.micro_batches = micro_batches or self.size   # a pass's decode micro-batches where resident (M)
-        self._micro, self._inbox = False, []   # this pass micro-batch outer; its receives posted by `_embed`
+        self._micro, self._inbox, self._tokens_s = False, [], 0.0   # this pass micro-batch outer; its inputs' shapes
         plan = load_plan(folder)
         ranges = [s.layers for s in stage_shares(plan, self.size)]
         layers = ranges[self.rank] if layers is None else layers
@@ -84,9 +84,9 @@ class StagedStreamer(Streamer):
     def run(self, plan: PassPlan) -> PassReport:
         plan = dataclasses.replace(plan, drafts={})   # a staged pass verifies no drafts
         self._tell("plan", plan)
-        waited = self.relay.waited
+        waited, self._tokens_s = self.relay.waited, 0.0
         report = super().run(plan)
-        report.link_s = self.relay.waited - waited
+        report.link_s, report.compute_s = self.relay.waited - waited, report.compute_s - self._tokens_s
         return report
 
     def follow(self, on_pass=None) -> tuple[str, object]:
@@ -144,15 +144,15 @@ class StagedStreamer(Streamer):
     def _embed(self, tokens: mx.array) -> mx.array:
         if self.first:
             return super()._embed(tokens)
-        shape = (*tokens.shape, self.hidden)   # the group's hidden states from rank - 1: taken in `_stream_layers`
-        self._inbox.append(self.relay.recv_later(shape, self.hidden_dtype, self.rank - 1, "waiting for hidden states from"))
-        return mx.zeros(shape, self.hidden_dtype)   # a stand-in of its shape, for the masks
+        self._inbox.append(shape := (*tokens.shape, self.hidden))   # received in `_stream_layers`, as it is needed:
+        return mx.zeros(shape, self.hidden_dtype)   # a receive waiting beside the compute polls (a core's worth)
 
     def _stream_layers(self, groups: list, hs: list, masks: list, missing: list[int]) -> tuple[list, float, int]:
         """Layer outer (every group through each layer: a streamed stage's one read), or micro-batch outer (each
         group through every layer, sent on while the next computes); a group's input taken as it is needed."""
         inbox, self._inbox = self._inbox, []
-        take = (lambda k: self.relay.take(inbox[k])) if inbox else hs.__getitem__
+        take = (lambda k: self.relay.recv(inbox[k], self.hidden_dtype, self.rank - 1, "waiting for hidden states from")
+                ) if inbox else hs.__getitem__
         runs = [range(len(groups))] if not self._micro else [[k] for k in range(len(groups))]
         out, compute_s, streamed = [], 0.0, 0
         for ks in runs:
@@ -174,7 +174,9 @@ class StagedStreamer(Streamer):
             drawn = {e.row_id: e.token for e in emitted}
             self.relay.tokens(np.array([drawn.get(r.row.id, -1) for r in rows], dtype=np.int32), len(rows))
             return emitted
+        waited = self.relay.waited
         tokens = self.relay.tokens(None, len(rows)).tolist()
+        self._tokens_s = self.relay.waited - waited   # the core counts the sampling step as compute: this is none
         if any((t < 0) != (r.finish is not None) for r, t in zip(rows, tokens)):
             raise SpillError(f"stage {self.rank} is out of step with the last stage: their rows ended differently; "
                              "every rank must run the same plans")
