@@ -193,3 +193,13 @@ def test_more_ranks_than_layers_drafts_or_spill_run_under_mlx_launch_are_refused
                                                        "`spill run`: run `mlx.launch ... -- spill up`, then `spill run` "
                                                        "on rank 0's host\n")
     assert spill("status", env=env).stdout.startswith("no spill group is running")
+
+
+def test_a_job_asking_other_micro_batches_than_the_running_group_is_refused_with_the_fix(tmp_path):
+    from spill.coordinator.submit import ranks_refusal
+    group = {"ranks": 2, "stages": 1, "micro_batches": 2}
+    assert ranks_refusal({"micro_batches": 3}, group, tmp_path, {}) == (
+        "the running group runs --micro-batches 2; run without --micro-batches, or `spill down` and run again to start "
+        "a group with 3")
+    assert ranks_refusal({"micro_batches": 2}, group, tmp_path, {}) is None
+    assert ranks_refusal({"micro_batches": 0}, {"ranks": 2, "stages": 1}, tmp_path, {}) is None   # 0: the default
