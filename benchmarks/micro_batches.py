@@ -73,13 +73,16 @@ def main() -> None:
         figures.setdefault(m, []).append((decode / wall, shares))
     print(f"model {folder.name}: {args.ranks} ranks, a core each, resident; {args.rows} rows, {args.prompt_tokens} "
           f"prompt tokens, {args.max_tokens} new; decode tokens/s over passes 3..{n} of each run")
-    print("  M  tokens/s (each run)          median  vs M=1  busy / blocked share of each rank's passes (median run)")
-    base = statistics.median(t for t, _ in figures[ms[0]])
+    print(f"  M  tokens/s (each run)          median  vs M={ms[0]}  (each rep's)   busy / blocked share of each rank's "
+          "passes (median run)")
+    base = [t for t, _ in figures[ms[0]]]
     for m, got in figures.items():
         rates = [t for t, _ in got]
+        ratio = statistics.median(t / b for t, b in zip(rates, base))   # against the run beside it in time
         mid = sorted(got, key=lambda g: g[0])[len(got) // 2][1]
         print(f"{m:>3}  {' '.join(f'{t:6.1f}' for t in rates):<28} {statistics.median(rates):6.1f}  "
-              f"{statistics.median(rates) / base:5.2f}x  " + "  ".join(f"r{r} {b:.2f}/{w:.2f}" for r, (b, w) in enumerate(mid)))
+              f"{statistics.median(rates) / statistics.median(base):5.2f}x ({ratio:5.2f}x)   "
+              + "  ".join(f"r{r} {b:.2f}/{w:.2f}" for r, (b, w) in enumerate(mid)))
     same = all(run == runs[0] for run in runs)
     print("tokens: the same in every run" if same else "TOKENS DIFFER between runs")
 

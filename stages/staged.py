@@ -53,7 +53,8 @@ class StagedStreamer(Streamer):
         self.relay, self.rank, self.size = relay, relay.rank, relay.size
         self.first, self.last = self.rank == 0, self.rank == self.size - 1
         if micro_batches < 0:
-            raise SpillError(f"--micro-batches takes 0 (auto: one a rank) or a number of micro-batches, found {micro_batches}")
+            raise SpillError(f"--micro-batches takes 0 (one a rank) or the micro-batches of a pass, 1 or more, found "
+                             f"{micro_batches}")
         self.micro_batches = micro_batches or self.size   # a pass's decode micro-batches where resident (M)
         self._micro, self._inbox, self._tokens_s = False, [], 0.0   # this pass micro-batch outer; its inputs' shapes
         plan = load_plan(folder)
