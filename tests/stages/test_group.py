@@ -149,9 +149,11 @@ def test_a_follower_of_spill_run_ranks_killed_or_stopped_mid_job_is_named_and_th
 
 @ring
 def test_spill_run_ranks_2_micro_batches_2_writes_the_text_of_one_process(job12, tmp_path, env):
+    """Resident (SPILL_STREAM=0): the stages run micro-batch outer from their second pass."""
     folder, inp, expected = job12
     run = spill("run", folder, inp, "-o", tmp_path / "out.jsonl", "--ranks", "2", "--micro-batches", "2", "--quiet",
-                env=env, timeout=240)
+                env={**env, "SPILL_STREAM": "0"}, timeout=240)
+    assert "resident: " in run.stdout, run.stdout
     assert run.returncode == 0, run.stdout + run.stderr
     assert texts(read_output(tmp_path / "out.jsonl")) == expected
 
