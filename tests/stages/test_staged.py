@@ -121,13 +121,15 @@ def test_two_and_three_stages_give_the_single_process_tokens_pass_for_pass(make_
 
 
 @ring
-@pytest.mark.parametrize("n,fault,why", [(3, "pass:3", "a rank died"), (2, "pass:3:wedge", "took over 3 s")])
-def test_a_rank_lost_mid_run_fails_rank_0_with_an_error_naming_it(make_tiny, tmp_path, n, fault, why):
+@pytest.mark.parametrize("n,fault,why,more", [(3, "pass:3", "a rank died", ["--resident", "--micro-batches", "3"]),
+                                              (2, "pass:3:wedge", "took over 3 s", [])])
+def test_a_rank_lost_mid_run_fails_rank_0_with_an_error_naming_it(make_tiny, tmp_path, n, fault, why, more):
     """Rank 1 killed (or its loop stopped) at its third pass: rank 0 says the group lost a rank, at once where
-    the ring saw it die, after --deadline where it stopped answering; the group's recovery starts from this."""
+    the ring saw it die (micro-batched: its sends in flight), after --deadline where it stopped answering; the
+    group's recovery starts from this."""
     folder = make_tiny("llama", "float32", "256KB")
     argv = ["-m", "spill.stages.serve", str(folder), "--plans", _write(_plans(eos=-1), tmp_path / "plans.msgpack"),
-            "--deadline", "3"]
+            "--deadline", "3", *more]
     ranks = launch.wait(launch.spawn(n, argv, rank_env={1: {"SPILL_TEST_CRASH_STREAMER": fault}}), timeout=120)
     rc, _, err = ranks[0]
     assert rc == 2, err[-800:]
