@@ -27,6 +27,9 @@ DRAFT_HELP = ("A small model with the model's tokenizer (a folder or a tag, as M
 RANKS_HELP = ("Run the model as a pipeline of N ranks on this machine (loopback), each holding its share of the "
               "layers; 1 (the default) is one process. Under mlx.launch, leave it out: `spill up` on every rank "
               "makes rank 0 the group and the others its stages.")
+MICRO_HELP = ("Micro-batches a pass of a pipeline group (--ranks above 1) whose stages hold their layers: each stage "
+              "computes one while the next stage takes the one before; 0 (the default) is one a rank, 1 a stage at "
+              "a time. A group of one rank ignores it.")
 FRACTION_HELP = "Share of the working set that live allocation aims at (default 0.78; 0.90 of a CUDA GPU's memory)."
 
 
@@ -157,6 +160,8 @@ def run_cmd(
     speculate: str = typer.Option(None, help=SPECULATE_HELP),
     draft: str = typer.Option(None, help=DRAFT_HELP),
     ranks: int = typer.Option(None, "--ranks", help=RANKS_HELP + " Where a group runs, it must say the same."),
+    micro_batches: int = typer.Option(None, "--micro-batches", help=MICRO_HELP + " Where a group runs, it must say "
+                                      "the same."),
 ) -> None:
     """Run a JSONL batch: on the running group (`spill up`), or on one started for this job.
     Exit code: 0 every row succeeded, 3 some rows failed, 130 interrupted, 1 the job failed, 2 a usage error."""
@@ -176,7 +181,8 @@ def run_cmd(
         code = run_job(model=model, input=input, output=output, max_tokens=max_tokens, temperature=temperature,
                        resume=resume, new=new, quiet=quiet, listen=listen, every=every, stream=stream,
                        memory=memory_args(memory, budget_fraction), kv=kv_args(kv_bits, kv_group_size),
-                       speculate=speculate_arg(speculate), draft=draft, ranks=ranks_arg(ranks, speculate, draft))
+                       speculate=speculate_arg(speculate), draft=draft, ranks=ranks_arg(ranks, speculate, draft),
+                       micro_batches=micro_batches_arg(micro_batches))
     except GroupDead as err:   # not a usage error: the group stopped under the job
         _fail(err, 1)
     except SpillError as err:
@@ -199,6 +205,7 @@ def up_cmd(
     speculate: str = typer.Option(None, help=SPECULATE_HELP + " The group's default for jobs that do not say."),
     draft: str = typer.Option(None, help=DRAFT_HELP + " The group's default for jobs that do not say."),
     ranks: int = typer.Option(None, "--ranks", help=RANKS_HELP),
+    micro_batches: int = typer.Option(None, "--micro-batches", help=MICRO_HELP),
 ) -> None:
     """Start the actor group and return (it keeps running until `spill down`). Under mlx.launch, ranks past 0 each
     run a stage of rank 0's group instead (and return when it lets them go)."""
@@ -221,7 +228,8 @@ def up_cmd(
                             memory={**memory_args(memory, budget_fraction), **kv_args(kv_bits, kv_group_size),
                                     **({} if (k := speculate_arg(speculate)) is None else {"speculate": k}),
                                     **({"draft": local_model(draft)} if draft else {}),
-                                    **({"ranks": n} if n and n > 1 else {})},
+                                    **({"ranks": n} if n and n > 1 else {}),
+                                    **({} if (mb := micro_batches_arg(micro_batches)) is None else {"micro_batches": mb})},
                             group_args=settings))
     except SpillError as err:
         _fail(err)
@@ -351,6 +359,13 @@ def ranks_arg(ranks: int | None, speculate: str | None, draft: str | None) -> in
         raise SpillError(f"drafts are not verified across pipeline stages yet; with --ranks {ranks} leave "
                          "--speculate (or set it to off) and --draft out")
     return ranks
+
+
+def micro_batches_arg(m: int | None) -> int | None:
+    """--micro-batches checked: 0 (one a rank) or more."""
+    if m is not None and m < 0:
+        raise SpillError(f"--micro-batches takes 0 (one a rank) or the micro-batches of a pass, 1 or more, found {m}")
+    return m
 
 
 def main() -> None:

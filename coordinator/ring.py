@@ -105,8 +105,11 @@ class Ring:
         `StageLost` left (the rank it waited on and why)."""
         if not self.pending and lost_file is not None and lost_file.exists():
             try:
-                said = json.loads(lost_file.read_text())
-                self.lose(int(said.get("rank", -1)), _cause(str(said.get("why", ""))))
+                said, gone = json.loads(lost_file.read_text()), self.exited()
+                if gone:   # the streamer saw the link drop before the follower's exit was seen: the exit says more
+                    self.lose(gone[0], f"it exited with code {gone[1]}")
+                else:
+                    self.lose(int(said.get("rank", -1)), _cause(str(said.get("why", ""))))
             except (OSError, ValueError, TypeError):
                 self.lose(-1, "the streamer lost its neighbour")
         if lost_file is not None:

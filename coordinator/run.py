@@ -91,10 +91,11 @@ def _watched(client):
 
 def run_job(*, model, input, output, max_tokens, temperature, resume, new, quiet, listen, every=10.0,
             stream=False, memory: dict | None = None, kv: dict | None = None, speculate: int | None = None,
-            draft: str | None = None, ranks: int | None = None) -> int:
+            draft: str | None = None, ranks: int | None = None, micro_batches: int | None = None) -> int:
     """`memory`: the checked --memory/--budget-fraction (memory_args: None where not given); `kv`: the checked
     --kv-bits/--kv-group-size (a resumed job keeps its own); `speculate`: --speculate's K (0: off; None: not given,
-    a resumed job keeps its own); `ranks`: --ranks (None: the running group's, else one)."""
+    a resumed job keeps its own); `ranks`: --ranks (None: the running group's, else one); `micro_batches`: the same
+    for --micro-batches (None: the running group's, else one a rank)."""
     openblas_note()
     args, finished = check_run(model=model, input=input, output=output, max_tokens=max_tokens,
                                temperature=temperature, resume=resume, new=new)
@@ -124,6 +125,8 @@ def run_job(*, model, input, output, max_tokens, temperature, resume, new, quiet
     if ranks:
         check_ranks(args.get("model"), ranks)
         memory["ranks"] = ranks   # the embedded group's pipeline, or what the running one must run
+    if micro_batches is not None:
+        memory["micro_batches"] = micro_batches
     args = {**args, **memory}
     from spill import messages as m
     from .client import GroupDead, leave_group

@@ -75,11 +75,15 @@ def speculate_setting(args: dict, group_args: dict) -> int:
 
 
 def ranks_refusal(args: dict, group_args: dict, folder: Path, params: dict) -> str | None:
-    """Why the job cannot run on this group's pipeline (another --ranks, more ranks than layers, drafts), or None."""
+    """Why the job cannot run on this group's pipeline (another --ranks or --micro-batches, more ranks than layers,
+    drafts), or None."""
     ranks, now = group_args.get("ranks") or 1, group_args.get("stages") or 1
     if args.get("ranks") and args["ranks"] != ranks:
         return (f"the running group runs {ranks} rank(s); run without --ranks, or `spill down` and run again to "
                 f"start a group of {args['ranks']}")
+    if args.get("micro_batches") is not None and args["micro_batches"] != (group_args.get("micro_batches") or 0):
+        return (f"the running group runs --micro-batches {group_args.get('micro_batches') or 0}; run without "
+                f"--micro-batches, or `spill down` and run again to start a group with {args['micro_batches']}")
     if now == 1:
         return None
     try:

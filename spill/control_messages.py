@@ -38,6 +38,7 @@ class SubmitJob:
     speculate: Drafts | None = None                               # --speculate: K, 0 off; None: the job's or off
     draft: str | None = None                                      # --draft: the draft model; None: the job's or none
     ranks: Annotated[int, Range(1, 1024)] | None = None           # --ranks: the pipeline's ranks; None: the group's
+    micro_batches: Annotated[int, Range(0, 1 << 16)] | None = None  # --micro-batches; None: the group's
 
 
 @dataclass

@@ -218,6 +218,7 @@ class Pass:
     accepted: list[Pair] = field(default_factory=list)   # [row, drafts it accepted] of rows that took more than a token
     drafted: list[Pair] = field(default_factory=list)    # [row, drafts it carried] of rows that drafted
     columns: Annotated[int, Range(1, 1 << 16)] = 1       # tokens every decode row fed (1 + the most drafts, padded)
+    link_s: float = 0.0               # a pipeline's rank 0: seconds blocked on its neighbours (its bubble)
 
 
 @dataclass

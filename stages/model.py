@@ -7,23 +7,30 @@ by bytes, or by each host's working set); the last also holds the final norm and
 (`staged.py`): the streamer actor finds MLX_RANK and MLX_HOSTFILE (`relay.group_relay`) and, with several
 ranks, names the model and each rank's layers, then sends each plan round the ring before its pass; every
 stage runs it on the same rows, hidden states go r -> r+1, the last stage's tokens back to every rank, all
-over `mx.distributed` (ring over TCP, JACCL over Thunderbolt), each hop between ring neighbours. One micro-batch
-a pass so far, and no drafts (a pipeline group runs --speculate auto with none). Built too: `spill up --ranks N`
+over `mx.distributed` (ring over TCP, JACCL over Thunderbolt), each hop between ring neighbours. No drafts (a
+pipeline group runs --speculate auto with none). Built too: `spill up --ranks N`
 and `spill run --ranks N` (the followers started beside the streamer on loopback, `coordinator/ring.py`: one unit,
 a new ring for each streamer), `mlx.launch ... spill up` (ranks past 0 follow rank 0's streamer), a stage a line in
-`spill status`, and the recovery from a lost rank (below). Left: the stages' reports, heartbeats and budgets to
-admission (below), and micro-batches.
+`spill status`, the recovery from a lost rank (below) and micro-batches (below). Left: the stages' reports,
+heartbeats and budgets to admission (below).
 
-A plan becomes micro-batches. A row joins one of M micro-batches at admission (the one with the least work)
-and stays in it while it lives: its KV lives on every stage in that micro-batch's pools (each stage only its
-layers' share). The pass's plan is cut into M sub-plans (each micro-batch's starts, chunks, drops), sent by
-rank 0 to every stage before the round; the round is the pass: every micro-batch crosses every stage once.
-A resident stage holds its layers for the round; a streamed one reads its share once a micro-batch visit,
-so it runs M = N (the fewest that keep it busy) micro-batches as large as its KV share allows.
+A pass becomes micro-batches (built, `micro.py`, `staged.py`). The plan is unchanged: one plan, one pass, one
+report, rank 0 sending it round the ring first. Each stage cuts the pass's groups into micro-batches: every
+prefill group is one, and the decode rows (one `Decode` over every pool) are cut into M runs of about equal
+rows, in the order the joint group takes them (a run is slots of one or two pools, `micro.Part`); the cut
+depends on the pools alone, so every rank makes the same. A stage holding all its layers (resident, from its
+second pass) runs micro-batch outer: j through every layer, sent on beside j+1's compute, while the next stage
+starts on j; the last samples once all are through and the tokens go round as before. A streamed stage keeps
+the layer-outer order (one read of its share a pass) and no cut. M is `--micro-batches` on `spill up` and
+`spill run` (0: one a rank, N; 1: a stage at a time), carried to the stages with "load"; quantized KV pools
+(--kv-bits) are not cut (their rows stay one micro-batch). M is not priced yet (`best_micro_batches` below
+needs each stage's fixed and per-row seconds, which no stage reports to admission yet).
 
-The pass report. Each stage reports its round to rank 0 (busy and waiting seconds, bytes read, active and
-peak memory, KV held, the link's seconds); the last stage adds the tokens and the rows that ended. Rank 0
-merges them into one report with a line a stage, which `spill status` shows; the pass model is fitted per stage.
+The pass report. Every rank's report carries its compute seconds and its seconds blocked on a neighbour
+(`link_s`: receives, and sends not yet gone out at the pass's end); rank 0's reaches admission and the
+coordinator in its Pass message; the others' are printed by `serve.py` (`benchmarks/micro_batches.py` reads
+them). Left: each stage's report to rank 0 (bytes read, memory, KV held), merged into one with a line a stage
+for `spill status`, and the pass model fitted per stage.
 
 Admission budgets per stage. Each stage has its own working set (probed on its host, sent with READY) and
 budget: its layers in flight (or its share resident), its buffers, and its layers' share of every row's KV.

@@ -1,16 +1,19 @@
 """A rank's sends and receives over the pipeline group, each with a deadline.
 
-They run on a thread of their own (with an MLX stream of its own: MLX's streams belong to a thread), so a
+Receives run on a thread of their own and sends on another (each with an MLX stream of its own: MLX's streams
+belong to a thread), so a send going out never holds up the next receive or the compute beside it, and a
 neighbour that died is a `StageLost` at once (MLX's ring says the connection was lost) and one that stopped
 answering is one after `deadline_s`, never a hang. MLX's ring sends only between neighbours, so messages
 go round the ring: a plan from rank 0 rank by rank to the last (`plan`), hidden states r -> r+1, the last
-rank's tokens to rank 0 and on to the others (`tokens`).
+rank's tokens to rank 0 and on to the others (`tokens`). `waited` counts the seconds the caller spent blocked on
+its neighbours (a pass's bubble), a follower's wait for the next plan left out.
 """
 
 import json
 import os
 import queue
 import threading
+import time
 
 import mlx.core as mx
 import numpy as np
@@ -47,13 +50,16 @@ class Relay:
     def __init__(self, group, deadline_s: float):
         self.group, self.rank, self.size = group, group.rank(), group.size()
         self.deadline_s = deadline_s
-        self._jobs: queue.Queue = queue.Queue()
+        self.waited = 0.0   # seconds blocked on a neighbour so far
+        self._in, self._out = queue.Queue(), queue.Queue()   # receives; sends, in order
+        self._sending: list = []   # sends posted and not yet waited for (`flush`)
         self._lost: StageLost | None = None   # once lost, every later call raises it: the thread may be stuck
-        threading.Thread(target=self._work, name="spill-relay", daemon=True).start()
+        for jobs, name in ((self._in, "spill-relay"), (self._out, "spill-relay-out")):
+            threading.Thread(target=self._work, args=(jobs,), name=name, daemon=True).start()
 
-    def _work(self) -> None:
+    def _work(self, jobs: queue.Queue) -> None:
         stream = mx.new_stream(mx.cpu)
-        while (job := self._jobs.get()) is not None:
+        while (job := jobs.get()) is not None:
             fn, box, done = job
             try:
                 box["out"] = fn(stream)
@@ -62,12 +68,24 @@ class Relay:
             finally:
                 done.set()
 
-    def _run(self, fn, peer: int, what: str, deadline: float | None):
+    def _post(self, jobs: queue.Queue, fn, peer: int, what: str) -> tuple:
         if self._lost is not None:
             raise self._lost
         box, done = {}, threading.Event()
-        self._jobs.put((fn, box, done))
-        if not done.wait(deadline):
+        jobs.put((fn, box, done))
+        return box, done, peer, what
+
+    def take(self, posted: tuple, deadline: float | None = -1.0):
+        """What a posted job gave, once it is done (within `deadline` seconds; -1: the relay's, None: no limit)."""
+        box, done, peer, what = posted
+        deadline = self.deadline_s if deadline == -1.0 else deadline
+        t0 = time.perf_counter()
+        finished = done.wait(deadline)
+        if deadline is not None:   # a wait for the next plan is no pass's
+            self.waited += time.perf_counter() - t0
+        if self._lost is not None:
+            raise self._lost
+        if not finished:
             self._lost = StageLost(f"the pipeline group lost a rank: {what} {peer_name(peer)} took over {deadline:g} s; "
                                    "a rank stopped answering (SPILL_STAGE_TIMEOUT sets the wait), start the group anew",
                                    peer)
@@ -79,18 +97,33 @@ class Relay:
             raise self._lost
         return box.get("out")
 
-    def send(self, x: mx.array, peer: int, what: str = "sending to") -> None:
+    def send(self, x: mx.array, peer: int, what: str = "sending to", wait: bool = True) -> None:
+        """`x` to `peer`; `wait` False: it goes out beside what the caller does next (`flush` waits for it)."""
         mx.eval(x)   # computed here: the relay's thread runs only the send
-        self._run(lambda s: mx.eval(mx.distributed.send(x, peer, group=self.group, stream=s)), peer, what,
-                  self.deadline_s)
+        posted = self._post(self._out, lambda s: mx.eval(mx.distributed.send(x, peer, group=self.group, stream=s)),
+                            peer, what)
+        if wait:
+            self.take(posted)
+        else:
+            self._sending.append(posted)
 
-    def recv(self, shape: tuple, dtype: mx.Dtype, peer: int, what: str, wait: bool = True) -> mx.array:
-        """An array from `peer`; `wait` False: for as long as it takes (a stage waiting for work)."""
+    def flush(self) -> None:
+        """Every send posted without waiting, gone out."""
+        sending, self._sending = self._sending, []
+        for posted in sending:
+            self.take(posted)
+
+    def recv_later(self, shape: tuple, dtype: mx.Dtype, peer: int, what: str) -> tuple:
+        """A receive from `peer` posted now, taken with `take` (receives run in the order posted)."""
         def fn(stream):
             x = mx.distributed.recv(shape, dtype, peer, group=self.group, stream=stream)
             mx.eval(x)
             return x
-        return self._run(fn, peer, what, self.deadline_s if wait else None)
+        return self._post(self._in, fn, peer, what)
+
+    def recv(self, shape: tuple, dtype: mx.Dtype, peer: int, what: str, wait: bool = True) -> mx.array:
+        """An array from `peer`; `wait` False: for as long as it takes (a stage waiting for work)."""
+        return self.take(self.recv_later(shape, dtype, peer, what), -1.0 if wait else None)
 
     def plan(self, data: bytes | None = None) -> bytes:
         """Rank 0's `data` on every rank, round the ring: its length (int32), then its bytes (uint8). The
@@ -115,4 +148,5 @@ class Relay:
         return np.array(got)
 
     def close(self) -> None:
-        self._jobs.put(None)
+        self._in.put(None)
+        self._out.put(None)

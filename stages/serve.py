@@ -3,12 +3,13 @@ ranks 1..N-1 load what rank 0 names and follow it until it lets them go. Started
 or `mlx.launch --backend ring`; a rank 1..N-1 needs no arguments (`spill up --ranks N` starts them so, and
 `spill up` under `mlx.launch` runs this on every rank past 0).
 
-    python -m spill.stages.serve MODEL --plans PLANS.msgpack --out PASSES.json
+    python -m spill.stages.serve MODEL --plans PLANS.msgpack --out PASSES.json [--micro-batches 1,2,4]
 
-PLANS.msgpack is a msgpack list of `plans.pack` frames; rank 0 writes each pass's tokens, rows that left and
-rows preempted to PASSES.json. Every rank prints one JSON line at the end: its rank, layers, passes, tokens,
-bytes read a pass and resident bytes. SPILL_TEST_CRASH_STREAMER ("pass:n[:wedge]") in a rank's environment
-kills that rank (or blocks it) at its n-th pass.
+PLANS.msgpack is a msgpack list of `plans.pack` frames; rank 0 runs them once for each --micro-batches (a model
+loaded anew each time) and writes a list: each run's passes (each pass's tokens, rows that left and rows
+preempted) to PASSES.json. Every rank prints one JSON line at the end: its rank, layers, passes, tokens, bytes
+read a pass, resident bytes and each pass's seconds, compute seconds and seconds blocked on a neighbour.
+SPILL_TEST_CRASH_STREAMER ("pass:n[:wedge]") in a rank's environment kills that rank (or blocks it) at its n-th pass.
 """
 
 import argparse
@@ -37,15 +38,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", help="rank 0: where to write each pass's tokens")
     p.add_argument("--prefill-chunk", type=int, default=512)
     p.add_argument("--resident", action="store_true", help="keep the stages' layers after their first read")
+    p.add_argument("--micro-batches", default="0", help="rank 0: a run of the plans for each (comma-separated)")
     p.add_argument("--deadline", type=float, default=None, help="seconds to wait on a neighbour (SPILL_STAGE_TIMEOUT)")
     p.add_argument("--parent-fd", type=int, default=None, help="leave when this pipe closes (the group's supervisor)")
     args = p.parse_args(argv)
     if args.parent_fd is not None:
         parent_watch(args.parent_fd)
-    fault, passes, read = Fault("streamer"), [], []
+    fault, passes, read, timing, runs = Fault("streamer"), [], [], [], []
 
     def on_pass(report) -> None:
         read.append(report.bytes_streamed)
+        timing.append([report.seconds, report.compute_s, report.link_s])
         passes.append({"emitted": [[e.row_id, e.token, e.finish, e.position] for e in report.emitted],
                        "left": report.left, "preempted": report.preempted})
         fault.tick("pass")
@@ -55,25 +58,29 @@ def main(argv: list[str] | None = None) -> int:
         if relay.rank > 0:
             engine = serve(relay, on_pass)
         else:
-            engine = StagedStreamer(args.model, relay, prefill_chunk=args.prefill_chunk, resident=args.resident)
-            ops = {"plan": lambda plan: on_pass(engine.run(plan)), "clear": lambda _: engine.clear(),
-                   "resident": engine.set_resident, "kv": lambda kv: engine.set_kv(*kv)}
-            try:
-                for frame in msgpack.unpackb(Path(args.plans).read_bytes()) if args.plans else []:
-                    op, body = plans.unpack(frame)
-                    ops[op](body)
-            finally:
-                engine.close()
+            frames = msgpack.unpackb(Path(args.plans).read_bytes()) if args.plans else []
+            for m in [int(m) for m in args.micro_batches.split(",")]:
+                runs.append(len(passes))
+                engine = StagedStreamer(args.model, relay, prefill_chunk=args.prefill_chunk, resident=args.resident,
+                                        micro_batches=m)
+                ops = {"plan": lambda plan: on_pass(engine.run(plan)), "clear": lambda _: engine.clear(),
+                       "resident": engine.set_resident, "kv": lambda kv: engine.set_kv(*kv)}
+                try:
+                    for op, body in map(plans.unpack, frames):
+                        ops[op](body)
+                finally:
+                    engine.close()
             tell(relay, "exit")
     except SpillError as err:
         print(f"rank error: {err}", file=sys.stderr, flush=True)
         return 2
     if relay.rank == 0 and args.out:
-        Path(args.out).write_text(json.dumps(passes))
+        Path(args.out).write_text(json.dumps([passes[a:b] for a, b in zip(runs, [*runs[1:], len(passes)])]))
     layers = [engine.layers.start, engine.layers.stop] if engine else None
     print(json.dumps({"rank": relay.rank, "ranks": relay.size, "layers": layers, "passes": len(passes),
                       "tokens": sum(len(p["emitted"]) for p in passes), "read": read,
-                      "resident_bytes": sum(t.nbytes for t in engine.plan.resident) if engine else 0}), flush=True)
+                      "resident_bytes": sum(t.nbytes for t in engine.plan.resident) if engine else 0,
+                      "timing": timing}), flush=True)
     return 0
 
 

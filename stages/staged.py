@@ -10,6 +10,13 @@ rows, slots, pools and prefill groups are the same everywhere; only the math is 
 
 Each reads only its layers and the tensors around them it needs (`split.resident_names`), and holds KV for its
 layers only. A staged pass carries no drafts: speculation (--speculate, --draft) is refused here for now.
+
+Micro-batches (`micro_batches` M > 1, the same on every rank: rank 0's, sent with "load"). Once a stage holds all
+its layers (resident, from its second pass), a pass runs micro-batch outer, layer inner: the decode rows cut into
+M groups (`micro.split`), each prefill group one more; micro-batch j through every layer of the stage, then sent
+on (beside j+1's compute) while the next stage starts on it, so a pass takes about M + N - 1 micro-batch slots,
+not M x N. The last stage samples once every micro-batch is through. A streamed stage keeps the layer-outer order
+(one read a pass). Every rank's report carries its seconds blocked on a neighbour (`link_s`) beside `compute_s`.
 """
 
 import dataclasses
@@ -23,12 +30,12 @@ from spill.streamer.core import PassPlan, PassReport, Streamer
 from spill.streamer.kvquant import stored_dtype
 from spill.streamer.plan import load_plan
 
-from . import plans
+from . import micro, plans
 from .relay import Relay, StageLost
 from .split import resident_names, stage_shares
 
 
-SHARED = ("prefill_chunk", "resident", "kv_bits", "kv_group_size", "seed")   # options every stage runs alike
+SHARED = ("prefill_chunk", "resident", "kv_bits", "kv_group_size", "seed", "micro_batches")   # every stage alike
 
 
 def tell(relay: Relay, op: str, body=None) -> None:
@@ -42,9 +49,14 @@ class StagedStreamer(Streamer):
     and it tells the others to load theirs). Rank 0 drives (`run`, `step`, `clear`...: each told to the
     others, a plan before its pass); the others `follow` (`serve`)."""
 
-    def __init__(self, folder, relay: Relay, layers: range | None = None, **kw):
+    def __init__(self, folder, relay: Relay, layers: range | None = None, micro_batches: int = 0, **kw):
         self.relay, self.rank, self.size = relay, relay.rank, relay.size
         self.first, self.last = self.rank == 0, self.rank == self.size - 1
+        if micro_batches < 0:
+            raise SpillError(f"--micro-batches takes 0 (one a rank) or the micro-batches of a pass, 1 or more, found "
+                             f"{micro_batches}")
+        self.micro_batches = micro_batches or self.size   # a pass's decode micro-batches where resident (M)
+        self._micro, self._inbox, self._tokens_s = False, [], 0.0   # this pass micro-batch outer; its inputs' shapes
         plan = load_plan(folder)
         ranges = [s.layers for s in stage_shares(plan, self.size)]
         layers = ranges[self.rank] if layers is None else layers
@@ -52,6 +64,7 @@ class StagedStreamer(Streamer):
         self.hidden = self.adapter.args.hidden_size
         self.hidden_dtype = self.dtype or stored_dtype(self.plan)   # what travels between stages
         dtype = None if self.dtype is None else str(self.dtype).rsplit(".", 1)[-1]
+        kw["micro_batches"] = self.micro_batches
         tell(relay, "load", {"model": str(folder), "layers": [[r.start, r.stop] for r in ranges], "dtype": dtype,
                              **{k: kw[k] for k in SHARED if k in kw}})
 
@@ -72,7 +85,10 @@ class StagedStreamer(Streamer):
     def run(self, plan: PassPlan) -> PassReport:
         plan = dataclasses.replace(plan, drafts={})   # a staged pass verifies no drafts
         self._tell("plan", plan)
-        return super().run(plan)
+        waited, self._tokens_s = self.relay.waited, 0.0
+        report = super().run(plan)
+        report.link_s, report.compute_s = self.relay.waited - waited, report.compute_s - self._tokens_s
+        return report
 
     def follow(self, on_pass=None) -> tuple[str, object]:
         """Ranks 1..N-1: do what rank 0 says (`on_pass(report)` after each pass) until it stops this stage, names
@@ -120,19 +136,35 @@ class StagedStreamer(Streamer):
         finally:
             super().close()
 
-    # -- the pass's three hand-overs ---------------------------------------------------------------------------
+    # -- the pass's hand-overs: its groups, its input, its output, its tokens -----------------------------------
+    def _decode(self, pools: list) -> list:
+        # equal on every rank: each runs the same plans, so each holds all its layers from the same pass on
+        self._micro = self.micro_batches > 1 and self.kept is not None and len(self.kept) == len(self.layers)
+        return micro.split(pools, self.micro_batches if self._micro else 1, len(self.layers))
+
     def _embed(self, tokens: mx.array) -> mx.array:
         if self.first:
             return super()._embed(tokens)
-        return self.relay.recv((*tokens.shape, self.hidden), self.hidden_dtype, self.rank - 1,
-                               "waiting for hidden states from")
+        self._inbox.append(shape := (*tokens.shape, self.hidden))   # received in `_stream_layers`, as it is needed:
+        return mx.zeros(shape, self.hidden_dtype)   # a receive waiting beside the compute polls (a core's worth)
 
     def _stream_layers(self, groups: list, hs: list, masks: list, missing: list[int]) -> tuple[list, float, int]:
-        hs, compute_s, streamed = super()._stream_layers(groups, hs, masks, missing)
-        if not self.last:
-            for h in hs:
-                self.relay.send(h.astype(self.hidden_dtype), self.rank + 1)
-        return hs, compute_s, streamed
+        """Layer outer (every group through each layer: a streamed stage's one read), or micro-batch outer (each
+        group through every layer, sent on while the next computes); a group's input taken as it is needed."""
+        inbox, self._inbox = self._inbox, []
+        take = (lambda k: self.relay.recv(inbox[k], self.hidden_dtype, self.rank - 1, "waiting for hidden states from")
+                ) if inbox else hs.__getitem__
+        runs = [range(len(groups))] if not self._micro else [[k] for k in range(len(groups))]
+        out, compute_s, streamed = [], 0.0, 0
+        for ks in runs:
+            done, c, s = super()._stream_layers([groups[k] for k in ks], [take(k) for k in ks], [masks[k] for k in ks],
+                                                missing)
+            compute_s, streamed = compute_s + c, streamed + s
+            for h in done if not self.last else ():
+                self.relay.send(h.astype(self.hidden_dtype), self.rank + 1, wait=False)
+            out += done
+        self.relay.flush()
+        return out, compute_s, streamed
 
     def _sample(self, emitting) -> list:
         rows = emit.rows_of(emitting)
@@ -143,7 +175,9 @@ class StagedStreamer(Streamer):
             drawn = {e.row_id: e.token for e in emitted}
             self.relay.tokens(np.array([drawn.get(r.row.id, -1) for r in rows], dtype=np.int32), len(rows))
             return emitted
+        waited = self.relay.waited
         tokens = self.relay.tokens(None, len(rows)).tolist()
+        self._tokens_s = self.relay.waited - waited   # the core counts the sampling step as compute: this is none
         if any((t < 0) != (r.finish is not None) for r, t in zip(rows, tokens)):
             raise SpillError(f"stage {self.rank} is out of step with the last stage: their rows ended differently; "
                              "every rank must run the same plans")

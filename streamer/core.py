@@ -231,10 +231,10 @@ class Streamer:
         wait0, read0 = self._reader_s("wait_s"), self._reader_s("read_s")
         # 1. retire rows that finished; the groups: every decode pool as one, then each prefill group
         self._retire()
-        pools = list(self.pools.values())
-        prefills = list(self.prefills.items())
-        groups = ([Decode(pools, len(self.layers))] if pools else []) + [g for _, g in prefills]
-        steps = ([1] if pools else []) + [chunks.get(k, self.prefill_chunk) for k, _ in prefills]
+        pools, prefills = list(self.pools.values()), list(self.prefills.items())
+        decode = self._decode(pools)   # one group (a pipeline stage's micro-batches: several)
+        groups = decode + [g for _, g in prefills]
+        steps = [1] * len(decode) + [chunks.get(k, self.prefill_chunk) for k, _ in prefills]
         if not groups:
             return self._report(t0, wait0, read0, 0.0, [], 0, 0)
         missing = self._start_reads()   # the reads go on while the drafts and inputs are made
@@ -277,6 +277,9 @@ class Streamer:
         report = self._report(t0, wait0, read0, compute_s, emitted, prefill_tokens, streamed, prefilling, attended)
         report.accepted, report.drafted, report.columns = accepted, drafted, columns
         return report
+
+    def _decode(self, pools: list[Pool]) -> list:
+        return [Decode(pools, len(self.layers))] if pools else []
 
     def _embed(self, tokens: mx.array) -> mx.array:
         """A group's input ids [B, T] -> its hidden states [B, T, hidden] in the compute dtype."""
@@ -374,10 +377,8 @@ class Streamer:
             (self.preempted if state.finish == "preempted" else self.left).append(rid)
 
     def _report(self, t0, wait0, read0, compute_s, emitted, prefill_tokens, streamed, groups=0, attended=0) -> PassReport:
-        left, self.left = self.left, []
-        preempted, self.preempted = self.preempted, []
-        now, before = memory.process_memory(), self._faults
-        self._faults = now
+        left, preempted, self.left, self.preempted = self.left, self.preempted, [], []
+        before, self._faults = self._faults, (now := memory.process_memory())
         return PassReport(
             index=self.passes, emitted=emitted,
             decode_rows=sum(len(p.live) for p in self.pools.values()),
@@ -386,8 +387,7 @@ class Streamer:
             bytes_streamed=streamed, active_memory=mx.get_active_memory(),
             peak_memory=mx.get_peak_memory(), left=left, preempted=preempted,
             cache_memory=mx.get_cache_memory(), reader_memory=self.reader.buffer_bytes if self.reader else 0,
-            rss=now.rss,
-            cgroup_usage=memory.cgroup_usage(), minor_faults=now.minor_faults - before.minor_faults,
+            rss=now.rss, cgroup_usage=memory.cgroup_usage(), minor_faults=now.minor_faults - before.minor_faults,
             major_faults=now.major_faults - before.major_faults)
 
     def close(self) -> None:

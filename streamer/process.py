@@ -22,8 +22,8 @@ class StreamerActor:
     """The streamer core behind the group's messages (no sockets: tests drive it directly). It decides nothing:
     each PLAN is one pass, run as admission's scheduler wrote it."""
 
-    def __init__(self, prefill_chunk: int = 512, relay=None):
-        self.prefill_chunk = prefill_chunk
+    def __init__(self, prefill_chunk: int = 512, relay=None, micro_batches: int = 0):
+        self.prefill_chunk, self.micro_batches = prefill_chunk, micro_batches   # the latter a pipeline's (--micro-batches)
         self.relay = relay   # a pipeline group's (stages/relay.py): this streamer is its stage 0, the others follow
         self.engine: Streamer | None = None
         self.model = ""
@@ -50,7 +50,7 @@ class StreamerActor:
                   kv_group_size=msg.kv_group_size, speculate=msg.speculate, draft=msg.draft or None)
         if self.relay is None:
             return Streamer(msg.model, **kw)
-        return StagedStreamer(msg.model, self.relay, **kw)
+        return StagedStreamer(msg.model, self.relay, micro_batches=self.micro_batches, **kw)
 
     def run(self, msg: m.Plan) -> tuple[m.Tokens, m.Pass, list]:
         """The plan's pass: (tokens for the tokenizer, the report, rows refused as (row, why))."""
@@ -80,14 +80,15 @@ class StreamerActor:
                        major_faults=r.major_faults, read_bandwidth=r.bytes_streamed / max(r.seconds, 1e-9),
                        read_s=r.read_s, prefill_groups=r.prefill_groups, prefill_context=r.prefill_context,
                        plan=msg.index, accepted=[[row, n] for row, n in r.accepted.items() if n],
-                       drafted=[[row, n] for row, n in r.drafted.items()], columns=r.columns)
+                       drafted=[[row, n] for row, n in r.drafted.items()], columns=r.columns, link_s=r.link_s)
         return out, stats, refused
 
 
 def run_streamer_process(endpoints, args, log) -> None:
     box = Mailbox(endpoints, "streamer", sends_to=("tokenizer", "admission", "coordinator"))
     relay = group_relay()   # several ranks (mlx.launch, or `launch.spawn`): stage 0 of a pipeline, the others follow
-    actor = StreamerActor(prefill_chunk=args.get("prefill_chunk", 512), relay=relay)
+    actor = StreamerActor(prefill_chunk=args.get("prefill_chunk", 512), relay=relay,
+                          micro_batches=args.get("micro_batches") or 0)
     fault = Fault("streamer")
     delay = config.test_pass_delay()
 

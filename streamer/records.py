@@ -65,3 +65,4 @@ class PassReport:
     accepted: dict = field(default_factory=dict)    # row -> drafts it accepted, where it drafted (speculate.py)
     drafted: dict = field(default_factory=dict)     # row -> drafts it carried
     columns: int = 1                                # tokens every decode row fed (1 + the most drafts)
+    link_s: float = 0.0                             # a pipeline stage's seconds blocked on its neighbours

@@ -156,6 +156,17 @@ def test_a_follower_of_spill_run_ranks_killed_or_stopped_mid_job_is_named_and_th
 
 
 @ring
+def test_spill_run_ranks_2_micro_batches_2_writes_the_text_of_one_process(job12, tmp_path, env):
+    """Resident (SPILL_STREAM=0): the stages run micro-batch outer from their second pass."""
+    folder, inp, expected = job12
+    run = spill("run", folder, inp, "-o", tmp_path / "out.jsonl", "--ranks", "2", "--micro-batches", "2", "--quiet",
+                env={**env, "SPILL_STREAM": "0"}, timeout=240)
+    assert "resident: " in run.stdout, run.stdout
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert texts(read_output(tmp_path / "out.jsonl")) == expected
+
+
+@ring
 def test_a_crashed_streamer_of_spill_up_ranks_2_comes_back_with_new_followers(job12, tmp_path, env):
     """The streamer and its followers are one unit: a new ring (new follower, new hostfile) for the new streamer."""
     folder, inp, expected = job12
@@ -179,6 +190,10 @@ def test_more_ranks_than_layers_drafts_or_spill_run_under_mlx_launch_are_refused
         refused = spill(*args, env=env)
         assert (refused.returncode, refused.stderr) == (2, "spill: 5 stages for a model of 4 layers: each stage "
                                                            "needs a layer at least; run at most 4 ranks\n")
+    for args in (["up", "--ranks", "2", "--micro-batches", "-1"], ["run", folder, inp, "--micro-batches", "-1"]):
+        refused = spill(*args, env=env)
+        assert (refused.returncode, refused.stderr) == (2, "spill: --micro-batches takes 0 (one a rank) or the "
+                                                           "micro-batches of a pass, 1 or more, found -1\n")
     refused = spill("up", "--ranks", "2", "--speculate", "3", env=env)
     assert (refused.returncode, refused.stderr) == (2, "spill: drafts are not verified across pipeline stages yet; "
                                                        "with --ranks 2 leave --speculate (or set it to off) and "
@@ -188,3 +203,13 @@ def test_more_ranks_than_layers_drafts_or_spill_run_under_mlx_launch_are_refused
                                                        "`spill run`: run `mlx.launch ... -- spill up`, then `spill run` "
                                                        "on rank 0's host\n")
     assert spill("status", env=env).stdout.startswith("no spill group is running")
+
+
+def test_a_job_asking_other_micro_batches_than_the_running_group_is_refused_with_the_fix(tmp_path):
+    from spill.coordinator.submit import ranks_refusal
+    group = {"ranks": 2, "stages": 1, "micro_batches": 2}
+    assert ranks_refusal({"micro_batches": 3}, group, tmp_path, {}) == (
+        "the running group runs --micro-batches 2; run without --micro-batches, or `spill down` and run again to start "
+        "a group with 3")
+    assert ranks_refusal({"micro_batches": 2}, group, tmp_path, {}) is None
+    assert ranks_refusal({"micro_batches": 0}, {"ranks": 2, "stages": 1}, tmp_path, {}) is None   # 0: the default
