@@ -11,8 +11,8 @@ its own (as N machines of that size would be), the single rank holding the whole
    inside its cgroup and pinned to its cores, then `spill run` joins rank 0's group (no --memory: spill finds its
    cap), and `spill down` ends it;
 3. prints per run, from the job's passes.jsonl: the running rows of a pass, decode tokens/s, the median pass,
-   the advisor's choice (resident or streamed), each cgroup's peak and OOM kills, rank 0's busy share of its
-   passes where the pass records carry it, and every custom_id once; then each count's tokens/s over one rank's.
+   the advisor's choice (resident or streamed), each cgroup's peak and OOM kills, rank 0's share of its decode
+   passes blocked on its neighbours (`link_s`: the bubble as rank 0 sees it), and every custom_id once; then each count's tokens/s over one rank's.
 Root is needed for the cgroups (v1 or v2, under this process's own) and to drop the page cache.
 """
 
@@ -129,9 +129,10 @@ def one(n: int, a, folder: Path, inp: Path, ids: list[str], env: dict) -> dict:
     meta, passes = job_files(Path(env["SPILL_HOME"]), job)
     advice = (meta.get("estimate") or {}).get("advice") or ""
     (work / "run.log").write_text(run.stdout + run.stderr)
-    busy = [p["busy_s"] / p["seconds"] for p in passes[1:] if p.get("busy_s") is not None and p["seconds"]]
+    decoding = [p for p in passes[2:] if p["decode_rows"] and p["seconds"]]   # past the first passes' fill
+    blocked = sum(p.get("link_s", 0.0) for p in decoding) / max(sum(p["seconds"] for p in decoding), 1e-9)
     return {"ranks": n, "job": job, "wall_s": round(wall, 1), "mode": advice.split(":")[0].split(" (")[0] or None,
-            "cgroups": cgroups, "rank0_busy_share": round(sum(busy) / len(busy), 3) if busy else None,
+            "cgroups": cgroups, "rank0_blocked_share": round(blocked, 3) if n > 1 else None,
             **figures(passes, out, ids)}
 
 
@@ -158,13 +159,13 @@ def main() -> None:
         for n in counts:
             runs.append(one(n, a, folder, inp, ids, env))
             print(json.dumps(runs[-1]), flush=True)
-    print("ranks  mode      rows/pass max/med  decode tok/s  pass s (median)  over 1 rank  rank 0 busy  peaks MiB")
+    print("ranks  mode      rows/pass max/med  decode tok/s  pass s (median)  over 1 rank  rank 0 blocked  peaks MiB")
     base = [r["decode_tokens_per_s"] for r in runs if r["ranks"] == 1]
     for r in runs:
         over = f"{r['decode_tokens_per_s'] / (sum(base) / len(base)):.2f}x" if base else "-"
-        busy = f"{r['rank0_busy_share']:.0%}" if r["rank0_busy_share"] is not None else "-"
+        busy = f"{r['rank0_blocked_share']:.0%}" if r["rank0_blocked_share"] is not None else "-"
         print(f"{r['ranks']:>5}  {str(r['mode']):<8}  {r['rows_per_pass_max']:>4} / {r['rows_per_pass_median']:<8}  "
-              f"{r['decode_tokens_per_s']:>12}  {r['pass_s_median']:>15}  {over:>11}  {busy:>11}  "
+              f"{r['decode_tokens_per_s']:>12}  {r['pass_s_median']:>15}  {over:>11}  {busy:>14}  "
               f"{' '.join(str(c['peak_mib']) for c in r['cgroups'])}{'' if r['every_id_once'] else '  IDS WRONG'}")
     (a.out / "result.json").write_text(json.dumps({"model": str(folder), "cap": a.cap, "runs": runs}, indent=1))
 
