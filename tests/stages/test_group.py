@@ -73,15 +73,22 @@ def _stages(env: dict) -> list[str]:
     return [line for line in spill("status", env=env).stdout.splitlines() if line.startswith("stage ")]
 
 
-def _run_until(args: list, env: dict, out, lines: int) -> subprocess.Popen:
-    """`spill run ...` started, once `lines` rows of its output are written."""
+def _until(ready, proc: subprocess.Popen, timeout: float = 180):
+    """ready()'s answer once it is one (polled while `proc` runs)."""
+    deadline = time.monotonic() + timeout
+    while not (got := ready()):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.05)
+    return got
+
+
+def _run_until(args: list, env: dict, out, lines: int, first=lambda: True) -> tuple[subprocess.Popen, object]:
+    """`spill run ...` started, once `first()` answers and then `lines` rows of its output are written; its answer."""
     proc = subprocess.Popen([*SPILL, "run", *map(str, args)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=env)
-    deadline = time.monotonic() + 180
-    while (not out.exists() or len(out.read_text().splitlines()) < lines) and time.monotonic() < deadline:
-        assert proc.poll() is None, proc.communicate()
-        time.sleep(0.05)
-    return proc
+    got = _until(first, proc)
+    _until(lambda: out.exists() and len(out.read_text().splitlines()) >= lines, proc)
+    return proc, got
 
 
 @ring
@@ -118,7 +125,7 @@ def test_a_rank_mlx_launch_started_killed_mid_job_leaves_every_row_written_once(
     slow = {**env, "SPILL_TEST_PASS_DELAY": "0.3", "SPILL_MAX_ROWS": "4"}
     launch, out = _launch(3, slow), tmp_path / "out.jsonl"
     try:
-        run = _run_until([folder, inp, "-o", out, "--quiet"], env, out, lines=2)
+        run, _ = _run_until([folder, inp, "-o", out, "--quiet"], env, out, lines=2)
         last = [p for p in psutil.Process(launch.pid).children(recursive=True)
                 if p.environ().get("MLX_RANK") == "2" and "spill.coordinator.cli" in p.cmdline()]
         assert len(last) == 1
@@ -144,8 +151,11 @@ def test_a_follower_of_spill_run_ranks_killed_or_stopped_mid_job_is_named_and_th
     folder, inp, expected = job12
     slow = {**env, "SPILL_TEST_PASS_DELAY": "0.3", "SPILL_MAX_ROWS": "4", "SPILL_STAGE_TIMEOUT": "3"}
     out = tmp_path / "out.jsonl"
-    run = _run_until([folder, inp, "-o", out, "--ranks", n, "--quiet"], slow, out, lines=2)
-    stages = _stages(env)
+
+    def started() -> list[str]:   # read while the job starts: on a loaded machine `spill status` outlasted its passes
+        stages = [line for line in _stages(env) if "pid " in line]
+        return stages if len(stages) == n else []
+    run, stages = _run_until([folder, inp, "-o", out, "--ranks", n, "--quiet"], slow, out, lines=2, first=started)
     assert [line.split(", ")[0] for line in stages] == [f"stage {r}: rank {r} on 127.0.0.1" for r in range(n)]
     os.kill(int(stages[1].rsplit("pid ", 1)[1]), sig)
     stdout, stderr = run.communicate(timeout=240)
