@@ -83,14 +83,17 @@ def calibrating(folder: Path, seconds: float | None = None):
     return working(f"calibrating this model on this machine{about}", f"calibrated {folder.name} on this machine")
 
 
-def calibrate(folder: Path, kv: tuple | None = None) -> None:
-    """`spill estimate`'s first use of a model (at a KV format) here: the probes run with a word on the screen."""
+def calibrate(folder: Path, kv: tuple | None = None, rows: int = 0) -> None:
+    """`spill estimate`'s first use of a model (at a KV format) here: the probes run with a word on the screen;
+    `rows`: the batch the job's budget runs, which the pass probe times (open_calibration)."""
     from spill.admission.calibration import open_calibration
     from .preflight import check_tokenizer
     check_tokenizer(folder)
     if not calibrated(folder, kv):
         with calibrating(folder, calibration_seconds(folder)):
-            open_calibration(folder, kv=kv)
+            open_calibration(folder, kv=kv, rows=rows)
+    else:
+        open_calibration(folder, kv=kv, rows=rows)
 
 
 def local_folder(model: str) -> Path | None:
