@@ -198,7 +198,7 @@ def _attention_per_token(adapter, layer, h: int, kv_heads: int, head_dim: int, d
 
 PROBE_ROWS = 16   # the pass probe's decode batch, and the least it runs at
 PROBE_MOST = 128  # the widest: its prefill carries 16 tokens a row (2,048 here, ~8x the 16 rows' pass)
-WIDE_STEPS = 3    # timed decode steps at a batch wider than 16: among a warm-up's narrower passes, one moved the fit little
+WIDE_STEPS = 3    # timed decode steps at a batch wider than 16: one moved a fit of narrower passes little
 
 
 def probe_batch(rows: int) -> int:
@@ -209,11 +209,11 @@ def probe_batch(rows: int) -> int:
 def pass_probe(folder, dtype, kv: tuple | None = None, rows: int = PROBE_ROWS) -> list[Observation]:
     """Real passes of the streamer, the weights dropped from the page cache first: `probe_batch(rows)` short
     prompts prefilled together, a decode step of all of them (WIDE_STEPS more where that is wider than 16),
-    then one of 16 rows, then one of a single row. The first decode warms up and is not returned (on the demo model it cost 2.5x the second);
-    on a GPU a prefill of rows that end with it goes first (a fresh H200's first prefill cost ~100x the next: MLX
-    compiles its kernels at first use; on the CPU the two cost the same). They hold what a pass costs beyond its
-    layers' math (loading each layer, the head and sampling, products over weights just read), at the batch
-    the job's budget runs: a CPU's row at 72 cost next to nothing beside one at 16."""
+    then one of 16 rows, then one of a single row. The first decode warms up and is not returned (on the demo
+    model it cost 2.5x the second); on a GPU a prefill of rows that end with it goes first (a fresh H200's first
+    prefill cost ~100x the next: MLX compiles its kernels at first use; on the CPU the two cost the same). They
+    hold what a pass costs beyond its layers' math (loading each layer, the head and sampling, products over
+    weights just read), up to the batch the job's budget runs: on a CPU a row costs less at 72 rows than at 16."""
     from spill.streamer.core import Row, Streamer
     for path in weight_files(folder):
         fd = os.open(path, os.O_RDONLY)

@@ -60,6 +60,7 @@ def estimate_file(model: str, input: Path, *, max_tokens: int = 256, memory: str
     file as `spill run` would run it (`fraction`: --budget-fraction, None for the default; `kv`: the KV
     quantization, (bits, group size), None unquantized; `speculate`: --speculate's drafts; `draft`: --draft's model)."""
     from .first_use import calibrate, make_demo
+    from .preflight import check_tokenizer
     if model == "demo":
         make_demo()
     folder = resolve(model)
@@ -71,6 +72,7 @@ def estimate_file(model: str, input: Path, *, max_tokens: int = 256, memory: str
             raise SpillError(why)
         draft = str(drafts)
     requests, bad = read_batch(Path(input))
+    check_tokenizer(folder)   # its sentence, before the rows are counted with it
     rows, errors = sim_rows(folder, requests, range(len(requests)), {"max_tokens": max_tokens})
     others = remembered_others()
     calibrate(folder, kv, budget_rows(folder, rows, memory, fraction, others or 0, kv))
