@@ -246,23 +246,24 @@ def pass_probe(folder, dtype, kv: tuple | None = None, rows: int = PROBE_ROWS) -
 
 
 def priced_by_passes(model: PassModel, passes: list[Observation]) -> PassModel:
-    """The layer probe's model with its compute terms from `pass_probe`'s passes (fixed from the lone row's,
-    per row from the wider ones' beyond it, least squares through it: the widest, the job's batch, weighs most;
-    prefill tokens from the rest of the first; another group's cost and a prompt token's keys as the layer probe
-    timed them), their overlap, overhead and read tail."""
+    """The layer probe's model with its compute terms from `pass_probe`'s passes (fixed from the lone row's; per
+    row and a product's packing from the batched ones beyond it, a line through them where two batches ran, else
+    the 16 rows' beyond the lone one; prefill tokens from the rest of the first; another group's cost and a prompt
+    token's keys as the layer probe timed them), their overlap, overhead and read tail."""
     prefill, decodes = passes[0], sorted(passes[1:], key=lambda p: p.decode_rows)
-    one, wider = decodes[0], decodes[1:]
     ctx = model.per_context_token_s
-    fixed = max(one.compute_s - ctx * one.context_tokens, 1e-6)
-    more = np.array([p.decode_rows - one.decode_rows for p in wider], dtype=float)
-    beyond = np.array([p.compute_s - one.compute_s - ctx * (p.context_tokens - one.context_tokens) for p in wider])
-    row = max(float(more @ beyond / (more @ more)), 0.0)
+    fixed = max(decodes[0].compute_s - ctx * decodes[0].context_tokens, 1e-6)
+    rows, beyond = np.array([[p.decode_rows, p.compute_s - fixed - ctx * p.context_tokens] for p in decodes[1:]]).T
+    packed, row = 0.0, max(float(beyond[0] / (rows[0] - decodes[0].decode_rows)), 0.0)
+    if np.ptp(rows) > 0:   # on a CPU a product packs every weight: 16 rows cost 0.3 s past one, 72 little more
+        row, packed = np.polyfit(rows, beyond, 1)
+        row, packed = max(float(row), 0.0), max(float(packed), 0.0)
     overhead = float(np.median([max(p.seconds - p.wait_s - p.compute_s, 0.0) for p in passes]))
     hidden = [1.0 - (p.seconds - overhead - max(p.read_s, p.compute_s)) / min(p.read_s, p.compute_s)
               for p in passes if min(p.read_s, p.compute_s) > 0]
     keys = model.per_prefill_context_s * prefill.prefill_context      # the prompts' attention, priced apart
-    token = max(prefill.compute_s - fixed - keys, 0.0) / max(prefill.prefill_tokens, 1)
-    return PassModel(model.bandwidth, fixed, 0.0, row, token, ctx, model.per_product_s, model.per_prefill_context_s,
+    token = max(prefill.compute_s - fixed - packed - keys, 0.0) / max(prefill.prefill_tokens, 1)
+    return PassModel(model.bandwidth, fixed, packed, row, token, ctx, model.per_product_s, model.per_prefill_context_s,
                      overlap=float(np.clip(np.median(hidden), 0.0, 1.0)) if hidden else model.overlap,
                      overhead_s=overhead, read_tail_s=read_tail(passes, overhead, least=1))
 

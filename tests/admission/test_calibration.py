@@ -371,7 +371,7 @@ def test_a_job_wider_than_the_calibration_has_seen_is_probed_at_its_batch(make_t
     folder = make_tiny("llama")
     monkeypatch.setenv("SPILL_HOME", str(tmp_path))
     monkeypatch.setattr(cal, "read_probe", lambda files: 1.5e9)
-    monkeypatch.setattr(cal, "compute_probe", lambda *a: PassModel(1e9, per_context_token_s=1e-5))
+    monkeypatch.setattr(cal, "compute_probe", lambda *a: PassModel(1e9, per_context_token_s=7e-5))
     probed = []
 
     def pass_probe(folder, dtype, kv=None, rows=16):
