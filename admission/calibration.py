@@ -168,8 +168,8 @@ def open_calibration(folder: str | Path, dtype=None, kv: tuple | None = None, ro
         inside = read_rate(((p.bytes_streamed, p.read_s, p.compute_s) for p in passes), least=1 << 28)
         if inside:
             prior.bandwidth = min(prior.bandwidth, inside)
-        # the probe's passes stay among the older ones: the refit keeps its widest batch beside a job's narrower
-        cal = Calibration(k, prior, name=Path(folder).name, sample=passes)
+        # the probe's decode passes stay among the older ones: its widest batch beside a job's narrower
+        cal = Calibration(k, prior, name=Path(folder).name, sample=passes[1:])
         cal.save()
     elif rows:
         widen(cal, folder, dtype, kv, rows)
@@ -184,7 +184,7 @@ def widest(cal: Calibration) -> int:
 
 def widen(cal: Calibration, folder, dtype, kv: tuple | None, rows: int) -> None:
     """Where the job's batch (`rows`, as the probe runs it) is past WIDER x the widest decode pass seen, the pass
-    probe's passes at that batch join the older passes and the model is refitted: a CPU's row cost 0.0185 s
+    probe's decode passes at that batch join the older passes and the model is refitted: a CPU's row cost 0.0185 s
     fitted at up to 21 rows and next to nothing at 72 (8-bit KV's job, priced 1.22x its time)."""
     batch = probe_batch(rows)
     if batch <= PROBE_ROWS or batch <= WIDER * widest(cal):
@@ -196,7 +196,7 @@ def widen(cal: Calibration, folder, dtype, kv: tuple | None, rows: int) -> None:
     except Exception:   # a model the streamer cannot run: the calibration stays as it was
         return
     cal.prior = priced_by_passes(cal.prior, passes)   # what a first use at this batch would have priced
-    cal.sample = (cal.sample + passes)[-SAMPLE:]
+    cal.sample = (cal.sample + passes[1:])[-SAMPLE:]   # not its prefill: one such pass outweighed a warm-up's prompts
     cal.model = fit(cal.prior, cal.passes, cal.sample)
     cal.save()
 

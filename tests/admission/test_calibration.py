@@ -389,6 +389,7 @@ def test_a_job_wider_than_the_calibration_has_seen_is_probed_at_its_batch(make_t
     assert first.model.compute_s(job) > 1.2 * curve(72, 72 * 300)
     wide = open_calibration(folder, kv=(8, 32), rows=72)
     assert probed == [((8, 32), 20), ((8, 32), 72)] and cal.widest(wide) == 72
+    assert not any(p.prefill_tokens for p in wide.sample)   # the probe's decode passes alone
     assert wide.model.compute_s(job) == pytest.approx(curve(72, 72 * 300), rel=0.1)
     assert cal.Calibration.load(wide.key).model.compute_s(job) == pytest.approx(wide.model.compute_s(job))
     open_calibration(folder, kv=(8, 32), rows=80)   # within WIDER of the widest seen: no probe
