@@ -184,8 +184,8 @@ def widest(cal: Calibration) -> int:
 
 def widen(cal: Calibration, folder, dtype, kv: tuple | None, rows: int) -> None:
     """Where the job's batch (`rows`, as the probe runs it) is past WIDER x the widest decode pass seen, the pass
-    probe's decode passes at that batch join the older passes and the model is refitted: a CPU's row cost 0.0185 s
-    fitted at up to 21 rows and next to nothing at 72 (8-bit KV's job, priced 1.22x its time)."""
+    probe's decode passes at that batch join the older passes and the model is refitted: a line fitted at up to 21
+    rows priced 8-bit KV's 72-row job 1.22x its time."""
     batch = probe_batch(rows)
     if batch <= PROBE_ROWS or batch <= WIDER * widest(cal):
         return

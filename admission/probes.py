@@ -213,7 +213,7 @@ def pass_probe(folder, dtype, kv: tuple | None = None, rows: int = PROBE_ROWS) -
     model it cost 2.5x the second); on a GPU a prefill of rows that end with it goes first (a fresh H200's first
     prefill cost ~100x the next: MLX compiles its kernels at first use; on the CPU the two cost the same). They
     hold what a pass costs beyond its layers' math (loading each layer, the head and sampling, products over
-    weights just read), up to the batch the job's budget runs: on a CPU a row costs less at 72 rows than at 16."""
+    weights just read), up to the batch the job's budget runs: its rows are priced where they were timed."""
     from spill.streamer.core import Row, Streamer
     for path in weight_files(folder):
         fd = os.open(path, os.O_RDONLY)
@@ -255,7 +255,7 @@ def priced_by_passes(model: PassModel, passes: list[Observation]) -> PassModel:
     fixed = max(decodes[0].compute_s - ctx * decodes[0].context_tokens, 1e-6)
     rows, beyond = np.array([[p.decode_rows, p.compute_s - fixed - ctx * p.context_tokens] for p in decodes[1:]]).T
     packed, row = 0.0, max(float(beyond[0] / (rows[0] - decodes[0].decode_rows)), 0.0)
-    if np.ptp(rows) > 0:   # on a CPU a product packs every weight: 16 rows cost 0.3 s past one, 72 little more
+    if np.ptp(rows) > 0:   # on a CPU a product packs every weight, whatever its rows: the line's intercept
         row, packed = np.polyfit(rows, beyond, 1)
         row, packed = max(float(row), 0.0), max(float(packed), 0.0)
     overhead = float(np.median([max(p.seconds - p.wait_s - p.compute_s, 0.0) for p in passes]))

@@ -365,8 +365,8 @@ def test_quantized_kv_has_a_calibration_of_its_own_probed_through_its_own_attent
 
 
 def test_a_job_wider_than_the_calibration_has_seen_is_probed_at_its_batch(make_tiny, monkeypatch, tmp_path):
-    """8-bit KV ran the three-tier job at 72 rows a pass; the probe and the warm-up (at most 21) priced its
-    rows at 0.0185 s where they cost next to nothing beside the pass's fixed part: estimate 1.22x the job."""
+    """8-bit KV ran the three-tier job at 72 rows a pass, priced on a line the probe and the warm-up (at most 21
+    rows) fitted: estimate 1.22x the job. A pass model fitted past a concave cost curve prices it wrong."""
     from tests.admission.test_probes import curve
     folder = make_tiny("llama")
     monkeypatch.setenv("SPILL_HOME", str(tmp_path))

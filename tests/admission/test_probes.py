@@ -66,8 +66,8 @@ def test_on_the_cpu_the_probe_spends_no_pass_warming_up_a_prefill(monkeypatch, t
 
 
 def test_the_probe_decodes_at_the_budgets_batch_then_16_rows_then_one(monkeypatch, tmp_path, on_device):
-    """8-bit KV ran lean45's three-tier job at 72 rows a pass, where a probe of 16 rows priced a row at 0.0185 s
-    and the job's rows cost next to nothing beside the pass's fixed part: the estimate said 1.22x the job."""
+    """8-bit KV ran lean45's three-tier job at 72 rows a pass, priced from a probe of 16 rows and a warm-up of
+    at most 21: the estimate said 1.22x the job. The probe times the batch the budget runs."""
     monkeypatch.setattr(core, "Streamer", ColdStartStreamer)
     on_device("cpu")
     prefill, *decodes = probes.pass_probe(tmp_path, None, rows=72)
@@ -79,8 +79,8 @@ def test_the_probe_decodes_at_the_budgets_batch_then_16_rows_then_one(monkeypatc
 
 
 def curve(rows: int, context: int) -> float:
-    """A CPU's decode pass: the weights' trip, their packing for a product of 2 rows or more, rows dear up to 16
-    and cheap past them, attention per key (lean45 at 8-bit KV: 0.67 s a row, ~1.0 s for 72 beside their keys)."""
+    """A decode pass with a large fixed part: the weights' trip, their packing for a product of 2 rows or more,
+    rows dear up to 16 and cheap past them, attention per key."""
     return 0.67 + 0.1 * (rows > 1) + 0.0185 * min(rows, 16) + 0.003 * max(rows - 16, 0) + 7e-5 * context
 
 
