@@ -22,11 +22,13 @@ from spill.platform import default_dtype, device, on_cpu
 
 from . import drafts
 from .passmodel import Observation, PassModel, fit, read_rate
-from .probes import _stored_dtype, compute_probe, pass_probe, priced_by_passes, read_probe, weight_files
+from .probes import (PROBE_ROWS, _stored_dtype, compute_probe, pass_probe, priced_by_passes, probe_batch, read_probe,
+                     weight_files)
 from .schedule import pace
 
 HISTORY = 200                  # the last passes, kept for the refit
 SAMPLE = 200                   # and a uniform sample of those before them (a job's tail is not the next job)
+WIDER = 1.25                   # a job's batch past the widest decode pass seen by this much is probed first
 FORMAT = 2                     # 2: a pass's prefill_context counts its chunk's own keys; another format is probed anew
 ACCEPTANCE_DECAY = 0.99        # each pass that drafted keeps this much of the earlier drafts' weight (~100 passes)
 
@@ -141,10 +143,11 @@ def _draft_counts(d) -> dict | None:
         return None
 
 
-def open_calibration(folder: str | Path, dtype=None, kv: tuple | None = None) -> Calibration:
+def open_calibration(folder: str | Path, dtype=None, kv: tuple | None = None, rows: int = 0) -> Calibration:
     """The calibration of this model on this machine, probing and storing it at first use.
     `dtype` is the compute dtype (default: the streamer's for this device); `kv`: (bits, group size) of quantized
-    decode KV, whose attention runs other kernels at another cost: a calibration of its own."""
+    decode KV, whose attention runs other kernels at another cost: a calibration of its own; `rows`: the batch
+    the job's budget runs, whose decode passes the pass probe times (`widen`) where no pass was near as wide."""
     from spill.streamer.plan import load_plan
     plan = load_plan(folder)
     k = _key_of(folder, plan, dtype, kv)
@@ -154,7 +157,7 @@ def open_calibration(folder: str | Path, dtype=None, kv: tuple | None = None) ->
         dtype = dtype or default_dtype()
         prior, passes = compute_probe(plan, dtype or mx.bfloat16, kv), []
         try:
-            passes = pass_probe(folder, dtype, kv)
+            passes = pass_probe(folder, dtype, kv, rows or PROBE_ROWS)
             prior = priced_by_passes(prior, passes)
         except Exception:   # a model the streamer cannot run: the layer probe's figures stay
             pass
@@ -165,10 +168,37 @@ def open_calibration(folder: str | Path, dtype=None, kv: tuple | None = None) ->
         inside = read_rate(((p.bytes_streamed, p.read_s, p.compute_s) for p in passes), least=1 << 28)
         if inside:
             prior.bandwidth = min(prior.bandwidth, inside)
-        cal = Calibration(k, prior, name=Path(folder).name)
+        # the probe's decode passes stay among the older ones: its widest batch beside a job's narrower
+        cal = Calibration(k, prior, name=Path(folder).name, sample=passes[1:])
         cal.save()
+    elif rows:
+        widen(cal, folder, dtype, kv, rows)
     cal.streamed_bytes = plan.streamed_bytes
     return cal
+
+
+def widest(cal: Calibration) -> int:
+    """The most rows a decode pass the calibration holds ran (the probe's among them)."""
+    return max((p.decode_rows for p in cal.passes + cal.sample), default=0)
+
+
+def widen(cal: Calibration, folder, dtype, kv: tuple | None, rows: int) -> None:
+    """Where the job's batch (`rows`, as the probe runs it) is past WIDER x the widest decode pass seen, the pass
+    probe's decode passes at that batch join the older passes and the model is refitted: a line fitted at up to 21
+    rows priced 8-bit KV's 72-row job 1.22x its time."""
+    batch = probe_batch(rows)
+    if batch <= PROBE_ROWS or batch <= WIDER * widest(cal):
+        return
+    try:
+        import mlx.core as mx
+        passes = pass_probe(folder, dtype or default_dtype(), kv, batch)
+        mx.clear_cache()
+    except Exception:   # a model the streamer cannot run: the calibration stays as it was
+        return
+    cal.prior = priced_by_passes(cal.prior, passes)   # what a first use at this batch would have priced
+    cal.sample = (cal.sample + passes[1:])[-SAMPLE:]   # not its prefill: one such pass outweighed a warm-up's prompts
+    cal.model = fit(cal.prior, cal.passes, cal.sample)
+    cal.save()
 
 
 def stored_calibration(folder: str | Path, kv: tuple | None = None) -> Calibration | None:

@@ -196,16 +196,24 @@ def _attention_per_token(adapter, layer, h: int, kv_heads: int, head_dim: int, d
     return _beyond(lambda: step(far), lambda: step(near), tries) / (rows * (long - short))
 
 
-PROBE_ROWS = 16   # the pass probe's decode batch
+PROBE_ROWS = 16   # the pass probe's decode batch, and the least it runs at
+PROBE_MOST = 128  # the widest: its prefill carries 16 tokens a row (2,048 here, ~8x the 16 rows' pass)
+WIDE_STEPS = 3    # timed decode steps at a batch wider than 16: one moved a fit of narrower passes little
 
 
-def pass_probe(folder, dtype, kv: tuple | None = None) -> list[Observation]:
-    """Real passes of the streamer, the weights dropped from the page cache first: 16 short prompts
-    prefilled together, two decode steps of all 16, then one of a single row. The first decode warms up and is
-    not returned (on the demo model it cost 2.5x the second); on a GPU a prefill of rows that end with it goes
-    first (a fresh H200's first prefill cost ~100x the next: MLX compiles its kernels at first use; on the CPU
-    the two cost the same). They hold what a pass costs beyond its layers' math (loading each layer, the head
-    and sampling, products over weights just read)."""
+def probe_batch(rows: int) -> int:
+    """The widest decode batch the pass probe runs for a job whose budget holds `rows` at once."""
+    return max(PROBE_ROWS, min(int(rows), PROBE_MOST))
+
+
+def pass_probe(folder, dtype, kv: tuple | None = None, rows: int = PROBE_ROWS) -> list[Observation]:
+    """Real passes of the streamer, the weights dropped from the page cache first: `probe_batch(rows)` short
+    prompts prefilled together, a decode step of all of them (WIDE_STEPS more where that is wider than 16),
+    then one of 16 rows, then one of a single row. The first decode warms up and is not returned (on the demo
+    model it cost 2.5x the second); on a GPU a prefill of rows that end with it goes first (a fresh H200's first
+    prefill cost ~100x the next: MLX compiles its kernels at first use; on the CPU the two cost the same). They
+    hold what a pass costs beyond its layers' math (loading each layer, the head and sampling, products over
+    weights just read), up to the batch the job's budget runs: its rows are priced where they were timed."""
     from spill.streamer.core import Row, Streamer
     for path in weight_files(folder):
         fd = os.open(path, os.O_RDONLY)
@@ -214,18 +222,22 @@ def pass_probe(folder, dtype, kv: tuple | None = None) -> list[Observation]:
         finally:
             os.close(fd)
     bits, group = kv or (None, 64)
+    wide = probe_batch(rows)
+    extra = WIDE_STEPS if wide > PROBE_ROWS else 0   # decode steps of the whole batch before the 16 rows'
     streamer = Streamer(folder, dtype=dtype, prefill_chunk=64, kv_bits=bits, kv_group_size=group)
     try:
         if not on_cpu():   # the warm-up prefill: the same shapes, rows that end with it
-            for i in range(PROBE_ROWS):
-                streamer.add(Row(PROBE_ROWS + i, list(range(1 + i, 17 + i)), 1))
+            for i in range(wide):
+                streamer.add(Row(wide + i, list(range(1 + i, 17 + i)), 1))
             streamer.step()
-        for i in range(PROBE_ROWS):   # row 0, in the first slot, outlives the others: it decodes alone
-            streamer.add(Row(i, list(range(1 + i, 17 + i)), 4 if i == 0 else 3))
+        for i in range(wide):   # row 0 outlives the first 16, which outlive the rest
+            streamer.add(Row(i, list(range(1 + i, 17 + i)), 2 + extra + (i < PROBE_ROWS) + (i == 0)))
+        shapes = [(0, 0)] + [(wide, wide * (17 + j)) for j in range(1 + extra)] + [
+            (PROBE_ROWS, PROBE_ROWS * (18 + extra)), (1, 19 + extra)]
         out = []
-        for rows, context in ((0, 0), (PROBE_ROWS, PROBE_ROWS * 17), (PROBE_ROWS, PROBE_ROWS * 18), (1, 19)):
+        for decode_rows, context in shapes:
             r = streamer.step()
-            out.append(Observation(rows, r.prefill_tokens, context, r.bytes_streamed, r.seconds, r.wait_s,
+            out.append(Observation(decode_rows, r.prefill_tokens, context, r.bytes_streamed, r.seconds, r.wait_s,
                                    r.compute_s, r.read_s, prefill_groups=r.prefill_groups,
                                    prefill_context=r.prefill_context))
         return [out[0], *out[2:]]
@@ -234,20 +246,24 @@ def pass_probe(folder, dtype, kv: tuple | None = None) -> list[Observation]:
 
 
 def priced_by_passes(model: PassModel, passes: list[Observation]) -> PassModel:
-    """The layer probe's model with its compute terms from `pass_probe`'s passes (fixed from the lone row's,
-    per row from the 16 rows' beyond it, prefill tokens from the rest of the first; another group's cost and a
-    prompt token's keys as the layer probe timed them), their overlap, overhead and read tail."""
-    prefill, many, one = passes
+    """The layer probe's model with its compute terms from `pass_probe`'s passes (fixed from the lone row's; per
+    row and a product's packing from the batched ones beyond it, a line through them where two batches ran, else
+    the 16 rows' beyond the lone one; prefill tokens from the rest of the first; another group's cost and a prompt
+    token's keys as the layer probe timed them), their overlap, overhead and read tail."""
+    prefill, decodes = passes[0], sorted(passes[1:], key=lambda p: p.decode_rows)
     ctx = model.per_context_token_s
-    fixed = max(one.compute_s - ctx * one.context_tokens, 1e-6)
-    row = max(many.compute_s - one.compute_s - ctx * (many.context_tokens - one.context_tokens), 0.0) / (
-        many.decode_rows - one.decode_rows)
+    fixed = max(decodes[0].compute_s - ctx * decodes[0].context_tokens, 1e-6)
+    rows, beyond = np.array([[p.decode_rows, p.compute_s - fixed - ctx * p.context_tokens] for p in decodes[1:]]).T
+    packed, row = 0.0, max(float(beyond[0] / (rows[0] - decodes[0].decode_rows)), 0.0)
+    if np.ptp(rows) > 0:   # on a CPU a product packs every weight, whatever its rows: the line's intercept
+        row, packed = np.polyfit(rows, beyond, 1)
+        row, packed = max(float(row), 0.0), max(float(packed), 0.0)
     overhead = float(np.median([max(p.seconds - p.wait_s - p.compute_s, 0.0) for p in passes]))
     hidden = [1.0 - (p.seconds - overhead - max(p.read_s, p.compute_s)) / min(p.read_s, p.compute_s)
               for p in passes if min(p.read_s, p.compute_s) > 0]
     keys = model.per_prefill_context_s * prefill.prefill_context      # the prompts' attention, priced apart
-    token = max(prefill.compute_s - fixed - keys, 0.0) / max(prefill.prefill_tokens, 1)
-    return PassModel(model.bandwidth, fixed, 0.0, row, token, ctx, model.per_product_s, model.per_prefill_context_s,
+    token = max(prefill.compute_s - fixed - packed - keys, 0.0) / max(prefill.prefill_tokens, 1)
+    return PassModel(model.bandwidth, fixed, packed, row, token, ctx, model.per_product_s, model.per_prefill_context_s,
                      overlap=float(np.clip(np.median(hidden), 0.0, 1.0)) if hidden else model.overlap,
                      overhead_s=overhead, read_tail_s=read_tail(passes, overhead, least=1))
 

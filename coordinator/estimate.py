@@ -15,6 +15,7 @@ from spill.memory import group_rss
 from spill.admission.advisor import Advice, advise
 from spill.admission.calibration import open_calibration
 from spill.admission.passmodel import PassModel
+from spill.admission.policy import width_class
 from spill.admission.prices import shortfall
 from spill.admission import simulate as sim
 from spill.admission.simulate import Estimate, SimRow, Tier, simulate, tier_of
@@ -59,6 +60,7 @@ def estimate_file(model: str, input: Path, *, max_tokens: int = 256, memory: str
     file as `spill run` would run it (`fraction`: --budget-fraction, None for the default; `kv`: the KV
     quantization, (bits, group size), None unquantized; `speculate`: --speculate's drafts; `draft`: --draft's model)."""
     from .first_use import calibrate, make_demo
+    from .preflight import check_tokenizer
     if model == "demo":
         make_demo()
     folder = resolve(model)
@@ -70,15 +72,17 @@ def estimate_file(model: str, input: Path, *, max_tokens: int = 256, memory: str
             raise SpillError(why)
         draft = str(drafts)
     requests, bad = read_batch(Path(input))
-    calibrate(folder, kv)
+    check_tokenizer(folder)   # its sentence, before the rows are counted with it
     rows, errors = sim_rows(folder, requests, range(len(requests)), {"max_tokens": max_tokens})
     others = remembered_others()
+    calibrate(folder, kv, budget_rows(folder, rows, memory, fraction, others or 0, kv))
     advice = advise_rows(folder, rows, memory=memory, stream=stream, name=model, fraction=fraction,
                          others=others or 0, kv=kv)
     est, cal = estimate_rows(folder, rows, errors=errors + len(bad), memory=memory, resident=advice.resident,
                              fraction=fraction, others=others or 0, kv=kv, speculate=speculate, draft=draft)
     if kv is None and est.passes and not est.shortfall:   # KV-bound: 8-bit KV fits more rows a pass
         eight = (8, max(g for g in KV_GROUP_SIZES[:2] if load_plan(folder).kv_heads_and_dim[1] % g == 0))
+        open_calibration(folder, kv=eight, rows=budget_rows(folder, rows, memory, fraction, others or 0, eight))
         alt, _ = estimate_rows(folder, rows, errors=errors + len(bad), memory=memory, resident=advice.resident,
                                fraction=fraction, others=others or 0, kv=eight)
         if alt.passes and alt.rows_per_pass > 1.05 * est.rows_per_pass:
@@ -96,6 +100,22 @@ def advise_rows(folder: Path, rows: list[SimRow], *, memory: str | None = None, 
     cal = open_calibration(folder, kv=kv)
     return advise(load_plan(folder), rows, memory, stream=stream or config.stream(), passes=cal.model,
                   variants=variants(name), others=others, fraction=fraction, kv=kv, stages=stages)
+
+
+def budget_rows(folder: Path, rows: list[SimRow], memory: str | None = None, fraction: float | None = None,
+                others: int = 0, kv: tuple | None = None) -> int:
+    """The most of the job's rows the streamed budget holds at once, narrowest first: the batch its decode passes
+    run, which the calibration's pass probe times (0: the budget cannot be priced here)."""
+    try:
+        policy, _ = schedule.budget_policy(load_plan(folder), memory, fraction, others=others, kv=kv)
+    except Exception:   # noqa: BLE001 - the estimate says why a budget cannot be priced; the probe runs its least
+        return 0
+    s, held, n = policy.sheet, 0, 0
+    for size in sorted(s.slot(w, w) for w in (width_class(r.prompt + r.out) for r in rows)):
+        if n >= policy.max_rows or held + size > s.kv_budget:
+            break
+        held, n = held + size, n + 1
+    return n
 
 
 def sim_rows(folder: Path, requests: list, which, defaults: dict, core=None) -> tuple[list[SimRow], int]:
@@ -274,7 +294,9 @@ def job_estimate(folder: Path, input: Path, pending: set[int], defaults: dict, a
     rows, errors = counted_rows(folder, input, pending, defaults)
     kv = kv_setting(args)
     try:
-        open_calibration(folder, kv=kv)
+        others = group_others(actors_rss) if others is None else others
+        open_calibration(folder, kv=kv, rows=budget_rows(folder, rows, args.get("memory"), args.get("budget_fraction"),
+                                                         others, kv))
     except SpillError:
         raise
     except Exception as err:   # noqa: BLE001 - e.g. a family the probe cannot build: the streamer says why

@@ -12,7 +12,7 @@ from spill import config
 PROBE_READS = 6          # the read probe and the pass probe's passes each read the weights about once
 PROBE_TOKENS = 10_000    # tokens the layer probe pushes through one layer (prompts of up to 1,024, decode steps)
 PROBE_SETUP_S = 8.0      # loading, warming up and many small timed calls, whatever the size (the demo: 10 s)
-PASS_TOKENS = 300        # tokens the pass probe pushes through every layer (16 short prompts, a few decode steps)
+PASS_TOKENS = 19         # tokens a row of the pass probe pushes through every layer (a 16-token prompt, decode steps)
 
 
 @contextmanager
@@ -58,9 +58,10 @@ def calibrated(folder: Path, kv: tuple | None = None) -> bool:
         return True
 
 
-def calibration_seconds(folder: Path) -> float:
+def calibration_seconds(folder: Path, rows: int = 0) -> float:
     """A rough figure for the first-use probes: the weights read a few times at 1 GB/s, and their products
-    at the rate one matmul of the model's width runs here."""
+    at the rate one matmul of the model's width runs here (`rows`: the job's batch, the pass probe's widest)."""
+    from spill.admission.probes import probe_batch
     import mlx.core as mx
     from spill.platform import default_dtype
     from spill.streamer.plan import load_plan
@@ -73,7 +74,7 @@ def calibration_seconds(folder: Path) -> float:
     mx.eval(x @ w)
     flops_per_s = 2 * 256 * h * h / max(time.perf_counter() - t0, 1e-9)
     params = plan.streamed_bytes / 2
-    flops = 2 * params * (PROBE_TOKENS / layers + PASS_TOKENS)
+    flops = 2 * params * (PROBE_TOKENS / layers + PASS_TOKENS * probe_batch(rows))
     return PROBE_SETUP_S + PROBE_READS * plan.streamed_bytes / 1e9 + flops / flops_per_s
 
 
@@ -83,14 +84,17 @@ def calibrating(folder: Path, seconds: float | None = None):
     return working(f"calibrating this model on this machine{about}", f"calibrated {folder.name} on this machine")
 
 
-def calibrate(folder: Path, kv: tuple | None = None) -> None:
-    """`spill estimate`'s first use of a model (at a KV format) here: the probes run with a word on the screen."""
+def calibrate(folder: Path, kv: tuple | None = None, rows: int = 0) -> None:
+    """`spill estimate`'s first use of a model (at a KV format) here: the probes run with a word on the screen;
+    `rows`: the batch the job's budget runs, which the pass probe times (open_calibration)."""
     from spill.admission.calibration import open_calibration
     from .preflight import check_tokenizer
     check_tokenizer(folder)
     if not calibrated(folder, kv):
-        with calibrating(folder, calibration_seconds(folder)):
-            open_calibration(folder, kv=kv)
+        with calibrating(folder, calibration_seconds(folder, rows)):
+            open_calibration(folder, kv=kv, rows=rows)
+    else:
+        open_calibration(folder, kv=kv, rows=rows)
 
 
 def local_folder(model: str) -> Path | None:

@@ -323,12 +323,12 @@ def test_the_first_use_bandwidth_is_the_reads_inside_the_probes_passes_when_slow
     gib = 1 << 30
     passes = [Observation(0, 256, 0, gib, 8.0, 0.2, 7.8, read_s=1.5), Observation(16, 0, 272, gib, 2.0, 1.0, 1.0, read_s=1.4),
               Observation(1, 0, 18, gib, 1.9, 1.4, 0.5, read_s=1.3)]
-    monkeypatch.setattr(cal, "pass_probe", lambda folder, dtype, kv=None: passes)
+    monkeypatch.setattr(cal, "pass_probe", lambda folder, dtype, kv=None, rows=16: passes)
     model = open_calibration(folder).model
     assert model.bandwidth == pytest.approx(gib / 1.4)
     assert model.read_tail_s == pytest.approx(0.6)   # what the two read-bound passes ran past their reads
     small = [Observation(**{**vars(p), "bytes_streamed": 1 << 20}) for p in passes]   # a tiny model's pass: its calls
-    monkeypatch.setattr(cal, "pass_probe", lambda folder, dtype, kv=None: small)
+    monkeypatch.setattr(cal, "pass_probe", lambda folder, dtype, kv=None, rows=16: small)
     monkeypatch.setenv("SPILL_HOME", str(tmp_path / "other"))
     assert open_calibration(folder).model.bandwidth == 1.16e9
 
@@ -362,3 +362,35 @@ def test_quantized_kv_has_a_calibration_of_its_own_probed_through_its_own_attent
     assert plain.key.split("|")[1] == "float32" and quantized.key.split("|")[1] == "float32-kv8g32"
     assert stored_calibration(folder).key == plain.key and stored_calibration(folder, (8, 32)).key == quantized.key
     assert calibrated(folder) and calibrated(folder, (8, 32)) and not calibrated(folder, (4, 32))
+
+
+def test_a_job_wider_than_the_calibration_has_seen_is_probed_at_its_batch(make_tiny, monkeypatch, tmp_path):
+    """8-bit KV ran the three-tier job at 72 rows a pass, priced on a line the probe and the warm-up (at most 21
+    rows) fitted: estimate 1.22x the job. A pass model fitted past a concave cost curve prices it wrong."""
+    from tests.admission.test_probes import curve
+    folder = make_tiny("llama")
+    monkeypatch.setenv("SPILL_HOME", str(tmp_path))
+    monkeypatch.setattr(cal, "read_probe", lambda files: 1.5e9)
+    monkeypatch.setattr(cal, "compute_probe", lambda *a: PassModel(1e9, per_context_token_s=7e-5))
+    probed = []
+
+    def pass_probe(folder, dtype, kv=None, rows=16):
+        probed.append((kv, probes.probe_batch(rows)))
+        decodes = [probes.probe_batch(rows)] * (probes.probe_batch(rows) > 16) * 3 + [16, 1]
+        return [Observation(0, 16 * decodes[0], 0, 1, 5.0, 0.0, 5.0)] + [
+            Observation(r, 0, 18 * r, 1, curve(r, 18 * r), 0.0, curve(r, 18 * r)) for r in decodes]
+    monkeypatch.setattr(cal, "pass_probe", pass_probe)
+    first = open_calibration(folder, kv=(8, 32), rows=20)   # a warm-up's 20 rows, then its passes
+    for k in range(30):
+        r = 1 + k % 20
+        first.observe(Observation(r, 0, 300 * r, 1, curve(r, 300 * r), 0.0, curve(r, 300 * r)))
+    first.save()
+    job = PassShape(72, 0, 72 * 300, 1)
+    assert first.model.compute_s(job) > 1.2 * curve(72, 72 * 300)
+    wide = open_calibration(folder, kv=(8, 32), rows=72)
+    assert probed == [((8, 32), 20), ((8, 32), 72)] and cal.widest(wide) == 72
+    assert not any(p.prefill_tokens for p in wide.sample)   # the probe's decode passes alone
+    assert wide.model.compute_s(job) == pytest.approx(curve(72, 72 * 300), rel=0.1)
+    assert cal.Calibration.load(wide.key).model.compute_s(job) == pytest.approx(wide.model.compute_s(job))
+    open_calibration(folder, kv=(8, 32), rows=80)   # within WIDER of the widest seen: no probe
+    assert len(probed) == 2 and cal.stored_calibration(folder) is None   # the unquantized key: never probed

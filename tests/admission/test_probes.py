@@ -2,6 +2,8 @@
 
 from types import SimpleNamespace
 
+import pytest
+
 from spill.admission import probes
 from spill.streamer import core
 
@@ -61,3 +63,32 @@ def test_on_the_cpu_the_probe_spends_no_pass_warming_up_a_prefill(monkeypatch, t
     n = probes.PROBE_ROWS
     assert ColdStartStreamer.ran == [(n, 0), (0, n), (0, n), (0, 1)]
     assert prefill.prefill_tokens == n * 16 and (many.decode_rows, one.decode_rows) == (n, 1)
+
+
+def test_the_probe_decodes_at_the_budgets_batch_then_16_rows_then_one(monkeypatch, tmp_path, on_device):
+    """8-bit KV ran lean45's three-tier job at 72 rows a pass, priced from a probe of 16 rows and a warm-up of
+    at most 21: the estimate said 1.22x the job. The probe times the batch the budget runs."""
+    monkeypatch.setattr(core, "Streamer", ColdStartStreamer)
+    on_device("cpu")
+    prefill, *decodes = probes.pass_probe(tmp_path, None, rows=72)
+    assert ColdStartStreamer.ran == [(72, 0)] + [(0, 72)] * 4 + [(0, 16), (0, 1)]
+    assert prefill.prefill_tokens == 72 * 16
+    assert [(p.decode_rows, p.context_tokens) for p in decodes] == [(72, 72 * 18), (72, 72 * 19), (72, 72 * 20),
+                                                                    (16, 16 * 21), (1, 22)]
+    assert probes.probe_batch(5000) == probes.PROBE_MOST and probes.probe_batch(3) == probes.PROBE_ROWS
+
+
+def curve(rows: int, context: int) -> float:
+    """A decode pass with a large fixed part: the weights' trip, their packing for a product of 2 rows or more,
+    rows dear up to 16 and cheap past them, attention per key."""
+    return 0.67 + 0.1 * (rows > 1) + 0.0185 * min(rows, 16) + 0.003 * max(rows - 16, 0) + 7e-5 * context
+
+
+def test_a_pass_model_priced_from_the_probe_prices_the_widest_batch_right():
+    from spill.admission.passmodel import Observation, PassModel, PassShape
+    passes = [Observation(0, 72 * 16, 0, 1, 9.0, 0.0, 8.9)] + [
+        Observation(r, 0, r * 18, 1, curve(r, r * 18), 0.0, curve(r, r * 18)) for r in (72, 16, 1)]
+    model = probes.priced_by_passes(PassModel(1e9, per_context_token_s=7e-5), passes)
+    for rows in (72, 16, 1):
+        shape = PassShape(rows, 0, rows * 500, 1)
+        assert model.compute_s(shape) == pytest.approx(curve(rows, rows * 500), rel=0.1)
