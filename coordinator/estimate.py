@@ -285,18 +285,19 @@ def refusal(folder: Path, args: dict, actors_rss: dict | None = None) -> str | N
 
 
 def job_estimate(folder: Path, input: Path, pending: set[int], defaults: dict, args: dict, log,
-                 actors_rss: dict | None = None, others: int | None = None) -> "JobEstimate | None":
+                 actors_rss: dict | None = None, others: int | None = None, widen: bool = True) -> "JobEstimate | None":
     """The advice and estimate of a submitted job's pending rows of `input` (`args`: the submit's memory,
     budget_fraction, stream and model; `defaults`: the job's settings, its speculate among them), the group's own memory as admission prices it (`others`, else
     group_others of `actors_rss`: each actor's (RSS, file pages) at READY). What the job cannot run without
     raises a SpillError naming why (a tokenizer that does not load, a model that cannot be read); its
-    calibration is probed here at the model's first use. A failure in pricing costs the estimate, never the job."""
+    calibration is probed here at the model's first use, and at the job's batch where `widen` (no job runs) and the
+    calibration timed none as wide. A failure in pricing costs the estimate, never the job."""
     rows, errors = counted_rows(folder, input, pending, defaults)
     kv = kv_setting(args)
     try:
         others = group_others(actors_rss) if others is None else others
         open_calibration(folder, kv=kv, rows=budget_rows(folder, rows, args.get("memory"), args.get("budget_fraction"),
-                                                         others, kv))
+                                                         others, kv) if widen else 0)
     except SpillError:
         raise
     except Exception as err:   # noqa: BLE001 - e.g. a family the probe cannot build: the streamer says why

@@ -34,7 +34,7 @@ def work(ask: dict, cancelled: threading.Event | None = None) -> dict:
     notes: list[dict] = []
     try:
         est = job_estimate(Path(ask["folder"]), Path(ask["input"]), set(ask["pending"]), ask["defaults"], ask["args"],
-                           _Notes(notes), others=ask["others"])
+                           _Notes(notes), others=ask["others"], widen=ask.get("idle", False))
     except SpillError as err:
         return {"error": str(err)}
     except Exception as err:  # noqa: BLE001 - the job's error with the traceback logged, never the group's
@@ -68,7 +68,10 @@ class Estimating:
     def started(self) -> bool:
         return self.proc is not None or self.thread is not None
 
-    def start(self) -> None:
+    def start(self, idle: bool = False) -> None:
+        """`idle`: no job runs, so the estimate may probe a calibration at the job's batch (a streamer beside a
+        running job's would take its memory)."""
+        self.ask["idle"] = idle
         if not config.estimate_apart():
             self.thread = threading.Thread(target=self._here, name="estimate", daemon=True)
             self.thread.start()
@@ -141,7 +144,7 @@ class Estimates:
         if not any(e.started for _, e in self.jobs.values()):
             for run, e in self.jobs.values():
                 if not e.probe or run is head:
-                    e.start()
+                    e.start(idle=run is head)
                     break
         return done
 

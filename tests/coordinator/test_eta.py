@@ -196,3 +196,20 @@ def test_the_eta_is_zero_once_every_row_is_written(make_tiny, tmp_path, monkeypa
     monkeypatch.setattr(estimate.time, "monotonic", lambda: job.at)   # no time passes, however busy the machine
     assert job.eta({3}, {}) > 0
     assert job.eta(set(), {}) == 0.0
+
+
+@pytest.mark.parametrize("idle", [True, False])
+def test_a_job_wider_than_its_calibration_is_probed_at_its_batch_only_where_no_job_runs(make_tiny, tmp_path,
+                                                                                        monkeypatch, idle):
+    from spill.coordinator import estimate, estimating
+    monkeypatch.setenv("SPILL_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(calibration, "read_probe", lambda files: 2e9)
+    monkeypatch.setattr(estimate, "group_rss", lambda pid, runtime=(0, 0): 1 << 20)
+    folder, batch = make_tiny("llama"), _batch(tmp_path, 64)
+    calibration.open_calibration(folder)   # first use: probed at 16 rows
+    probed = []
+    monkeypatch.setattr(calibration, "pass_probe", lambda *a, **k: probed.append(a) or [])
+    ask = {"folder": str(folder), "input": str(batch), "pending": list(range(64)), "defaults": {}, "others": 1 << 20,
+           "args": {"memory": "1GiB"}, "idle": idle}
+    assert "estimate" in estimating.work(ask)
+    assert [a[3] for a in probed] == ([64] if idle else [])   # a streamer beside a running job's would take its memory
