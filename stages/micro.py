@@ -62,9 +62,11 @@ def _write(store: mx.array, new: mx.array, part: "Part") -> mx.array:
     store seen as [slots x heads, width, dim], one (row, column) a slot and head."""
     slots, heads, width, dim = store.shape
     n = new.shape[0]
-    rows = (np.arange(part.lo, part.lo + n)[:, None] * heads + np.arange(heads)[None, :]).ravel()
+    if part.at is None:   # the same slots and columns at every layer of the pass: made once
+        rows = (np.arange(part.lo, part.lo + n)[:, None] * heads + np.arange(heads)[None, :]).ravel()
+        part.at = (mx.array(rows), mx.array(np.repeat(part.lens[:n], heads)))
     flat = store.reshape(slots * heads, width, dim)
-    flat[mx.array(rows), mx.array(np.repeat(part.lens[:n], heads))] = new.reshape(n * heads, dim)
+    flat[part.at] = new.reshape(n * heads, dim)
     return flat.reshape(slots, heads, width, dim)
 
 
@@ -76,6 +78,7 @@ class Part(Pool):
         self.lo, self.slots, self.width, self.bits = lo, hi - lo, pool.width, pool.bits
         self.rows, self.lens = pool.rows[lo:hi], pool.lens[lo:hi]
         self.caches = [PartCache(self, c) for c in pool.caches]
+        self.at = None   # (flat rows, columns) this pass's K and V go to (`_write`)
 
 
 def split(pools: list[Pool], m: int, layers: int) -> list[Decode]:
