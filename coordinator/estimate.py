@@ -305,7 +305,6 @@ def job_estimate(folder: Path, input: Path, pending: set[int], defaults: dict, a
         return None
     try:
         memory, fraction = args.get("memory"), args.get("budget_fraction")
-        others = group_others(actors_rss) if others is None else others
         advice = advise_rows(folder, rows, memory=memory, stream=bool(args.get("stream")), name=args.get("model", ""),
                              others=others, fraction=fraction, kv=kv, stages=args.get("stages") or 1)
         return JobEstimate(folder, rows, errors, memory, advice=advice, others=others, fraction=fraction, kv=kv,
