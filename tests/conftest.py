@@ -4,6 +4,13 @@ import os
 
 import pytest
 
+LONGEST = ("tests/test_docs.py::test_every_command_the_docs_show_prints_what_they_show",)   # ~2 min each
+
+
+def pytest_collection_modifyitems(items):
+    """The longest tests first: under `-n 2` they run beside the others, not alone at the end."""
+    items.sort(key=lambda item: item.nodeid not in LONGEST)   # stable: the rest keep their order
+
 
 @pytest.fixture(scope="session", autouse=True)
 def spill_home(tmp_path_factory):
