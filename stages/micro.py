@@ -84,7 +84,7 @@ class Part(Pool):
 def split(pools: list[Pool], m: int, layers: int) -> list[Decode]:
     """The pools' rows in min(m, rows) micro-batches (their sizes differ by one at most), each a Decode over parts
     of the pools; one Decode over every pool where m is 1 or the pools are quantized."""
-    used = [max((j + 1 for j, r in enumerate(p.rows) if r is not None), default=0) for p in pools]
+    used = [p.last_row() for p in pools]   # what each pool's `next_tokens` will feed
     if not pools:
         return []
     if m <= 1 or sum(used) <= 1 or any(p.bits for p in pools):

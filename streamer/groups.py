@@ -189,12 +189,16 @@ class Pool:
 
     def next_tokens(self, chunk: int) -> mx.array:
         """[used, 1]: each row's last token (0 in a free slot). Fixes this pass's offsets and mask."""
-        self.used, self.chunk = max((j + 1 for j, r in enumerate(self.rows) if r is not None), default=0), 1
+        self.used, self.chunk = self.last_row(), 1
         lens = self.lens[:self.used]
         self.span = int(lens.max()) + 1
         self.offset = mx.array(lens)
         self.write_at = mx.array(np.pad(lens, (0, self.slots - self.used)))[:, None, None, None]
         return mx.array([[r.tokens[-1] if r else 0] for r in self.rows[:self.used]], dtype=mx.int32)
+
+    def last_row(self) -> int:
+        """The slots up to the last row held: what a pass feeds (a free slot below it feeds padding)."""
+        return max((j + 1 for j, r in enumerate(self.rows) if r is not None), default=0)
 
     def mask(self, window: int | None) -> mx.array:
         """[used, 1, chunk, span]: row j's position t sees columns 0..len_j + t (within the window, if any)."""
