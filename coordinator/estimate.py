@@ -103,11 +103,11 @@ def advise_rows(folder: Path, rows: list[SimRow], *, memory: str | None = None, 
 
 
 def budget_rows(folder: Path, rows: list[SimRow], memory: str | None = None, fraction: float | None = None,
-                others: int = 0, kv: tuple | None = None) -> int:
+                others: int = 0, kv: tuple | None = None, stages: int = 1) -> int:
     """The most of the job's rows the streamed budget holds at once, narrowest first: the batch its decode passes
-    run, which the calibration's pass probe times (0: the budget cannot be priced here)."""
+    run (a pipeline's: its tightest stage's), which the calibration's pass probe times (0: not priced here)."""
     try:
-        policy, _ = schedule.budget_policy(load_plan(folder), memory, fraction, others=others, kv=kv)
+        policy, _ = schedule.budget_policy(load_plan(folder), memory, fraction, others=others, kv=kv, stages=stages)
     except Exception:   # noqa: BLE001 - the estimate says why a budget cannot be priced; the probe runs its least
         return 0
     s, held, n = policy.sheet, 0, 0
@@ -297,7 +297,7 @@ def job_estimate(folder: Path, input: Path, pending: set[int], defaults: dict, a
     try:
         others = group_others(actors_rss) if others is None else others
         open_calibration(folder, kv=kv, rows=budget_rows(folder, rows, args.get("memory"), args.get("budget_fraction"),
-                                                         others, kv) if widen else 0)
+                                                         others, kv, args.get("stages") or 1) if widen else 0)
     except SpillError:
         raise
     except Exception as err:   # noqa: BLE001 - e.g. a family the probe cannot build: the streamer says why

@@ -253,3 +253,12 @@ def test_spill_estimate_speculate_says_what_it_priced_of_the_drafts(make_tiny, t
     job = estimate.JobEstimate(folder, [SimRow(i, 20, 40) for i in range(4)], 0, advice=Advice(False, ""), speculate=4)
     back = estimate.JobEstimate.from_wire(folder, json.loads(json.dumps(job.to_wire())))   # the estimate's child
     assert back.speculate == 4 and back.first.drafts == job.first.drafts and job.first.drafts["speculate"] == 4
+
+
+def test_a_pipelines_probe_batch_is_what_its_tightest_stage_holds_not_one_ranks(make_tiny):
+    from spill.admission.simulate import SimRow
+    from spill.coordinator.estimate import budget_rows
+    folder = make_tiny("llama", "float32")
+    rows = [SimRow(i, 400, 200) for i in range(512)]   # more than any budget here holds
+    one, two = (budget_rows(folder, rows, "24MiB", stages=n) for n in (1, 2))
+    assert 0 < one < two < 512   # each stage holds its layers' share of a row's KV: more rows a pass
