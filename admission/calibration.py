@@ -72,10 +72,13 @@ class Calibration:
     """The stored numbers of one key: the probe's prior, the passes seen, the refitted model."""
 
     def __init__(self, k: str, prior: PassModel, passes: list[Observation] | None = None,
-                 seen: int = 0, name: str = "", sample: list[Observation] | None = None, draft_counts: dict | None = None):
+                 seen: int = 0, name: str = "", sample: list[Observation] | None = None, draft_counts: dict | None = None,
+                 pairs: dict | None = None):
         self.key, self.prior, self.name = k, prior, name
-        # drafts accepted and tried, decayed a pass (drafts.observe's count), and drafts tried in all
+        # drafts accepted and tried, decayed a pass (drafts.observe's count), and drafts tried in all: prompt lookup's,
+        # and each draft model's (--draft) by its model_key
         self.draft_counts = {"accepted": 0.0, "tried": 0.0, "count": 0, **(draft_counts or {})}
+        self.pairs = dict(pairs or {})
         self.streamed_bytes = 0                   # set by open_calibration from the model's plan
         self.passes = list(passes or [])[-HISTORY:]
         self.sample = list(sample or [])[-SAMPLE:]
@@ -94,30 +97,41 @@ class Calibration:
                 self.sample[at] = old
         self.model = fit(self.prior, self.passes, self.sample)
 
-    def observe_drafts(self, drafted, accepted) -> None:
-        """A pass's [row, drafts carried] and [row, drafts accepted]: this model's acceptance, recent passes weighing more."""
+    def observe_drafts(self, drafted, accepted, pair: str | None = None) -> None:
+        """A pass's [row, drafts carried] and [row, drafts accepted]: this model's acceptance of prompt lookup's drafts,
+        or of the draft model `pair`'s (its model_key), recent passes weighing more."""
         if not len(drafted):
             return
         took = dict((int(r), int(n)) for r, n in accepted)
         zero = np.zeros(len(drafted))
         hits, tried = drafts.observe(zero, zero, [n for _, n in drafted], [took.get(int(r), 0) for r, _ in drafted])
-        d = self.draft_counts
+        d = self.counts(pair)
+        if pair is not None:
+            self.pairs[pair] = d
         d["accepted"] = ACCEPTANCE_DECAY * d["accepted"] + float(hits.sum())
         d["tried"] = ACCEPTANCE_DECAY * d["tried"] + float(tried.sum())
         d["count"] += int(tried.sum())
 
+    def counts(self, pair: str | None = None) -> dict:
+        """Drafts accepted and tried: prompt lookup's (None), or the draft model `pair`'s."""
+        return self.draft_counts if pair is None else self.pairs.get(pair, {"accepted": 0.0, "tried": 0.0, "count": 0})
+
+    def acceptance_of(self, pair: str | None = None) -> float | None:
+        """Per-draft acceptance as passes measured it (`counts`): accepted over tried; None before any draft."""
+        d = self.counts(pair)
+        return d["accepted"] / d["tried"] if d["tried"] > 0 else None
+
     @property
     def acceptance(self) -> float | None:
-        """Per-draft acceptance of this model as passes measured it: accepted over tried; None before any draft."""
-        d = self.draft_counts
-        return d["accepted"] / d["tried"] if d["tried"] > 0 else None
+        """This model's acceptance of prompt lookup's drafts."""
+        return self.acceptance_of(None)
 
     def save(self) -> None:
         path = store_path(self.key)
         path.parent.mkdir(parents=True, exist_ok=True)
         data = {"key": self.key, "format": FORMAT, "model_name": self.name, "seen": self.seen,
                 "prior": self.prior.to_dict(), "fitted": self.model.to_dict(), "passes": [asdict(p) for p in self.passes],
-                "sample": [asdict(p) for p in self.sample], "drafts": self.draft_counts}
+                "sample": [asdict(p) for p in self.sample], "drafts": self.draft_counts, "pairs": self.pairs}
         with replaced(path) as tmp:
             tmp.write_text(json.dumps(data))
 
@@ -130,7 +144,8 @@ class Calibration:
                 return None
             return cls(k, PassModel(**data["prior"]), [Observation(**p) for p in data["passes"]],
                        int(data.get("seen", 0)), data.get("model_name", ""),
-                       [Observation(**p) for p in data.get("sample", [])], draft_counts=_draft_counts(data.get("drafts")))
+                       [Observation(**p) for p in data.get("sample", [])], draft_counts=_draft_counts(data.get("drafts")),
+                       pairs={k: c for k, v in (data.get("pairs") or {}).items() if (c := _draft_counts(v))})
         except (OSError, ValueError, TypeError, KeyError):
             return None
 
@@ -230,14 +245,20 @@ class Calibrator:
         self.model, self.kv = "", None
         self.cal: Calibration | None = None
         self.streamed = 0                      # bytes a pass streams
-        self.lookup = True                     # the job's passes are the model's own (no --draft model beside it)
+        self.pair: str | None = None           # the job's draft model's model_key (--draft); None: prompt lookup
+        self.drafter = None                    # what its steps cost a pass (drafter.DraftCost), as the estimate stored it
 
-    def reset(self, model: str, resident: bool = False, kv: tuple | None = None, draft: bool = False) -> None:
+    def reset(self, model: str, resident: bool = False, kv: tuple | None = None, draft: str = "") -> None:
         """A new epoch; `resident`: passes read nothing, so no read time bounds a pass's prefill; `kv`: the job's
-        quantized KV format (its own calibration), None: unquantized; `draft`: drafts come from a draft model
-        (--draft): its passes (their time holds the draft model's, their acceptance is not the model's prompt
-        lookup's) are not learned into the model's calibration."""
-        self.lookup = not draft
+        quantized KV format (its own calibration), None: unquantized; `draft`: the draft model's folder (--draft):
+        its passes teach the pair's acceptance, not the model's pass model (their time holds the draft model's)."""
+        self.pair, self.drafter = None, None
+        if draft:
+            from .drafter import stored_drafter
+            try:
+                self.pair, self.drafter = model_key(draft), stored_drafter(draft)
+            except OSError as err:   # the streamer fails the job with its sentence
+                self.log.warning("draft_model", draft=draft, error=str(err))
         if model and (model, kv) != (self.model, self.kv):
             self.model, self.kv, self.cal = model, kv, None
             try:   # stored by the job's estimate before the job starts: admission never probes (nor loads MLX)
@@ -264,8 +285,10 @@ class Calibrator:
 
     def observe(self, shape, msg) -> None:
         """A pass as it was planned (`shape`: the rows that decoded in it and their context) and as it ran (`msg`)."""
-        if self.cal is not None and self.lookup:   # a draft model's passes hold its time too: not the model's own
-            # a resident pass reads nothing, yet prices compute and overhead
+        if self.cal is not None and self.pair is not None:   # a draft model's passes hold its time: its acceptance alone
+            self.cal.observe_drafts(msg.drafted, msg.accepted, self.pair)
+            self.cal.save()
+        elif self.cal is not None:   # a resident pass reads nothing, yet prices compute and overhead
             self.cal.observe(Observation(shape.decode_rows, msg.prefill_tokens, shape.context_tokens,
                                          msg.bytes_streamed, msg.seconds, msg.wait_s, msg.compute_s, msg.read_s,
                                          prefill_groups=msg.prefill_groups, prefill_context=msg.prefill_context,

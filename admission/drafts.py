@@ -7,7 +7,8 @@ or padding), so a pass with a cap of c costs what (1 + c) times its decode rows 
     auto   every drafting row may carry up to c drafts, c the cap that gives the pass the most tokens a second
            (`PassModel.pass_s`), priced as the streamer runs it: a (1 + c)-token chunk for every decode row; a
            row carries no draft less likely than LEAST to add a token; where compute is the pass's cost only
-           rows that accept nearly everything pay for it; a resident (nothing read) or uncalibrated pass drafts nothing
+           rows that accept nearly everything pay for it; a resident (nothing read) or uncalibrated pass drafts nothing;
+           a draft model's steps (--draft) are priced beside the pass's, so one slower than its tokens drafts nothing
     off    none (0)
     K      up to K every pass, for tests, benchmarks and users who know their job
 
@@ -64,10 +65,11 @@ def worth(rates, cap: int) -> np.ndarray:
     return np.where(a >= 1.0, cap, np.clip(j, 0, cap))
 
 
-def counts(mode: str | int, model: PassModel | None, shape: PassShape, contexts, rates, left) -> np.ndarray:
+def counts(mode: str | int, model: PassModel | None, shape: PassShape, contexts, rates, left, drafter=None) -> np.ndarray:
     """Drafts per decoding row for the next pass. `shape`: the pass as planned without drafts (its decode rows
     these rows, its prompt tokens); `contexts`, `rates`, `left`: per row, its tokens of KV, its acceptance
-    (`rate`) and the tokens it may still generate."""
+    (`rate`) and the tokens it may still generate; `drafter`: a draft model's price (drafter.DraftCost), whose
+    steps a drafting pass adds (None: prompt lookup)."""
     left = np.asarray(left, dtype=np.int64)
     cap = np.clip(left - 1, 0, None)
     if mode != "auto":
@@ -79,7 +81,8 @@ def counts(mode: str | int, model: PassModel | None, shape: PassShape, contexts,
     best, best_rate = np.zeros(len(left), dtype=np.int64), shape.decode_rows / model.pass_s(shape) * GAIN
     for c in range(1, int(most.max(initial=0)) + 1):
         k = np.minimum(most, c)
-        rate = tokens_per_row(rates, k).sum() / model.pass_s(padded(shape, 1 + c))
+        steps = drafter.seconds(int((k > 0).sum()), c) if drafter is not None else 0.0
+        rate = tokens_per_row(rates, k).sum() / (model.pass_s(padded(shape, 1 + c)) + steps)
         if rate > best_rate:
             best, best_rate = k, rate
     return best

@@ -35,7 +35,7 @@ def run_admission_process(endpoints, args, log) -> None:
             if isinstance(msg, m.Reset):
                 epoch, job, running = msg.epoch, msg.job, None
                 calibrator.reset(msg.model, msg.resident, (msg.kv_bits, msg.kv_group_size) if msg.kv_bits else None,
-                                 bool(msg.draft))
+                                 msg.draft or "")
                 if msg.model:
                     sched, others = _price(msg, args, box, log, calibrator)
                     runtime = msg.runtime
@@ -115,8 +115,9 @@ def _price(msg: m.Reset, args: dict, box, log, calibrator=None):
         return None, others
     chunk = args.get("prefill_chunk", 512)
     model = (lambda: calibrator.cal.model if calibrator.cal else None) if calibrator else (lambda: None)
+    drafter = (lambda: calibrator.drafter) if calibrator else (lambda: None)   # the draft model's steps (--draft)
     return Scheduler(policy, calibrator.pace if calibrator else None, chunk, 0 if msg.resident else plan.streamed_bytes,
-                     msg.speculate, model), others
+                     msg.speculate, model, drafter), others
 
 
 def _others_rss(parent: int | None = None, runtime: tuple = (0, 0)) -> int:

@@ -63,10 +63,11 @@ def fixed_pace(tokens: int):
 
 class Scheduler:
     def __init__(self, policy: BudgetPolicy, pace=None, chunk: int = 512, bytes_streamed: int = 0, speculate: int = 0,
-                 model=lambda: None):
+                 model=lambda: None, drafter=lambda: None):
         self.policy = policy
         self.speculate = speculate            # drafts a decode row may carry a pass (--speculate K); 0: none; -1: auto
         self.model = model                    # () -> the pass model auto drafts by (None: uncalibrated)
+        self.drafter = drafter                # () -> what a draft model's steps cost (drafter.DraftCost; None: lookup)
         self.hits: dict[int, float] = {}      # a row's decayed drafts accepted and drafts tried (drafts.observe)
         self.tried: dict[int, float] = {}
         self.pace = pace or fixed_pace(policy.priced_prefill)   # (rows, context, need, offset, most, empty) -> tokens
@@ -223,7 +224,7 @@ class Scheduler:
         left = [self.policy.running[r].max_tokens - self.generated[r] for r in decoding]
         rates = drafts.rate([self.hits.get(r, 0.0) for r in decoding], [self.tried.get(r, 0.0) for r in decoding])
         k = drafts.counts("auto" if self.speculate == AUTO_DRAFTS else self.speculate, self.model(), shape,
-                          [self.context[r] for r in decoding], rates, left)
+                          [self.context[r] for r in decoding], rates, left, self.drafter())
         return {r: int(n) for r, n in zip(decoding, k) if n > 0}
 
     def _advance(self, decoding: list[int], chunks: dict[int, int]) -> None:

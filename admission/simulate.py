@@ -10,7 +10,8 @@ With drafts (`speculate`, the job's --speculate) and this model's measured per-d
 whose plan gives rows drafts is priced as the streamer runs it (`drafts.padded`) and each drafting row takes
 each draft with probability a until its first rejection (seeded draws), reported to the scheduler as the
 streamer reports them. Without a measured a, drafts are planned (to say whether any would run) but
-neither priced nor taken.
+neither priced nor taken. With a draft model's price (`drafter`, --draft) each drafting pass adds its steps
+(drafter.DraftCost), and without a measured a its drafts are priced as none accepted: an upper bound.
 """
 
 from collections import deque
@@ -93,13 +94,14 @@ def tier_of(prompt: int) -> str:
 def simulate(rows: list[SimRow], policy, waiting, model: PassModel, bytes_streamed: int, *,
              chunk: int = 512, max_batch=None, errors: int = 0, at_max_tokens: bool = True,
              length=schedule.prompt_length, read_once: int = 0, speculate: int = 0,
-             acceptance: float | None = None) -> Estimate:
+             acceptance: float | None = None, drafter=None) -> Estimate:
     """The admission actor's scheduler (scheduler.py) run against the pass model: each plan priced by
     `model`, each row ending once it has generated its `out` tokens. `policy`: the BudgetPolicy it plans
     with; `waiting(SimRow)` makes the policy's row record and `length` reads its prompt length back;
     `max_batch(SimRow)` is the largest batch the memory budget fits for rows like it (for the ideal);
     `read_once`: bytes the first pass reads besides `bytes_streamed` (resident: every layer, once);
-    `speculate`: the job's drafts (0 off, K, AUTO_DRAFTS), taken at `acceptance` (None: not priced)."""
+    `speculate`: the job's drafts (0 off, K, AUTO_DRAFTS), taken at `acceptance` (None: not priced); `drafter`: a
+    draft model's price (drafter.DraftCost), whose steps each drafting pass adds."""
     by_id = {r.row: r for r in rows}
     tiers: dict[str, Tier] = {}
     for r in rows:
@@ -108,8 +110,8 @@ def simulate(rows: list[SimRow], policy, waiting, model: PassModel, bytes_stream
 
     def pace(n, context, need, offset, most, empty) -> int:
         return schedule.pace(model, bytes_streamed, n, context, need, offset, most, empty)
-    sched = Scheduler(policy, pace, chunk, bytes_streamed, speculate, lambda: model)
-    spec = _Drafts(by_id, acceptance)
+    sched = Scheduler(policy, pace, chunk, bytes_streamed, speculate, lambda: model, lambda: drafter)
+    spec = _Drafts(by_id, acceptance, drafter)
     offered = []
     for r in rows:   # a running row asks the policy for its slot (its full length) and decodes at once
         w = waiting(replace(r, prompt=0, out=r.context + r.out) if r.context else r)
@@ -130,7 +132,7 @@ def simulate(rows: list[SimRow], policy, waiting, model: PassModel, bytes_stream
         took, drafted = spec.take(sched, planned)
         if drafted:   # every decode row feeds 1 + the most drafts
             shape = drafts.padded(shape, 1 + max(k for _, k in drafted))
-        seconds = model.pass_s(shape)
+        seconds = model.pass_s(shape) + spec.steps_s(sched, drafted)
         clock += seconds
         est.running.append(_share(tiers, by_id, running, seconds))
         finished = [r for r in running if sched.status[r] == Status.DECODING
@@ -146,7 +148,8 @@ def simulate(rows: list[SimRow], policy, waiting, model: PassModel, bytes_stream
     if speculate and spec.passes:
         est.drafts = {"speculate": "auto" if speculate == AUTO_DRAFTS else speculate,
                       "acceptance": None if acceptance is None else round(acceptance, 3),
-                      "passes": spec.passes, "tokens_per_decode_row": round(1 + spec.accepted / max(spec.rows, 1), 3)}
+                      "passes": spec.passes, "tokens_per_decode_row": round(1 + spec.accepted / max(spec.rows, 1), 3),
+                      **({"draft_s": round(spec.draft_s / max(spec.drafting, 1), 3)} if drafter is not None else {})}
     return est
 
 
@@ -155,25 +158,38 @@ class _Drafts:
     first rejection, as verification takes them, drawn from a seeded generator (the same estimate every time).
     Draws, not expectations: a row's rate rises or falls as a running row's does, so auto drafts as in a job."""
 
-    def __init__(self, by_id: dict[int, SimRow], acceptance: float | None):
-        self.by_id, self.acceptance = by_id, acceptance
+    def __init__(self, by_id: dict[int, SimRow], acceptance: float | None, drafter=None):
+        self.by_id, self.acceptance, self.drafter = by_id, acceptance, drafter
         self.draws = np.random.default_rng(0)
         self.passes = self.rows = self.accepted = 0   # passes that planned drafts; decode rows and drafts taken in all
+        self.seen: set[int] = set()                   # rows the draft model has taken in
+        self.drafting, self.draft_s = 0, 0.0          # passes that ran the draft model, and its seconds in all
 
     def take(self, sched: Scheduler, planned) -> tuple[dict[int, int], list[list[int]]]:
         """({row: drafts accepted}, [[row, drafts carried]]) of the pass `planned`, as the streamer reports them."""
         self.rows += planned.shape.decode_rows
         bounds = dict(planned.drafts)
         self.passes += bool(bounds)
-        if self.acceptance is None or not bounds:
+        if not bounds or (self.acceptance is None and self.drafter is None):
             return {}, []
         took = {}
         for r, k in bounds.items():
-            hits = self.draws.random(k) < self.acceptance
+            hits = self.draws.random(k) < (self.acceptance or 0.0)
             run = k if hits.all() else int(np.argmin(hits))   # accepted until the first rejection
             took[r] = min(run, max(self.by_id[r].out - sched.generated[r], 0))
         self.accepted += sum(took.values())
         return took, [[r, k] for r, k in bounds.items()]
+
+    def steps_s(self, sched: Scheduler, drafted: list[list[int]]) -> float:
+        """What the draft model's steps add to a pass that drafted `drafted`, rows it has not seen taken in first."""
+        if self.drafter is None or not drafted:
+            return 0.0
+        new = [r for r, _ in drafted if r not in self.seen]
+        self.seen.update(new)
+        tokens = sum(self.by_id[r].prompt + self.by_id[r].context + sched.generated[r] for r in new)
+        seconds = self.drafter.seconds(len(drafted), max(k for _, k in drafted), tokens)
+        self.drafting, self.draft_s = self.drafting + 1, self.draft_s + seconds
+        return seconds
 
 
 def _share(tiers, by_id, running: list[int], seconds: float) -> dict[str, int]:

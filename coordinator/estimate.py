@@ -13,7 +13,8 @@ from spill.errors import SpillError
 from spill.admission import schedule
 from spill.memory import group_rss
 from spill.admission.advisor import Advice, advise
-from spill.admission.calibration import open_calibration
+from spill.admission.calibration import model_key, open_calibration
+from spill.admission.drafter import open_drafter
 from spill.admission.passmodel import PassModel
 from spill.admission.policy import width_class
 from spill.admission.prices import shortfall
@@ -59,7 +60,7 @@ def estimate_file(model: str, input: Path, *, max_tokens: int = 256, memory: str
     """(the estimate, the calibration it used with the group's memory it priced, the advice) for a batch
     file as `spill run` would run it (`fraction`: --budget-fraction, None for the default; `kv`: the KV
     quantization, (bits, group size), None unquantized; `speculate`: --speculate's drafts; `draft`: --draft's model)."""
-    from .first_use import calibrate, make_demo
+    from .first_use import calibrate, calibrate_draft, make_demo
     from .preflight import check_tokenizer
     if model == "demo":
         make_demo()
@@ -76,10 +77,16 @@ def estimate_file(model: str, input: Path, *, max_tokens: int = 256, memory: str
     rows, errors = sim_rows(folder, requests, range(len(requests)), {"max_tokens": max_tokens})
     others = remembered_others()
     calibrate(folder, kv, budget_rows(folder, rows, memory, fraction, others or 0, kv))
+    if draft:
+        calibrate_draft(Path(draft), budget_rows(folder, rows, memory, fraction, others or 0, kv))
     advice = advise_rows(folder, rows, memory=memory, stream=stream, name=model, fraction=fraction,
                          others=others or 0, kv=kv)
     est, cal = estimate_rows(folder, rows, errors=errors + len(bad), memory=memory, resident=advice.resident,
                              fraction=fraction, others=others or 0, kv=kv, speculate=speculate, draft=draft)
+    if draft and est.drafts and est.passes:   # which wins: the job as run without --draft
+        without, _ = estimate_rows(folder, rows, errors=errors + len(bad), memory=memory, resident=advice.resident,
+                                   fraction=fraction, others=others or 0, kv=kv, speculate=speculate)
+        est.drafts["without"] = round(without.total_seconds, 3)
     if kv is None and est.passes and not est.shortfall:   # KV-bound: 8-bit KV fits more rows a pass
         eight = (8, max(g for g in KV_GROUP_SIZES[:2] if load_plan(folder).kv_heads_and_dim[1] % g == 0))
         open_calibration(folder, kv=eight, rows=budget_rows(folder, rows, memory, fraction, others or 0, eight))
@@ -142,10 +149,14 @@ def estimate_rows(folder: Path, rows: list[SimRow], *, errors: int = 0, memory: 
     `others`: the group's processes' memory, which the budget leaves out of the KV as admission does.
     `model`: a pass model to price with in place of this machine's stored calibration. `speculate`: the job's
     drafts (0 off, K, AUTO_DRAFTS), taken at the acceptance the calibration (of the KV format) measured;
-    `draft`: a draft model's folder (--draft), its weights and KV priced, its acceptance not measured here."""
+    `draft`: a draft model's folder (--draft): its weights, KV and steps priced (timed here at its first use, unless
+    `loaded`), its drafts taken at the acceptance its jobs measured with this model."""
     plan = load_plan(folder)
     cal = open_calibration(folder, kv=kv)
     model = model or cal.model
+    pair = model_key(draft) if draft else None
+    drafter = open_drafter(draft, 0 if loaded else budget_rows(folder, rows, memory, fraction, others, kv),
+                           probe_it=not loaded) if draft else None
     policy, waiting, max_batch = schedule.policy_for(plan, memory, model, resident, fraction, others, kv,
                                                      load_plan(draft) if draft else None)
     streamed = 0 if resident else plan.streamed_bytes
@@ -154,10 +165,14 @@ def estimate_rows(folder: Path, rows: list[SimRow], *, errors: int = 0, memory: 
     else:
         est = simulate(rows, policy, waiting, model, streamed, max_batch=max_batch, errors=errors,
                        read_once=0 if loaded else plan.streamed_bytes - streamed, speculate=speculate,
-                       acceptance=None if draft else cal.acceptance)
+                       acceptance=cal.acceptance_of(pair), drafter=drafter)
         est.ideal_seconds = ideal(est, rows, model, streamed, max_batch)
+        if draft and speculate:   # said even where no pass drafted: auto found its steps dearer than its tokens
+            est.drafts = {"speculate": "auto" if speculate == AUTO_DRAFTS else speculate, "acceptance": None, "passes": 0,
+                          "tokens_per_decode_row": 1.0, **(est.drafts or {}), "draft": Path(draft).name,
+                          "step_s": drafter and round(drafter.seconds(max(round(est.rows_per_pass), 1), 1), 3)}
         if est.drafts:
-            est.drafts["measured"] = cal.draft_counts["count"]
+            est.drafts["measured"] = cal.counts(pair)["count"]
     est.mode, est.kv = "resident" if resident else "streamed", kv_format(*(kv or (None,)))
     est.tiers.sort(key=lambda t: TIER_ORDER.index(t.name.split()[0]) if t.name.split()[0] in TIER_ORDER else 3)
     return est, {"key": cal.key, "passes": cal.seen, **model.to_dict()}

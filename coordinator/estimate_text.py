@@ -42,10 +42,35 @@ def drafts_line(est: Estimate) -> str:
     if not d:
         return ""
     mode = "auto" if d["speculate"] == "auto" else f"up to {d['speculate']} a row"
+    if "draft" in d:
+        return _draft_model_lines(est, mode)
     if d["acceptance"] is None:
         return f"drafts: {mode}, none priced (no acceptance measured on this model yet)"
     return (f"drafts: {mode}, acceptance {d['acceptance']:.2f} measured on this model ({d.get('measured', 0):,} drafts), "
             f"{d['tokens_per_decode_row']:.2f} tokens a decode row a pass")
+
+
+def _draft_model_lines(est: Estimate, mode: str) -> str:
+    """drafts_line of a job with a draft model (--draft): its acceptance, what its steps cost, and the job without it."""
+    d, name = est.drafts, est.drafts["draft"]
+    if not d["passes"]:   # auto planned none; a resident pass drafts nothing, as with prompt lookup
+        if est.mode == "resident" or d.get("step_s") is None:
+            return ""
+        return (f"drafts: auto, none from the draft model {name}: a step of it costs {d['step_s']:.2f} s at "
+                f"{max(round(est.rows_per_pass), 1)} rows, more than its drafts give")
+    if d["acceptance"] is None:
+        line = (f"drafts: {mode} from the draft model {name}, no acceptance measured with this model yet: priced as "
+                "if none were accepted (an upper bound)")
+    else:
+        line = (f"drafts: {mode} from the draft model {name}, acceptance {d['acceptance']:.2f} measured with this model "
+                f"({d.get('measured', 0):,} drafts), {d['tokens_per_decode_row']:.2f} tokens a decode row a pass")
+    if "draft_s" not in d:
+        return line
+    cost = f"the draft model costs {d['draft_s']:.2f} s a drafting pass for {d['tokens_per_decode_row']:.2f} tokens a decode row"
+    if "without" in d:
+        loses = " (the draft loses: leave --draft out)" if d["without"] < est.total_seconds else ""
+        cost += f"; without it: {duration(d['without'])}{loses}"
+    return line + "\n" + cost
 
 
 def format_estimate(est: Estimate, calibration: dict, advice: Advice | None = None) -> str:

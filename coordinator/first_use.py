@@ -97,6 +97,17 @@ def calibrate(folder: Path, kv: tuple | None = None, rows: int = 0) -> None:
         open_calibration(folder, kv=kv, rows=rows)
 
 
+def calibrate_draft(folder: Path, rows: int = 0) -> None:
+    """`spill estimate --draft`'s first use of a draft model here: its steps timed (drafter.open_drafter) with a word on
+    the screen; `rows`: the job's batch."""
+    from spill.admission.drafter import open_drafter, stored_drafter
+    if stored_drafter(folder) is None:
+        with working(f"timing the draft model {folder.name} on this machine (first use)", "timed the draft model"):
+            open_drafter(folder, rows)
+    else:
+        open_drafter(folder, rows)
+
+
 def local_folder(model: str) -> Path | None:
     """The folder of a MODEL `spill run` has checked (a path, or demo); None for a tag or an id the group resolves."""
     if model == "demo":

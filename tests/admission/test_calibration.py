@@ -114,9 +114,12 @@ def test_the_calibration_learns_the_models_acceptance_from_passes_with_drafts(tm
     # tried: row 1 its 4 accepted; row 2 1 and the rejected one; row 3 the rejected first
     back = Calibration.load("a|float32|cpu|m1")
     assert back.acceptance == pytest.approx(5 / 7) and back.draft_counts["count"] == 7
-    hook.reset("", draft=True)                                # a job with --draft: its passes are not the model's
-    hook.observe(PassShape(3, 0, 30, 4096), report([[1, 4]], []))
-    assert Calibration.load("a|float32|cpu|m1").draft_counts["count"] == 7 and hook.cal.seen == 1
+    hook.reset("", draft=str(tmp_path / "draft"))            # a job with --draft: its passes are not the model's
+    hook.observe(PassShape(3, 0, 30, 4096), report([[1, 4], [2, 3]], [[1, 4], [2, 1]]))
+    again = Calibration.load("a|float32|cpu|m1")
+    assert again.draft_counts["count"] == 7 and hook.cal.seen == 1
+    pair = cal.model_key(tmp_path / "draft")                  # but the pair's acceptance: 5 of 6 tried
+    assert again.acceptance_of(pair) == pytest.approx(5 / 6) and again.counts(pair)["count"] == 6
     for accepted in ([[1, 4]], []):                           # 300 passes accept every draft, then 300 none
         for _ in range(300):
             back.observe_drafts([[1, 4]], accepted)

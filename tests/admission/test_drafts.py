@@ -97,3 +97,14 @@ def test_auto_drafts_nothing_where_a_drafting_pass_costs_more_than_its_tokens_gi
     costly = PassModel(**{**vars(read_bound), "draft_s": 0.064})   # as measured: 2/3 of the read
     assert drafts.counts("auto", costly, shape, [250] * 16, rates, left).sum() == 0
     assert drafts.counts("auto", costly, shape, [250] * 16, [0.95] * 16, left).sum() > 0   # rows that take all
+
+
+def test_auto_drafts_nothing_where_a_draft_models_steps_cost_more_than_its_tokens_give():
+    from spill.admission.drafter import DraftCost
+    rows = 16
+    args = (GPU, shape(rows, 900), np.full(rows, 900), np.full(rows, 0.8), np.full(rows, 500))
+    assert (drafts.counts("auto", *args, DraftCost(step_s=0.01)) == drafts.AUTO_MOST).all()   # steps under the read
+    # a pass of ~26 s: steps of 6 s pay at acceptance 0.8 (4 drafts: 3.4 tokens a row in 2x the time), of 30 s not
+    assert drafts.counts("auto", *args, DraftCost(step_s=6.0)).sum() > 0
+    assert drafts.counts("auto", *args, DraftCost(step_s=30.0)).sum() == 0
+    assert drafts.counts(4, *args, DraftCost(step_s=30.0)).max() == 4         # --speculate K drafts anyway

@@ -234,3 +234,21 @@ def test_auto_keeps_drafting_for_rows_that_accept_most_drafts_when_the_first_pas
     assert auto.drafts["tokens_per_decode_row"] > 2.0 and auto.passes < 0.6 * off.passes
     again = simulate(rows, FifoPolicy(), waiting, CPU_SMALL, 270_000_000, speculate=-1, acceptance=0.84)
     assert (again.passes, again.total_seconds) == (auto.passes, auto.total_seconds)   # seeded: the same each time
+
+
+def test_a_draft_models_steps_price_each_drafting_pass_up_and_its_acceptance_the_passes_down():
+    from spill.admission.drafter import DraftCost
+    rows = [SimRow(i, 16, 61) for i in range(20)]
+    steps = DraftCost(step_s=0.5, prompt_token_s=0.01)
+    off = simulate(rows, FifoPolicy(), waiting, READ_BOUND, BYTES)
+    lookup = simulate(rows, FifoPolicy(), waiting, READ_BOUND, BYTES, speculate=4, acceptance=0.6)
+    drafted = simulate(rows, FifoPolicy(), waiting, READ_BOUND, BYTES, speculate=4, acceptance=0.6, drafter=steps)
+    assert drafted.passes == lookup.passes < 0.6 * off.passes              # the same draws: as many passes
+    # each drafting pass adds 4 steps at 0.5 s; the first adds each row's 17 tokens taken in, too
+    added = drafted.total_seconds - lookup.total_seconds
+    assert added == pytest.approx(drafted.drafts["passes"] * 2.0 + 20 * 17 * 0.01, rel=0.05)
+    assert drafted.drafts["draft_s"] == pytest.approx(added / drafted.drafts["passes"], abs=1e-3)
+    unmeasured = simulate(rows, FifoPolicy(), waiting, READ_BOUND, BYTES, speculate=4, drafter=steps)
+    # no acceptance measured: its steps priced, none of its drafts taken (an upper bound)
+    assert unmeasured.passes == off.passes and unmeasured.total_seconds > off.total_seconds + 50 * 2.0
+    assert unmeasured.drafts["acceptance"] is None and unmeasured.total_seconds > drafted.total_seconds

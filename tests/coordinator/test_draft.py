@@ -56,6 +56,11 @@ def test_spill_run_with_a_draft_writes_the_same_text_with_drafts_accepted(make_t
     jobs = {json.loads((d / "job.json").read_text())["output"]: d for d in (tmp_path / "home" / "jobs").iterdir()}
     passes = [json.loads(line) for line in (jobs[str(out["draft"])] / "passes.jsonl").read_text().splitlines()]
     assert sum(n for p in passes for _, n in p.get("accepted", [])) > 0
+    # the job's estimate timed the draft model; its passes taught the pair's acceptance, not the model's own
+    from spill.admission.calibration import model_key, stored_calibration
+    from spill.admission.drafter import stored_drafter
+    learned = stored_calibration(model)
+    assert learned.counts(model_key(model))["count"] > 0 and stored_drafter(model) is not None
 
 
 def test_the_estimate_prices_the_draft_models_weights_and_kv(make_tiny, tmp_path, monkeypatch, llama_calibration):
@@ -83,7 +88,47 @@ def test_spill_estimate_with_a_draft_prices_it_and_refuses_another_vocabulary(ma
     seed_home(tmp_path / "home", llama_calibration)
     model, rows = make_tiny("llama"), str(_input(tmp_path / "in.jsonl"))
     said = runner.invoke(app, ["estimate", str(model), rows, "--speculate", "4", "--draft", str(model), "--json"])
-    assert said.exit_code == 0 and json.loads(said.output)["passes"] > 0, said.output
+    assert said.exit_code == 0 and json.loads(said.stdout)["passes"] > 0, said.output   # the draft timed on stderr
     foreign = _other_vocabulary(model, tmp_path)
     said = runner.invoke(app, ["estimate", str(model), rows, "--draft", str(foreign)])
     assert said.exit_code == 2 and said.output.strip() == f"spill: {refusal(foreign)}"
+
+
+def test_spill_estimate_prices_the_draft_models_steps_and_says_where_it_loses(make_tiny, tmp_path, monkeypatch):
+    from spill.admission import calibration, drafter
+    from spill.admission.passmodel import PassModel
+    from spill.coordinator import estimate
+    from spill.streamer.plan import load_plan
+    monkeypatch.setenv("SPILL_HOME", str(tmp_path / "home"))
+    model = make_tiny("llama")
+    plan = load_plan(model)
+    # stored by hand (no probe): a pass reads for 1 s and computes a few ms; the pair accepted 9 of 12 drafts
+    stored = calibration.Calibration(calibration._key_of(model, plan, None), PassModel(
+        bandwidth=plan.streamed_bytes, fixed_s=1e-3, per_row_s=1e-4, per_prefill_token_s=1e-5, overlap=1.0))
+    stored.observe_drafts([[0, 5]] * 3, [[0, 3]] * 3, calibration.model_key(model))
+    stored.save()
+    monkeypatch.setattr(estimate, "open_calibration", lambda *a, **k: calibration.Calibration.load(stored.key))
+
+    def priced(step_s):   # the draft model's price as its probe stores it: (rows, steps, seconds)
+        path = drafter.store_path(drafter.draft_key(model))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"prompt_token_s": 0.0, "timings": [[n, k, k * step_s] for n in (1, 16) for k in (1, 4)]}))
+    lines = [json.dumps({"custom_id": f"r{i}", "prompt": "short question " * 3, "max_tokens": 40}) for i in range(4)]
+    (tmp_path / "in.jsonl").write_text("\n".join(lines) + "\n")
+
+    def said(*extra):
+        out = runner.invoke(app, ["estimate", str(model), str(tmp_path / "in.jsonl"), "--stream", "--draft", str(model),
+                                  *extra])
+        assert out.exit_code == 0, out.output
+        return [line for line in out.stdout.splitlines() if line.startswith(("drafts: ", "the draft model "))]
+    priced(2.0)   # each step twice the pass: the draft loses
+    drafts, cost = said("--speculate", "4")
+    assert drafts.startswith("drafts: up to 4 a row from the draft model model, acceptance 0.75 measured with this "
+                             "model (12 drafts), ")
+    assert cost.endswith("(the draft loses: leave --draft out)")
+    assert 6.0 < float(cost.split()[4]) <= 8.0          # up to 4 steps of 2 s: fewer near a row's last token
+    assert said() == ["drafts: auto, none from the draft model model: a step of it costs 2.00 s at 4 rows, more than "
+                      "its drafts give"]
+    priced(0.01)  # steps a hundredth of the pass: the draft wins
+    (_, cost) = said("--speculate", "4")
+    assert cost.startswith("the draft model costs 0.04 s a drafting pass for ") and "loses" not in cost
