@@ -4,12 +4,23 @@ import os
 
 import pytest
 
-LONGEST = ("tests/test_docs.py::test_every_command_the_docs_show_prints_what_they_show",)   # ~2 min each
+LONGEST = (   # the suite's longest tests, longest first (seconds on the 2-core VM): a renamed one only runs in turn
+    "tests/test_docs.py::test_every_command_the_docs_show_prints_what_they_show",   # 140
+    "tests/coordinator/test_group_reliability.py::test_an_actor_whose_loop_is_wedged_is_restarted_and_the_job_finishes",
+    "tests/coordinator/test_group.py::test_sigint_stops_at_a_pass_boundary_and_resume_finishes",   # 30
+    "tests/stages/test_group.py::test_a_rank_mlx_launch_started_killed_mid_job_leaves_every_row_written_once",   # 28
+    "tests/coordinator/test_lifecycle.py::test_queued_jobs_ctrl_c_cancel_down_and_a_killed_client",   # 28
+    "tests/stages/test_group.py::test_a_follower_of_spill_run_ranks_killed_or_stopped_mid_job_is_named_and_the_job_finishes",
+    "tests/coordinator/test_memory_limit.py::test_a_job_in_a_cgroup_smaller_than_the_model_finishes_without_an_oom_kill",
+    "tests/stages/test_group.py::test_a_crashed_streamer_of_spill_up_ranks_2_comes_back_with_new_followers",   # 25
+)
 
 
 def pytest_collection_modifyitems(items):
-    """The longest tests first: under `-n 2` they run beside the others, not alone at the end."""
-    items.sort(key=lambda item: item.nodeid not in LONGEST)   # stable: the rest keep their order
+    """The longest tests first (parametrized ones by their function): under `-n 2` they run beside the others, not
+    alone at the end."""
+    rank = {name: k for k, name in enumerate(LONGEST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("[")[0], len(LONGEST)))   # stable: the rest in order
 
 
 @pytest.fixture(scope="session", autouse=True)
