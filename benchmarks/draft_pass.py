@@ -1,6 +1,7 @@
 """What a drafting pass costs beyond a plain one, step by step: the same decode rows through the streamer core,
 plain passes and passes of k drafts a row in turn, each step timed with the device synchronized after it; then
-the attention kernel and the KV write alone at 1 and 1 + k queries a row.
+the attention kernel and the KV write alone at 1 and 1 + k queries a row, and attention's first call at a new key
+length, batch or chunk width.
 
     python benchmarks/draft_pass.py MODEL [--rows 16] [--k 4] [--passes 8] [--stream] [--device gpu|cpu]
         [--json FILE]
@@ -92,7 +93,7 @@ def kernels(a, heads: int, kv: int, dim: int, span: int) -> list[dict]:
                  "attention, no mask": lambda: mx.fast.scaled_dot_product_attention(
                      q, keys[:, :, :span], values[:, :, :span], scale=dim ** -0.5),
                  "kv write": lambda: mx.put_along_axis(keys, at, new, axis=2)}
-        for name, fn in cases.items():
+        for name, fn in cases.items():   # each shape warmed once, then timed
             mx.eval(fn())
             times = []
             for _ in range(50):
@@ -100,7 +101,29 @@ def kernels(a, heads: int, kv: int, dim: int, span: int) -> list[dict]:
                 mx.eval(fn())
                 times.append(time.perf_counter() - t0)
             out.append({"kernel": name, "queries": t, "ms": 1e3 * statistics.median(times)})
+    out += first_calls(a, heads, kv, dim, span, dtype)
     return out
+
+
+def first_calls(a, heads: int, kv: int, dim: int, span: int, dtype) -> list[dict]:
+    """Attention's first call at a shape it has not run: a new key length, a new batch, a new chunk width (1 + k)
+    each call, against the same shape again; where a backend makes a plan per shape, the first calls show it."""
+    def call(b: int, t: int, s: int) -> float:
+        q = mx.random.normal((b, heads, t, dim)).astype(dtype)
+        k, v = (mx.random.normal((b, kv, s, dim)).astype(dtype) for _ in range(2))
+        mask = mx.ones((b, 1, t, s), dtype=mx.bool_)
+        mx.eval(q, k, v, mask)
+        t0 = time.perf_counter()
+        mx.eval(mx.fast.scaled_dot_product_attention(q, k, v, scale=dim ** -0.5, mask=mask))
+        return 1e3 * (time.perf_counter() - t0)
+
+    t = 1 + a.k
+    shapes = {"a new key length": [(a.rows, t, span + 1 + j) for j in range(6)],
+              "a new batch": [(a.rows + 1 + j, t, span) for j in range(6)],
+              "a new chunk width": [(a.rows, 2 + j, span + 7) for j in range(6)],
+              "the same shape": [(a.rows, t, span)] * 6}
+    return [{"kernel": f"attention, {name}", "queries": t, "ms": statistics.median([call(*x) for x in xs])}
+            for name, xs in shapes.items()]
 
 
 def main() -> None:
