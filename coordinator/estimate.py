@@ -144,19 +144,19 @@ def sim_rows(folder: Path, requests: list, which, defaults: dict, core=None) -> 
 def estimate_rows(folder: Path, rows: list[SimRow], *, errors: int = 0, memory: str | None = None,
                   resident: bool = False, loaded: bool = False, fraction: float | None = None,
                   others: int = 0, model: PassModel | None = None, kv: tuple | None = None,
-                  speculate: int = 0, draft: str | None = None) -> tuple[Estimate, dict]:
+                  speculate: int = 0, draft: str | None = None, probe: bool = True) -> tuple[Estimate, dict]:
     """Resident: the first pass reads every layer (none once `loaded`), later ones nothing (compute alone).
     `others`: the group's processes' memory, which the budget leaves out of the KV as admission does.
     `model`: a pass model to price with in place of this machine's stored calibration. `speculate`: the job's
     drafts (0 off, K, AUTO_DRAFTS), taken at the acceptance the calibration (of the KV format) measured;
     `draft`: a draft model's folder (--draft): its weights, KV and steps priced (timed here at its first use, unless
-    `loaded`), its drafts taken at the acceptance its jobs measured with this model."""
+    `loaded` or not `probe`), its drafts taken at the acceptance its jobs measured with this model."""
     plan = load_plan(folder)
     cal = open_calibration(folder, kv=kv)
     model = model or cal.model
     pair = model_key(draft) if draft else None
     drafter = open_drafter(draft, 0 if loaded else budget_rows(folder, rows, memory, fraction, others, kv),
-                           probe_it=not loaded) if draft else None
+                           probe_it=probe and not loaded) if draft else None
     policy, waiting, max_batch = schedule.policy_for(plan, memory, model, resident, fraction, others, kv,
                                                      load_plan(draft) if draft else None)
     streamed = 0 if resident else plan.streamed_bytes
@@ -207,9 +207,9 @@ class JobEstimate:
     def __init__(self, folder: Path, rows: list[SimRow], errors: int, memory: str | None = None, every: float = 15.0,
                  advice: Advice | None = None, share: float = 0.05, others: int = 0, fraction: float | None = None,
                  first: tuple[Estimate, dict] | None = None, cost: float | None = None, kv: tuple | None = None,
-                 speculate: int = 0, draft: str | None = None):
+                 speculate: int = 0, draft: str | None = None, probe: bool = True):
         """`first`: the pre-run figure and its calibration as simulated elsewhere (the estimate's child), `cost` its
-        seconds; `speculate`: the job's drafts (JobRun.speculate)."""
+        seconds; `speculate`: the job's drafts (JobRun.speculate); `probe`: the draft model may be timed (no job runs)."""
         self.folder, self.rows, self.memory, self.every, self.share = folder, rows, memory, every, share
         self.advice, self.others, self.fraction, self.kv = advice or Advice(False, ""), others, fraction, kv
         self.speculate, self.draft = speculate, draft
@@ -217,7 +217,7 @@ class JobEstimate:
         started = time.monotonic()
         self.first, self.calibration = first or estimate_rows(folder, rows, errors=errors, memory=memory,
                                                               fraction=fraction, resident=self.advice.resident, others=others,
-                                                              kv=kv, speculate=speculate, draft=draft)
+                                                              kv=kv, speculate=speculate, draft=draft, probe=probe)
         self.eta_s, self.at = self.first.total_seconds, time.monotonic()
         self.cost = self.at - started if cost is None else cost    # seconds the last simulation took
 
@@ -306,7 +306,8 @@ def job_estimate(folder: Path, input: Path, pending: set[int], defaults: dict, a
     group_others of `actors_rss`: each actor's (RSS, file pages) at READY). What the job cannot run without
     raises a SpillError naming why (a tokenizer that does not load, a model that cannot be read); its
     calibration is probed here at the model's first use, and at the job's batch where `widen` (no job runs) and the
-    calibration timed none as wide. A failure in pricing costs the estimate, never the job."""
+    calibration timed none as wide; a draft model (--draft) is timed only where `widen`. A failure in pricing costs
+    the estimate, never the job."""
     rows, errors = counted_rows(folder, input, pending, defaults)
     kv = kv_setting(args)
     try:
@@ -323,7 +324,7 @@ def job_estimate(folder: Path, input: Path, pending: set[int], defaults: dict, a
         advice = advise_rows(folder, rows, memory=memory, stream=bool(args.get("stream")), name=args.get("model", ""),
                              others=others, fraction=fraction, kv=kv, stages=args.get("stages") or 1)
         return JobEstimate(folder, rows, errors, memory, advice=advice, others=others, fraction=fraction, kv=kv,
-                           speculate=defaults.get("speculate") or 0, draft=defaults.get("draft"))
+                           speculate=defaults.get("speculate") or 0, draft=defaults.get("draft"), probe=widen)
     except Exception as err:
         log.warning("no estimate", error=str(err))
         return None

@@ -213,3 +213,20 @@ def test_a_job_wider_than_its_calibration_is_probed_at_its_batch_only_where_no_j
            "args": {"memory": "1GiB"}, "idle": idle}
     assert "estimate" in estimating.work(ask)
     assert [a[3] for a in probed] == ([64] if idle else [])   # a streamer beside a running job's would take its memory
+
+
+@pytest.mark.parametrize("idle", [True, False])
+def test_a_jobs_draft_model_is_timed_by_its_estimate_only_where_no_job_runs(make_tiny, tmp_path, monkeypatch, idle):
+    from spill.admission import drafter
+    from spill.coordinator import estimate, estimating
+    monkeypatch.setenv("SPILL_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(calibration, "read_probe", lambda files: 2e9)
+    monkeypatch.setattr(estimate, "group_rss", lambda pid, runtime=(0, 0): 1 << 20)
+    folder, batch = make_tiny("llama"), _batch(tmp_path, 8)
+    calibration.open_calibration(folder)
+    timed = []
+    monkeypatch.setattr(drafter, "probe", lambda folder, rows: timed.append(rows) or ([[1, 1, 0.01]], 0.0))
+    ask = {"folder": str(folder), "input": str(batch), "pending": list(range(8)), "defaults": {"draft": str(folder),
+           "speculate": 2}, "others": 1 << 20, "args": {"memory": "1GiB"}, "idle": idle}
+    assert "estimate" in estimating.work(ask)
+    assert len(timed) == (1 if idle else 0)   # a draft model loaded beside a running job's would take its memory
