@@ -76,9 +76,10 @@ def estimate_file(model: str, input: Path, *, max_tokens: int = 256, memory: str
     check_tokenizer(folder)   # its sentence, before the rows are counted with it
     rows, errors = sim_rows(folder, requests, range(len(requests)), {"max_tokens": max_tokens})
     others = remembered_others()
-    calibrate(folder, kv, budget_rows(folder, rows, memory, fraction, others or 0, kv))
+    batch = budget_rows(folder, rows, memory, fraction, others or 0, kv)   # what the probes time
+    calibrate(folder, kv, batch)
     if draft:
-        calibrate_draft(Path(draft), budget_rows(folder, rows, memory, fraction, others or 0, kv))
+        calibrate_draft(Path(draft), batch)
     advice = advise_rows(folder, rows, memory=memory, stream=stream, name=model, fraction=fraction,
                          others=others or 0, kv=kv)
     est, cal = estimate_rows(folder, rows, errors=errors + len(bad), memory=memory, resident=advice.resident,
