@@ -19,7 +19,7 @@ from pathlib import Path
 import mlx.core as mx
 
 from spill.messages import RowSampling
-from spill.streamer import core, speculate
+from spill.streamer import attention, core, speculate
 from spill.streamer.records import Row
 
 DATA = Path(__file__).resolve().parent / "data"
@@ -107,23 +107,27 @@ def kernels(a, heads: int, kv: int, dim: int, span: int) -> list[dict]:
 
 def first_calls(a, heads: int, kv: int, dim: int, span: int, dtype) -> list[dict]:
     """Attention's first call at a shape it has not run: a new key length, a new batch, a new chunk width (1 + k)
-    each call, against the same shape again; where a backend makes a plan per shape, the first calls show it."""
-    def call(b: int, t: int, s: int) -> float:
+    each call, against the same shape again; where a backend makes a plan per shape, the first calls show it. Both
+    ways a chunk can attend: MLX's fused kernel and the three ops (`attention.by_ops`)."""
+    def call(fn, b: int, t: int, s: int) -> float:
         q = mx.random.normal((b, heads, t, dim)).astype(dtype)
         k, v = (mx.random.normal((b, kv, s, dim)).astype(dtype) for _ in range(2))
         mask = mx.ones((b, 1, t, s), dtype=mx.bool_)
         mx.eval(q, k, v, mask)
         t0 = time.perf_counter()
-        mx.eval(mx.fast.scaled_dot_product_attention(q, k, v, scale=dim ** -0.5, mask=mask))
+        mx.eval(fn(q, k, v, scale=dim ** -0.5, mask=mask))
         return 1e3 * (time.perf_counter() - t0)
 
-    t = 1 + a.k
-    shapes = {"a new key length": [(a.rows, t, span + 1 + j) for j in range(6)],
-              "a new batch": [(a.rows + 1 + j, t, span) for j in range(6)],
-              "a new chunk width": [(a.rows, 2 + j, span + 7) for j in range(6)],
-              "the same shape": [(a.rows, t, span)] * 6}
-    return [{"kernel": f"attention, {name}", "queries": t, "ms": statistics.median([call(*x) for x in xs])}
-            for name, xs in shapes.items()]
+    t, out = 1 + a.k, []
+    for way, fn in (("fused", mx.fast.scaled_dot_product_attention), ("ops", attention.by_ops)):
+        base = span + (0 if way == "fused" else 64)   # shapes the other way has not met either
+        shapes = {"a new key length": [(a.rows, t, base + 1 + j) for j in range(6)],
+                  "a new batch": [(a.rows + 1 + j, t, base) for j in range(6)],
+                  "a new chunk width": [(a.rows, 2 + j, base + 7) for j in range(6)],
+                  "the same shape": [(a.rows, t, base)] * 6}
+        out += [{"kernel": f"attention ({way}), {name}", "queries": t, "ms": statistics.median([call(fn, *x) for x in xs])}
+                for name, xs in shapes.items()]
+    return out
 
 
 def main() -> None:

@@ -69,6 +69,8 @@ KNOBS = {k.name: k for k in (
          TUNING),
     Knob("SPILL_ACT_STREAMS", "", int, "CPU streams a SwiGLU and a prompt's attention are split over; 1 turns "
          "it off (default one a core, at most 8; 1 on a GPU)", TUNING),
+    Knob("SPILL_CHUNK_ATTENTION", "", str, "fused or ops: how a chunk of drafts attends (default ops on a CUDA GPU, "
+         "whose fused kernel plans each new shape; fused elsewhere)", TUNING),
     Knob("SPILL_DIRECT_IO", "1", bool, "0: read weights through the page cache, dropping behind, not O_DIRECT",
          TUNING),
     Knob("SPILL_HUGE_PAGES", "1", bool, "0: leave MLX's 4 KiB pages under the read buffers (Linux)", TUNING),
@@ -224,6 +226,16 @@ def direct_io() -> bool:
 
 def huge_pages() -> bool:
     return get("SPILL_HUGE_PAGES")
+
+
+def chunk_attention() -> str | None:
+    """"fused" (MLX's attention kernel) or "ops" (scores, softmax, values); None: the device's default (platform.py)."""
+    chosen = get("SPILL_CHUNK_ATTENTION")
+    if chosen not in (None, "fused", "ops"):
+        from .errors import SpillError
+        raise SpillError(f"SPILL_CHUNK_ATTENTION={chosen} is not an attention setting: use fused or ops, or unset it "
+                         "for the device's default")
+    return chosen
 
 
 def read_into() -> str | None:

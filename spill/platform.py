@@ -164,6 +164,13 @@ def _cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
+def chunk_attention() -> str:
+    """How a decode chunk of drafts attends (config SPILL_CHUNK_ATTENTION): "ops" on a CUDA GPU, whose fused
+    kernel of 2+ queries a row makes a cuDNN plan for each new shape (~40 ms on an H100); "fused" elsewhere."""
+    from spill import config
+    return config.chunk_attention() or ("ops" if on_cuda() else "fused")
+
+
 def read_into() -> str:
     """Where the reader reads each layer (config.read_into): "mlx", straight into MLX memory; on a CUDA GPU
     "pinned", into its own page-locked buffers that the GPU's copy engine copies out. O_DIRECT into MLX's

@@ -30,7 +30,6 @@ import mlx.core as mx
 import numpy as np
 
 from .shares import prefill_width
-from .streams import cpu_streams, spread
 
 
 class RowState:
@@ -285,71 +284,6 @@ class JointCache:
         masks = [p.mask(window_size) for p in self.pools]
         masks = [mx.pad(m, [(0, 0), (0, 0), (0, 0), (0, span - m.shape[3])]) if m.shape[3] < span else m for m in masks]
         return masks[0] if len(masks) == 1 else mx.concatenate(masks)
-
-
-DECODE_ROWS = 8   # rows of a decode step's attention each CPU stream takes at least: fewer cost more in
-                  # dispatch than the split saves
-
-
-def decode_shares(rows: int) -> int:
-    """How many CPU streams a decode step of `rows` rows' attention may split over: DECODE_ROWS rows each."""
-    return rows // DECODE_ROWS
-
-
-def pooled_attention(original):
-    """mlx-lm's `scaled_dot_product_attention`, but over a JointCache of several pools pool by pool: each
-    pool's rows attend over their own span, not padded to the longest row's (on a 2-core CPU, 16 rows of
-    three pools spent ~1 s a pass attending over padding); split over `sdpa.split` CPU streams (split_attention),
-    or, a pool too small to split, whole on the stream with the least work so far (pools side by side)."""
-    def sdpa(queries, keys, values, cache, scale, mask, sinks=None):
-        streams = cpu_streams(sdpa.split) if sdpa.split > 1 and sinks is None else []
-        if isinstance(cache, JointCache) and cache.kv_bits:   # quantized pools (kvquant.py) attend on their own
-            return cache.pools[0].attend(cache, queries, scale, mask, sinks, streams)
-        if (not isinstance(cache, JointCache) or len(cache.pools) < 2 or sinks is not None
-                or not isinstance(mask, mx.array)):
-            if streams and isinstance(keys, mx.array):
-                return split_attention(original, streams, queries, keys, values, cache, scale, mask)
-            return original(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
-        out, start, work = [], 0, [0] * len(streams)
-        for p, c in zip(cache.pools, cache.parts):   # the joint mask is each pool's, padded
-            k, v = c.fetched()
-            rows = slice(start, start + p.used)
-            m = mask[rows, ..., :k.shape[2]]
-            if streams and decode_shares(p.used) < 2:
-                least = work.index(min(work))
-                work[least] += p.used * k.shape[2]
-                with mx.stream(streams[least]):
-                    out.append(original(queries[rows], k, v, cache=None, scale=scale, mask=m))
-            else:
-                out.append(split_attention(original, streams, queries[rows], k, v, None, scale, m))
-            start += p.used
-        return mx.concatenate(out)
-    sdpa.pooled, sdpa.split = True, 1
-    return sdpa
-
-
-def split_attention(original, streams, queries, keys, values, cache, scale, mask):
-    """Attention (queries [B, H, T, D], keys [B, KV, S, D]) split over MLX CPU streams: its softmax runs on one
-    thread per op (at 1,024 tokens half a CPU prefill's time; 184 rows' decode at 80 tokens 3.4 ms a layer whole,
-    1.8 split in two). A prompt's by rows, or by KV heads where one row; a decode step's by rows, DECODE_ROWS a
-    stream at least. The same kernel on each slice, so bit for bit the whole (a split by query positions is not:
-    the products' shapes change)."""
-    rows, heads, kv = queries.shape[0], queries.shape[1], keys.shape[1]
-    if queries.shape[2] == 1:   # a decode step: by rows, DECODE_ROWS a stream at least
-        axis, n, per = 0, decode_shares(rows), 1
-    elif rows > 1:
-        axis, n, per = 0, rows, 1
-    else:                       # one prompt: by its KV heads
-        axis, n, per = 1, kv, heads // kv
-    if min(n, len(streams)) < 2:
-        return original(queries, keys, values, cache=cache, scale=scale, mask=mask)
-    at = axis - 4 + mask.ndim if isinstance(mask, mx.array) else -1   # the mask's own axis for it, if not broadcast
-
-    def part(a: int, b: int) -> mx.array:
-        cut, wide = (slice(None),) * axis + (slice(a, b),), (slice(None),) * axis + (slice(a * per, b * per),)
-        m = mask[(slice(None),) * at + (slice(a * per, b * per),)] if at >= 0 and mask.shape[at] > 1 else mask
-        return original(queries[wide], keys[cut], values[cut], cache=cache, scale=scale, mask=m)
-    return spread(streams[:n], rows if axis == 0 else n, part, axis)
 
 
 class Decode:

@@ -20,7 +20,8 @@ import mlx.core as mx
 from spill.errors import SpillError
 from spill.typed import MAX_DRAFTS
 
-from .groups import Pool, SlotCache, decode_shares
+from .attention import decode_shares
+from .groups import Pool, SlotCache
 from .shares import KV_GROUP_SIZES, kv_fields, plan_kv_refusal
 from .streams import spread
 

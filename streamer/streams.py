@@ -1,5 +1,5 @@
 """MLX CPU streams that a layer's row-wise work is split over (platform.activation_streams): the SwiGLU's rows
-(families/base.py) and a prompt's attention (groups.split_attention).
+(families/base.py) and a prompt's attention (attention.split_attention).
 
 Each stream is a thread of MLX's for the life of the process, and in MLX 0.32 it belongs to the thread that
 made it (elsewhere, eval fails with "There is no Stream(cpu, 1) in current thread"): so each thread that

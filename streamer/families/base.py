@@ -14,9 +14,9 @@ from mlx_lm.models.cache import BatchKVCache
 from mlx_lm.utils import _get_classes, infer_quant_config
 
 from spill.errors import SpillError
-from spill.platform import activation_streams
+from spill.platform import activation_streams, chunk_attention
 
-from ..groups import pooled_attention
+from ..attention import pooled_attention
 from ..streams import cpu_streams, spread
 from ..plan import ModelPlan, layer_of, layer_prefix
 
@@ -49,6 +49,7 @@ class Adapter:
             sdpa = module.scaled_dot_product_attention = pooled_attention(sdpa)
         if sdpa is not None:
             sdpa.split = self.split   # the module's, as the adapter made last found it
+            sdpa.ops = chunk_attention() == "ops"
 
     @property
     def tied(self) -> bool:

@@ -97,7 +97,7 @@ def test_a_defect_in_spill_s_attention_fails_the_check(make_tiny, monkeypatch):
     process would run that swapped attention too and pass whatever it computes. Skewed here, the gate catches it."""
     from mlx_lm.models import base, llama
 
-    from spill.streamer.groups import pooled_attention
+    from spill.streamer.attention import pooled_attention
     def skewed(queries, keys, values, cache=None, scale=1.0, mask=None, sinks=None):
         return base.scaled_dot_product_attention(queries, keys, values, cache=cache, scale=scale * 1.05, mask=mask,
                                                  sinks=sinks)
