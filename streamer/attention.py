@@ -3,8 +3,9 @@ pool by pool (`pooled_attention`), split over CPU streams (`split_attention`), a
 
 A decode chunk of T > 1 columns a row (speculate.py) attends with a mask, and MLX's CUDA kernel for 2 or more
 queries a row makes a cuDNN plan for each shape it meets (rows, T, key columns: ~40 ms each on an H100), while a
-chunk's rows and T change from pass to pass. There (`platform.chunk_attention`: "ops") a chunk attends by three
-ops, the computation MLX itself falls back to elsewhere: no plan, and its scores [rows, heads, T, span] are small.
+chunk's rows and T change from pass to pass, as a draft model's first step a pass does. There
+(`platform.chunk_attention`: "ops") up to BY_OPS queries a row attend by three ops, the computation MLX itself
+falls back to elsewhere: no plan, and the scores [rows, heads, T, keys] are small.
 """
 
 import mlx.core as mx
@@ -13,6 +14,8 @@ from .groups import JointCache
 from .streams import cpu_streams, spread
 
 
+BY_OPS = 32      # queries a row at most that attend by ops where `sdpa.ops`: a chunk of drafts, a draft model's
+                 # catch-up step (draft.py); a prompt's longer chunks keep the fused kernel
 DECODE_ROWS = 8   # rows of a decode step's attention each CPU stream takes at least: fewer cost more in
                   # dispatch than the split saves
 
@@ -31,8 +34,7 @@ def pooled_attention(fused):
         streams = cpu_streams(sdpa.split) if sdpa.split > 1 and sinks is None else []
         if isinstance(cache, JointCache) and cache.kv_bits:   # quantized pools (kvquant.py) attend on their own
             return cache.pools[0].attend(cache, queries, scale, mask, sinks, streams)
-        chunked = (sdpa.ops and queries.shape[2] > 1 and isinstance(cache, JointCache) and sinks is None
-                   and isinstance(mask, mx.array))
+        chunked = sdpa.ops and 1 < queries.shape[2] <= BY_OPS and sinks is None and isinstance(mask, mx.array)
         attend = by_ops if chunked else fused
         if (not isinstance(cache, JointCache) or len(cache.pools) < 2 or sinks is not None
                 or not isinstance(mask, mx.array)):

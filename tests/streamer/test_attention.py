@@ -9,7 +9,7 @@ from spill import platform
 from spill.errors import SpillError
 from spill.streamer import attention
 
-from .test_speculate import PROMPTS, drive
+from .test_speculate import drive
 
 
 @pytest.mark.parametrize("heads, kv", [(4, 4), (8, 2)])   # one KV head a query head, and four sharing one
@@ -38,8 +38,8 @@ def test_with_ops_a_drafting_pass_attends_by_ops_and_keeps_every_token(make_tiny
     assert calls == []
     monkeypatch.setenv("SPILL_CHUNK_ATTENTION", "ops")
     ops = drive(folder, 4)
-    assert calls and all(shape[2] > 1 for shape in calls)   # chunks of drafts only: a one-token step stays fused
-    assert max(shape[0] for shape in calls) <= len(PROMPTS)   # decode rows (split over CPU streams): no prompt's
+    assert calls and all(1 < shape[2] <= attention.BY_OPS for shape in calls)   # a one-token step stays fused
+    assert any(shape[2] == 5 for shape in calls)   # the chunks: a row's token and its 4 drafts
     assert ops.out == fused.out == drive(folder, 0).out
 
 
@@ -52,3 +52,12 @@ def test_the_ops_are_the_default_on_a_cuda_gpu_only(monkeypatch):
     monkeypatch.setenv("SPILL_CHUNK_ATTENTION", "flash")
     with pytest.raises(SpillError, match="fused or ops"):
         platform.chunk_attention()
+
+
+def test_with_ops_a_draft_models_steps_still_propose_the_targets_own_tokens(make_tiny, monkeypatch):
+    from .test_draft import drive as with_draft
+    folder = make_tiny("llama", "float32")
+    plain = with_draft(folder, 0)
+    monkeypatch.setenv("SPILL_CHUNK_ATTENTION", "ops")
+    spec = with_draft(folder, 4, draft=folder)   # the target as its own draft: every draft is its next token
+    assert spec.out == plain.out and spec.accepted == spec.drafted > 0
