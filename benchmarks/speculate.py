@@ -50,6 +50,18 @@ def passes(home: Path) -> list[dict]:
     return [p for p in lines if "seconds" in p]
 
 
+def decode_only(ps: list[dict]) -> dict:
+    """Passes that took in no prompt token: their count, seconds and decode tokens a second (a prompt's passes cost
+    what they cost with drafts or without); and every pass as [seconds, decode rows, prompt tokens, accepted]."""
+    only = [p for p in ps if not p.get("prefill_tokens")]
+    seconds = sum(p["seconds"] for p in only)
+    tokens = sum(p["decode_rows"] + sum(n for _, n in p.get("accepted", [])) for p in only)
+    return {"decode_only_passes": len(only), "decode_only_s": round(seconds, 2),
+            "decode_only_tokens_per_s": round(tokens / max(seconds, 1e-9), 2),
+            "each_pass": [[round(p["seconds"], 4), p["decode_rows"], p.get("prefill_tokens", 0),
+                           sum(n for _, n in p.get("accepted", []))] for p in ps]}
+
+
 def run(a, tier: str, setting: str, rows: Path, seed_from: Path | None, n: int) -> dict:
     home = a.out / f"{tier}-{n}-{setting}"   # a setting given twice runs twice, each in a home of its own
     shutil.rmtree(home, ignore_errors=True)
@@ -79,6 +91,7 @@ def run(a, tier: str, setting: str, rows: Path, seed_from: Path | None, n: int) 
             "pass_s": round(sum(p["seconds"] for p in ps), 2),
             "decode_tokens_per_s": round((decode + accepted) / max(sum(p["seconds"] for p in ps), 1e-9), 2),
             "rows_per_pass_max": max((p["decode_rows"] for p in ps), default=0), "wall_s": round(wall, 1), "home": str(home),
+            **decode_only(ps),
             "output": str(out), "summary": proc.stdout.strip().splitlines()[-3:]}
 
 
@@ -99,9 +112,11 @@ def main() -> None:
                 mine, theirs = texts(Path(r["output"])), texts(Path(base["output"]))
                 r.update(identical=mine == theirs, same_rows=sum(mine.get(k) == v for k, v in theirs.items()), fewer_passes=round(base["passes"] / r["passes"], 3),
                          pass_time_ratio=round(base["pass_s"] / max(r["pass_s"], 1e-9), 3),
-                         tokens_per_s_ratio=round(r["decode_tokens_per_s"] / max(base["decode_tokens_per_s"], 1e-9), 3))
+                         tokens_per_s_ratio=round(r["decode_tokens_per_s"] / max(base["decode_tokens_per_s"], 1e-9), 3),
+                         decode_only_ratio=round(r["decode_only_tokens_per_s"] / max(base["decode_only_tokens_per_s"],
+                                                                                    1e-9), 3))
             results.append(r)
-            print(json.dumps({k: v for k, v in r.items() if k not in ("home", "output")}), flush=True)
+            print(json.dumps({k: v for k, v in r.items() if k not in ("home", "output", "each_pass")}), flush=True)
     (a.out / "result.json").write_text(json.dumps({"model": a.model, "args": vars(a) | {"out": str(a.out)},
                                                     "results": results}, indent=1, default=str))
 
