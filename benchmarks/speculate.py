@@ -52,14 +52,16 @@ def passes(home: Path) -> list[dict]:
 
 def decode_only(ps: list[dict]) -> dict:
     """Passes that took in no prompt token: their count, seconds and decode tokens a second (a prompt's passes cost
-    what they cost with drafts or without); and every pass as [seconds, decode rows, prompt tokens, accepted]."""
+    what they cost with drafts or without); and every pass as [seconds, decode rows, prompt tokens, accepted, columns,
+    read_s, compute_s, wait_s]."""
     only = [p for p in ps if not p.get("prefill_tokens")]
     seconds = sum(p["seconds"] for p in only)
     tokens = sum(p["decode_rows"] + sum(n for _, n in p.get("accepted", [])) for p in only)
     return {"decode_only_passes": len(only), "decode_only_s": round(seconds, 2),
             "decode_only_tokens_per_s": round(tokens / max(seconds, 1e-9), 2),
             "each_pass": [[round(p["seconds"], 4), p["decode_rows"], p.get("prefill_tokens", 0),
-                           sum(n for _, n in p.get("accepted", []))] for p in ps]}
+                           sum(n for _, n in p.get("accepted", [])), p.get("columns", 1),
+                           *(round(p.get(k, 0.0), 4) for k in ("read_s", "compute_s", "wait_s"))] for p in ps]}
 
 
 def run(a, tier: str, setting: str, rows: Path, seed_from: Path | None, n: int) -> dict:
