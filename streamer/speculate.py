@@ -36,10 +36,6 @@ from .sampling import sample
 from .verify import Draft, take, verify
 
 
-SPAN_STEP = 128   # a chunk attends over a multiple of this many columns: MLX's CUDA attention of 2+ queries a row
-                  # makes a plan for each key length (~40 ms on an H100), so passes must repeat one
-
-
 def off(why: str | None, asked: int, said: set, **setting) -> bool:
     """Whether drafts are off on these pools (`why`: this device cannot attend a chunk over their quantized KV);
     an explicit --speculate K (`asked` above 0) hears it once in the log (`said`: the settings told)."""
@@ -77,7 +73,7 @@ def _history(r: RowState) -> History:
 
 def chunk(decode: Decode, drafts: dict[int, list[int]]) -> mx.array:
     """The decode group's input [rows, T]: each row's last token, then its drafts (cut to fit, 0-padded).
-    Sets each pool's chunk, span (rounded up to SPAN_STEP columns, within its width) and write columns for this pass."""
+    Sets each pool's chunk, span and write columns for this pass."""
     room = min(p.width - int(p.lens[j]) for p in decode.pools for j, r in enumerate(p.rows) if r is not None)
     t = max(1, min(1 + max(map(len, drafts.values())), room))
     last = decode.next_tokens(1)   # offsets, used slots, spans of the one-token step
@@ -89,7 +85,7 @@ def chunk(decode: Decode, drafts: dict[int, list[int]]) -> mx.array:
             if r is not None and id(r) in drafts:
                 drafts[id(r)] = d = drafts[id(r)][:t - 1]
                 fed[start + j, 1:1 + len(d)] = d
-        p.chunk, p.span = t, min(-(-(p.span + t - 1) // SPAN_STEP) * SPAN_STEP, p.width)   # columns past lens: masked
+        p.chunk, p.span = t, p.span + t - 1
         at = np.pad(p.lens[:p.used], (0, p.slots - p.used))[:, None] + np.arange(t)[None, :]
         p.write_at = mx.array(at.astype(np.int32))[:, None, :, None]   # [slots, 1, T, 1]
         start += p.used

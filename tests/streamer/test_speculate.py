@@ -195,24 +195,3 @@ def test_a_streamed_pass_starts_its_reads_before_it_proposes_drafts(make_tiny, m
     passes = " ".join(seen).split("pass")
     drafting = [p.split() for p in passes if "propose" in p]
     assert drafting and all(p.index("read") < p.index("propose") for p in drafting)
-
-
-def test_a_drafting_pass_attends_over_a_key_length_that_repeats_from_pass_to_pass(make_tiny, monkeypatch):
-    """MLX's CUDA attention of 2+ queries a row makes a plan per key length (~40 ms on the H100, 0.1 ms once
-    made): a chunk's span grows in steps of SPAN_STEP columns, not with every token, so passes reuse one."""
-    s = Streamer(make_tiny("llama", "float32"), dtype=None)
-    rows = [Row(rid, p, 60, SamplingParams(), frozenset()) for rid, p in PROMPTS.items()]
-    s.run(PassPlan(start=[(r, 1) for r in rows], chunks={1: 64}))
-    seen, attend = [], mx.fast.scaled_dot_product_attention
-
-    def recorded(q, k, v, **kw):
-        if q.shape[2] > 1:
-            seen.append(k.shape[2])
-        return attend(q, k, v, **kw)
-    monkeypatch.setattr(mx.fast, "scaled_dot_product_attention", recorded)
-    passes = 0
-    while not s.idle:
-        s.run(PassPlan(drafts={rid: 4 for rid in PROMPTS}))
-        passes += 1
-    assert passes > 8 and len(seen) > 8 * 4   # every layer of every drafting pass attended a chunk
-    assert len(set(seen)) <= 2, sorted(set(seen))
