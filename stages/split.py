@@ -16,6 +16,7 @@ free memory. What a layer costs depends on the group's mode (the advisor's, `adv
 """
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -92,9 +93,7 @@ def matmul_params(t, bits: int | None = None) -> int:
     unpacked); none for a vector (a norm, a bias) or a quantized matrix's scales and biases."""
     if len(t.shape) < 2 or t.name.endswith((".scales", ".biases")):
         return 0
-    n = 1
-    for d in t.shape:
-        n *= d
+    n = math.prod(t.shape)
     return n * 32 // bits if bits and t.dtype == "U32" else n
 
 
