@@ -27,6 +27,7 @@ class Advice:
     kv: int = 0               # the job's KV at its whole batch
     budget: int = 0
     slots: int = 0            # rows the resident budget runs at once
+    by_compute: bool = False  # a resident pipeline's layers split by compute, else by bytes (`split.stage_shares`)
 
     @property
     def mode(self) -> str:
@@ -40,18 +41,29 @@ def advise(plan: ModelPlan, rows: list, memory_arg=None, *, stream: bool = False
     batch smaller than the job's; `variants`: (tag, bits, group size) of quantized variants to name;
     `others`: the group's processes' resident memory, as admission prices it; `fraction`: --budget-fraction;
     `kv`: the pools' KV quantization (bits, group size), None unquantized; `stages`: a pipeline's ranks (each
-    stage's share priced, resident where the tightest's fits)."""
-    policy, ws = budget_policy(plan, memory_arg, fraction, others=others, resident=True, kv=kv, stages=stages)
-    s = policy.sheet
+    stage's share priced, resident where the tightest's fits, its layers split by compute where that fits)."""
     width = width_class(max((r.prompt + r.out for r in rows), default=1))
-    want = max(1, min(len(rows), policy.max_rows))
-    slots = _slots(policy, want, width)
+    streamed = budget_policy(plan, memory_arg, fraction, others=others, kv=kv, stages=stages)[0]
+    want = max(1, min(len(rows), streamed.max_rows))
+    streamed_slots = _slots(streamed, want, width)
+
+    def resident(by_compute: bool):   # (policy, working set, slots, fits) with every stage's layers kept
+        policy, ws = budget_policy(plan, memory_arg, fraction, others=others, resident=True, kv=kv, stages=stages,
+                                   by_compute=by_compute)
+        slots = _slots(policy, want, width)
+        return policy, ws, slots, slots >= want or 0 < slots < want and _faster(passes, plan, slots, streamed_slots, rows)
+
+    # a resident pipeline's stages split by compute where they fit so, else by bytes (the least on any stage)
+    by_compute = stages > 1
+    policy, ws, slots, fits = resident(by_compute)
+    if by_compute and not fits:
+        by_compute = False
+        policy, ws, slots, fits = resident(by_compute)
+    s = policy.sheet
     weights, held = s.fixed["resident"], s.cost(want, width)
-    budget = f"the {fmt(s.budget)} memory budget" + (f" of each of {stages} ranks (the tightest stage's share)"
+    split = f"; layers split by {'compute' if by_compute else 'bytes'}" if fits and not stream else ""
+    budget = f"the {fmt(s.budget)} memory budget" + (f" of each of {stages} ranks (the tightest stage's share{split})"
                                                      if stages > 1 else "")
-    streamed_slots = _slots(budget_policy(plan, memory_arg, fraction, others=others, kv=kv, stages=stages)[0], want, width)
-    faster = 0 < slots < want and _faster(passes, plan, slots, streamed_slots, rows)
-    fits = slots >= want or faster
     what = (f"the weights ({fmt(weights)}) and the job's KV ({fmt(held)} for {want} rows at once) fit {budget}"
             if slots >= want else
             f"the weights ({fmt(weights)}) leave KV for {slots} of the job's {want} rows at once in {budget}, "
@@ -66,7 +78,7 @@ def advise(plan: ModelPlan, rows: list, memory_arg=None, *, stream: bool = False
                 f"{budget} ({s.fraction:.0%} of the {fmt(ws.bytes)} working set)")
         if tag := _variant(plan, rows, memory_arg, passes, variants, others, fraction, kv):
             line += f"; {tag} would fit resident: spill run {tag}"
-    return Advice(fits and not stream, line, weights, held, s.budget, slots)
+    return Advice(fits and not stream, line, weights, held, s.budget, slots, by_compute and fits and not stream)
 
 
 def _slots(policy, want: int, width: int) -> int:

@@ -104,7 +104,7 @@ def _price(msg: m.Reset, args: dict, box, log, calibrator=None):
     kv = (msg.kv_bits, msg.kv_group_size) if msg.kv_bits else None   # the pools' KV quantization
     policy, ws = budget_policy(plan, args.get("memory"), args.get("budget_fraction"), others,
                                args.get("prefill_chunk", 512), resident=msg.resident, kv=kv, draft=draft,
-                               stages=msg.stages)
+                               stages=msg.stages, by_compute=msg.by_compute)
     sheet = policy.sheet
     log.info("budget", mode="resident" if msg.resident else "streamed", kv=kv_format(*(kv or (None,))),
              working_set=ws.bytes, source=ws.source, budget=sheet.budget, kv_budget=sheet.kv_budget,

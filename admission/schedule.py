@@ -29,15 +29,17 @@ from .prices import sheet_for
 
 def budget_policy(plan, memory_arg=None, fraction: float | None = None, others: int = 0,
                   prefill_chunk: int = 512, resident: bool = False,
-                  kv: tuple | None = None, draft=None, stages: int = 1) -> tuple[BudgetPolicy, memory.WorkingSet]:
+                  kv: tuple | None = None, draft=None, stages: int = 1,
+                  by_compute: bool = False) -> tuple[BudgetPolicy, memory.WorkingSet]:
     """The budget policy for `plan` on this machine (`memory_arg`: --memory, else detected);
     `resident`: every layer's weights priced as kept in memory; `kv`: the pools' (bits, group size), or None;
     `draft`: a resident draft model's plan (--draft), its weights and KV priced; `stages`: a pipeline's ranks,
-    each priced on its share (every host's memory taken as this one's) and the policy the tightest's."""
+    each priced on its share (every host's memory taken as this one's) and the policy the tightest's; `by_compute`:
+    its layers split by compute, as a resident pipeline's may be (`split.stage_shares`), else by bytes."""
     if stages > 1:
         from spill.stages.split import stage_plans
         policies = [budget_policy(p, memory_arg, fraction, others, prefill_chunk, resident, kv, draft)
-                    for p in stage_plans(plan, stages)]
+                    for p in stage_plans(plan, stages, by_compute=by_compute)]
         return min(policies, key=lambda pw: pw[0].sheet.kv_budget // max(pw[0].sheet.kv_per_token, 1))
     ws = memory.working_set(memory_arg)
     host = memory.host_apart()   # a CUDA GPU's: the host's memory, budgeted apart

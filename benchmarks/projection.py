@@ -3,9 +3,10 @@ priced by the project's own models with every input stated below.
 
     python benchmarks/projection.py [--macs 1,2,3,4] [--rows 2000] [--json OUT] [--doc docs/projection.md]
 
-Per Mac count: the model's layers split by bytes (`split.stage_shares`), each stage's price sheet on a 48 GB Mac
-(`prices.sheet_for` through `schedule.policy_for`, Apple's reader settings) and the advisor's choice, resident or
-streamed (`advisor.advise`); each stage priced by a pass model of its share (Apple's GPU rate, the Mac's disk);
+Per Mac count: the model's layers split as the product splits them (`split.stage_shares`: by compute where every
+stage of that split runs resident, else by bytes), each stage's price sheet on a 48 GB Mac (`prices.sheet_for`
+through `schedule.policy_for`, Apple's reader settings) and the advisor's choice, resident or streamed
+(`advisor.advise`); each stage priced by a pass model of its share (Apple's GPU rate, the Mac's disk);
 the round of M micro-batches by the stage model (`stages.model`, hops by `link.Link`); the job by the estimate's
 own scheduler (`simulate.simulate`), whose passes are the rounds, against the tightest stage's budget.
 """
@@ -24,7 +25,7 @@ from spill.admission.simulate import SimRow, simulate
 from spill.factory.families import get_family, tensor_shapes
 from spill.factory.presets import Shape
 from spill.stages.model import best_micro_batches, idle_shares, round_seconds
-from spill.stages.split import resident_names, stage_shares
+from spill.stages.split import stage_plans
 from spill.streamer.plan import ModelPlan, TensorSpec, layer_of
 
 # Llama-3.3-70B-Instruct's config.json (Meta's published shapes; no 70B config is in /work/shared/reference-data)
@@ -59,16 +60,6 @@ def model_plan(shape: Shape = LLAMA_70B, itemsize: int = 2) -> ModelPlan:
         i = layer_of(name)
         (resident if i is None else layers[i]).append(t)
     return ModelPlan(Path("."), config, layers, resident)
-
-
-def stage_plans(plan: ModelPlan, n: int) -> list[ModelPlan]:
-    """Each stage's share as a plan of its own: its layers, and the tensors around them it holds."""
-    out = []
-    for k, share in enumerate(stage_shares(plan, n)):
-        names = resident_names(plan, k == 0, k == n - 1)
-        out.append(ModelPlan(plan.folder, plan.config, [plan.layers[i] for i in share.layers],
-                             [t for t in plan.resident if t.name in names]))
-    return out
 
 
 def apple_pricing() -> None:
@@ -131,9 +122,12 @@ def project(n: int, link: tuple, rows: list[SimRow], *, plan: ModelPlan | None =
     """The job on `n` Macs joined by `link` (name, latency s, bytes/s): each stage's share and mode, the round,
     rows a round, each stage's idle share and the job's seconds. `kv`: the pools' (bits, group size), None bf16."""
     plan = plan or model_plan()
-    plans = stage_plans(plan, n)
-    streamed = [stage_model(p, disk, flops) for p in plans]
-    modes = [advisor.advise(p, rows, working_set, passes=s, kv=kv).resident for p, s in zip(plans, streamed)]
+    for by_compute in (True, False) if n > 1 else (False,):   # by compute where every stage runs resident so
+        plans = stage_plans(plan, n, by_compute=by_compute)
+        streamed = [stage_model(p, disk, flops) for p in plans]
+        modes = [advisor.advise(p, rows, working_set, passes=s, kv=kv).resident for p, s in zip(plans, streamed)]
+        if all(modes):
+            break
     models = [stage_model(p, disk, flops, resident=r) for p, r in zip(plans, modes)]
     policies = [schedule.policy_for(p, working_set, s, resident=r, kv=kv) for p, s, r in zip(plans, models, modes)]
     mean = SimRow(-1, round(sum(r.prompt for r in rows) / len(rows)), MAX_TOKENS)
@@ -160,7 +154,8 @@ def project(n: int, link: tuple, rows: list[SimRow], *, plan: ModelPlan | None =
     fill = sum(t[:-1]) + sum(hops[:-1])   # the first micro-batch's trip to the last stage, once (stages.model)
     return {"macs": n, "link": link[0] if n > 1 else "-", "micro_batches": m,
             "stage_gb": [round(p.total_bytes / 1e9, 1) for p in plans],
-            "layers": [len(p.layers) for p in plans], "mode": ["resident" if r else "streamed" for r in modes],
+            "layers": [len(p.layers) for p in plans], "split": "compute" if by_compute else "bytes",
+            "mode": ["resident" if r else "streamed" for r in modes],
             "budget_gib": round(policy.sheet.budget / 2**30, 2),
             "kv_budget_gib": [round(pol.sheet.kv_budget / 2**30, 2) for pol, _, _ in policies],
             "rows_held": held, "round_s": round(pipe.pass_s(steady), 2),

@@ -144,7 +144,8 @@ class Group:
                                                    self.current.kv if model else (0, 64))),
                                         speculate=self._drafts() if model else 0,
                                         draft=self.current.draft if model else "",
-                                        stages=self.sup.args.get("stages", 1)))
+                                        stages=self.sup.args.get("stages", 1),
+                                        by_compute=bool(model) and self.current.by_compute))
 
     def _drafts(self) -> int:
         """The job's --speculate; none on a pipeline group (its stages verify no drafts yet), said once to the job."""
@@ -228,7 +229,7 @@ class Group:
     def status(self, req: m.Status) -> m.JobStatus:
         """The job asked about (the running one when none is named) with the group's processes and memory."""
         return m.JobStatus(**self._status(req), memory=self.memory, metrics=self.metrics,
-                           stages=self.sup.stages(self.model or None))
+                           stages=self.sup.stages(self.model or None, bool(self.current) and self.current.by_compute))
 
     def _status(self, req: m.Status) -> dict:
         runs = self.runs()

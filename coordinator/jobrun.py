@@ -169,6 +169,11 @@ class JobRun:
         return bool(self.estimate and self.estimate.advice.resident)
 
     @property
+    def by_compute(self) -> bool:
+        """The advisor's split of a resident pipeline's layers: by compute, else by bytes (`split.stage_shares`)."""
+        return bool(self.estimate and self.estimate.advice.by_compute)
+
+    @property
     def finished(self) -> bool:
         return not self.pending
 

@@ -117,15 +117,16 @@ class Ring:
         said, self.pending = self.pending, ""
         return said
 
-    def lines(self, folder: str | None, streamer_pid: int | None) -> list[str]:
-        """`spill status`'s lines: a stage a line (rank, host, layers, pid), then the ranks lost."""
+    def lines(self, folder: str | None, streamer_pid: int | None, by_compute: bool = False) -> list[str]:
+        """`spill status`'s lines: a stage a line (rank, host, layers as split by bytes or `by_compute`, pid), then
+        the ranks lost."""
         if self.ranks == 1:
             return []
         n = self.size
         try:
             from spill.stages.split import stage_shares
             from spill.streamer.plan import load_plan
-            shares = [s.layers for s in stage_shares(load_plan(folder), n)] if folder else None
+            shares = [s.layers for s in stage_shares(load_plan(folder), n, by_compute=by_compute)] if folder else None
         except (SpillError, OSError):
             shares = None
         out = []

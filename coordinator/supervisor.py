@@ -75,10 +75,11 @@ class Supervisor:
         """The sentence naming the rank a dead pipeline streamer lost, else "": the pipeline's end, not the job's."""
         return self.ring.take(lost_file(self.procs[role].pid)) if role == "streamer" else ""
 
-    def stages(self, folder: str | None) -> list[str]:
+    def stages(self, folder: str | None, by_compute: bool = False) -> list[str]:
         """A line a pipeline stage (none for a group of one rank), as `spill status` shows them."""
         streamer = self.procs.get("streamer")
-        return self.ring.lines(folder, streamer.pid if streamer is not None and streamer.poll() is None else None)
+        return self.ring.lines(folder, streamer.pid if streamer is not None and streamer.poll() is None else None,
+                               by_compute)
 
     def why(self, role: str, final: bool = True) -> str:
         """The sentence a dead actor left for an error no restart fixes (spill.actor.run_actor), else "";

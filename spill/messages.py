@@ -93,6 +93,7 @@ class Reset:
     speculate: Drafts = 0    # drafts a decode row may carry a pass (--speculate K); 0: off; -1: auto
     draft: str = ""          # the draft model's folder (--draft); "": drafts by prompt lookup
     stages: Annotated[int, Range(1, 1024)] = 1   # the pipeline's ranks the streamer runs on now: each prices its share
+    by_compute: bool = False   # resident, the stages' layers split by compute, else by bytes (the advisor's choice)
 
 
 @dataclass(frozen=True)

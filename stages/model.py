@@ -3,7 +3,8 @@
 Ranks. `mlx.launch` (or `spill up --ranks N` on loopback) starts one process a rank. Rank 0 runs the group
 as today (coordinator, tokenizer, admission) with its streamer as stage 0: the embedding and the first layer
 range. Ranks 1..N-1 each run a stage (`serve.py`): the streamer core on its layer range (`split.stage_shares`:
-by bytes, or by each host's working set); the last also holds the final norm and head and samples. Built
+by bytes where the group streams, by compute where it runs resident and that split fits, as the advisor chose;
+the stage times t_i below are those ranges'); the last also holds the final norm and head and samples. Built
 (`staged.py`): the streamer actor finds MLX_RANK and MLX_HOSTFILE (`relay.group_relay`) and, with several
 ranks, names the model and each rank's layers, then sends each plan round the ring before its pass; every
 stage runs it on the same rows, hidden states go r -> r+1, the last stage's tokens back to every rank, all

@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         group = join()
         n, rank = group.size(), group.rank()
-        share = stage_shares(load_plan(args.model), n)[rank]
+        share = stage_shares(load_plan(args.model), n, by_compute=True)[rank]   # every stage resident
         stage = Stage(args.model, share.layers, first=rank == 0, last=rank == n - 1)
         links = [vars(link) for link in measure(group)] if args.link and n > 1 else []
         prompts = json.loads(Path(args.prompts).read_text())

@@ -37,7 +37,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--plans", help="rank 0: the plans to run")
     p.add_argument("--out", help="rank 0: where to write each pass's tokens")
     p.add_argument("--prefill-chunk", type=int, default=512)
-    p.add_argument("--resident", action="store_true", help="keep the stages' layers after their first read")
+    p.add_argument("--resident", action="store_true",
+                   help="keep the stages' layers after their first read (split by compute, else by bytes)")
     p.add_argument("--micro-batches", default="0", help="rank 0: a run of the plans for each (comma-separated)")
     p.add_argument("--deadline", type=float, default=None, help="seconds to wait on a neighbour (SPILL_STAGE_TIMEOUT)")
     p.add_argument("--parent-fd", type=int, default=None, help="leave when this pipe closes (the group's supervisor)")
@@ -62,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
             for m in [int(m) for m in args.micro_batches.split(",")]:
                 runs.append(len(passes))
                 engine = StagedStreamer(args.model, relay, prefill_chunk=args.prefill_chunk, resident=args.resident,
-                                        micro_batches=m)
+                                        micro_batches=m, by_compute=args.resident)
                 ops = {"plan": lambda plan: on_pass(engine.run(plan)), "clear": lambda _: engine.clear(),
                        "resident": engine.set_resident, "kv": lambda kv: engine.set_kv(*kv)}
                 try:

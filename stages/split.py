@@ -1,15 +1,22 @@
-"""Which layers each stage holds: N contiguous ranges, balanced by what each layer costs.
+"""Which layers each stage holds: N contiguous ranges, balanced by what a pass costs each stage.
 
-A stage's load is the cost of its layers (bytes, from the safetensors headers) plus what sits around them
-(the embedding on the first stage, the final norm and head on the last), over its share of the capacity
-(each rank's working set; equal where not given). The split minimizes the largest load, as exo places
-layers by free memory:
+A stage's load is the cost of its layers plus what sits around them, over its share of the capacity (each
+rank's working set; equal where not given). The split minimizes the largest load, as exo places layers by
+free memory. What a layer costs depends on the group's mode (the advisor's, `advisor.advise`):
+
+    streamed   a pass reads the stage's share: bytes (safetensors headers), the embedding on the first
+               stage and the norm and head on the last counted as they are held
+    resident   a pass computes (`by_compute`): each layer's matmul weights (its parameters a token), the
+               head's (vocab x hidden) on the last stage, the embedding (a gather) nothing on the first;
+               by bytes where only that split's stages fit resident
 
     layers    [10 10 10 10 10 10]   first 15 (embedding), last 15 (norm, head), 2 stages
-    ranges    [0, 3) [3, 6)         loads 45 and 45
+    streamed  [0, 3) [3, 6)         loads 45 and 45
+    resident  [0, 4) [4, 6)         loads 40 and 35 (first 0, last 15)
 """
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -81,24 +88,47 @@ def resident_names(plan, first: bool, last: bool) -> set[str]:
     return names
 
 
-def stage_shares(plan, n: int, capacity: list[float] | None = None) -> list[StageShare]:
-    """The model's layers split over n stages by bytes (`split`), with each stage's share of them."""
-    def resident(first: bool, last: bool) -> int:
+def matmul_params(t, bits: int | None = None) -> int:
+    """The weights of tensor `t` a token multiplies by: a matrix's elements (packed `bits`-bit ones counted as
+    unpacked); none for a vector (a norm, a bias) or a quantized matrix's scales and biases."""
+    if len(t.shape) < 2 or t.name.endswith((".scales", ".biases")):
+        return 0
+    n = math.prod(t.shape)
+    return n * 32 // bits if bits and t.dtype == "U32" else n
+
+
+def compute_costs(plan) -> tuple[list[int], int]:
+    """(each layer's matmul weights, the head's): what a resident pass computes a token, layer by layer and on
+    the last stage; the embedding, a gather, costs nothing."""
+    bits = (plan.config.get("quantization") or {}).get("bits")
+    head = resident_names(plan, False, True)   # the norm and the head (the embedding where the head is tied to it)
+    return ([sum(matmul_params(t, bits) for t in ts) for ts in plan.layers],
+            sum(matmul_params(t, bits) for t in plan.resident if t.name in head))
+
+
+def stage_shares(plan, n: int, capacity: list[float] | None = None, *, by_compute: bool = False) -> list[StageShare]:
+    """The model's layers split over n stages (`split`) by bytes (what a streamed pass reads), or `by_compute`
+    (what a resident pass computes); each stage's share of the bytes."""
+    def held(first: bool, last: bool) -> int:
         names = resident_names(plan, first, last)
         return sum(t.nbytes for t in plan.resident if t.name in names)
 
     costs = [plan.layer_bytes(i) for i in range(len(plan.layers))]
     if n == 1:
-        return [StageShare(range(len(costs)), sum(costs), resident(True, True))]
-    ranges = split(costs, n, capacity=capacity, first=resident(True, False), last=resident(False, True))
-    return [StageShare(r, sum(costs[i] for i in r), resident(k == 0, k == n - 1)) for k, r in enumerate(ranges)]
+        return [StageShare(range(len(costs)), sum(costs), held(True, True))]
+    if by_compute:
+        work, head = compute_costs(plan)
+        ranges = split(work, n, capacity=capacity, last=head)
+    else:
+        ranges = split(costs, n, capacity=capacity, first=held(True, False), last=held(False, True))
+    return [StageShare(r, sum(costs[i] for i in r), held(k == 0, k == n - 1)) for k, r in enumerate(ranges)]
 
 
-def stage_plans(plan, n: int) -> list:
+def stage_plans(plan, n: int, *, by_compute: bool = False) -> list:
     """Each stage's share of `plan` as a plan of its own (its layers, the tensors around them it holds): what
-    a stage's memory prices."""
+    a stage's memory prices, for the split `stage_shares` makes."""
     if n <= 1:
         return [plan]
     return [dataclasses.replace(plan, layers=[plan.layers[i] for i in s.layers],
                                 resident=[t for t in plan.resident if t.name in resident_names(plan, k == 0, k == n - 1)])
-            for k, s in enumerate(stage_shares(plan, n))]
+            for k, s in enumerate(stage_shares(plan, n, by_compute=by_compute))]

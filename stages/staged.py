@@ -45,11 +45,12 @@ def tell(relay: Relay, op: str, body=None) -> None:
 
 
 class StagedStreamer(Streamer):
-    """This rank's stage: `layers` of the model in `folder` (rank 0: its share by bytes, `split.stage_shares`,
-    and it tells the others to load theirs). Rank 0 drives (`run`, `step`, `clear`...: each told to the
-    others, a plan before its pass); the others `follow` (`serve`)."""
+    """This rank's stage: `layers` of the model in `folder` (rank 0: its share by bytes, or `by_compute` where the
+    group runs resident, `split.stage_shares`, and it tells the others to load theirs). Rank 0 drives (`run`,
+    `step`, `clear`...: each told to the others, a plan before its pass); the others `follow` (`serve`)."""
 
-    def __init__(self, folder, relay: Relay, layers: range | None = None, micro_batches: int = 0, **kw):
+    def __init__(self, folder, relay: Relay, layers: range | None = None, micro_batches: int = 0,
+                 by_compute: bool = False, **kw):
         self.relay, self.rank, self.size = relay, relay.rank, relay.size
         self.first, self.last = self.rank == 0, self.rank == self.size - 1
         if micro_batches < 0:
@@ -57,8 +58,8 @@ class StagedStreamer(Streamer):
                              f"{micro_batches}")
         self.micro_batches = micro_batches or self.size   # a pass's decode micro-batches where resident (M)
         self._micro, self._inbox, self._tokens_s = False, [], 0.0   # this pass micro-batch outer; its inputs' shapes
-        plan = load_plan(folder)
-        ranges = [s.layers for s in stage_shares(plan, self.size)]
+        self.whole = plan = load_plan(folder)   # every layer's tensors: what the split is made from
+        self.ranges = ranges = split_ranges(plan, self.size, by_compute)
         layers = ranges[self.rank] if layers is None else layers
         super().__init__(folder, layers=layers, holds=resident_names(plan, self.first, self.last), **kw)
         self.hidden = self.adapter.args.hidden_size
@@ -67,6 +68,10 @@ class StagedStreamer(Streamer):
         kw["micro_batches"] = self.micro_batches
         tell(relay, "load", {"model": str(folder), "layers": [[r.start, r.stop] for r in ranges], "dtype": dtype,
                              **{k: kw[k] for k in SHARED if k in kw}})
+
+    def splits_as(self, by_compute: bool) -> bool:
+        """Whether the group's layers split `by_compute` (or by bytes) as it holds them; else it loads anew."""
+        return split_ranges(self.whole, self.size, by_compute) == self.ranges
 
     @property
     def speculate(self) -> int:
@@ -183,6 +188,11 @@ class StagedStreamer(Streamer):
                              "every rank must run the same plans")
         out = emit.accept(rows, tokens)
         return [e for j in sorted(out) for e in out[j]]
+
+
+def split_ranges(plan, n: int, by_compute: bool) -> list[range]:
+    """Each stage's layers (`split.stage_shares`): every rank takes rank 0's, sent with "load"."""
+    return [s.layers for s in stage_shares(plan, n, by_compute=by_compute)]
 
 
 def serve(relay: Relay, on_pass=None) -> "StagedStreamer | None":

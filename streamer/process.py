@@ -32,7 +32,7 @@ class StreamerActor:
 
     def reset(self, msg: m.Reset) -> None:
         self.epoch, self.job = msg.epoch, msg.job
-        if msg.model and msg.model != self.model:
+        if msg.model and (msg.model != self.model or self._splits_anew(msg)):
             if self.engine is not None:
                 self.engine.close()
             self.engine, self.model = None, ""
@@ -45,12 +45,16 @@ class StreamerActor:
                 self.engine.speculate = msg.speculate   # the job's rows sample as its --speculate says
                 self.engine.set_draft(msg.draft or None)  # the job's draft model, loaded where it changes
 
+    def _splits_anew(self, msg: m.Reset) -> bool:
+        """A pipeline's stages split otherwise for this job (by compute or by bytes): the model loads anew."""
+        return isinstance(self.engine, StagedStreamer) and not self.engine.splits_as(msg.by_compute)
+
     def _open(self, msg: m.Reset) -> Streamer:
         kw = dict(prefill_chunk=self.prefill_chunk, resident=msg.resident, kv_bits=msg.kv_bits or None,
                   kv_group_size=msg.kv_group_size, speculate=msg.speculate, draft=msg.draft or None)
         if self.relay is None:
             return Streamer(msg.model, **kw)
-        return StagedStreamer(msg.model, self.relay, micro_batches=self.micro_batches, **kw)
+        return StagedStreamer(msg.model, self.relay, micro_batches=self.micro_batches, by_compute=msg.by_compute, **kw)
 
     def run(self, msg: m.Plan) -> tuple[m.Tokens, m.Pass, list]:
         """The plan's pass: (tokens for the tokenizer, the report, rows refused as (row, why))."""

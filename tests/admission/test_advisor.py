@@ -12,9 +12,10 @@ from spill.streamer.plan import load_plan
 ROWS = [SimRow(i, 20, 44) for i in range(4)]          # 64 tokens each: width class 64
 
 
-def memory_for(plan, slots: float, resident=True) -> str:
-    """A working set (bytes, as --memory takes it) whose budget leaves KV for `slots` rows of 64 tokens."""
-    s = budget_policy(plan, "1GB", resident=resident)[0].sheet
+def memory_for(plan, slots: float, resident=True, **stages) -> str:
+    """A working set (bytes, as --memory takes it) whose budget leaves KV for `slots` rows of 64 tokens (of each
+    stage's share, with `stages`: stages=N and by_compute)."""
+    s = budget_policy(plan, "1GB", resident=resident, **stages)[0].sheet
     return str(int((sum(s.fixed.values()) + slots * s.cost(1, 64)) / s.fraction) + 1)
 
 
@@ -90,7 +91,20 @@ def test_a_pipeline_prices_each_stage_on_its_share_and_runs_resident_where_the_t
     memory = memory_for(plan, 0.5)   # resident: not one row of the whole model's KV beside its weights
     one, two = advise(plan, ROWS, memory), advise(plan, ROWS, memory, stages=2)
     assert not one.resident and two.resident and two.weights < one.weights / 1.5
-    assert " of each of 2 ranks (the tightest stage's share)" in two.line
+    assert " of each of 2 ranks (the tightest stage's share; layers split by compute)" in two.line and two.by_compute
     alone, staged = (budget_policy(plan, memory, stages=n)[0].sheet for n in (1, 2))
     assert staged.kv_per_token * 2 == alone.kv_per_token   # each stage holds its layers' share of a row's KV
     assert staged.kv_budget > alone.kv_budget               # and only its share of the weights in flight
+
+
+def test_a_resident_pipeline_splits_by_compute_where_its_stages_fit_so_else_by_bytes(plan):
+    """The tiny model's head weighs a layer and a third: split by compute its first stage holds 3 layers of 4 and
+    the embedding, more than either stage split by bytes."""
+    by_bytes, by_compute = (memory_for(plan, 4.5, stages=2, by_compute=c) for c in (False, True))
+    assert int(by_bytes) < int(by_compute)
+    a, b = advise(plan, ROWS, by_bytes, stages=2), advise(plan, ROWS, by_compute, stages=2)
+    assert a.resident and not a.by_compute and "(the tightest stage's share; layers split by bytes)" in a.line
+    assert b.resident and b.by_compute and b.weights > a.weights
+    streamed = advise(plan, ROWS, memory_for(plan, 0.5, stages=2), stages=2)
+    assert not streamed.resident and not streamed.by_compute
+    assert not advise(plan, ROWS, by_compute, stages=2, stream=True).by_compute   # --stream: split by bytes

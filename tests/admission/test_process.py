@@ -18,6 +18,7 @@ from spill.admission.calibration import Calibration, Calibrator
 from spill.admission.passmodel import PassModel
 from spill.admission.policy import BudgetPolicy
 from spill.admission.scheduler import Scheduler
+from spill.stages.split import stage_plans
 from spill.streamer.plan import load_plan
 from spill.wire import Endpoints, Mailbox
 
@@ -59,6 +60,17 @@ def test_a_resident_reset_prices_every_layer_as_fixed_and_leaves_less_kv(make_ti
     assert resident.sheet.fixed["resident"] == 2 * load_plan(folder).total_bytes   # bf16, computed in float32
     assert resident.sheet.fixed["layers"] == 0 < streamed.sheet.fixed["layers"]
     assert resident.sheet.kv_budget < streamed.sheet.kv_budget
+
+
+def test_a_resident_pipeline_reset_prices_the_stages_as_the_advisor_split_them(make_tiny):
+    """The tiny model's first stage holds 3 layers of 4 split by compute (the tightest stage), 2 split by bytes."""
+    folder = str(make_tiny("llama"))
+    args, log = {"memory": "2GB"}, structlog.get_logger()
+    weights = [process._price(m.Reset(1, folder, "job", resident=True, stages=2, by_compute=c), args, None, log)[0]
+               .policy.sheet.fixed["resident"] for c in (False, True)]
+    stages = [stage_plans(load_plan(folder), 2, by_compute=c) for c in (False, True)]
+    assert weights[0] in [2 * p.total_bytes for p in stages[0]]   # bf16, computed in float32
+    assert weights[1] == 2 * stages[1][0].total_bytes > weights[0] and [len(p.layers) for p in stages[1]] == [3, 1]
 
 
 def test_the_streamers_runtime_from_its_ready_is_priced_with_the_others(make_tiny, monkeypatch):

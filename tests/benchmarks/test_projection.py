@@ -6,7 +6,9 @@ from pathlib import Path
 import pytest
 
 from spill.admission.passmodel import PassShape
+from spill.factory.presets import Shape
 from spill.stages.model import idle_shares
+from spill.stages.split import stage_shares
 
 ROOT = Path(__file__).resolve().parents[2]
 spec = importlib.util.spec_from_file_location("projection", ROOT / "benchmarks" / "projection.py")
@@ -80,3 +82,16 @@ def test_a_hop_carries_a_micro_batch_of_hidden_states_and_the_last_its_tokens():
     _, hops = pipe.times(PassShape(200, 0, 0, pipe.reads))
     # 100 rows a micro-batch: 100 x 8192 x 2 bytes over 10 GbE, then 100 x 4 bytes of tokens back
     assert hops == pytest.approx([1e-4 + 100 * 8192 * 2 / 1.1e9, 1e-4 + 100 * 4 / 1.1e9])
+
+
+def test_stages_that_fit_resident_are_split_by_compute_as_the_advisor_splits_them(apple):
+    """A 1B-like llama with a 128k vocabulary (its head weighs 4 layers): two Macs hold it resident, the head's
+    stage with fewer layers; the 70B streams, split by bytes."""
+    plan = projection.model_plan(Shape(hidden=2048, layers=16, intermediate=8192, heads=32, kv_heads=8, head_dim=64,
+                                       vocab=128256))
+    rows = projection.job_rows(60)
+    small = projection.project(2, projection.LINKS[0], rows, plan=plan)
+    assert small["mode"] == ["resident"] * 2 and small["split"] == "compute"
+    assert small["layers"] == [len(s.layers) for s in stage_shares(plan, 2, by_compute=True)] == [10, 6]
+    big = projection.project(2, projection.LINKS[0], rows)
+    assert big["mode"] == ["streamed"] * 2 and big["split"] == "bytes" and big["layers"] == [40, 40]

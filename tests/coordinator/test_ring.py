@@ -43,3 +43,12 @@ def test_a_streamer_that_lost_a_rank_names_it_and_the_host(tmp_path):
 def test_a_group_of_one_rank_has_no_stages_and_no_ring(tmp_path):
     ring = Ring(1, env={"PATH": "/bin"})
     assert ring.start({"PATH": "/bin", "MLX_RANK": "0"}) == {"PATH": "/bin"} and ring.lines(None, 5) == []
+
+
+def test_the_status_lines_show_the_layers_as_the_running_job_splits_them(tmp_path, make_tiny):
+    ring, folder = Ring(env=_launched(tmp_path, 2)), str(make_tiny("llama"))
+    assert ring.lines(folder, 7) == ["stage 0: rank 0 on 10.0.0.1, layers 0-1 of 4, pid 7",
+                                     "stage 1: rank 1 on 10.0.0.2, layers 2-3 of 4"]
+    # resident, split by compute: the head on stage 1 weighs a layer and a third
+    assert ring.lines(folder, 7, by_compute=True) == ["stage 0: rank 0 on 10.0.0.1, layers 0-2 of 4, pid 7",
+                                                      "stage 1: rank 1 on 10.0.0.2, layers 3-3 of 4"]

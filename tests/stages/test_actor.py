@@ -25,17 +25,20 @@ def _plan(epoch, index, rows=(), prompts=(), max_tokens=5, groups=None, chunks=(
 
 
 def _messages(model: str, other: str) -> list:
-    """A job's plans; a reset that keeps the model and one that loads another, each with plans of its own; a
-    reset asking for drafts (refused by a group of several ranks)."""
+    """A job's plans; a reset that loads another model; one that keeps it but runs resident, its layers split by
+    compute (loaded anew), and one that keeps both; each with plans of its own; a reset asking for drafts
+    (refused by a group of several ranks)."""
     first = [_plan(1, 0, [10, 11, 12], [[5, 6, 7], [9, 10], list(range(40, 80))], groups=[1, 1, 2],
                    chunks=[(1, 3), (2, 16)]),
              _plan(1, 1, [13], [[3] * 9], groups=[3], chunks=[(2, 16), (3, 9)]),
              _plan(1, 2, chunks=[(2, 16)], drop=[13]),
              *[_plan(1, i) for i in range(3, 9)]]
-    again = [_plan(2, 0, [20, 21], [[7, 8], [1, 2, 3, 4]], chunks=[(1, 4)]), *[_plan(2, i) for i in range(1, 6)]]
-    other_job = [_plan(3, 0, [30], [[11, 12, 13]], chunks=[(1, 3)]), *[_plan(3, i) for i in range(1, 6)]]
-    return [m.Reset(1, model), *first, m.Reset(2, model), *again, m.Reset(3, other), *other_job,
-            m.Reset(4, model, speculate=2)]
+    other_job = [_plan(2, 0, [30], [[11, 12, 13]], chunks=[(1, 3)]), *[_plan(2, i) for i in range(1, 6)]]
+    again = [_plan(3, 0, [20, 21], [[7, 8], [1, 2, 3, 4]], chunks=[(1, 4)]), *[_plan(3, i) for i in range(1, 6)]]
+    same = [_plan(4, 0, [40], [[9, 8, 7]], chunks=[(1, 3)]), *[_plan(4, i) for i in range(1, 4)]]
+    return [m.Reset(1, model), *first, m.Reset(2, other), *other_job,
+            m.Reset(3, other, resident=True, by_compute=True), *again,
+            m.Reset(4, other, resident=True, by_compute=True), *same, m.Reset(5, model, speculate=2)]
 
 
 @ring
@@ -49,8 +52,9 @@ def test_the_streamer_actor_drives_2_ranks_to_its_own_tokens_across_resets_and_m
     ranks = launch.wait(procs, timeout=180)
     assert all(rc == 0 for rc, _, _ in ranks), [err[-800:] for _, _, err in ranks]
     staged = json.loads((tmp_path / "out.json").read_text())
-    assert staged[:-1] == alone and len(alone) == 9 + 6 + 6   # every pass of the three jobs, token for token
+    assert staged[:-1] == alone and len(alone) == 9 + 6 + 6 + 4   # every pass of the four jobs, token for token
     assert "--speculate 0" in staged[-1]["error"]
     assert sum(len(p["tokens"]) for p in alone) > 20
-    follower = json.loads(ranks[1][1].strip().splitlines()[-1])   # rank 1 ran every pass, the second model last
-    assert (follower["passes"], follower["layers"]) == (len(alone), [2, 4])
+    # rank 1 ran every pass; last the second model's last layer: split by compute, its head weighs a layer and a third
+    follower = json.loads(ranks[1][1].strip().splitlines()[-1])
+    assert (follower["passes"], follower["layers"]) == (len(alone), [3, 4])

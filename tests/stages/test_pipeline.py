@@ -63,7 +63,7 @@ def test_two_and_three_stages_give_mlx_lms_greedy_tokens_row_for_row(make_tiny, 
         assert json.loads(out.read_text()) == expected, f"{n} ranks"
     plan = load_plan(folder)
     for n, stages in reports.items():   # each rank holds its share alone: its layers, what surrounds them
-        shares = stage_shares(plan, n)
+        shares = stage_shares(plan, n, by_compute=True)   # every stage resident
         assert [s["layers"] for s in stages] == [[s.layers.start, s.layers.stop] for s in shares]
         assert [s["bytes"] for s in stages] == [s.bytes for s in shares]
     # every hop of the 2-rank ring measured, on every rank alike

@@ -1,10 +1,28 @@
-"""The layer ranges of a pipeline's stages, split by bytes."""
+"""The layer ranges of a pipeline's stages, split by bytes (streamed) or by compute (resident)."""
+
+import math
+from pathlib import Path
 
 import pytest
 
 from spill.errors import SpillError
-from spill.stages.split import resident_names, split, stage_plans, stage_shares
-from spill.streamer.plan import load_plan
+from spill.factory.families import get_family, tensor_shapes
+from spill.factory.presets import Shape
+from spill.stages.split import compute_costs, resident_names, split, stage_plans, stage_shares
+from spill.streamer.plan import ModelPlan, TensorSpec, layer_of, load_plan
+
+
+def _plan(shape: Shape, tied: bool) -> ModelPlan:
+    """A llama of `shape` in float32 as its headers would give it; no file behind it."""
+    layers, resident = [[] for _ in range(shape.layers)], []
+    for name, dims in tensor_shapes(get_family("llama"), shape, tied=tied):
+        t = TensorSpec(name, Path("model.safetensors"), 0, 4 * math.prod(dims), "F32", dims)
+        (resident if layer_of(name) is None else layers[layer_of(name)]).append(t)
+    return ModelPlan(Path("."), {"hidden_size": shape.hidden, "tie_word_embeddings": tied}, layers, resident)
+
+
+# hidden 128 and a 32k vocabulary: the head (4.2M weights) costs as much as 21 layers (197k each)
+HEAVY_HEAD = Shape(hidden=128, layers=12, intermediate=384, heads=4, kv_heads=2, head_dim=32, vocab=32768)
 
 
 def test_equal_layers_split_evenly_with_the_embedding_and_head_counted():
@@ -55,3 +73,34 @@ def test_each_stage_plan_holds_its_shares_layers_and_tensors_and_nothing_else(ma
     assert [p.total_bytes for p in plans] == [s.bytes for s in shares]
     assert [t.name for p in plans for ts in p.layers for t in ts] == [t.name for ts in plan.layers for t in ts]
     assert stage_plans(plan, 1) == [plan]
+
+
+@pytest.mark.parametrize("tied", [False, True], ids=["untied", "tied"])
+def test_a_resident_split_prices_the_head_on_the_last_stage_and_the_embedding_as_nothing(tied):
+    plan = _plan(HEAVY_HEAD, tied)
+    layers, head = compute_costs(plan)
+    assert layers == [128 * 128 * 2 + 2 * 128 * 64 + 3 * 128 * 384] * 12 and head == 32768 * 128
+    streamed, resident = (stage_shares(plan, 2, by_compute=c) for c in (False, True))
+    # by bytes the embedding on the first balances the head on the last; by compute the head is the last's alone
+    assert [s.layers for s in streamed] == [range(0, 6), range(6, 12)]
+    assert [s.layers for s in resident] == [range(0, 11), range(11, 12)]
+    assert [p.total_bytes for p in stage_plans(plan, 2, by_compute=True)] == [s.bytes for s in resident]
+
+
+def test_a_tiny_models_head_moves_a_layer_to_the_first_stage_where_the_group_runs_resident(make_tiny):
+    plan = load_plan(make_tiny("llama", "float32"))   # 4 layers, the head a third more than a layer
+    assert [s.layers for s in stage_shares(plan, 2)] == [range(0, 2), range(2, 4)]
+    assert [s.layers for s in stage_shares(plan, 2, by_compute=True)] == [range(0, 3), range(3, 4)]
+
+
+def test_a_quantized_models_packed_weights_cost_what_its_float_ones_do(make_tiny):
+    floats, packed = (load_plan(make_tiny("llama", "float32", bits=b)) for b in (None, 4))
+    assert compute_costs(packed) == compute_costs(floats)
+
+
+@pytest.mark.parametrize("by_compute", [False, True], ids=["bytes", "compute"])
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 12])
+def test_every_split_is_contiguous_covers_every_layer_and_gives_each_stage_one(by_compute, n):
+    shares = stage_shares(_plan(HEAVY_HEAD, False), n, by_compute=by_compute)
+    assert len(shares) == n and all(len(s.layers) >= 1 for s in shares)
+    assert [i for s in shares for i in s.layers] == list(range(12))

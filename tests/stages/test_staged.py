@@ -112,7 +112,7 @@ def test_two_and_three_stages_give_the_single_process_tokens_pass_for_pass(make_
         assert all(rc == 0 for rc, _, _ in ranks), [err[-800:] for _, _, err in ranks]
         assert json.loads((tmp_path / f"passes{n}.json").read_text()) == [expected] * 4, f"{n} ranks"
         summaries = [json.loads(out.strip().splitlines()[-1]) for _, out, _ in ranks]
-        shares = stage_shares(load_plan(folder), n)
+        shares = stage_shares(load_plan(folder), n, by_compute=resident)
         for s, share in zip(summaries, shares):   # every rank ran every pass; each read its own share only
             assert s["passes"] == 4 * len(expected) and s["tokens"] == summaries[0]["tokens"]
             assert s["layers"] == [share.layers.start, share.layers.stop]
