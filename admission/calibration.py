@@ -24,7 +24,7 @@ from . import drafts
 from .passmodel import Observation, PassModel, fit, read_rate
 from .probes import (PROBE_ROWS, _stored_dtype, compute_probe, pass_probe, priced_by_passes, probe_batch, read_probe,
                      weight_files)
-from .schedule import TIERS, pace, tier_of
+from .schedule import pace, tier_of
 
 HISTORY = 200                  # the last passes, kept for the refit
 SAMPLE = 200                   # and a uniform sample of those before them (a job's tail is not the next job)
@@ -129,13 +129,6 @@ class Calibration:
         """Each prompt-length tier's own acceptance (`acceptance_of`'s, by tier), where TIERED drafts were tried in it."""
         tiers = self.counts(pair).get("tiers", {})
         return {name: d["accepted"] / d["tried"] for name, d in tiers.items() if d["count"] >= TIERED and d["tried"] > 0}
-
-    def rates_by_tier(self, pair: str | None = None) -> dict[str, float]:
-        """What a new row's acceptance starts from, by tier: its tier's own, else the model's; {} before any draft."""
-        overall = self.acceptance_of(pair)
-        if overall is None:
-            return {}
-        return {name: overall for name in TIERS} | self.tier_acceptance(pair)
 
     @property
     def acceptance(self) -> float | None:
@@ -315,9 +308,9 @@ class Calibrator:
         return pace(self.cal.model if self.cal else None, self.streamed, rows, context, need, offset, most, empty)
 
     def starting_rates(self, prompts) -> list[float]:
-        """A new row's acceptance, before its own drafts, for each of `prompts` (prompt tokens): its tier's measured
-        (the pair's with a draft model: Calibration.rates_by_tier), else drafts.PRIOR."""
-        rates = self.cal.rates_by_tier(self.pair) if self.cal is not None else {}
+        """A new row's acceptance, before its own drafts, for each of `prompts` (prompt tokens): its tier's own (the
+        pair's with a draft model), else drafts.PRIOR, not the model's: that was measured on other kinds of rows."""
+        rates = self.cal.tier_acceptance(self.pair) if self.cal is not None else {}
         return [rates.get(tier_of(n), drafts.PRIOR) for n in prompts]
 
     def priors(self, policy):

@@ -157,7 +157,7 @@ class _Drafts:
     """The drafts simulated passes take: each of a row's drafts accepted with probability its acceptance (its
     prompt-length tier's in `tiers`, else `acceptance`) until the first rejection, as verification takes them, drawn
     from a seeded generator (the same estimate every time). Draws, not expectations: a row's rate rises or falls as a
-    running row's does, so auto drafts as in a job, each row starting from its acceptance as the live scheduler does."""
+    running row's does, so auto drafts as in a job, each row starting where the live scheduler starts it."""
 
     def __init__(self, by_id: dict[int, SimRow], acceptance: float | None, drafter=None, tiers: dict | None = None):
         self.by_id, self.acceptance, self.drafter, self.tiers = by_id, acceptance, drafter, tiers or {}
@@ -190,8 +190,9 @@ class _Drafts:
         return self.tiers.get(tier_of(self.by_id[row].prompt), self.acceptance)
 
     def priors(self, rows: list[int]) -> list[float]:
-        """The scheduler's starting acceptance of each of `rows` (Scheduler's `priors`): `of`, else drafts.PRIOR."""
-        return [drafts.PRIOR if (a := self.of(r)) is None else a for r in rows]
+        """The scheduler's starting acceptance of each of `rows` (Scheduler's `priors`), as admission's: its tier's
+        own, else drafts.PRIOR (Calibrator.starting_rates)."""
+        return [self.tiers.get(tier_of(self.by_id[r].prompt), drafts.PRIOR) for r in rows]
 
     def steps_s(self, sched: Scheduler, drafted: list[list[int]]) -> float:
         """What the draft model's steps add to a pass that drafted `drafted`, rows it has not seen taken in first."""
