@@ -24,13 +24,14 @@ from . import drafts
 from .passmodel import Observation, PassModel, fit, read_rate
 from .probes import (PROBE_ROWS, _stored_dtype, compute_probe, pass_probe, priced_by_passes, probe_batch, read_probe,
                      weight_files)
-from .schedule import pace
+from .schedule import pace, tier_of
 
 HISTORY = 200                  # the last passes, kept for the refit
 SAMPLE = 200                   # and a uniform sample of those before them (a job's tail is not the next job)
 WIDER = 1.25                   # a job's batch past the widest decode pass seen by this much is probed first
 FORMAT = 2                     # 2: a pass's prefill_context counts its chunk's own keys; another format is probed anew
 ACCEPTANCE_DECAY = 0.99        # each pass that drafted keeps this much of the earlier drafts' weight (~100 passes)
+TIERED = 50                    # drafts tried in a tier before its own acceptance counts: ~0.07 standard error at 0.5
 
 
 # -- the key --------------------------------------------------------------------------------------
@@ -75,9 +76,9 @@ class Calibration:
                  seen: int = 0, name: str = "", sample: list[Observation] | None = None, draft_counts: dict | None = None,
                  pairs: dict | None = None):
         self.key, self.prior, self.name = k, prior, name
-        # drafts accepted and tried, decayed a pass (drafts.observe's count), and drafts tried in all: prompt lookup's,
-        # and each draft model's (--draft) by its model_key
-        self.draft_counts = {"accepted": 0.0, "tried": 0.0, "count": 0, **(draft_counts or {})}
+        # drafts accepted and tried, decayed a pass (drafts.observe's count), and drafts tried in all: prompt lookup's and
+        # each draft model's (--draft, by its model_key), in all and by prompt-length tier ("tiers")
+        self.draft_counts = {**_counts(), **(draft_counts or {})}
         self.pairs = dict(pairs or {})
         self.streamed_bytes = 0                   # set by open_calibration from the model's plan
         self.passes = list(passes or [])[-HISTORY:]
@@ -97,9 +98,10 @@ class Calibration:
                 self.sample[at] = old
         self.model = fit(self.prior, self.passes, self.sample)
 
-    def observe_drafts(self, drafted, accepted, pair: str | None = None) -> None:
+    def observe_drafts(self, drafted, accepted, pair: str | None = None, prompts: dict | None = None) -> None:
         """A pass's [row, drafts carried] and [row, drafts accepted]: this model's acceptance of prompt lookup's drafts,
-        or of the draft model `pair`'s (its model_key), recent passes weighing more."""
+        or of the draft model `pair`'s (its model_key), recent passes weighing more; in all, and by the prompt-length
+        tier of each row whose prompt tokens `prompts` ({row: tokens}) gives."""
         if not len(drafted):
             return
         took = dict((int(r), int(n)) for r, n in accepted)
@@ -108,18 +110,25 @@ class Calibration:
         d = self.counts(pair)
         if pair is not None:
             self.pairs[pair] = d
-        d["accepted"] = ACCEPTANCE_DECAY * d["accepted"] + float(hits.sum())
-        d["tried"] = ACCEPTANCE_DECAY * d["tried"] + float(tried.sum())
-        d["count"] += int(tried.sum())
+        _add(d, hits, tried)
+        names = np.array([tier_of(prompts[int(r)]) if int(r) in (prompts or {}) else "" for r, _ in drafted])
+        tiers = d.setdefault("tiers", {})
+        for name in set(names.tolist()) - {""}:   # a tier's counts decay only in passes its rows drafted in
+            _add(tiers.setdefault(name, _counts()), hits[names == name], tried[names == name])
 
     def counts(self, pair: str | None = None) -> dict:
-        """Drafts accepted and tried: prompt lookup's (None), or the draft model `pair`'s."""
-        return self.draft_counts if pair is None else self.pairs.get(pair, {"accepted": 0.0, "tried": 0.0, "count": 0})
+        """Drafts accepted and tried: prompt lookup's (None), or the draft model `pair`'s; "tiers": the same by tier."""
+        return self.draft_counts if pair is None else self.pairs.get(pair, _counts())
 
     def acceptance_of(self, pair: str | None = None) -> float | None:
         """Per-draft acceptance as passes measured it (`counts`): accepted over tried; None before any draft."""
         d = self.counts(pair)
         return d["accepted"] / d["tried"] if d["tried"] > 0 else None
+
+    def tier_acceptance(self, pair: str | None = None) -> dict[str, float]:
+        """Each prompt-length tier's own acceptance (`acceptance_of`'s, by tier), where TIERED drafts were tried in it."""
+        tiers = self.counts(pair).get("tiers", {})
+        return {name: d["accepted"] / d["tried"] for name, d in tiers.items() if d["count"] >= TIERED and d["tried"] > 0}
 
     @property
     def acceptance(self) -> float | None:
@@ -150,12 +159,27 @@ class Calibration:
             return None
 
 
-def _draft_counts(d) -> dict | None:
-    """The stored acceptance counts, checked (None: none stored, or not numbers)."""
+def _counts() -> dict:
+    return {"accepted": 0.0, "tried": 0.0, "count": 0}
+
+
+def _add(d: dict, hits: np.ndarray, tried: np.ndarray) -> None:
+    """A pass's drafts accepted and tried (per row) into the counts `d`, its earlier ones decayed."""
+    d["accepted"] = ACCEPTANCE_DECAY * d["accepted"] + float(hits.sum())
+    d["tried"] = ACCEPTANCE_DECAY * d["tried"] + float(tried.sum())
+    d["count"] += int(tried.sum())
+
+
+def _draft_counts(d, tiered: bool = True) -> dict | None:
+    """The stored acceptance counts, checked (None: none stored, or not numbers), with each tier's where stored."""
     try:
-        return {"accepted": float(d["accepted"]), "tried": float(d["tried"]), "count": int(d["count"])}
+        out = {"accepted": float(d["accepted"]), "tried": float(d["tried"]), "count": int(d["count"])}
     except (TypeError, KeyError, ValueError):
         return None
+    tiers = d.get("tiers") if tiered else None
+    if isinstance(tiers, dict):
+        out["tiers"] = {str(k): c for k, v in tiers.items() if (c := _draft_counts(v, False))}
+    return out
 
 
 def open_calibration(folder: str | Path, dtype=None, kv: tuple | None = None, rows: int = 0) -> Calibration:
@@ -283,15 +307,26 @@ class Calibrator:
         with `context` tokens of KV, `need` what keeps the slots fed, `most` what the budget priced."""
         return pace(self.cal.model if self.cal else None, self.streamed, rows, context, need, offset, most, empty)
 
-    def observe(self, shape, msg) -> None:
-        """A pass as it was planned (`shape`: the rows that decoded in it and their context) and as it ran (`msg`)."""
+    def starting_rates(self, prompts) -> list[float]:
+        """A new row's acceptance, before its own drafts, for each of `prompts` (prompt tokens): its tier's own (the
+        pair's with a draft model), else drafts.PRIOR, not the model's: that was measured on other kinds of rows."""
+        rates = self.cal.tier_acceptance(self.pair) if self.cal is not None else {}
+        return [rates.get(tier_of(n), drafts.PRIOR) for n in prompts]
+
+    def priors(self, policy):
+        """The scheduler's `priors` (decode rows -> their acceptance before their drafts) for the rows of `policy`."""
+        return lambda rows: self.starting_rates([len(policy.running[r].prompt) for r in rows])
+
+    def observe(self, shape, msg, prompts: dict | None = None) -> None:
+        """A pass as it was planned (`shape`: the rows that decoded in it and their context) and as it ran (`msg`);
+        `prompts`: {row: prompt tokens} of the rows that drafted, whose tiers their acceptance counts in."""
         if self.cal is not None and self.pair is not None:   # a draft model's passes hold its time: its acceptance alone
-            self.cal.observe_drafts(msg.drafted, msg.accepted, self.pair)
+            self.cal.observe_drafts(msg.drafted, msg.accepted, self.pair, prompts)
             self.cal.save()
         elif self.cal is not None:   # a resident pass reads nothing, yet prices compute and overhead
             self.cal.observe(Observation(shape.decode_rows, msg.prefill_tokens, shape.context_tokens,
                                          msg.bytes_streamed, msg.seconds, msg.wait_s, msg.compute_s, msg.read_s,
                                          prefill_groups=msg.prefill_groups, prefill_context=msg.prefill_context,
                                          columns=shape.columns))
-            self.cal.observe_drafts(msg.drafted, msg.accepted)
+            self.cal.observe_drafts(msg.drafted, msg.accepted, prompts=prompts)
             self.cal.save()

@@ -14,7 +14,8 @@ or padding), so a pass with a cap of c costs what (1 + c) times its decode rows 
 
 A row never drafts past its last token (at most max_tokens - generated - 1). Acceptance is kept per row
 as a decayed count of drafts accepted over drafts tried (`observe`; a row's drafts are tried until the
-first rejection), starting from PRIOR.
+first rejection), starting from its prompt-length tier's measured acceptance (the calibration's), else PRIOR;
+at least PROBE, so a row of a tier measured low still tries a draft or two before its own count rules it out.
 """
 
 from dataclasses import replace
@@ -27,6 +28,7 @@ AUTO_MOST = 8          # the most drafts a row carries under auto
 LEAST = 0.05           # a draft less likely than this to add a token is not worth its logits
 GAIN = 1.02            # drafts must raise the pass's tokens a second by this much (rates are estimates)
 PRIOR, PRIOR_WEIGHT = 0.5, 2.0   # a new row's acceptance: 0.5, worth two drafts tried
+PROBE = 0.1            # a row's prior is at least this: it tries a draft or so, so a tier measured low is measured again
 DECAY = 0.8            # each pass that drafted keeps this much of a row's earlier counts
 
 
@@ -40,9 +42,11 @@ def observe(accepted_s: np.ndarray, tried: np.ndarray, drafted, accepted) -> tup
             np.where(took, DECAY * tried + tried_now, tried))
 
 
-def rate(accepted_s: np.ndarray, tried: np.ndarray) -> np.ndarray:
-    """Per-draft acceptance from the decayed counts, the prior weighing PRIOR_WEIGHT drafts."""
-    return (np.asarray(accepted_s) + PRIOR * PRIOR_WEIGHT) / (np.asarray(tried) + PRIOR_WEIGHT)
+def rate(accepted_s: np.ndarray, tried: np.ndarray, prior=PRIOR) -> np.ndarray:
+    """Per-draft acceptance from the decayed counts, the prior (PRIOR, or each row's own; PROBE at least) weighing
+    PRIOR_WEIGHT drafts."""
+    prior = np.maximum(np.asarray(prior, dtype=float), PROBE)
+    return (np.asarray(accepted_s) + prior * PRIOR_WEIGHT) / (np.asarray(tried) + PRIOR_WEIGHT)
 
 
 def tokens_per_row(a, k) -> np.ndarray:

@@ -30,7 +30,7 @@ def run_admission_process(endpoints, args, log) -> None:
     epoch, job, eos = -1, "", []
     running: Planned | None = None        # the plan the streamer runs now: one at a time, its report awaited
     for batch in inbox(box, "admission", log):
-        ran = None                        # (the plan, its report) that came in this batch
+        ran = None                        # (the plan, its report, its drafting rows' prompt tokens) that came in this batch
         for msg in batch:
             if isinstance(msg, m.Reset):
                 epoch, job, running = msg.epoch, msg.job, None
@@ -59,9 +59,10 @@ def run_admission_process(endpoints, args, log) -> None:
             elif isinstance(msg, m.Stop):
                 sched.stopped(msg.rows)
             elif isinstance(msg, m.Pass) and running is not None and msg.plan == running.index:
+                prompts = sched.prompts(r for r, _ in msg.drafted)   # read before the rows that ended leave
                 sched.reported(msg.finished, live_allocation(msg, others, runtime, sched.policy.sheet), msg.accepted,
                                msg.drafted)
-                ran, running = (running, msg), None
+                ran, running = (running, msg, prompts), None
                 fault.tick("pass")
         if sched is None or epoch < 0:
             continue
@@ -70,9 +71,9 @@ def run_admission_process(endpoints, args, log) -> None:
             running = sched.plan()
             box.send("streamer", _plan(epoch, running, eos, sched.policy.sheet.cache_limit))
         if ran is not None:
-            planned, reported = ran
+            planned, reported, prompts = ran
             # the refit after the plan, not on the streamer's path; a chunk with drafts as it ran: padded
-            calibrator.observe(drafts.padded(planned.shape, reported.columns), reported)
+            calibrator.observe(drafts.padded(planned.shape, reported.columns), reported, prompts)
             told = report(epoch, reported.index, sched, others, calibrator, job)
             box.send("coordinator", told)
             p = sched.policy
@@ -116,8 +117,9 @@ def _price(msg: m.Reset, args: dict, box, log, calibrator=None):
     chunk = args.get("prefill_chunk", 512)
     model = (lambda: calibrator.cal.model if calibrator.cal else None) if calibrator else (lambda: None)
     drafter = (lambda: calibrator.drafter) if calibrator else (lambda: None)   # the draft model's steps (--draft)
+    priors = calibrator.priors(policy) if calibrator else None   # a new row's acceptance: its tier's, as measured
     return Scheduler(policy, calibrator.pace if calibrator else None, chunk, 0 if msg.resident else plan.streamed_bytes,
-                     msg.speculate, model, drafter), others
+                     msg.speculate, model, drafter, priors), others
 
 
 def _others_rss(parent: int | None = None, runtime: tuple = (0, 0)) -> int:

@@ -90,6 +90,14 @@ def bucket(prompt_tokens: int) -> int:
     return max(int(prompt_tokens), 1).bit_length()
 
 
+TIERS = ("short (<=128)", "medium (<=640)", "long (>640)")
+
+
+def tier_of(prompt: int) -> str:
+    """Length tiers of the report and of drafts' acceptance: prompts up to 128 tokens, up to 640, longer."""
+    return TIERS[0] if prompt <= 128 else TIERS[1] if prompt <= 640 else TIERS[2]
+
+
 def interleave(queue: deque, length) -> None:
     """Reorder `queue` in place so each bucket's rows are spread evenly through it, each bucket in
     its own order; rows sent back (preempted: `again`) keep the head, in their order. `length(w)` is a

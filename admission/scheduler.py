@@ -63,11 +63,12 @@ def fixed_pace(tokens: int):
 
 class Scheduler:
     def __init__(self, policy: BudgetPolicy, pace=None, chunk: int = 512, bytes_streamed: int = 0, speculate: int = 0,
-                 model=lambda: None, drafter=lambda: None):
+                 model=lambda: None, drafter=lambda: None, priors=None):
         self.policy = policy
         self.speculate = speculate            # drafts a decode row may carry a pass (--speculate K); 0: none; -1: auto
         self.model = model                    # () -> the pass model auto drafts by (None: uncalibrated)
         self.drafter = drafter                # () -> what a draft model's steps cost (drafter.DraftCost; None: lookup)
+        self.priors = priors                  # (decode rows) -> each one's acceptance before its drafts (None: PRIOR)
         self.hits: dict[int, float] = {}      # a row's decayed drafts accepted and drafts tried (drafts.observe)
         self.tried: dict[int, float] = {}
         self.pace = pace or fixed_pace(policy.priced_prefill)   # (rows, context, need, offset, most, empty) -> tokens
@@ -126,6 +127,11 @@ class Scheduler:
             self.groups[g].rows.remove(row)
             if not self.groups[g].rows:
                 del self.groups[g]
+
+    def prompts(self, rows) -> dict[int, int]:
+        """{row: prompt tokens} of those of `rows` still running: the tiers a pass report's drafts count in."""
+        running = self.policy.running
+        return {int(r): len(running[int(r)].prompt) for r in rows if int(r) in running}
 
     def started(self) -> int:
         """Rows prefilling or decoding."""
@@ -222,7 +228,8 @@ class Scheduler:
         if not self.speculate or not decoding:
             return {}
         left = [self.policy.running[r].max_tokens - self.generated[r] for r in decoding]
-        rates = drafts.rate([self.hits.get(r, 0.0) for r in decoding], [self.tried.get(r, 0.0) for r in decoding])
+        prior = self.priors(decoding) if self.priors is not None else drafts.PRIOR
+        rates = drafts.rate([self.hits.get(r, 0.0) for r in decoding], [self.tried.get(r, 0.0) for r in decoding], prior)
         k = drafts.counts("auto" if self.speculate == AUTO_DRAFTS else self.speculate, self.model(), shape,
                           [self.context[r] for r in decoding], rates, left, self.drafter())
         return {r: int(n) for r, n in zip(decoding, k) if n > 0}

@@ -9,7 +9,9 @@ Rows whose output length is unknown are priced at max_tokens (`Estimate.at_max_t
 With drafts (`speculate`, the job's --speculate) and this model's measured per-draft acceptance a, a pass
 whose plan gives rows drafts is priced as the streamer runs it (`drafts.padded`) and each drafting row takes
 each draft with probability a until its first rejection (seeded draws), reported to the scheduler as the
-streamer reports them. Without a measured a, drafts are planned (to say whether any would run) but
+streamer reports them; a is the row's prompt-length tier's where that tier was measured on enough drafts
+(calibration.TIERED), else the model's (rows of open questions accept far fewer drafts than copies of a passage).
+Without a measured a, drafts are planned (to say whether any would run) but
 neither priced nor taken. With a draft model's price (`drafter`, --draft) each drafting pass adds its steps
 (drafter.DraftCost), and without a measured a its drafts are priced as none accepted: an upper bound.
 """
@@ -23,6 +25,7 @@ from spill.typed import AUTO_DRAFTS
 
 from . import drafts, schedule
 from .passmodel import PassModel, PassShape
+from .schedule import TIERS, tier_of
 from .scheduler import Scheduler, Status
 
 
@@ -86,22 +89,18 @@ class Estimate:
                 "drafts": self.drafts, "tiers": [t.to_dict() for t in self.tiers]}
 
 
-def tier_of(prompt: int) -> str:
-    """Length tiers of the report: prompts up to 128 tokens, up to 640, longer."""
-    return "short (<=128)" if prompt <= 128 else "medium (<=640)" if prompt <= 640 else "long (>640)"
-
-
 def simulate(rows: list[SimRow], policy, waiting, model: PassModel, bytes_streamed: int, *,
              chunk: int = 512, max_batch=None, errors: int = 0, at_max_tokens: bool = True,
              length=schedule.prompt_length, read_once: int = 0, speculate: int = 0,
-             acceptance: float | None = None, drafter=None) -> Estimate:
+             acceptance: float | None = None, drafter=None, by_tier: dict | None = None) -> Estimate:
     """The admission actor's scheduler (scheduler.py) run against the pass model: each plan priced by
     `model`, each row ending once it has generated its `out` tokens. `policy`: the BudgetPolicy it plans
     with; `waiting(SimRow)` makes the policy's row record and `length` reads its prompt length back;
     `max_batch(SimRow)` is the largest batch the memory budget fits for rows like it (for the ideal);
     `read_once`: bytes the first pass reads besides `bytes_streamed` (resident: every layer, once);
-    `speculate`: the job's drafts (0 off, K, AUTO_DRAFTS), taken at `acceptance` (None: not priced); `drafter`: a
-    draft model's price (drafter.DraftCost), whose steps each drafting pass adds."""
+    `speculate`: the job's drafts (0 off, K, AUTO_DRAFTS), taken at `acceptance` (None: not priced), a row's at its
+    prompt-length tier's where `by_tier` ({tier: acceptance}) has it; `drafter`: a draft model's price
+    (drafter.DraftCost), whose steps each drafting pass adds."""
     by_id = {r.row: r for r in rows}
     tiers: dict[str, Tier] = {}
     for r in rows:
@@ -110,8 +109,8 @@ def simulate(rows: list[SimRow], policy, waiting, model: PassModel, bytes_stream
 
     def pace(n, context, need, offset, most, empty) -> int:
         return schedule.pace(model, bytes_streamed, n, context, need, offset, most, empty)
-    sched = Scheduler(policy, pace, chunk, bytes_streamed, speculate, lambda: model, lambda: drafter)
-    spec = _Drafts(by_id, acceptance, drafter)
+    spec = _Drafts(by_id, acceptance, drafter, by_tier)
+    sched = Scheduler(policy, pace, chunk, bytes_streamed, speculate, lambda: model, lambda: drafter, spec.priors)
     offered = []
     for r in rows:   # a running row asks the policy for its slot (its full length) and decodes at once
         w = waiting(replace(r, prompt=0, out=r.context + r.out) if r.context else r)
@@ -148,18 +147,21 @@ def simulate(rows: list[SimRow], policy, waiting, model: PassModel, bytes_stream
     if speculate and spec.passes:
         est.drafts = {"speculate": "auto" if speculate == AUTO_DRAFTS else speculate,
                       "acceptance": None if acceptance is None else round(acceptance, 3),
+                      **({"tiers": {t: round(spec.used[t], 3) for t in TIERS if t in spec.used}} if spec.used else {}),
                       "passes": spec.passes, "tokens_per_decode_row": round(1 + spec.accepted / max(spec.rows, 1), 3),
                       **({"draft_s": round(spec.draft_s / max(spec.drafting, 1), 3)} if drafter is not None else {})}
     return est
 
 
 class _Drafts:
-    """The drafts simulated passes take: each of a row's drafts accepted with probability `acceptance` until the
-    first rejection, as verification takes them, drawn from a seeded generator (the same estimate every time).
-    Draws, not expectations: a row's rate rises or falls as a running row's does, so auto drafts as in a job."""
+    """The drafts simulated passes take: each of a row's drafts accepted with probability its acceptance (its
+    prompt-length tier's in `tiers`, else `acceptance`) until the first rejection, as verification takes them, drawn
+    from a seeded generator (the same estimate every time). Draws, not expectations: a row's rate rises or falls as a
+    running row's does, so auto drafts as in a job, each row starting where the live scheduler starts it."""
 
-    def __init__(self, by_id: dict[int, SimRow], acceptance: float | None, drafter=None):
-        self.by_id, self.acceptance, self.drafter = by_id, acceptance, drafter
+    def __init__(self, by_id: dict[int, SimRow], acceptance: float | None, drafter=None, tiers: dict | None = None):
+        self.by_id, self.acceptance, self.drafter, self.tiers = by_id, acceptance, drafter, tiers or {}
+        self.used: dict[str, float] = {}              # the acceptance each tier's drafting rows were taken at
         self.draws = np.random.default_rng(0)
         self.passes = self.rows = self.accepted = 0   # passes that planned drafts; decode rows and drafts taken in all
         self.seen: set[int] = set()                   # rows the draft model has taken in
@@ -174,11 +176,23 @@ class _Drafts:
             return {}, []
         took = {}
         for r, k in bounds.items():
-            hits = self.draws.random(k) < (self.acceptance or 0.0)
+            a = self.of(r)
+            if a is not None:
+                self.used[tier_of(self.by_id[r].prompt)] = a
+            hits = self.draws.random(k) < (a or 0.0)
             run = k if hits.all() else int(np.argmin(hits))   # accepted until the first rejection
             took[r] = min(run, max(self.by_id[r].out - sched.generated[r], 0))
         self.accepted += sum(took.values())
         return took, [[r, k] for r, k in bounds.items()]
+
+    def of(self, row: int) -> float | None:
+        """The acceptance `row`'s drafts are taken at: its tier's, else the model's (None: not measured)."""
+        return self.tiers.get(tier_of(self.by_id[row].prompt), self.acceptance)
+
+    def priors(self, rows: list[int]) -> list[float]:
+        """The scheduler's starting acceptance of each of `rows` (Scheduler's `priors`), as admission's: its tier's
+        own, else drafts.PRIOR (Calibrator.starting_rates)."""
+        return [self.tiers.get(tier_of(self.by_id[r].prompt), drafts.PRIOR) for r in rows]
 
     def steps_s(self, sched: Scheduler, drafted: list[list[int]]) -> float:
         """What the draft model's steps add to a pass that drafted `drafted`, rows it has not seen taken in first."""

@@ -149,7 +149,7 @@ def estimate_rows(folder: Path, rows: list[SimRow], *, errors: int = 0, memory: 
     """Resident: the first pass reads every layer (none once `loaded`), later ones nothing (compute alone).
     `others`: the group's processes' memory, which the budget leaves out of the KV as admission does.
     `model`: a pass model to price with in place of this machine's stored calibration. `speculate`: the job's
-    drafts (0 off, K, AUTO_DRAFTS), taken at the acceptance the calibration (of the KV format) measured;
+    drafts (0 off, K, AUTO_DRAFTS), taken at the acceptance the calibration (of the KV format) measured, by tier;
     `draft`: a draft model's folder (--draft): its weights, KV and steps priced (timed here at its first use, unless
     `loaded` or not `probe`), its drafts taken at the acceptance its jobs measured with this model."""
     plan = load_plan(folder)
@@ -166,14 +166,16 @@ def estimate_rows(folder: Path, rows: list[SimRow], *, errors: int = 0, memory: 
     else:
         est = simulate(rows, policy, waiting, model, streamed, max_batch=max_batch, errors=errors,
                        read_once=0 if loaded else plan.streamed_bytes - streamed, speculate=speculate,
-                       acceptance=cal.acceptance_of(pair), drafter=drafter)
+                       acceptance=cal.acceptance_of(pair), drafter=drafter, by_tier=cal.tier_acceptance(pair))
         est.ideal_seconds = ideal(est, rows, model, streamed, max_batch)
         if draft and speculate:   # said even where no pass drafted: auto found its steps dearer than its tokens
             est.drafts = {"speculate": "auto" if speculate == AUTO_DRAFTS else speculate, "acceptance": None, "passes": 0,
                           "tokens_per_decode_row": 1.0, **(est.drafts or {}), "draft": Path(draft).name,
                           "step_s": drafter and round(drafter.seconds(max(round(est.rows_per_pass), 1), 1), 3)}
-        if est.drafts:
-            est.drafts["measured"] = cal.counts(pair)["count"]
+        if est.drafts:   # drafts tried in all, and in each tier priced at its own acceptance
+            counts, own = cal.counts(pair), cal.tier_acceptance(pair)
+            est.drafts["measured"] = counts["count"]
+            est.drafts["measured_tiers"] = {t: counts["tiers"][t]["count"] for t in est.drafts.get("tiers", {}) if t in own}
     est.mode, est.kv = "resident" if resident else "streamed", kv_format(*(kv or (None,)))
     est.tiers.sort(key=lambda t: TIER_ORDER.index(t.name.split()[0]) if t.name.split()[0] in TIER_ORDER else 3)
     return est, {"key": cal.key, "passes": cal.seen, **model.to_dict()}

@@ -4,6 +4,7 @@ pass, and the end-of-job summary."""
 from collections import Counter
 
 from spill.admission.advisor import Advice
+from spill.admission.schedule import TIERS
 from spill.admission.simulate import Estimate
 
 
@@ -47,7 +48,14 @@ def drafts_line(est: Estimate) -> str:
     if d["acceptance"] is None:
         return f"drafts: {mode}, none priced (no acceptance measured on this model yet)"
     return (f"drafts: {mode}, acceptance {d['acceptance']:.2f} measured on this model ({d.get('measured', 0):,} drafts), "
-            f"{d['tokens_per_decode_row']:.2f} tokens a decode row a pass")
+            f"{d['tokens_per_decode_row']:.2f} tokens a decode row a pass{_by_tier(d)}")
+
+
+def _by_tier(d: dict) -> str:
+    """The acceptance each prompt-length tier's rows were priced at: its own (of how many drafts), else the model's."""
+    own = d.get("measured_tiers") or {}   # said where some tier has its own
+    parts = [f"{t} {a:.2f}" + (f" of {own[t]:,} drafts" if t in own else " (the model's)") for t, a in (d.get("tiers") or {}).items()]
+    return "; by prompt length: " + ", ".join(parts) if own else ""
 
 
 def _draft_model_lines(est: Estimate, mode: str) -> str:
@@ -63,7 +71,7 @@ def _draft_model_lines(est: Estimate, mode: str) -> str:
                 "if none were accepted (an upper bound)")
     else:
         line = (f"drafts: {mode} from the draft model {name}, acceptance {d['acceptance']:.2f} measured with this model "
-                f"({d.get('measured', 0):,} drafts), {d['tokens_per_decode_row']:.2f} tokens a decode row a pass")
+                f"({d.get('measured', 0):,} drafts), {d['tokens_per_decode_row']:.2f} tokens a decode row a pass{_by_tier(d)}")
     if "draft_s" not in d:
         return line
     cost = f"the draft model costs {d['draft_s']:.2f} s a drafting pass for {d['tokens_per_decode_row']:.2f} tokens a decode row"
@@ -101,12 +109,14 @@ def format_estimate(est: Estimate, calibration: dict, advice: Advice | None = No
 
 
 def summary(estimate_s: float | None, actual_s: float, finishes: list[str], lengths: list[int], passes: int,
-            kv: str = "unquantized", drafts: dict | None = None, draft: str = "") -> dict:
+            kv: str = "unquantized", drafts: dict | None = None, draft: str = "", tiers: dict | None = None) -> dict:
     """The end-of-job figures: estimate against actual, finish reasons, output lengths, rates; `drafts`: decode rows
-    summed over passes and the draft tokens proposed and accepted; `draft`: the draft model's folder (--draft)."""
+    summed over passes and the draft tokens proposed and accepted; `draft`: the draft model's folder (--draft);
+    `tiers`: {prompt-length tier: [drafts proposed, accepted]} of its rows."""
     lengths, d = sorted(lengths), drafts or {}
     spec = {"proposed": d["proposed"], "accepted": d["accepted"],
-            "tokens_per_decode_row": round(1 + d["accepted"] / d["rows"], 3), "draft": draft or None} if d.get("proposed") and d.get("rows") else None
+            "tokens_per_decode_row": round(1 + d["accepted"] / d["rows"], 3), "draft": draft or None,
+            "tiers": {t: round(tiers[t][1] / tiers[t][0], 3) for t in TIERS if (tiers or {}).get(t, [0])[0]}} if d.get("proposed") and d.get("rows") else None
     return {"estimate_seconds": round(estimate_s, 1) if estimate_s else None, "actual_seconds": round(actual_s, 1),
             "actual_over_estimate": round(actual_s / estimate_s, 3) if estimate_s else None,
             "finish_reasons": dict(Counter(finishes)),
@@ -127,8 +137,10 @@ def summary_lines(s: dict) -> list[str]:
                  + (f"; output tokens min {out['min']}, median {out['median']}, max {out['max']}" if out else ""))
     if d := s.get("drafts"):
         source = f" from the draft model {d['draft']}" if d.get("draft") else ""
+        tiers = d.get("tiers") or {}   # said where the job's rows drafted in more than one tier
+        by = "; accepted by prompt length: " + ", ".join(f"{t} {a:.0%}" for t, a in tiers.items()) if len(tiers) > 1 else ""
         lines.append(f"drafts{source}: {d['proposed']} proposed, {d['accepted']} accepted ({d['accepted'] / d['proposed']:.0%}); "
-                     f"{d['tokens_per_decode_row']:.2f} tokens a decode row a pass")
+                     f"{d['tokens_per_decode_row']:.2f} tokens a decode row a pass{by}")
     return lines
 
 

@@ -39,6 +39,8 @@ class JobRun:
         self.first_pass_at = self.last_pass_at = 0.0
         self.peak_memory = 0
         self.drafts = {"rows": 0, "proposed": 0, "accepted": 0}   # decode rows summed over passes, draft tokens
+        self.tiers: dict[str, list[int]] = {}   # prompt-length tier -> [drafts proposed, accepted] in its rows
+        self.prompt_tokens: dict[int, int] | None = None   # each row's as the estimate tokenized it
         self.tails: OrderedDict[int, tuple[int, str]] = OrderedDict()   # row -> (tokens, tail)
         self.estimate = None              # a JobEstimate, when the daemon could make one
         self.finishes, self.lengths = [], []   # finish reason and output tokens of rows done in this run
@@ -133,7 +135,21 @@ class JobRun:
         for key, n in (("rows", msg.decode_rows), ("proposed", sum(n for _, n in msg.drafted)),
                        ("accepted", sum(n for _, n in msg.accepted))):
             self.drafts[key] += n
+        self._tiers(msg)
         history.append(self.job.dir, msg, done=self.total - len(self.pending), eta_s=self.eta())
+
+    def _tiers(self, msg: m.Pass) -> None:
+        """A pass's drafts counted by the prompt-length tier of their rows, where the estimate tokenized them."""
+        if not msg.drafted or self.estimate is None:
+            return
+        from spill.admission.schedule import tier_of
+        if self.prompt_tokens is None:
+            self.prompt_tokens = {r.row: r.prompt for r in self.estimate.rows}
+        took = dict(msg.accepted)
+        for row, n in msg.drafted:
+            if row in self.prompt_tokens:
+                t = self.tiers.setdefault(tier_of(self.prompt_tokens[row]), [0, 0])
+                t[0], t[1] = t[0] + n, t[1] + took.get(row, 0)
 
     def on_progress(self, msg: m.Progress) -> None:
         for row, n, tail in zip(msg.rows, msg.tokens, msg.tails):
@@ -223,7 +239,7 @@ class JobRun:
     def summary(self) -> dict:
         from .estimate_text import summary
         return summary(self.estimate.first.total_seconds if self.estimate else None, self.actual_seconds(),
-                       self.finishes, self.lengths, self.passes, self.kv_format, self.drafts, self.draft)
+                       self.finishes, self.lengths, self.passes, self.kv_format, self.drafts, self.draft, self.tiers)
 
 
 def row_request(r: Request, defaults: dict, seed: int | None) -> m.RowRequest:

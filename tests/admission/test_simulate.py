@@ -200,6 +200,21 @@ def test_drafts_at_a_measured_acceptance_finish_in_the_passes_tokens_per_row_pre
     assert on.drafts["tokens_per_decode_row"] == pytest.approx(float(tokens_per_row(0.6, 4)), rel=0.1)
 
 
+def test_a_rows_drafts_are_taken_at_its_prompt_tiers_acceptance_not_the_models():
+    # open questions (short prompts) accept 0.3 of drafts where the model's documents (long) accept 0.9
+    short, long_ = [SimRow(i, 40, 61) for i in range(20)], [SimRow(i, 900, 61) for i in range(20, 24)]
+    tiers = {tier_of(40): 0.3, tier_of(900): 0.95}
+    priced = simulate(short, FifoPolicy(), waiting, READ_BOUND, BYTES, speculate=4, acceptance=0.9, by_tier=tiers)
+    own = simulate(short, FifoPolicy(), waiting, READ_BOUND, BYTES, speculate=4, acceptance=0.3)
+    model = simulate(short, FifoPolicy(), waiting, READ_BOUND, BYTES, speculate=4, acceptance=0.9)
+    assert (priced.passes, priced.total_seconds) == (own.passes, own.total_seconds)
+    assert priced.total_seconds > 1.5 * model.total_seconds
+    assert (priced.drafts["acceptance"], priced.drafts["tiers"]) == (0.9, {"short (<=128)": 0.3})
+    mixed = simulate(short + long_ + [SimRow(30, 300, 61)], FifoPolicy(), waiting, READ_BOUND, BYTES, speculate=-1,
+                     acceptance=0.9, by_tier=tiers)   # a tier not measured: the model's
+    assert mixed.drafts["tiers"] == {"short (<=128)": 0.3, "medium (<=640)": 0.9, "long (>640)": 0.95}
+
+
 def test_drafts_without_a_measured_acceptance_are_not_priced_but_said():
     rows = [SimRow(i, 16, 30) for i in range(8)]
     off = simulate(rows, FifoPolicy(), waiting, READ_BOUND, BYTES)

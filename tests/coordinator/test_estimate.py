@@ -253,6 +253,10 @@ def test_spill_estimate_speculate_says_what_it_priced_of_the_drafts(make_tiny, t
     job = estimate.JobEstimate(folder, [SimRow(i, 20, 40) for i in range(4)], 0, advice=Advice(False, ""), speculate=4)
     back = estimate.JobEstimate.from_wire(folder, json.loads(json.dumps(job.to_wire())))   # the estimate's child
     assert back.speculate == 4 and back.first.drafts == job.first.drafts and job.first.drafts["speculate"] == 4
+    stored.observe_drafts([[0, 4]] * 30, [[0, 1]] * 30, prompts={0: 20})   # short prompts: 30 of 60 tried
+    stored.save()
+    (line,) = said("--speculate", "4")
+    assert line.endswith("a pass; by prompt length: short (<=128) 0.50 of 60 drafts")
 
 
 def test_a_pipelines_probe_batch_is_what_its_tightest_stage_holds_not_one_ranks(make_tiny):

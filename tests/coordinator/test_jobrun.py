@@ -166,3 +166,19 @@ def test_the_pass_history_of_a_finished_job_ends_at_every_row_done(tmp_path):
     run.on_done(m.Done(1, [0, 1], ["x", "y"], ["length", "length"], [1, 1], [5, 7]))
     passes = history.read(run.job.dir)
     assert len(passes) == 1 and passes[-1]["done"] == 2 == run.total
+
+
+def test_the_summary_says_drafts_accepted_by_the_prompt_length_of_their_rows(tmp_path):
+    from types import SimpleNamespace
+    from spill.admission.simulate import SimRow
+    from spill.coordinator.estimate_text import summary_lines
+    run, _ = _run(tmp_path)
+    run.estimate = SimpleNamespace(rows=[SimRow(0, 40, 5), SimRow(1, 900, 7)], first=SimpleNamespace(total_seconds=4.0),
+                                   started=lambda at: None, eta=lambda *a: 0.0)
+    for _ in range(2):   # the short row takes 1 of its 4 drafts, the long one all 4
+        run.on_pass(m.Pass(1, 0, 2.0, 0.1, 1.8, 2, 0, 7, [], 100, 200, 300, drafted=[[0, 4], [1, 4]],
+                           accepted=[[0, 1], [1, 4]]))
+    s = run.summary()
+    assert s["drafts"]["tiers"] == {"short (<=128)": 0.25, "long (>640)": 1.0}
+    assert summary_lines(s)[-1] == ("drafts: 16 proposed, 10 accepted (62%); 3.50 tokens a decode row a pass; "
+                                    "accepted by prompt length: short (<=128) 25%, long (>640) 100%")
