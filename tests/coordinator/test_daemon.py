@@ -57,7 +57,7 @@ class Sup:
     def lost(self, role):
         return ""
 
-    def stages(self, folder):
+    def stages(self, folder, by_compute=False):
         return []
 
     def pids(self):
