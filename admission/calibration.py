@@ -310,8 +310,7 @@ class Calibrator:
     def starting_rates(self, prompts) -> list[float]:
         """A new row's acceptance, before its own drafts, for each of `prompts` (prompt tokens): its tier's own (the
         pair's with a draft model), else drafts.PRIOR, not the model's: that was measured on other kinds of rows."""
-        rates = self.cal.tier_acceptance(self.pair) if self.cal is not None else {}
-        return [rates.get(tier_of(n), drafts.PRIOR) for n in prompts]
+        return drafts.starting(self.cal.tier_acceptance(self.pair) if self.cal is not None else {}, prompts)
 
     def priors(self, policy):
         """The scheduler's `priors` (decode rows -> their acceptance before their drafts) for the rows of `policy`."""

@@ -23,6 +23,7 @@ from dataclasses import replace
 import numpy as np
 
 from .passmodel import PassModel, PassShape
+from .schedule import tier_of
 
 AUTO_MOST = 8          # the most drafts a row carries under auto
 LEAST = 0.05           # a draft less likely than this to add a token is not worth its logits
@@ -47,6 +48,12 @@ def rate(accepted_s: np.ndarray, tried: np.ndarray, prior=PRIOR) -> np.ndarray:
     PRIOR_WEIGHT drafts."""
     prior = np.maximum(np.asarray(prior, dtype=float), PROBE)
     return (np.asarray(accepted_s) + prior * PRIOR_WEIGHT) / (np.asarray(tried) + PRIOR_WEIGHT)
+
+
+def starting(tiers: dict, prompts) -> list[float]:
+    """A new row's acceptance before its own drafts, for each of `prompts` (prompt tokens): its prompt-length tier's
+    as measured (`tiers`), else PRIOR, not the model's: that was measured on other kinds of rows."""
+    return [tiers.get(tier_of(n), PRIOR) for n in prompts]
 
 
 def tokens_per_row(a, k) -> np.ndarray:

@@ -192,7 +192,7 @@ class _Drafts:
     def priors(self, rows: list[int]) -> list[float]:
         """The scheduler's starting acceptance of each of `rows` (Scheduler's `priors`), as admission's: its tier's
         own, else drafts.PRIOR (Calibrator.starting_rates)."""
-        return [self.tiers.get(tier_of(self.by_id[r].prompt), drafts.PRIOR) for r in rows]
+        return drafts.starting(self.tiers, [self.by_id[r].prompt for r in rows])
 
     def steps_s(self, sched: Scheduler, drafted: list[list[int]]) -> float:
         """What the draft model's steps add to a pass that drafted `drafted`, rows it has not seen taken in first."""

@@ -124,9 +124,9 @@ class Ring:
             return []
         n = self.size
         try:
-            from spill.stages.split import stage_shares
+            from spill.stages.split import stage_ranges
             from spill.streamer.plan import load_plan
-            shares = [s.layers for s in stage_shares(load_plan(folder), n, by_compute=by_compute)] if folder else None
+            shares = stage_ranges(load_plan(folder), n, by_compute) if folder else None
         except (SpillError, OSError):
             shares = None
         out = []

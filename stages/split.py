@@ -124,6 +124,11 @@ def stage_shares(plan, n: int, capacity: list[float] | None = None, *, by_comput
     return [StageShare(r, sum(costs[i] for i in r), held(k == 0, k == n - 1)) for k, r in enumerate(ranges)]
 
 
+def stage_ranges(plan, n: int, by_compute: bool = False) -> list[range]:
+    """Each stage's layers (`stage_shares`): what rank 0 sends every rank with "load", and `spill status` shows."""
+    return [s.layers for s in stage_shares(plan, n, by_compute=by_compute)]
+
+
 def stage_plans(plan, n: int, *, by_compute: bool = False) -> list:
     """Each stage's share of `plan` as a plan of its own (its layers, the tensors around them it holds): what
     a stage's memory prices, for the split `stage_shares` makes."""

@@ -32,7 +32,7 @@ from spill.streamer.plan import load_plan
 
 from . import micro, plans
 from .relay import Relay, StageLost
-from .split import resident_names, stage_shares
+from .split import resident_names, stage_ranges
 
 
 SHARED = ("prefill_chunk", "resident", "kv_bits", "kv_group_size", "seed", "micro_batches")   # every stage alike
@@ -59,7 +59,7 @@ class StagedStreamer(Streamer):
         self.micro_batches = micro_batches or self.size   # a pass's decode micro-batches where resident (M)
         self._micro, self._inbox, self._tokens_s = False, [], 0.0   # this pass micro-batch outer; its inputs' shapes
         self.whole = plan = load_plan(folder)   # every layer's tensors: what the split is made from
-        self.ranges = ranges = split_ranges(plan, self.size, by_compute)
+        self.ranges = ranges = stage_ranges(plan, self.size, by_compute)
         layers = ranges[self.rank] if layers is None else layers
         super().__init__(folder, layers=layers, holds=resident_names(plan, self.first, self.last), **kw)
         self.hidden = self.adapter.args.hidden_size
@@ -71,7 +71,7 @@ class StagedStreamer(Streamer):
 
     def splits_as(self, by_compute: bool) -> bool:
         """Whether the group's layers split `by_compute` (or by bytes) as it holds them; else it loads anew."""
-        return split_ranges(self.whole, self.size, by_compute) == self.ranges
+        return stage_ranges(self.whole, self.size, by_compute) == self.ranges
 
     @property
     def speculate(self) -> int:
@@ -188,11 +188,6 @@ class StagedStreamer(Streamer):
                              "every rank must run the same plans")
         out = emit.accept(rows, tokens)
         return [e for j in sorted(out) for e in out[j]]
-
-
-def split_ranges(plan, n: int, by_compute: bool) -> list[range]:
-    """Each stage's layers (`split.stage_shares`): every rank takes rank 0's, sent with "load"."""
-    return [s.layers for s in stage_shares(plan, n, by_compute=by_compute)]
 
 
 def serve(relay: Relay, on_pass=None) -> "StagedStreamer | None":
