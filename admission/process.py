@@ -17,7 +17,7 @@ from spill.wire import Mailbox
 from . import drafts, schedule
 from .calibration import Calibrator
 from .policy import Waiting
-from .scheduler import Planned, Scheduler
+from .scheduler import ROUNDS, Planned, Scheduler
 from .prices import live_allocation, shortfall
 from .schedule import budget_policy
 
@@ -61,7 +61,7 @@ def run_admission_process(endpoints, args, log) -> None:
             elif isinstance(msg, m.Pass) and running is not None and msg.plan == running.index:
                 prompts = sched.prompts(r for r, _ in msg.drafted)   # read before the rows that ended leave
                 sched.reported(msg.finished, live_allocation(msg, others, runtime, sched.policy.sheet), msg.accepted,
-                               msg.drafted)
+                               msg.drafted, msg.rounds)
                 ran, running = (running, msg, prompts), None
                 fault.tick("pass")
         if sched is None or epoch < 0:
@@ -72,8 +72,10 @@ def run_admission_process(endpoints, args, log) -> None:
             box.send("streamer", _plan(epoch, running, eos, sched.policy.sheet.cache_limit))
         if ran is not None:
             planned, reported, prompts = ran
-            # the refit after the plan, not on the streamer's path; a chunk with drafts as it ran: padded
-            calibrator.observe(drafts.padded(planned.shape, reported.columns), reported, prompts)
+            # the refit after the plan, not on the streamer's path; a chunk with drafts as it ran: padded. A pass of
+            # several rounds is no pass the model prices (one step a row): a pipeline's stage model does
+            if reported.rounds == 1:
+                calibrator.observe(drafts.padded(planned.shape, reported.columns), reported, prompts)
             told = report(epoch, reported.index, sched, others, calibrator, job)
             box.send("coordinator", told)
             p = sched.policy
@@ -118,8 +120,9 @@ def _price(msg: m.Reset, args: dict, box, log, calibrator=None):
     model = (lambda: calibrator.cal.model if calibrator.cal else None) if calibrator else (lambda: None)
     drafter = (lambda: calibrator.drafter) if calibrator else (lambda: None)   # the draft model's steps (--draft)
     priors = calibrator.priors(policy) if calibrator else None   # a new row's acceptance: its tier's, as measured
+    rounds = ROUNDS if msg.stages > 1 and msg.resident else 1   # a resident pipeline fills once for several steps
     return Scheduler(policy, calibrator.pace if calibrator else None, chunk, 0 if msg.resident else plan.streamed_bytes,
-                     msg.speculate, model, drafter, priors), others
+                     msg.speculate, model, drafter, priors, rounds), others
 
 
 def _others_rss(parent: int | None = None, runtime: tuple = (0, 0)) -> int:
@@ -143,7 +146,8 @@ def _plan(epoch: int, planned: Planned, eos: list[int], cache_limit: int) -> m.P
                   max_tokens=[w.max_tokens for w in rows], sampling=m.Sampling.of(w.sampling for w in rows), eos=eos,
                   index=planned.index, widths=[w.width for w in rows], groups=[g for _, g in planned.start],
                   chunks=[[g, n] for g, n in planned.chunks.items()], drop=planned.drop, finish=planned.finish,
-                  pools=planned.pools, cache_limit=cache_limit, drafts=[[r, k] for r, k in planned.drafts.items()])
+                  pools=planned.pools, cache_limit=cache_limit, drafts=[[r, k] for r, k in planned.drafts.items()],
+                  rounds=planned.rounds)
 
 
 if __name__ == "__main__":

@@ -52,8 +52,12 @@ class Planned:
     finish: list[int] = field(default_factory=list)
     pools: list[list[int]] = field(default_factory=list)
     drafts: dict[int, int] = field(default_factory=dict)            # decode row -> the most drafts it may carry
+    rounds: int = 1                                                  # decode steps a resident pipeline may run
     pace: int = 0                                                    # prompt tokens the pass could carry
     shape: PassShape = field(default_factory=lambda: PassShape(0, 0, 0, 0))
+
+
+ROUNDS = 8   # decode steps a pass of a resident pipeline may run: its stages fill and drain once for them
 
 
 def fixed_pace(tokens: int):
@@ -63,8 +67,9 @@ def fixed_pace(tokens: int):
 
 class Scheduler:
     def __init__(self, policy: BudgetPolicy, pace=None, chunk: int = 512, bytes_streamed: int = 0, speculate: int = 0,
-                 model=lambda: None, drafter=lambda: None, priors=None):
+                 model=lambda: None, drafter=lambda: None, priors=None, rounds: int = 1):
         self.policy = policy
+        self.rounds = rounds                  # decode steps a pass of decode rows alone may run (a resident pipeline's)
         self.speculate = speculate            # drafts a decode row may carry a pass (--speculate K); 0: none; -1: auto
         self.model = model                    # () -> the pass model auto drafts by (None: uncalibrated)
         self.drafter = drafter                # () -> what a draft model's steps cost (drafter.DraftCost; None: lookup)
@@ -183,6 +188,7 @@ class Scheduler:
         out.chunks = {k: min(step, g.width - g.done) for k, g in self.groups.items()}
         out.shape = self._shape(decoding, out.chunks)
         out.drafts = self._drafts(decoding, out.shape)
+        out.rounds = self._rounds(decoding, out)
         self._advance(decoding, out.chunks)
         self.index += 1
         return out
@@ -234,6 +240,14 @@ class Scheduler:
                           [self.context[r] for r in decoding], rates, left, self.drafter())
         return {r: int(n) for r, n in zip(decoding, k) if n > 0}
 
+    def _rounds(self, decoding: list[int], out: Planned) -> int:
+        """A pass of decode rows alone may run several steps (`self.rounds`, a resident pipeline's), none past the
+        most tokens a row has left; where rows wait, none past the fewest, so that no slot idles while they do."""
+        if self.rounds <= 1 or not decoding or out.start or out.chunks or out.drop or out.drafts or self.groups:
+            return 1
+        left = [self.policy.running[r].max_tokens - self.generated[r] for r in decoding]
+        return max(1, min(self.rounds, min(left) if self.policy.queue else max(left)))
+
     def _advance(self, decoding: list[int], chunks: dict[int, int]) -> None:
         """The rows' state as the pass leaves it: a token more for every decoding row; a group that ends its
         prompt samples each row's first token and its rows decode from the next pass on."""
@@ -250,11 +264,13 @@ class Scheduler:
                     self.group_of.pop(r, None)
                 del self.groups[k]
 
-    def reported(self, finished: list[int], live: int | None = None, accepted=(), drafted=()) -> None:
+    def reported(self, finished: list[int], live: int | None = None, accepted=(), drafted=(), rounds: int = 1) -> None:
         """A pass report: the rows it ended, live memory (None: the estimate's, which holds no memory),
-        [row, drafts accepted] of rows that took more than the one token `_advance` counted, and [row, drafts
-        carried] of rows that drafted (their acceptance, which auto drafts by)."""
+        [row, drafts accepted] of rows that took more than the one token `_advance` counted, [row, drafts
+        carried] of rows that drafted (their acceptance, which auto drafts by), and the decode steps it ran."""
         took = dict((int(r), int(n)) for r, n in accepted)
+        if rounds > 1:   # every row still decoding took a token a step
+            took = {r: rounds - 1 for r, s in self.status.items() if s == Status.DECODING}
         for row, n in took.items():
             if self.status.get(row) == Status.DECODING:
                 self.context[row] += n

@@ -56,6 +56,12 @@ def job_rows(n: int, max_tokens: int, count, data: Path) -> list[dict]:
             for i in range(n)]
 
 
+def decode_tokens(p: dict) -> int:
+    """A pass's decode tokens: every token it emitted where no prompt ran in it (a pipeline's pass of several rounds
+    included); else its decode rows', one each (the tokens of rows that ended their prompt are no decode's)."""
+    return p["emitted"] if not p["prefill_tokens"] else p["decode_rows"]
+
+
 def figures(passes: list[dict], out: Path, ids: list[str]) -> dict:
     """Rows per pass, decode tokens/s, pass time; and whether every custom_id came back once, without an error."""
     decoding = [p for p in passes if p["decode_rows"]]
@@ -64,7 +70,7 @@ def figures(passes: list[dict], out: Path, ids: list[str]) -> dict:
     seen = Counter(line["custom_id"] for line in lines)
     return {"passes": len(passes), "rows_per_pass_max": max((p["decode_rows"] for p in passes), default=0),
             "rows_per_pass_median": statistics.median(p["decode_rows"] for p in decoding) if decoding else 0,
-            "decode_tokens_per_s": round(sum(p["decode_rows"] for p in passes) / seconds, 2) if seconds else None,
+            "decode_tokens_per_s": round(sum(map(decode_tokens, passes)) / seconds, 2) if seconds else None,
             "pass_s_median": round(statistics.median(p["seconds"] for p in passes), 3),
             "job_s": round(seconds, 1),
             "every_id_once": sorted(seen) == sorted(ids) and set(seen.values()) == {1},

@@ -170,6 +170,7 @@ class Plan(Tokenized):
     pools: list[Pair] = field(default_factory=list)    # every decode pool's shape after it: [slots, width]
     cache_limit: Natural = 0  # bytes of MLX's buffer cache, set from the budget (0: leave it)
     drafts: list[Pair] = field(default_factory=list)   # [row, the most drafts it may carry] of decode rows that draft
+    rounds: Annotated[int, Range(1, 1 << 16)] = 1      # decode steps a resident pipeline may run (stages/rounds.py)
 
 
 @dataclass
@@ -220,6 +221,7 @@ class Pass:
     drafted: list[Pair] = field(default_factory=list)    # [row, drafts it carried] of rows that drafted
     columns: Annotated[int, Range(1, 1 << 16)] = 1       # tokens every decode row fed (1 + the most drafts, padded)
     link_s: float = 0.0               # a pipeline's rank 0: seconds blocked on its neighbours (its bubble)
+    rounds: Annotated[int, Range(1, 1 << 16)] = 1       # decode steps every decode row took (stages/rounds.py)
 
 
 @dataclass

@@ -44,7 +44,7 @@ def plan_body(plan: PassPlan) -> dict:
             "teacher": [list(r.teacher) if r.teacher is not None else None for r in rows],
             "sampling": [[r.sampling.temperature, r.sampling.top_p, r.sampling.top_k, r.sampling.seed] for r in rows],
             "chunks": [[g, n] for g, n in plan.chunks.items()], "drop": list(plan.drop),
-            "finish": list(plan.finish), "pools": plan.pools}
+            "finish": list(plan.finish), "pools": plan.pools, "rounds": plan.rounds}
 
 
 def plan_of(body: dict) -> PassPlan:
@@ -56,4 +56,5 @@ def plan_of(body: dict) -> PassPlan:
                   tuple(teacher) if teacher is not None else None, width), group)
              for rid, prompt, max_tokens, width, group, eos, teacher, sampling in zip(
                  body["ids"], unpack_tokens(body["prompts"], body["lengths"]), *(body[k] for k in columns[1:]))]
-    return PassPlan(start, {g: n for g, n in body["chunks"]}, body["drop"], body["finish"], body["pools"])
+    return PassPlan(start, {g: n for g, n in body["chunks"]}, body["drop"], body["finish"], body["pools"],
+                    rounds=body["rounds"])

@@ -147,6 +147,14 @@ class Relay:
             self.send(got, self.rank + 1)
         return np.array(got)
 
+    def down(self, tokens: np.ndarray | None, count: int) -> np.ndarray:
+        """Rank 0's `count` tokens (int32) on ranks 1..N-2 (the last has them: it drew them), sent on rank by rank."""
+        if self.rank > 0:
+            tokens = np.array(self.recv((count,), mx.int32, self.rank - 1, "waiting for tokens from"))
+        if self.rank + 1 < self.size - 1:
+            self.send(mx.array(tokens.astype(np.int32)), self.rank + 1)
+        return tokens
+
     def close(self) -> None:
         self._in.put(None)
         self._out.put(None)

@@ -17,20 +17,24 @@ M groups (`micro.split`), each prefill group one more; micro-batch j through eve
 on (beside j+1's compute) while the next stage starts on it, so a pass takes about M + N - 1 micro-batch slots,
 not M x N. The last stage samples once every micro-batch is through. A streamed stage keeps the layer-outer order
 (one read a pass). Every rank's report carries its seconds blocked on a neighbour (`link_s`) beside `compute_s`.
+A plan of decode rows alone may allow several rounds (`PassPlan.rounds`, admission's for a resident pipeline): a
+stage holding all its layers runs them back to back, so the pipeline fills and drains once for them (`rounds.py`).
 """
 
 import dataclasses
+import time
 
 import mlx.core as mx
 import numpy as np
 
 from spill.errors import SpillError
+from spill.platform import release_heap
 from spill.streamer import emit
 from spill.streamer.core import PassPlan, PassReport, Streamer
 from spill.streamer.kvquant import stored_dtype
 from spill.streamer.plan import load_plan
 
-from . import micro, plans
+from . import micro, plans, rounds as rounds_of
 from .relay import Relay, StageLost
 from .split import resident_names, stage_ranges
 
@@ -58,6 +62,7 @@ class StagedStreamer(Streamer):
                              f"{micro_batches}")
         self.micro_batches = micro_batches or self.size   # a pass's decode micro-batches where resident (M)
         self._micro, self._inbox, self._tokens_s = False, [], 0.0   # this pass micro-batch outer; its inputs' shapes
+        self._rounds = 1   # decode steps the running plan allows (`rounds.run`)
         self.whole = plan = load_plan(folder)   # every layer's tensors: what the split is made from
         self.ranges = ranges = stage_ranges(plan, self.size, by_compute)
         layers = ranges[self.rank] if layers is None else layers
@@ -90,7 +95,7 @@ class StagedStreamer(Streamer):
     def run(self, plan: PassPlan) -> PassReport:
         plan = dataclasses.replace(plan, drafts={})   # a staged pass verifies no drafts
         self._tell("plan", plan)
-        waited, self._tokens_s = self.relay.waited, 0.0
+        waited, self._tokens_s, self._rounds = self.relay.waited, 0.0, plan.rounds
         report = super().run(plan)
         report.link_s, report.compute_s = self.relay.waited - waited, report.compute_s - self._tokens_s
         return report
@@ -140,6 +145,22 @@ class StagedStreamer(Streamer):
             pass   # the group is gone: nobody to stop
         finally:
             super().close()
+
+    def _pass(self, chunks: dict[int, int], bounds: dict | None = None) -> PassReport:
+        """The plan's rounds where the pass has decode rows alone and every layer is held (the same on every rank);
+        else one step."""
+        rounds, self._rounds = self._rounds, 1
+        self._retire()
+        if rounds <= 1 or chunks or self.prefills or not self.pools or self.kept is None or len(self.kept) < len(self.layers):
+            return super()._pass(chunks, bounds)
+        t0, wait0, read0 = time.perf_counter(), self._reader_s("wait_s"), self._reader_s("read_s")
+        emitted, compute_s = rounds_of.run(self, rounds)
+        self._retire()
+        self.passes += rounds   # as many as one-step passes: a row started later draws from the same seed
+        release_heap()
+        report = self._report(t0, wait0, read0, compute_s, emitted, 0, 0)
+        report.rounds = rounds
+        return report
 
     # -- the pass's hand-overs: its groups, its input, its output, its tokens -----------------------------------
     def _decode(self, pools: list) -> list:

@@ -67,7 +67,7 @@ class StreamerActor:
                      msg.rows, m.unpack_tokens(msg.tokens, msg.lengths), msg.max_tokens, msg.sampling.rows(), msg.widths,
                      msg.groups)]
         report = self.engine.run(PassPlan(start, dict(map(tuple, msg.chunks)), msg.drop, msg.finish, msg.pools,
-                                          dict(map(tuple, msg.drafts))))
+                                          dict(map(tuple, msg.drafts)), msg.rounds))
         refused, self.engine.refused = self.engine.refused, []
         # a preempted row's text starts again, a refused row's never does: the tokenizer sees them in order
         ended = report.preempted + [row for row, _ in refused]
@@ -84,7 +84,8 @@ class StreamerActor:
                        major_faults=r.major_faults, read_bandwidth=r.bytes_streamed / max(r.seconds, 1e-9),
                        read_s=r.read_s, prefill_groups=r.prefill_groups, prefill_context=r.prefill_context,
                        plan=msg.index, accepted=[[row, n] for row, n in r.accepted.items() if n],
-                       drafted=[[row, n] for row, n in r.drafted.items()], columns=r.columns, link_s=r.link_s)
+                       drafted=[[row, n] for row, n in r.drafted.items()], columns=r.columns, link_s=r.link_s,
+                       rounds=r.rounds)
         return out, stats, refused
 
 

@@ -37,6 +37,7 @@ class PassPlan:
     finish: list = field(default_factory=list)                    # rows ended outside the streamer (a stop string)
     pools: list | None = None                                     # [slots, width] of every decode pool (None: kept)
     drafts: dict = field(default_factory=dict)                    # decode row -> the most drafts it may carry (speculate.py)
+    rounds: int = 1                                               # decode steps a pipeline may run (stages/rounds.py)
 
 
 @dataclass
@@ -66,3 +67,4 @@ class PassReport:
     drafted: dict = field(default_factory=dict)     # row -> drafts it carried
     columns: int = 1                                # tokens every decode row fed (1 + the most drafts)
     link_s: float = 0.0                             # a pipeline stage's seconds blocked on its neighbours
+    rounds: int = 1                                 # decode steps every decode row took (stages/rounds.py)

@@ -150,3 +150,26 @@ def test_a_prompt_whose_kv_never_fits_beside_its_slot_is_refused_with_its_senten
     sched = Scheduler(BudgetPolicy(s, max_rows=8, prefill_tokens=64))
     refused = sched.offer([Waiting(0, np.zeros(900, np.int32), 8)])   # a 1,024-token slot and 772 KiB more
     assert refused and "its KV cache needs" in refused[0][1] and sched.status[0] == Status.FINISHED
+
+
+def test_a_resident_pipelines_pass_of_decode_rows_alone_runs_rounds_none_past_what_a_row_has_left():
+    """Rounds only where nothing prefills; at most the most tokens a row has left, the fewest where rows wait;
+    a report of R rounds counts R tokens for every row still decoding."""
+    sched = Scheduler(BudgetPolicy(sheet(slots_mb=50), max_rows=2), chunk=64, rounds=8)
+    sched.offer(rows(10, 10, max_tokens=12) + rows(10, max_tokens=12, start=2))
+    first = sched.plan()
+    assert [w.row for w, _ in first.start] == [0, 1] and first.rounds == 1   # a prefill: one step
+    sched.reported([])
+    waiting = sched.plan()                       # row 2 waits for a slot: no row may end its tokens mid-pass
+    assert waiting.rounds == 8 and waiting.shape.context_tokens == 2 * 11
+    sched.reported([], rounds=8)
+    assert sched.context[0] == sched.context[1] == 19 and sched.generated[0] == 9
+    assert sched.plan().rounds == 3              # 3 tokens left each
+    sched.reported([0, 1], rounds=3)
+    again = sched.plan()
+    assert [w.row for w, _ in again.start] == [2] and again.rounds == 1
+    sched.reported([])
+    assert sched.plan().rounds == 8              # row 2 alone, nothing waits: up to its 11 tokens left
+    plain = Scheduler(BudgetPolicy(sheet(slots_mb=50)), chunk=64)
+    plain.offer(rows(10, max_tokens=12))
+    assert [plain.plan().rounds for _ in range(3)] == [1, 1, 1]   # one process, or a streamed pipeline

@@ -18,6 +18,7 @@ import mlx.core as mx
 import psutil
 import pytest
 
+from spill.coordinator import history
 from spill.streamer.plan import load_plan
 from spill.streamer.shares import kv_token_bytes
 from tests.coordinator.group_util import llama_job, read_output, seed_home, spill, texts
@@ -167,13 +168,18 @@ def test_a_follower_of_spill_run_ranks_killed_or_stopped_mid_job_is_named_and_th
 
 @ring
 def test_spill_run_ranks_2_micro_batches_2_writes_the_text_of_one_process(job12, tmp_path, env):
-    """Resident (SPILL_STREAM=0): the stages run micro-batch outer from their second pass."""
+    """Resident (SPILL_STREAM=0): the stages run micro-batch outer from their second pass, and a pass of decode rows
+    alone runs several rounds (stages/rounds.py)."""
     folder, inp, expected = job12
     run = spill("run", folder, inp, "-o", tmp_path / "out.jsonl", "--ranks", "2", "--micro-batches", "2", "--quiet",
-                env={**env, "SPILL_STREAM": "0"}, timeout=240)
+                env={**env, "SPILL_STREAM": "0", "SPILL_MAX_ROWS": "4"}, timeout=240)   # 4 rows at a time: 3 cohorts
     assert "resident: " in run.stdout, run.stdout
     assert run.returncode == 0, run.stdout + run.stderr
     assert texts(read_output(tmp_path / "out.jsonl")) == expected
+    job = re.search(r"job (\S+): \d+ rows", run.stdout).group(1)
+    passes = history.read(Path(env["SPILL_HOME"]) / "jobs" / job)
+    rounds = [p["rounds"] for p in passes if not p["prefill_tokens"]]   # the last pass's line may come after the job
+    assert len(rounds) >= 2 and min(rounds) > 1, (passes, run.stdout)
 
 
 @ring
