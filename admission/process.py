@@ -6,7 +6,7 @@ import os
 
 import numpy as np
 
-from spill import memory
+from spill import config, memory
 from spill import messages as m
 from spill.actor import Fault, inbox, run_actor
 from spill.errors import SpillError
@@ -17,7 +17,7 @@ from spill.wire import Mailbox
 from . import drafts, schedule
 from .calibration import Calibrator
 from .policy import Waiting
-from .scheduler import ROUNDS, Planned, Scheduler
+from .scheduler import Planned, Scheduler
 from .prices import live_allocation, shortfall
 from .schedule import budget_policy
 
@@ -120,7 +120,7 @@ def _price(msg: m.Reset, args: dict, box, log, calibrator=None):
     model = (lambda: calibrator.cal.model if calibrator.cal else None) if calibrator else (lambda: None)
     drafter = (lambda: calibrator.drafter) if calibrator else (lambda: None)   # the draft model's steps (--draft)
     priors = calibrator.priors(policy) if calibrator else None   # a new row's acceptance: its tier's, as measured
-    rounds = ROUNDS if msg.stages > 1 and msg.resident else 1   # a resident pipeline fills once for several steps
+    rounds = config.rounds() if msg.stages > 1 and msg.resident else 1   # a resident pipeline fills once for several
     return Scheduler(policy, calibrator.pace if calibrator else None, chunk, 0 if msg.resident else plan.streamed_bytes,
                      msg.speculate, model, drafter, priors, rounds), others
 

@@ -57,9 +57,6 @@ class Planned:
     shape: PassShape = field(default_factory=lambda: PassShape(0, 0, 0, 0))
 
 
-ROUNDS = 8   # decode steps a pass of a resident pipeline may run: its stages fill and drain once for them
-
-
 def fixed_pace(tokens: int):
     """A pace that is always `tokens` (no pass model)."""
     return lambda *_: tokens

@@ -3,7 +3,7 @@ ranks on this machine, each rank in its own child memory cgroup of --cap bytes a
 its own (as N machines of that size would be), the single rank holding the whole model under one such cap.
 
     python benchmarks/ranks.py [--size tall] [--ranks 1,2,3] [--cap 1GiB] [--cores-per-rank 1] [--rows 96]
-                               [--max-tokens 32] [--micro-batches 0] [--repeat 1]
+                               [--max-tokens 32] [--micro-batches 0] [--repeat 1] [--rounds 1,8]
     python benchmarks/ranks.py --dtype bfloat16 --up-args="--memory 3GiB" ...   (a GPU: its memory by --memory)
 
 1. builds a factory model (float32, as a CPU computes) and a job of short questions (kv_bits.py's);
@@ -12,7 +12,9 @@ its own (as N machines of that size would be), the single rank holding the whole
    cap), and `spill down` ends it;
 3. prints per run, from the job's passes.jsonl: the running rows of a pass, decode tokens/s, the median pass,
    the advisor's choice (resident or streamed), each cgroup's peak and OOM kills, rank 0's share of its decode
-   passes blocked on its neighbours (`link_s`: the bubble as rank 0 sees it), and every custom_id once; then each count's tokens/s over one rank's.
+   passes blocked on its neighbours (`link_s`: the bubble as rank 0 sees it), the seconds of a decode step (a pass of
+   R rounds: its seconds / R), and every custom_id once; then each count's tokens/s over one rank's. --rounds runs a
+   pipeline once for each SPILL_ROUNDS given (1: one decode step a pass).
 Root is needed for the cgroups (v1 or v2, under this process's own) and to drop the page cache.
 """
 
@@ -20,6 +22,7 @@ import argparse
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -47,6 +50,8 @@ def parse() -> argparse.Namespace:
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--micro-batches", type=int, default=None, help="spill up's --micro-batches (default: its own)")
     p.add_argument("--repeat", type=int, default=1, help="runs of each rank count, interleaved")
+    p.add_argument("--rounds", default="", help="SPILL_ROUNDS values, a run of each rank count past 1 for each "
+                   "(comma-separated; default the group's own)")
     p.add_argument("--data", type=Path, default=three_tier.DATA, help="the folder of gsm8k_test.jsonl")
     p.add_argument("--out", type=Path, default=Path("/tmp/spill-ranks-bench"))
     p.add_argument("--up-args", default="", help="more arguments for every rank's `spill up` (a GPU's --memory)")
@@ -112,9 +117,10 @@ def down(groups: list, procs: list, env: dict) -> list[dict]:
     return facts
 
 
-def one(n: int, a, folder: Path, inp: Path, ids: list[str], env: dict) -> dict:
+def one(n: int, a, folder: Path, inp: Path, ids: list[str], env: dict, rounds: str = "") -> dict:
     work = Path(tempfile.mkdtemp(prefix=f"spill-ranks{n}-", dir=a.out))
     drop_cache(sorted(folder.glob("*.safetensors")))
+    env = {**env, **({"SPILL_ROUNDS": rounds} if rounds else {})}
     groups, procs = up(n, a, env, work)
     try:
         out = work / "out.jsonl"
@@ -130,9 +136,11 @@ def one(n: int, a, folder: Path, inp: Path, ids: list[str], env: dict) -> dict:
     advice = (meta.get("estimate") or {}).get("advice") or ""
     (work / "run.log").write_text(run.stdout + run.stderr)
     decoding = [p for p in passes[2:] if p["decode_rows"] and p["seconds"]]   # past the first passes' fill
+    steps = [p["seconds"] / p.get("rounds", 1) for p in passes if p["emitted"] and not p["prefill_tokens"]]
     blocked = sum(p.get("link_s", 0.0) for p in decoding) / max(sum(p["seconds"] for p in decoding), 1e-9)
     return {"ranks": n, "job": job, "wall_s": round(wall, 1), "mode": advice.split(":")[0].split(" (")[0] or None,
-            "cgroups": cgroups, "rank0_blocked_share": round(blocked, 3) if n > 1 else None,
+            "cgroups": cgroups, "rank0_blocked_share": round(blocked, 3) if n > 1 else None, "rounds": rounds or None,
+            "round_s_median": round(statistics.median(steps), 4) if steps else None,
             **figures(passes, out, ids)}
 
 
@@ -157,15 +165,18 @@ def main() -> None:
     runs = []
     for _ in range(a.repeat):
         for n in counts:
-            runs.append(one(n, a, folder, inp, ids, env))
-            print(json.dumps(runs[-1]), flush=True)
-    print("ranks  mode      rows/pass max/med  decode tok/s  pass s (median)  over 1 rank  rank 0 blocked  peaks MiB")
+            for rounds in (a.rounds.split(",") if a.rounds and n > 1 else [""]):
+                runs.append(one(n, a, folder, inp, ids, env, rounds))
+                print(json.dumps(runs[-1]), flush=True)
+    print("ranks  rounds  mode      rows/pass max/med  decode tok/s  pass s (median)  s a decode step  over 1 rank  "
+          "rank 0 blocked  peaks MiB")
     base = [r["decode_tokens_per_s"] for r in runs if r["ranks"] == 1]
     for r in runs:
         over = f"{r['decode_tokens_per_s'] / (sum(base) / len(base)):.2f}x" if base else "-"
         busy = f"{r['rank0_blocked_share']:.0%}" if r["rank0_blocked_share"] is not None else "-"
-        print(f"{r['ranks']:>5}  {str(r['mode']):<8}  {r['rows_per_pass_max']:>4} / {r['rows_per_pass_median']:<8}  "
-              f"{r['decode_tokens_per_s']:>12}  {r['pass_s_median']:>15}  {over:>11}  {busy:>14}  "
+        print(f"{r['ranks']:>5}  {r['rounds'] or '-':>6}  {str(r['mode']):<8}  {r['rows_per_pass_max']:>4} / "
+              f"{r['rows_per_pass_median']:<8}  {r['decode_tokens_per_s']:>12}  {r['pass_s_median']:>15}  "
+              f"{r['round_s_median']!s:>15}  {over:>11}  {busy:>14}  "
               f"{' '.join(str(c['peak_mib']) for c in r['cgroups'])}{'' if r['every_id_once'] else '  IDS WRONG'}")
     (a.out / "result.json").write_text(json.dumps({"model": str(folder), "cap": a.cap, "runs": runs}, indent=1))
 

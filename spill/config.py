@@ -71,6 +71,8 @@ KNOBS = {k.name: k for k in (
          "it off (default one a core, at most 8; 1 on a GPU)", TUNING),
     Knob("SPILL_CHUNK_ATTENTION", "", str, "fused or ops: how a chunk of drafts attends (default ops on a CUDA GPU, "
          "whose fused kernel plans each new shape; fused elsewhere)", TUNING),
+    Knob("SPILL_ROUNDS", "8", int, "decode rounds a pass of decode rows alone may run on a resident pipeline "
+         "(stages/rounds.py); 1: one a pass", TUNING),
     Knob("SPILL_DIRECT_IO", "1", bool, "0: read weights through the page cache, dropping behind, not O_DIRECT",
          TUNING),
     Knob("SPILL_HUGE_PAGES", "1", bool, "0: leave MLX's 4 KiB pages under the read buffers (Linux)", TUNING),
@@ -140,6 +142,11 @@ def ready_timeout() -> float:
 
 def max_rows() -> int:
     return get("SPILL_MAX_ROWS")
+
+
+def rounds() -> int:
+    """Decode rounds a pass of a resident pipeline may run (SPILL_ROUNDS), at least one."""
+    return max(1, get("SPILL_ROUNDS"))
 
 
 def guard_line(gpu: bool = False, fraction: float = 0.0) -> float:

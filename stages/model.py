@@ -26,7 +26,7 @@ the layer-outer order (one read of its share a pass) and no cut. M is `--micro-b
 `spill run` (0: one a rank, N; 1: a stage at a time), carried to the stages with "load"; quantized KV pools
 (--kv-bits) are not cut (their rows stay one micro-batch). M is not priced yet (`best_micro_batches` below
 needs each stage's fixed and per-row seconds, which no stage reports to admission yet). A pass of decode rows
-alone on a resident pipeline runs up to `scheduler.ROUNDS` rounds (built, `rounds.py`): micro-batch j of round r+1
+alone on a resident pipeline runs up to SPILL_ROUNDS rounds (8) (built, `rounds.py`): micro-batch j of round r+1
 starts on stage 0 once its round-r tokens are back, so the fill and drain below come once a pass, not once a round.
 
 The pass report. Every rank's report carries its compute seconds and its seconds blocked on a neighbour

@@ -116,9 +116,10 @@ def run_streamer_process(endpoints, args, log) -> None:
             rows, why = zip(*refused)
             box.send("coordinator", m.Error(actor.epoch, list(rows), ["invalid_request"] * len(rows), list(why), actor.job))
         bind_context(stats)   # later log lines carry this pass's index
-        box.send("tokenizer", tokens)
         box.send("admission", stats)
+        # the report before the tokens: the coordinator records the pass before the tokenizer can end its last rows
         box.send("coordinator", stats)
+        box.send("tokenizer", tokens)
         fault.tick("pass")
         time.sleep(delay)
 

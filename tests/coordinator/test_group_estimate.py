@@ -1,10 +1,11 @@
 """The estimate through the front door: `spill run` prints it before its first pass, job.json keeps it
 and the end-of-job summary, and `spill report` plots the job."""
 
+import json
 
 from spill.coordinator.jobstore import Job
 
-from .group_util import spill, write_input
+from .group_util import read_output, spill, write_input
 
 
 def test_run_prints_the_estimate_first_and_the_summary_last(make_tiny, tmp_path):
@@ -24,6 +25,9 @@ def test_run_prints_the_estimate_first_and_the_summary_last(make_tiny, tmp_path)
     assert any(l.startswith("took ") and "against an estimate of" in l for l in lines)
     records = (job.dir / "passes.jsonl").read_text().splitlines()   # a pass each, then the last rows written
     assert len(records) == summary["passes"] + 1 and '"written": true' in records[-1]
+    bodies = [row["response"]["body"] for row in read_output(tmp_path / "out.jsonl").values()]
+    tokens = sum(b["usage"]["completion_tokens"] + (b["choices"][0]["finish_reason"] == "stop") for b in bodies)
+    assert sum(json.loads(r).get("emitted", 0) for r in records) == tokens   # the last pass recorded too (EOS counts)
     report = spill("report", job.id, "-o", tmp_path / "r.png", check=True)
     assert report.stdout.strip() == str(tmp_path / "r.png")
     assert (tmp_path / "r.png").read_bytes()[:4] == b"\x89PNG"
