@@ -3,9 +3,11 @@
     python benchmarks/peers_child.py llama.cpp|accelerate|mlx-lm SPEC.json
 
 SPEC.json: {"model": folder, "gguf": file, "prompts": [[ids]...], "new": 32, "threads": 2, "offload": dir,
-"hf_dtype": "float32", "gpu_cap": bytes or null, "hf_gpu_share": share of gpu_cap for accelerate's weights}.
-Every peer runs greedy: one prefill of the batch's prompts (timed apart), then `new` decode steps of
-one token per row, each step timed. Stage lines go to stderr, so a killed child still shows how far it got.
+"hf_dtype": "float32", "gpu_cap": bytes or null, "hf_gpu_share": share of gpu_cap for accelerate's weights,
+"kv": llama.cpp's KV cache type (f16, q8_0), "eos": [ids], "pad": id}. Prompts may differ in length: llama.cpp
+places each row at its own positions, accelerate and mlx-lm pad on the left (an attention mask, each row's
+positions from 0). Every peer runs greedy: one prefill of the batch's prompts (timed apart), then `new` - 1
+decode steps of one token per row, each step timed, with no stop at EOS (where each row would stop is counted). Stage lines go to stderr, so a killed child still shows how far it got.
 Where a GPU is, a peer holding more GPU memory than gpu_cap exits with OVER_CAP (the cgroup caps host memory only).
 """
 
@@ -30,11 +32,44 @@ def over_cap(peak: int, cap: int, when: str) -> None:
     sys.exit(OVER_CAP)
 
 
+def generate(prefill, step, new: int, eos: list[int]) -> dict:
+    """Greedy, no EOS stop: `prefill()` (timed apart) gives each row's first token, then `new` - 1 calls of
+    `step(last tokens, i)` one token a row, each timed. Row 0's tokens, and each row's up to its first EOS."""
+    t0 = time.perf_counter()
+    nxt = prefill()
+    prefill_s, rows, steps = time.perf_counter() - t0, [[t] for t in nxt], []
+    stage("prefilled", seconds=prefill_s, token=nxt[0])
+    for i in range(new - 1):
+        t0 = time.perf_counter()
+        nxt = step(nxt, i)
+        steps.append(time.perf_counter() - t0)
+        for row, t in zip(rows, nxt):
+            row.append(t)
+        stage("step", i=i, seconds=steps[-1], token=nxt[0])
+    return {"prefill_s": prefill_s, "steps": steps, "tokens": rows[0], "generated": sum(map(len, rows)),
+            "to_eos": sum(to_eos(row, eos) for row in rows)}
+
+
+def to_eos(tokens: list[int], eos: list[int]) -> int:
+    """The tokens a row gives when it stops at its first EOS (the EOS counted), as spill stops."""
+    return next((i + 1 for i, t in enumerate(tokens) if t in eos), len(tokens))
+
+
+def left_padded(prompts: list[list[int]], pad: int) -> tuple[list[list[int]], list[int]]:
+    """Rows of different lengths as one block, each padded on the left to the longest; and each row's padding:
+    [[5, 6, 7], [8]] -> [[5, 6, 7], [pad, pad, 8]], [0, 2]."""
+    n = max(map(len, prompts))
+    return [[pad] * (n - len(p)) + p for p in prompts], [n - len(p) for p in prompts]
+
+
 # -- llama.cpp through llama-cpp-python's low-level API, weights mmapped -----------------------------------
+LLAMA_KV = {"f16": "GGML_TYPE_F16", "q8_0": "GGML_TYPE_Q8_0", "q4_0": "GGML_TYPE_Q4_0"}   # llama_cpp's constants
+
+
 def llama_cpp(spec: dict) -> dict:
     import llama_cpp as L
-    prompts, new = spec["prompts"], spec["new"]
-    b, n = len(prompts), len(prompts[0])
+    prompts, new, kv = spec["prompts"], spec["new"], spec.get("kv", "f16")
+    b, lengths = len(prompts), [len(p) for p in prompts]
     L.llama_backend_init()
     mp = L.llama_model_default_params()
     mp.use_mmap, mp.use_mlock = True, False
@@ -44,22 +79,24 @@ def llama_cpp(spec: dict) -> dict:
     if not model:
         raise SystemExit("llama.cpp could not load the GGUF")
     cp = L.llama_context_default_params()
-    per_seq = -(-(n + new + 1) // 128) * 128   # KV cells per row: anonymous memory under the cap
+    per_seq = -(-(max(lengths) + new + 1) // 128) * 128   # KV cells per row (the longest's): anonymous memory
     cp.n_ctx, cp.n_seq_max = per_seq * b, b
-    cp.n_batch, cp.n_ubatch = b * n, min(512, b * n)   # prefill in ubatches of 512: a small compute buffer
+    cp.n_batch, cp.n_ubatch = sum(lengths), min(512, sum(lengths))   # prefill in ubatches of 512: a small buffer
     cp.n_threads = cp.n_threads_batch = spec["threads"]
+    cp.type_k = cp.type_v = getattr(L, LLAMA_KV[kv])
+    cp.flash_attn_type = L.LLAMA_FLASH_ATTN_TYPE_ENABLED   # on for every KV type: a quantized V cache needs it
     ctx = L.llama_init_from_model(model, cp)
     if not ctx:
-        raise SystemExit("llama.cpp could not make a context")
+        raise SystemExit(f"llama.cpp could not make a context (KV {kv}, flash attention on)")
     vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(model))
-    batch = L.llama_batch_init(b * n, 0, b)
+    batch = L.llama_batch_init(max(sum(lengths), b), 0, b)
 
-    def decode(tokens: list[list[int]], pos: int) -> list[int]:
-        """One llama_decode of every row's tokens at positions pos..; the rows' greedy next tokens."""
+    def decode(tokens: list[list[int]], pos: list[int]) -> list[int]:
+        """One llama_decode of every row's tokens, row s's at positions pos[s]..; the rows' greedy next tokens."""
         k = 0
-        for s, toks in enumerate(tokens):
+        for s, (toks, at) in enumerate(zip(tokens, pos)):
             for j, t in enumerate(toks):
-                batch.token[k], batch.pos[k], batch.n_seq_id[k] = t, pos + j, 1
+                batch.token[k], batch.pos[k], batch.n_seq_id[k] = t, at + j, 1
                 batch.seq_id[k][0], batch.logits[k] = s, j == len(toks) - 1
                 k += 1
         batch.n_tokens = k
@@ -73,20 +110,11 @@ def llama_cpp(spec: dict) -> dict:
         return out
 
     stage("loaded")
-    t0 = time.perf_counter()
-    nxt = decode(prompts, 0)
-    prefill = time.perf_counter() - t0
-    steps, first = [], [nxt[0]]
-    stage("prefilled", seconds=prefill, token=first[0])
-    for i in range(new - 1):
-        t0 = time.perf_counter()
-        nxt = decode([[t] for t in nxt], n + i)
-        steps.append(time.perf_counter() - t0)
-        first.append(nxt[0])
-        stage("step", i=i, seconds=steps[-1], token=first[-1])
+    r = generate(lambda: decode(prompts, [0] * b),
+                 lambda nxt, i: decode([[t] for t in nxt], [n + i for n in lengths]), new, spec.get("eos") or [])
     version = getattr(L, "__version__", "?") + ("" if L.llama_supports_gpu_offload() else " (CPU build)")
     L.llama_batch_free(batch)
-    return {"prefill_s": prefill, "steps": steps, "tokens": first, "version": f"llama-cpp-python {version}"}
+    return {**r, "kv": kv, "flash_attn": True, "version": f"llama-cpp-python {version}"}
 
 
 # -- Hugging Face transformers + accelerate, every layer offloaded to disk --------------------------------------
@@ -107,33 +135,34 @@ def accelerate(spec: dict) -> dict:
     model.eval()
     placed = sorted(set(getattr(model, "hf_device_map", {}).values()), key=str)
     stage("loaded", devices=[str(d) for d in placed])
-    ids = torch.tensor(spec["prompts"], dtype=torch.long, device="cuda" if gpu else "cpu")
     try:
-        return _hf_generate(model, ids, spec, placed, torch)
+        return _hf_generate(model, spec, placed, torch, "cuda" if gpu else "cpu")
     except torch.OutOfMemoryError:
         over_cap(torch.cuda.max_memory_allocated(), cap, "(torch refused an allocation)")
 
 
-def _hf_generate(model, ids, spec: dict, placed, torch) -> dict:
+def _hf_generate(model, spec: dict, placed, torch, device: str) -> dict:
     import accelerate as acc
     import transformers
-    with torch.inference_mode():
-        t0 = time.perf_counter()
-        out = model(input_ids=ids, use_cache=True, logits_to_keep=1)   # the last position's, as generate() keeps
-        prefill = time.perf_counter() - t0
-        past, nxt = out.past_key_values, out.logits[:, -1, :].argmax(-1)
-        steps, first = [], [int(nxt[0])]
-        stage("prefilled", seconds=prefill, token=first[0])
-        for i in range(spec["new"] - 1):
-            t0 = time.perf_counter()
-            out = model(input_ids=nxt[:, None], past_key_values=past, use_cache=True)
-            past, nxt = out.past_key_values, out.logits[:, -1, :].argmax(-1)
-            steps.append(time.perf_counter() - t0)
-            first.append(int(nxt[0]))
-            stage("step", i=i, seconds=steps[-1], token=first[-1])
+    rows, pads = left_padded(spec["prompts"], spec.get("pad") or 0)
+    ids = torch.tensor(rows, dtype=torch.long, device=device)
+    mask = torch.tensor([[0] * p + [1] * (len(r) - p) for r, p in zip(rows, pads)], dtype=torch.long, device=device)
+    state = {"mask": mask, "pos": (mask.cumsum(-1) - 1).clamp(min=0)}   # each row's positions from 0 at its start
+
+    def forward(x, **kw) -> list[int]:
+        out = model(input_ids=x, attention_mask=state["mask"], position_ids=state["pos"], use_cache=True, **kw)
+        state["past"] = out.past_key_values
+        return out.logits[:, -1, :].argmax(-1).tolist()
+
+    def step(nxt: list[int], i: int) -> list[int]:
+        state["mask"] = torch.cat([state["mask"], state["mask"].new_ones(len(nxt), 1)], dim=1)
+        state["pos"] = state["pos"][:, -1:] + 1
+        return forward(torch.tensor(nxt, device=device)[:, None], past_key_values=state["past"])
+
+    with torch.inference_mode():   # the prefill keeps the last position's logits, as generate() does
+        r = generate(lambda: forward(ids, logits_to_keep=1), step, spec["new"], spec.get("eos") or [])
     gpu_peak = torch.cuda.max_memory_allocated() if ids.is_cuda else None
-    return {"prefill_s": prefill, "steps": steps, "tokens": first, "devices": [str(d) for d in placed],
-            "gpu_share": spec.get("hf_gpu_share") if ids.is_cuda else None,
+    return {**r, "devices": [str(d) for d in placed], "gpu_share": spec.get("hf_gpu_share") if ids.is_cuda else None,
             "gpu_peak": gpu_peak, "version": f"transformers {transformers.__version__}, accelerate {acc.__version__}, torch {torch.__version__}"}
 
 
@@ -141,7 +170,7 @@ def _hf_generate(model, ids, spec: dict, placed, torch) -> dict:
 def mlx_lm(spec: dict) -> dict:
     import mlx.core as mx
     import mlx_lm
-    from mlx_lm.models.cache import make_prompt_cache
+    from mlx_lm.models.cache import BatchKVCache, make_prompt_cache
     from mlx_lm.utils import load
     model, _ = load(spec["model"])   # not lazy: every weight in memory before the first token
     mx.eval(model.parameters())
@@ -149,23 +178,16 @@ def mlx_lm(spec: dict) -> dict:
     if gpu and cap and mx.get_peak_memory() > cap:
         over_cap(mx.get_peak_memory(), cap, "at load")
     stage("loaded")
-    cache = make_prompt_cache(model)
-    t0 = time.perf_counter()
-    nxt = mx.argmax(model(mx.array(spec["prompts"]), cache=cache)[:, -1, :], axis=-1)
-    mx.eval(nxt)
-    prefill = time.perf_counter() - t0
-    steps, first = [], [int(nxt[0])]
-    stage("prefilled", seconds=prefill, token=first[0])
-    for i in range(spec["new"] - 1):
-        t0 = time.perf_counter()
-        nxt = mx.argmax(model(nxt[:, None], cache=cache)[:, -1, :], axis=-1)
-        mx.eval(nxt)
-        steps.append(time.perf_counter() - t0)
-        first.append(int(nxt[0]))
-        stage("step", i=i, seconds=steps[-1], token=first[-1])
+    rows, pads = left_padded(spec["prompts"], spec.get("pad") or 0)
+    cache = [BatchKVCache(pads) for _ in model.layers] if any(pads) else make_prompt_cache(model)
+
+    def forward(x: list[list[int]]) -> list[int]:
+        return mx.argmax(model(mx.array(x), cache=cache)[:, -1, :], axis=-1).tolist()
+
+    r = generate(lambda: forward(rows), lambda nxt, i: forward([[t] for t in nxt]), spec["new"], spec.get("eos") or [])
     if gpu and cap and mx.get_peak_memory() > cap:
         over_cap(mx.get_peak_memory(), cap, "decoding")
-    return {"prefill_s": prefill, "steps": steps, "tokens": first, "gpu_peak": mx.get_peak_memory() if gpu else None,
+    return {**r, "gpu_peak": mx.get_peak_memory() if gpu else None,
             "version": f"mlx-lm {mlx_lm.__version__}, mlx {mx.__version__}"}
 
 

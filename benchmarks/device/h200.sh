@@ -24,9 +24,11 @@
 #   bash h200.sh ranks STAGE OUT      set up; benchmarks/ranks.py (RANKS_ARGS; RANKS_UP: each
 #                                     rank's `spill up` arguments; RANKS_DEVICE=cpu: on the CPU cores): 1, 2, 3 ranks,
 #                                     a child cgroup each
-#   bash h200.sh peers STAGE OUT      set up; benchmarks/peers.py (PEERS_ARGS) under a memory cap, with the
-#                                     wheels of STAGE/peers (pack.sh --peers) carried in a call of their own;
-#                                     it runs on past the call: `peers-wait` waits again (PEERS_WAIT s each)
+#   bash h200.sh peers STAGE OUT      set up; benchmarks/peers.py (PEERS_ARGS, quotes kept) under a memory cap,
+#                                     with the wheels of STAGE/peers (pack.sh --peers) carried in a call of their
+#                                     own; `--model smollm2` in PEERS_ARGS: the real SmolLM2 as `spec` makes it
+#                                     (pack.sh --smollm2's parts); it runs on past the call: `peers-wait` waits
+#                                     again (PEERS_WAIT s each)
 set -euo pipefail
 cmd=${1:?usage: h200.sh stage|setup|probe|check|test|group|repeat|gpu|cpu|sweep|ab-gpu|ab-cpu|ab|kv|spec|draftpass|ranks|peers|peers-wait STAGE [OUT]}
 stage=$(cd "${2:?STAGE}" && pwd)
@@ -152,12 +154,16 @@ case $cmd in
     done; done ;;
   peers)
     python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$site" "$keep"/peers/*.whl
+    args=${PEERS_ARGS:---size 3b --cap 3GiB --peers spill,accelerate --hf-batches 128,192,256 --hf-gpu-share 0.25,0.5 --new 16 --timeout 90 --spill-timeout 240}
+    if [[ " $args " == *" --model smollm2 "* ]]; then   # the real SmolLM2, converted as `spec` converts it
+      smollm2 && args=${args/--model smollm2/--model $models/smollm2}
+    fi
+    eval "set -- $args"   # PEERS_ARGS's own quotes hold: --spill-configs "off;--speculate auto --kv-bits 8"
     own=$(children peers) && mkdir -p "$work/peers"
     # in its own session, so it outlives this call (10 minutes at most); from $work: the source folder's
     # spill/ would shadow the installed package in `spill run`
     setsid nohup python3 $src/benchmarks/peers.py --models "$models" --work "$work/peers" --doc '' \
-      --json "$work/peers/results.jsonl" --cgroup-parent "$own" --threads "$(nproc)" \
-      ${PEERS_ARGS:---size 3b --cap 3GiB --peers spill,accelerate --hf-batches 128,192,256 --hf-gpu-share 0.25,0.5 --new 16 --timeout 90 --spill-timeout 240} \
+      --json "$work/peers/results.jsonl" --cgroup-parent "$own" --threads "$(nproc)" "$@" \
       > "$work/peers/log.txt" 2>&1 < /dev/null &
     echo $! > "$work/peers/pid"
     wait_peers ;;

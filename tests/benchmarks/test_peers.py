@@ -1,8 +1,6 @@
-"""peers.py's own bookkeeping: a peer that failed keeps the setting it ran with; the GPU's memory by phase."""
+"""peers.py's own bookkeeping: a peer that failed keeps the setting it ran with; what runs, on which rows."""
 
 import importlib.util
-import json
-import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -22,36 +20,44 @@ def test_accelerate_over_its_gpu_cap_keeps_the_share_it_ran_with(tmp_path, monke
     assert r["status"] == "over the GPU cap" and r["gpu_share"] == 0.5
 
 
-def test_the_gpus_memory_in_spills_passes_is_apart_from_the_runs_start():
-    # the first-use probe runs before the passes in a process of its own: its memory is not the job's
-    samples = [(100.0, 900), (101.0, 1500), (102.0, 600), (104.0, 700), (106.0, 650), (108.0, 100)]
-    passes = [{"time": 104.5, "seconds": 2.0}, {"time": 106.5, "seconds": 2.0}]
-    assert peers.peak_within(samples, passes) == 700
-    assert peers.peak_within(samples, []) is None and peers.peak_within([], passes) is None
-    line = next(x for x in peers.table([{"time": "t", "machine": "m", "cap": 2**32, "gpu_cap": 2**32, "model": "llama",
-                                          "model_bytes": 6e9, "prompt": 64, "new": 16, "cold_gbps_before": 2.0},
-                                         {"peer": "spill", "batch": 8, "status": "ok", "s_per_step": 1.0,
-                                          "decode_tps": 8.0, "gpu_used_peak": 1500 << 20, "gpu_used_passes": 700 << 20},
-                                         {"run": "peers-end", "cold_gbps_after": 2.0}]) if x.startswith("| spill"))
-    assert "| 1500 (700 in its passes) |" in line
+def test_llama_cpp_killed_at_its_cap_keeps_the_kv_cache_type_it_ran_with(tmp_path, monkeypatch):
+    died = {"status": "oom-killed", "rc": -9, "oom_kills": 1, "cgroup_peak": 1, "wall_s": 2.0, "stdout": "",
+            "stages": [{"stage": "loaded"}], "last_stage": "loaded"}
+    monkeypatch.setattr(peers, "capped", lambda *a, **k: dict(died))
+    r = peers.run_peer(SimpleNamespace(work=str(tmp_path)), "llama.cpp", 2, {"prompts": [[1], [2, 3]], "kv": "q8_0"}, [])
+    assert (r["status"], r["kv"]) == ("oom-killed", "q8_0")
 
 
-def test_the_gpu_watch_keeps_its_samples_above_the_memory_in_use_before(monkeypatch):
-    readings = iter([1000, 1300, 1800, 1200] + [1100] * 100)
-    monkeypatch.setattr(peers, "gpu_used", lambda: next(readings))
-    with peers.GpuWatch() as watch:
-        time.sleep(0.9)
-    assert watch.peak == 800 and [u for _, u in watch.samples][:3] == [300, 800, 200]
+def test_each_spill_configuration_and_each_llama_kv_type_is_a_run_of_its_own():
+    a = peers.parse(["--model", "m", "--tier", "document,edit", "--peers", "spill,llama.cpp", "--batches", "16,32,64",
+                     "--spill-args=--stream", "--spill-configs", "off;--speculate auto --kv-bits 8",
+                     "--llama-kv", "f16,q8_0", "--spill-cap", "2GiB"])
+    steps = peers.plan(a, 32, gpu=False)
+    spill = [(s["args"], s.get("cap")) for s in steps if s["peer"] == "spill"]
+    assert spill == [(["--stream", "--speculate", "off"], None), (["--stream", "--speculate", "auto", "--kv-bits", "8"], None),
+                     (["--stream", "--speculate", "off"], "2GiB"),
+                     (["--stream", "--speculate", "auto", "--kv-bits", "8"], "2GiB")]
+    assert all(s["batch"] == 32 for s in steps if s["peer"] == "spill")   # no more rows than the tiers have
+    llama = [(s["kv"], s["batch"]) for s in steps if s["peer"] == "llama.cpp"]
+    assert llama == [("f16", 16), ("f16", 32), ("q8_0", 16), ("q8_0", 32)]   # 64 is clipped to the 32 rows there are
+    assert [s["peer"] for s in steps][:4] == ["spill"] * 4
 
 
-def test_spills_figures_come_from_its_passes_and_skip_the_written_records(tmp_path):
-    """A job's history ends with a record of the rows written after its last pass (no pass fields): read by
-    hand, it failed the run with KeyError 'prefill_tokens'."""
-    from spill.coordinator import history
-    lines = [{"prefill_tokens": 512, "decode_rows": 4, "seconds": 3.0, "emitted": 4, "bytes_streamed": 9, "done": 0},
-             {"prefill_tokens": 0, "decode_rows": 4, "seconds": 1.0, "emitted": 4, "bytes_streamed": 9, "done": 0},
-             {"prefill_tokens": 0, "decode_rows": 4, "seconds": 3.0, "emitted": 4, "bytes_streamed": 9, "done": 0},
-             {"written": True, "time": 0.0, "done": 4}]
-    (tmp_path / history.FILE).write_text("".join(f"{json.dumps(x)}\n" for x in lines))
-    r = peers.decode_figures(history.read(tmp_path))
-    assert (r["batch"], r["passes"], r["s_per_step"], r["decode_tps"]) == (4, 3, 2.0, 2.0)
+def test_a_peer_not_known_is_refused_by_name(capsys):
+    import pytest
+    with pytest.raises(SystemExit):
+        peers.parse(["--peers", "spill,llamacpp"])
+    assert "--peers llamacpp: the peers are spill,llama.cpp,accelerate,mlx-lm" in capsys.readouterr().err
+
+
+def test_real_prompts_give_spill_and_every_peer_the_same_ids_each_of_its_own_length(make_tiny, tmp_path):
+    folder = make_tiny("llama")
+    a = peers.parse(["--model", str(folder), "--tier", "edit", "--rows", "20", "--new", "48", "--work", str(tmp_path)])
+    lines, ids, head = peers.rows_and_ids(a, folder)
+    assert len(lines) == len(ids) == 20 and len({len(x) for x in ids}) > 5   # rows 16.. repeat rows 0..
+    assert ids[16] == ids[0] and [x["custom_id"] for x in lines[:2]] == ["r0", "r1"]
+    assert all(x["body"]["max_tokens"] == 48 and x["body"]["temperature"] == 0 for x in lines)
+    from spill.tokenizer_worker.core import TokenizerCore
+    tok = TokenizerCore(folder).tokenizer
+    assert ids[3] == list(tok.apply_chat_template(lines[3]["body"]["messages"], add_generation_prompt=True))
+    assert head["tiers"] == "edit" and head["rows"] == 20 and head["prompt"].endswith(f"(median {sorted(map(len, ids))[10]})")

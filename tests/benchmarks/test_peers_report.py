@@ -86,3 +86,33 @@ def test_accelerates_runs_at_each_share_of_the_gpu_cap_in_weights_are_told_apart
     assert any(x.startswith("| accelerate (weights 0.25 of the GPU cap) | 192 | ok |") for x in lines)
     assert any(x.startswith("| accelerate (weights 0.50 of the GPU cap) | 128 | ok |") for x in lines)
     assert "Best peer: accelerate at batch 192, weights 0.25 of the GPU cap, 50.0 tok/s" in lines[-1]
+
+
+def test_real_prompts_several_spill_configurations_and_llamas_kv_types_are_named_in_the_table():
+    head = {**HEAD, "prompt": "56-1134 tokens (median 128)", "tiers": "document,edit", "rows": 32, "new": 64}
+    head.pop("gpu_cap")
+    runs = [head,
+            {"peer": "spill", "batch": 32, "status": "ok", "s_per_step": 0.5, "decode_tps": 60.0, "args": "--speculate off",
+             "kv": "compute dtype", "completion_tokens": 1500, "text0": "x", "agree": "20/20", "drafted": 0},
+            {"peer": "spill", "batch": 32, "status": "ok", "s_per_step": 0.5, "decode_tps": 90.0,
+             "args": "--speculate auto --kv-bits 8 --kv-group-size 32", "kv": "8-bit (group 32)",
+             "completion_tokens": 1490, "drafted": 400, "accepted": 150},
+            {"peer": "llama.cpp", "batch": 32, "status": "ok", "s_per_step": 0.4, "decode_tps": 80.0, "kv": "f16",
+             "tokens": [1, 2], "generated": 2048, "to_eos": 1500},
+            {"peer": "llama.cpp", "batch": 32, "status": "oom-killed", "last_stage": "loaded", "kv": "q8_0"},
+            {"run": "peers-end", "cold_gbps_after": 2.0}]
+    lines = peers_report.table(runs)
+    assert "32 real prompts of the document,edit tiers, 56-1134 tokens (median 128), max_tokens 64" in lines[0]
+    assert lines[3].endswith("| row 0 tokens = llama.cpp (KV f16)'s |")
+    assert any(x.startswith("| spill (--speculate off) | 32 | ok | 0.50 | 60.0 | 1500 |") and x.endswith("| 20/20 |")
+               for x in lines)
+    assert any(x.startswith("| spill (--speculate auto --kv-bits 8 --kv-group-size 32) | 32 | ok |") for x in lines)
+    assert any(x.startswith("| llama.cpp (KV f16) | 32 | ok | 0.40 | 80.0 | 2048 (1500 to EOS) |")
+               and x.endswith("| reference |") for x in lines)
+    assert any(x.startswith("| llama.cpp (KV q8_0) | 32 | oom-killed in prefill |") for x in lines)
+    assert any(x.startswith("No batched speculation in the peers, so none is used here: llama.cpp: ") for x in lines)
+    assert "Drafts: spill (--speculate auto --kv-bits 8 --kv-group-size 32): 150 of 400 drafts accepted." in lines
+    assert lines[-1] == ("Best peer: llama.cpp (KV f16) at batch 32, 80.0 tok/s (ok). "
+                         "spill (--speculate off): 60.0 tok/s at batch 32, 0.75x the best peer (goal: >= 2x). "
+                         "spill (--speculate auto --kv-bits 8 --kv-group-size 32): 90.0 tok/s at batch 32, "
+                         "1.12x the best peer (goal: >= 2x).")
