@@ -45,12 +45,16 @@ def run(stage, rounds: int) -> tuple[list, float]:
     drawn = np.full((rounds, sum(len(rows) for rows in sampled)), -1, dtype=np.int32)   # every round's tokens
     at = np.cumsum([0, *(len(rows) for rows in sampled)]).tolist()
     compute_s = 0.0
+
+    def back(r: int, j: int) -> None:   # stage 0: round r's tokens of micro-batch j from the last stage
+        took = np.array(relay.recv((len(sampled[j]),), mx.int32, stage.size - 1, "waiting for tokens from"))
+        drawn[r, at[j]:at[j + 1]] = took
+        emitted[r] += emit.taken(sampled[j], [int(t) for t in took])
+
     for r in range(rounds):
         for j, (g, rows) in enumerate(zip(mbs, sampled)):
             if first and r and not alone:   # round r-1's tokens of this micro-batch: its input now
-                took = np.array(relay.recv((len(rows),), mx.int32, stage.size - 1, "waiting for tokens from"))
-                drawn[r - 1, at[j]:at[j + 1]] = took
-                emitted[r - 1] += _accepted(rows, took)
+                back(r - 1, j)
             ids = g.next_tokens(1)
             if first:
                 h = stage._embed(ids)
@@ -74,10 +78,8 @@ def run(stage, rounds: int) -> tuple[list, float]:
             for part in g.pools:
                 step(part)
     if first and not alone:   # the last round's tokens
-        for j, rows in enumerate(sampled):
-            took = np.array(relay.recv((len(rows),), mx.int32, stage.size - 1, "waiting for tokens from"))
-            drawn[rounds - 1, at[j]:at[j + 1]] = took
-            emitted[rounds - 1] += _accepted(rows, took)
+        for j in range(len(sampled)):
+            back(rounds - 1, j)
     relay.flush()
     if not last:   # the middle stages take every round's tokens in turn, as stage 0 did
         every = relay.down(drawn.ravel() if first else None, drawn.size)
@@ -85,11 +87,6 @@ def run(stage, rounds: int) -> tuple[list, float]:
             drawn = every.reshape(rounds, -1)
             for r in range(rounds):
                 for j, rows in enumerate(sampled):
-                    emitted[r] += _accepted(rows, drawn[r, at[j]:at[j + 1]])
+                    emitted[r] += emit.taken(rows, [int(t) for t in drawn[r, at[j]:at[j + 1]]])
     return [e for each in emitted for e in each], compute_s
 
-
-def _accepted(rows: list, tokens) -> list:
-    """The last stage's tokens of a micro-batch taken into its rows (-1: a row that had ended, skipped)."""
-    out = emit.accept(rows, [int(t) for t in tokens])
-    return [e for j in sorted(out) for e in out[j]]

@@ -207,8 +207,7 @@ class StagedStreamer(Streamer):
         if any((t < 0) != (r.finish is not None) for r, t in zip(rows, tokens)):
             raise SpillError(f"stage {self.rank} is out of step with the last stage: their rows ended differently; "
                              "every rank must run the same plans")
-        out = emit.accept(rows, tokens)
-        return [e for j in sorted(out) for e in out[j]]
+        return emit.taken(rows, tokens)
 
 
 def serve(relay: Relay, on_pass=None) -> "StagedStreamer | None":

@@ -10,6 +10,12 @@ def rows_of(emitting) -> list[RowState]:
     return [r for g, _ in emitting for r in g.sampled()[1]]
 
 
+def taken(rows: list[RowState], tokens) -> list[Emitted]:
+    """`accept`'s tokens in the rows' order: what a stage without the head emits of the last stage's tokens."""
+    out = accept(rows, tokens)
+    return [e for j in sorted(out) for e in out[j]]
+
+
 def accept(rows: list[RowState], tokens) -> dict[int, list[Emitted]]:
     """Each row's drawn token taken into its state: row index -> its one Emitted (none for a row ended from
     outside while its last step ran)."""
