@@ -120,9 +120,10 @@ def _price(msg: m.Reset, args: dict, box, log, calibrator=None):
     model = (lambda: calibrator.cal.model if calibrator.cal else None) if calibrator else (lambda: None)
     drafter = (lambda: calibrator.drafter) if calibrator else (lambda: None)   # the draft model's steps (--draft)
     priors = calibrator.priors(policy) if calibrator else None   # a new row's acceptance: its tier's, as measured
-    rounds = config.rounds() if msg.stages > 1 and msg.resident else 1   # a resident pipeline fills once for several
+    pipelined = msg.stages > 1 and msg.resident   # a resident pipeline: rounds fill it once, prompts cut in micro-batches
+    rounds, cut = (config.rounds(), args.get("micro_batches") or msg.stages) if pipelined else (1, 1)
     return Scheduler(policy, calibrator.pace if calibrator else None, chunk, 0 if msg.resident else plan.streamed_bytes,
-                     msg.speculate, model, drafter, priors, rounds), others
+                     msg.speculate, model, drafter, priors, rounds, cut), others
 
 
 def _others_rss(parent: int | None = None, runtime: tuple = (0, 0)) -> int:

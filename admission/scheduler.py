@@ -62,11 +62,19 @@ def fixed_pace(tokens: int):
     return lambda *_: tokens
 
 
+def cut(groups: list[list], m: int) -> list[list]:
+    """Each group as min(m, its rows) groups of consecutive rows, their sizes within one: a pipeline stage runs a
+    prefill group as one micro-batch, so a group cut in m crosses the stages as m, each stage busy beside the next."""
+    return [g[round(len(g) * j / k):round(len(g) * (j + 1) / k)] for g in groups for k in [min(max(m, 1), len(g))]
+            for j in range(k)]
+
+
 class Scheduler:
     def __init__(self, policy: BudgetPolicy, pace=None, chunk: int = 512, bytes_streamed: int = 0, speculate: int = 0,
-                 model=lambda: None, drafter=lambda: None, priors=None, rounds: int = 1):
+                 model=lambda: None, drafter=lambda: None, priors=None, rounds: int = 1, cut: int = 1):
         self.policy = policy
         self.rounds = rounds                  # decode steps a pass of decode rows alone may run (a resident pipeline's)
+        self.cut = cut                        # prefill groups a new group becomes (a resident pipeline's micro-batches)
         self.speculate = speculate            # drafts a decode row may carry a pass (--speculate K); 0: none; -1: auto
         self.model = model                    # () -> the pass model auto drafts by (None: uncalibrated)
         self.drafter = drafter                # () -> what a draft model's steps cost (drafter.DraftCost; None: lookup)
@@ -172,8 +180,8 @@ class Scheduler:
             self.status[w.row], self.context[w.row], self.generated[w.row] = Status.DECODING, w.cached, 0
             decoding.append(w.row)
         fresh = [w for w in admitted if not w.cached]
-        for rows in self._priced(bucket(self.deferred, length=lambda w: len(w.prompt)) +
-                                 bucket(fresh, length=lambda w: len(w.prompt))):
+        for rows in cut(self._priced(bucket(self.deferred, length=lambda w: len(w.prompt)) +
+                                     bucket(fresh, length=lambda w: len(w.prompt))), self.cut):
             self.opened += 1
             self.groups[self.opened] = Prefill([w.row for w in rows], max(len(w.prompt) for w in rows))
             for w in rows:

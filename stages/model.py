@@ -17,10 +17,10 @@ heartbeats and budgets to admission (below).
 
 A pass becomes micro-batches (built, `micro.py`, `staged.py`). The plan is unchanged: one plan, one pass, one
 report, rank 0 sending it round the ring first. Each stage cuts the pass's groups into micro-batches: every
-prefill group is one, and the decode rows (one `Decode` over every pool) are cut into M runs of about equal
+prefill group is one (admission opens a new group as M, `scheduler.cut`), and the decode rows (one `Decode` over every pool) are cut into M runs of about equal
 rows, in the order the joint group takes them (a run is slots of one or two pools, `micro.Part`); the cut
-depends on the pools alone, so every rank makes the same. A stage holding all its layers (resident, from its
-second pass) runs micro-batch outer: j through every layer, sent on beside j+1's compute, while the next stage
+depends on the pools alone, so every rank makes the same. A resident stage (its first pass reading each layer
+for micro-batch 0) runs micro-batch outer: j through every layer, sent on beside j+1's compute, while the next stage
 starts on j; the last samples once all are through and the tokens go round as before. A streamed stage keeps
 the layer-outer order (one read of its share a pass) and no cut. M is `--micro-batches` on `spill up` and
 `spill run` (0: one a rank, N; 1: a stage at a time), carried to the stages with "load"; quantized KV pools

@@ -11,9 +11,9 @@ rows, slots, pools and prefill groups are the same everywhere; only the math is 
 Each reads only its layers and the tensors around them it needs (`split.resident_names`), and holds KV for its
 layers only. A staged pass carries no drafts: speculation (--speculate, --draft) is refused here for now.
 
-Micro-batches (`micro_batches` M > 1, the same on every rank: rank 0's, sent with "load"). Once a stage holds all
-its layers (resident, from its second pass), a pass runs micro-batch outer, layer inner: the decode rows cut into
-M groups (`micro.split`), each prefill group one more; micro-batch j through every layer of the stage, then sent
+Micro-batches (`micro_batches` M > 1, the same on every rank: rank 0's, sent with "load"). A resident stage runs
+a pass micro-batch outer, layer inner (its first pass reads each layer for micro-batch 0 and keeps it): the decode
+rows cut into M groups (`micro.split`), each prefill group one more (admission opens a new one as M); micro-batch j through every layer of the stage, then sent
 on (beside j+1's compute) while the next stage starts on it, so a pass takes about M + N - 1 micro-batch slots,
 not M x N. The last stage samples once every micro-batch is through. A streamed stage keeps the layer-outer order
 (one read a pass). Every rank's report carries its seconds blocked on a neighbour (`link_s`) beside `compute_s`.
@@ -164,8 +164,9 @@ class StagedStreamer(Streamer):
 
     # -- the pass's hand-overs: its groups, its input, its output, its tokens -----------------------------------
     def _decode(self, pools: list) -> list:
-        # equal on every rank: each runs the same plans, so each holds all its layers from the same pass on
-        self._micro = self.micro_batches > 1 and self.kept is not None and len(self.kept) == len(self.layers)
+        # equal on every rank (rank 0 tells each whether it is resident): a resident stage's first pass reads each
+        # layer for its first micro-batch and keeps it for the rest
+        self._micro = self.micro_batches > 1 and self.kept is not None
         return micro.split(pools, self.micro_batches if self._micro else 1, len(self.layers))
 
     def _embed(self, tokens: mx.array) -> mx.array:

@@ -173,3 +173,20 @@ def test_a_resident_pipelines_pass_of_decode_rows_alone_runs_rounds_none_past_wh
     plain = Scheduler(BudgetPolicy(sheet(slots_mb=50)), chunk=64)
     plain.offer(rows(10, max_tokens=12))
     assert [plain.plan().rounds for _ in range(3)] == [1, 1, 1]   # one process, or a streamed pipeline
+
+
+def test_a_resident_pipelines_new_prefill_group_opens_as_its_micro_batches_of_rows():
+    """A stage runs a prefill group as one micro-batch: cut in M, the prompts cross the stages M at a time."""
+    sched = Scheduler(BudgetPolicy(sheet(slots_mb=50), max_rows=8), chunk=64, rounds=8, cut=3)
+    sched.offer(rows(10, 11, 12, 10, 11, 12, 10, max_tokens=4))
+    first = sched.plan()
+    groups = {}
+    for w, g in first.start:
+        groups.setdefault(g, []).append(w.row)
+    assert sorted(map(len, groups.values())) == [2, 2, 3] and sorted(sum(groups.values(), [])) == list(range(7))
+    assert first.shape.prefill_groups == 3 and set(first.chunks) == set(groups)
+    sched.reported([])
+    assert all(sched.status[r] == Status.DECODING for r in range(7)) and sched.plan().shape.decode_rows == 7
+    one = Scheduler(BudgetPolicy(sheet(slots_mb=50), max_rows=8), chunk=64)
+    one.offer(rows(10, 11, 12, 10, 11, 12, 10, max_tokens=4))
+    assert len({g for _, g in one.plan().start}) == 1   # one process: the rows' one group

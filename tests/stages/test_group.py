@@ -168,8 +168,8 @@ def test_a_follower_of_spill_run_ranks_killed_or_stopped_mid_job_is_named_and_th
 
 @ring
 def test_spill_run_ranks_2_micro_batches_2_writes_the_text_of_one_process(job12, tmp_path, env):
-    """Resident (SPILL_STREAM=0): the stages run micro-batch outer from their second pass, and a pass of decode rows
-    alone runs several rounds (stages/rounds.py)."""
+    """Resident (SPILL_STREAM=0): the stages run micro-batch outer (admission cuts the prompts' groups in 2), and a
+    pass of decode rows alone runs several rounds (stages/rounds.py)."""
     folder, inp, expected = job12
     run = spill("run", folder, inp, "-o", tmp_path / "out.jsonl", "--ranks", "2", "--micro-batches", "2", "--quiet",
                 env={**env, "SPILL_STREAM": "0", "SPILL_MAX_ROWS": "4"}, timeout=240)   # 4 rows at a time: 3 cohorts
