@@ -72,10 +72,12 @@ def compute_itemsize(plan) -> int:
 
 
 def policy_for(plan, memory_arg: str | None, model, resident: bool = False, fraction: float | None = None,
-               others: int = 0, kv: tuple | None = None, draft=None):
+               others: int = 0, kv: tuple | None = None, draft=None, stages: int = 1):
     """(policy, SimRow -> its waiting record, SimRow -> the largest batch that fits rows like it);
-    `others`: the group's other processes' memory, priced as admission prices it; `draft`: a draft model's plan."""
-    policy, _ = budget_policy(plan, memory_arg, fraction, others=others, resident=resident, kv=kv, draft=draft)
+    `others`: the group's other processes' memory, priced as admission prices it; `draft`: a draft model's plan;
+    `stages`: a pipeline's ranks (its tightest stage's budget)."""
+    policy, _ = budget_policy(plan, memory_arg, fraction, others=others, resident=resident, kv=kv, draft=draft,
+                              stages=stages)
 
     def waiting(r) -> Waiting:   # only the prompt's length matters to the policy: a view of no size
         return Waiting(r.row, np.broadcast_to(np.int32(0), (r.prompt,)), r.max_tokens or r.out)

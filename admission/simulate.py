@@ -21,6 +21,8 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from spill import config
+from spill.stages.model import pass_seconds
 from spill.typed import AUTO_DRAFTS
 
 from . import drafts, schedule
@@ -92,7 +94,8 @@ class Estimate:
 def simulate(rows: list[SimRow], policy, waiting, model: PassModel, bytes_streamed: int, *,
              chunk: int = 512, max_batch=None, errors: int = 0, at_max_tokens: bool = True,
              length=schedule.prompt_length, read_once: int = 0, speculate: int = 0,
-             acceptance: float | None = None, drafter=None, by_tier: dict | None = None) -> Estimate:
+             acceptance: float | None = None, drafter=None, by_tier: dict | None = None, stages: int = 1,
+             micro_batches: int = 0) -> Estimate:
     """The admission actor's scheduler (scheduler.py) run against the pass model: each plan priced by
     `model`, each row ending once it has generated its `out` tokens. `policy`: the BudgetPolicy it plans
     with; `waiting(SimRow)` makes the policy's row record and `length` reads its prompt length back;
@@ -100,7 +103,9 @@ def simulate(rows: list[SimRow], policy, waiting, model: PassModel, bytes_stream
     `read_once`: bytes the first pass reads besides `bytes_streamed` (resident: every layer, once);
     `speculate`: the job's drafts (0 off, K, AUTO_DRAFTS), taken at `acceptance` (None: not priced), a row's at its
     prompt-length tier's where `by_tier` ({tier: acceptance}) has it; `drafter`: a draft model's price
-    (drafter.DraftCost), whose steps each drafting pass adds."""
+    (drafter.DraftCost), whose steps each drafting pass adds; `stages`: a resident pipeline's ranks, whose passes run
+    as admission plans them for it (rounds, prompts cut in `micro_batches`, 0: one a stage) and as the stage model
+    prices them (stages/model.py `pass_seconds`)."""
     by_id = {r.row: r for r in rows}
     tiers: dict[str, Tier] = {}
     for r in rows:
@@ -110,7 +115,10 @@ def simulate(rows: list[SimRow], policy, waiting, model: PassModel, bytes_stream
     def pace(n, context, need, offset, most, empty) -> int:
         return schedule.pace(model, bytes_streamed, n, context, need, offset, most, empty)
     spec = _Drafts(by_id, acceptance, drafter, by_tier)
-    sched = Scheduler(policy, pace, chunk, bytes_streamed, speculate, lambda: model, lambda: drafter, spec.priors)
+    piped = stages > 1 and not bytes_streamed   # a resident pipeline: several rounds a pass, prompts cut in M
+    m = micro_batches or stages
+    sched = Scheduler(policy, pace, chunk, bytes_streamed, speculate, lambda: model, lambda: drafter, spec.priors,
+                      config.rounds() if piped else 1, m if piped else 1)
     offered = []
     for r in rows:   # a running row asks the policy for its slot (its full length) and decodes at once
         w = waiting(replace(r, prompt=0, out=r.context + r.out) if r.context else r)
@@ -131,12 +139,13 @@ def simulate(rows: list[SimRow], policy, waiting, model: PassModel, bytes_stream
         took, drafted = spec.take(sched, planned)
         if drafted:   # every decode row feeds 1 + the most drafts
             shape = drafts.padded(shape, 1 + max(k for _, k in drafted))
-        seconds = model.pass_s(shape) + spec.steps_s(sched, drafted)
+        seconds = (pass_seconds(model, shape, stages, m, planned.rounds) if piped else model.pass_s(shape)
+                   ) + spec.steps_s(sched, drafted)
         clock += seconds
         est.running.append(_share(tiers, by_id, running, seconds))
         finished = [r for r in running if sched.status[r] == Status.DECODING
-                    and sched.generated[r] + took.get(r, 0) >= by_id[r].out]
-        sched.reported(finished, None, [[r, n] for r, n in took.items() if n], drafted)
+                    and sched.generated[r] + took.get(r, 0) + planned.rounds - 1 >= by_id[r].out]
+        sched.reported(finished, None, [[r, n] for r, n in took.items() if n], drafted, planned.rounds)
         done += len(finished)
         est.passes += 1
         est.timeline.append((clock, done))

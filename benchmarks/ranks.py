@@ -142,6 +142,9 @@ def one(n: int, a, folder: Path, inp: Path, ids: list[str], env: dict, rounds: s
             "cgroups": cgroups, "rank0_blocked_share": round(blocked, 3) if n > 1 else None, "rounds": rounds or None,
             "round_s_median": round(statistics.median(steps), 4) if steps else None,
             "prompt_passes_s": round(sum(p["seconds"] for p in passes if p["prefill_tokens"]), 2),
+            "estimate_s": (meta.get("estimate") or {}).get("total_seconds"),
+            "took_over_estimate": float(m.group(1)) if (m := re.search(r"against an estimate of .*\(([\d.]+)x\)",
+                                                                       run.stdout)) else None,
             **figures(passes, out, ids)}
 
 
@@ -173,7 +176,7 @@ def main() -> None:
                 runs.append(one(n, a, folder, inp, ids, env, rounds))
                 print(json.dumps(runs[-1]), flush=True)
     print("ranks  rounds  mode      rows/pass max/med  decode tok/s  pass s (median)  s a decode step  prompt passes s  "
-          "over 1 rank  rank 0 blocked  peaks MiB")
+          "over 1 rank  rank 0 blocked  took/estimate  peaks MiB")
     base = [r["decode_tokens_per_s"] for r in runs if r["ranks"] == 1]
     for r in runs:
         over = f"{r['decode_tokens_per_s'] / (sum(base) / len(base)):.2f}x" if base else "-"
@@ -181,6 +184,7 @@ def main() -> None:
         print(f"{r['ranks']:>5}  {r['rounds'] or '-':>6}  {str(r['mode']):<8}  {r['rows_per_pass_max']:>4} / "
               f"{r['rows_per_pass_median']:<8}  {r['decode_tokens_per_s']:>12}  {r['pass_s_median']:>15}  "
               f"{r['round_s_median']!s:>15}  {r['prompt_passes_s']:>15}  {over:>11}  {busy:>14}  "
+              f"{r['took_over_estimate'] or '-'!s:>13}  "
               f"{' '.join(str(c['peak_mib']) for c in r['cgroups'])}{'' if r['every_id_once'] else '  IDS WRONG'}")
     (a.out / "result.json").write_text(json.dumps({"model": str(folder), "cap": a.cap, "runs": runs}, indent=1))
 

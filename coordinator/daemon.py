@@ -197,7 +197,8 @@ class Group:
             job.append([bad_row_line(b) for b in bad])
             run = JobRun(job, requests, args["model"], job.meta.get("params", params))
             if run.pending:   # its estimate is made apart (estimating.py); the job waits for it, the reply does not
-                self.estimates.ask(run, model, {**mem, "stages": self.sup.args.get("stages", 1)},
+                self.estimates.ask(run, model, {**mem, "stages": self.sup.args.get("stages", 1),
+                                                "micro_batches": self.sup.args.get("micro_batches")},
                                    group_others(self.ready_rss))
             else:
                 job.set_status("queued")

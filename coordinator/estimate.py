@@ -145,13 +145,15 @@ def sim_rows(folder: Path, requests: list, which, defaults: dict, core=None) -> 
 def estimate_rows(folder: Path, rows: list[SimRow], *, errors: int = 0, memory: str | None = None,
                   resident: bool = False, loaded: bool = False, fraction: float | None = None,
                   others: int = 0, model: PassModel | None = None, kv: tuple | None = None,
-                  speculate: int = 0, draft: str | None = None, probe: bool = True) -> tuple[Estimate, dict]:
+                  speculate: int = 0, draft: str | None = None, probe: bool = True, stages: int = 1,
+                  micro_batches: int = 0) -> tuple[Estimate, dict]:
     """Resident: the first pass reads every layer (none once `loaded`), later ones nothing (compute alone).
     `others`: the group's processes' memory, which the budget leaves out of the KV as admission does.
     `model`: a pass model to price with in place of this machine's stored calibration. `speculate`: the job's
     drafts (0 off, K, AUTO_DRAFTS), taken at the acceptance the calibration (of the KV format) measured, by tier;
     `draft`: a draft model's folder (--draft): its weights, KV and steps priced (timed here at its first use, unless
-    `loaded` or not `probe`), its drafts taken at the acceptance its jobs measured with this model."""
+    `loaded` or not `probe`), its drafts taken at the acceptance its jobs measured with this model. `stages`: a
+    pipeline's ranks, priced at its tightest stage's budget (resident: as its stages run, `micro_batches` M)."""
     plan = load_plan(folder)
     cal = open_calibration(folder, kv=kv)
     model = model or cal.model
@@ -159,14 +161,15 @@ def estimate_rows(folder: Path, rows: list[SimRow], *, errors: int = 0, memory: 
     drafter = open_drafter(draft, 0 if loaded else budget_rows(folder, rows, memory, fraction, others, kv),
                            probe_it=probe and not loaded) if draft else None
     policy, waiting, max_batch = schedule.policy_for(plan, memory, model, resident, fraction, others, kv,
-                                                     load_plan(draft) if draft else None)
+                                                     load_plan(draft) if draft else None, stages)
     streamed = 0 if resident else plan.streamed_bytes
     if (short := shortfall(policy.sheet)) is not None:   # admission fails such a job before its first pass
         est = Estimate(0.0, 0.0, 0, [], errors=errors, shortfall=short)
     else:
         est = simulate(rows, policy, waiting, model, streamed, max_batch=max_batch, errors=errors,
                        read_once=0 if loaded else plan.streamed_bytes - streamed, speculate=speculate,
-                       acceptance=cal.acceptance_of(pair), drafter=drafter, by_tier=cal.tier_acceptance(pair))
+                       acceptance=cal.acceptance_of(pair), drafter=drafter, by_tier=cal.tier_acceptance(pair),
+                       stages=stages, micro_batches=micro_batches)
         est.ideal_seconds = ideal(est, rows, model, streamed, max_batch)
         if draft and speculate:   # said even where no pass drafted: auto found its steps dearer than its tokens
             est.drafts = {"speculate": "auto" if speculate == AUTO_DRAFTS else speculate, "acceptance": None, "passes": 0,
@@ -210,17 +213,19 @@ class JobEstimate:
     def __init__(self, folder: Path, rows: list[SimRow], errors: int, memory: str | None = None, every: float = 15.0,
                  advice: Advice | None = None, share: float = 0.05, others: int = 0, fraction: float | None = None,
                  first: tuple[Estimate, dict] | None = None, cost: float | None = None, kv: tuple | None = None,
-                 speculate: int = 0, draft: str | None = None, probe: bool = True):
+                 speculate: int = 0, draft: str | None = None, probe: bool = True, stages: int = 1,
+                 micro_batches: int = 0):
         """`first`: the pre-run figure and its calibration as simulated elsewhere (the estimate's child), `cost` its
         seconds; `speculate`: the job's drafts (JobRun.speculate); `probe`: the draft model may be timed (no job runs)."""
         self.folder, self.rows, self.memory, self.every, self.share = folder, rows, memory, every, share
         self.advice, self.others, self.fraction, self.kv = advice or Advice(False, ""), others, fraction, kv
-        self.speculate, self.draft = speculate, draft
+        self.speculate, self.draft, self.stages, self.micro_batches = speculate, draft, stages, micro_batches
         self.remembered = None     # the figure last written for `spill estimate`
         started = time.monotonic()
         self.first, self.calibration = first or estimate_rows(folder, rows, errors=errors, memory=memory,
                                                               fraction=fraction, resident=self.advice.resident, others=others,
-                                                              kv=kv, speculate=speculate, draft=draft, probe=probe)
+                                                              kv=kv, speculate=speculate, draft=draft, probe=probe,
+                                                              stages=stages, micro_batches=micro_batches)
         self.eta_s, self.at = self.first.total_seconds, time.monotonic()
         self.cost = self.at - started if cost is None else cost    # seconds the last simulation took
 
@@ -229,7 +234,8 @@ class JobEstimate:
         return {"rows": [[r.row, r.prompt, r.out, r.tier, r.context, r.max_tokens] for r in self.rows], "first": asdict(self.first),
                 "calibration": self.calibration, "advice": asdict(self.advice), "others": self.others,
                 "memory": self.memory, "fraction": self.fraction, "cost": self.cost, "kv": self.kv,
-                "speculate": self.speculate, "draft": self.draft}
+                "speculate": self.speculate, "draft": self.draft, "stages": self.stages,
+                "micro_batches": self.micro_batches}
 
     @classmethod
     def from_wire(cls, folder: Path, d: dict) -> "JobEstimate":
@@ -237,7 +243,8 @@ class JobEstimate:
                  "timeline": [tuple(p) for p in d["first"]["timeline"]]}
         return cls(folder, [SimRow(*r) for r in d["rows"]], first["errors"], d["memory"], advice=Advice(**d["advice"]),
                    others=d["others"], fraction=d["fraction"], first=(Estimate(**first), d["calibration"]), cost=d["cost"],
-                   kv=tuple(d["kv"]) if d.get("kv") else None, speculate=d.get("speculate", 0), draft=d.get("draft"))
+                   kv=tuple(d["kv"]) if d.get("kv") else None, speculate=d.get("speculate", 0), draft=d.get("draft"),
+                   stages=d.get("stages", 1), micro_batches=d.get("micro_batches", 0))
 
     def eta(self, pending: set[int], generated: dict[int, int]) -> float:
         """Seconds left: the rows still pending, less the tokens the running ones have generated."""
@@ -252,7 +259,8 @@ class JobEstimate:
                     for r in self.rows if r.row in pending for g in [generated.get(r.row, 0)]]
             self.eta_s, self.at = estimate_rows(self.folder, left, memory=self.memory, resident=self.advice.resident,
                                                 loaded=True, others=self.others, fraction=self.fraction,
-                                                kv=self.kv, speculate=self.speculate, draft=self.draft)[0].total_seconds, now
+                                                kv=self.kv, speculate=self.speculate, draft=self.draft, stages=self.stages,
+                                                micro_batches=self.micro_batches)[0].total_seconds, now
             self.cost = time.monotonic() - now
         return max(self.eta_s - (now - self.at), 0.0)
 
@@ -327,7 +335,8 @@ def job_estimate(folder: Path, input: Path, pending: set[int], defaults: dict, a
         advice = advise_rows(folder, rows, memory=memory, stream=bool(args.get("stream")), name=args.get("model", ""),
                              others=others, fraction=fraction, kv=kv, stages=args.get("stages") or 1)
         return JobEstimate(folder, rows, errors, memory, advice=advice, others=others, fraction=fraction, kv=kv,
-                           speculate=defaults.get("speculate") or 0, draft=defaults.get("draft"), probe=widen)
+                           speculate=defaults.get("speculate") or 0, draft=defaults.get("draft"), probe=widen,
+                           stages=args.get("stages") or 1, micro_batches=args.get("micro_batches") or 0)
     except Exception as err:
         log.warning("no estimate", error=str(err))
         return None

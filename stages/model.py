@@ -85,3 +85,16 @@ def best_micro_batches(fixed_s: list[float], per_row_s: list[float], hop_s: list
         return round_seconds([w + r * rows / m for w, r in zip(fixed_s, per_row_s)], hop_s, m)
 
     return min(range(min(n, rows), rows + 1), key=lambda m: (round_of(m), m))
+
+
+def pass_seconds(model, shape, stages: int, micro_batches: int, rounds: int = 1) -> float:
+    """A resident pipeline's pass of `shape` (one round's, as admission plans it) on `stages` alike stages, priced
+    from the one-process pass model: each stage computes a 1/N share of the layers; the pass's K micro-batches (M of
+    the decode rows, each prefill group one) each take the stage's share of the pass's fixed cost again; `rounds`
+    rounds run back to back and the fill and drain come once; each stage reads its share of what the pass reads. The
+    links are taken as free (loopback: a micro-batch's hidden states cross in well under its compute)."""
+    c = model.compute_s(shape)
+    fixed = min(model.fixed_s + model.packed_s * shape.batched, c)
+    k = max(min(micro_batches, shape.decode_rows) + shape.prefill_groups, 1)
+    turn = fixed / stages + (c - fixed) / (stages * k)   # one micro-batch through one stage
+    return (rounds * k + stages - 1) * turn + model.io_s(shape) / stages + model.overhead_s

@@ -104,6 +104,17 @@ def test_resident_the_first_pass_reads_the_weights_and_later_ones_nothing():
     assert resident.total_seconds < streamed.total_seconds
 
 
+def test_a_resident_pipeline_is_priced_as_its_stages_run_it_and_a_streamed_one_as_one_process():
+    """Rounds (SPILL_ROUNDS) and prompts in micro-batches, as admission plans them for a resident pipeline."""
+    rows = [SimRow(i, 40, 10 + i % 7) for i in range(24)]
+    one = simulate(rows, FifoPolicy(), waiting, TRUE, 0, read_once=BYTES)
+    three = simulate(rows, FifoPolicy(), waiting, TRUE, 0, read_once=BYTES, stages=3)
+    assert three.timeline[-1][1] == one.timeline[-1][1] == 24        # every row ends, at its own token count
+    assert three.passes < one.passes and three.total_seconds < one.total_seconds
+    streamed = simulate(rows, FifoPolicy(), waiting, TRUE, BYTES, stages=3)
+    assert streamed.total_seconds == simulate(rows, FifoPolicy(), waiting, TRUE, BYTES).total_seconds
+
+
 def test_running_rows_already_prefilled_only_decode_what_they_have_left():
     """The live ETA re-simulates the rows left: a running row's prompt is in its KV already, so it is
     not prefilled again (it was, and the ETA at 75% of a job was 10x the time left)."""

@@ -2,7 +2,8 @@
 
 import pytest
 
-from spill.stages.model import best_micro_batches, idle_shares, job_seconds, round_seconds
+from spill.admission.passmodel import PassModel, PassShape
+from spill.stages.model import best_micro_batches, idle_shares, job_seconds, pass_seconds, round_seconds
 
 
 def test_equal_stages_with_enough_micro_batches_never_idle():
@@ -38,3 +39,15 @@ def test_micro_batches_are_the_fewest_that_hide_the_trip():
     # a slow link: a third micro-batch keeps the stages busy through the trip
     assert best_micro_batches([1.0, 1.0], [0.1, 0.1], [1.0, 1.0], rows=64) == 3
     assert best_micro_batches([1.0] * 3, [0.1] * 3, [0.0] * 3, rows=2) == 2   # never more than the rows
+
+
+def test_a_resident_pipelines_pass_is_its_stages_shares_with_the_fill_and_drain_once_a_pass():
+    model = PassModel(bandwidth=1e9, per_row_s=0.01, overhead_s=0.1)   # c = 0.64 s for 64 decode rows
+    step = PassShape(64, 0, 0, 0)
+    assert pass_seconds(model, step, 1, 1) == pytest.approx(model.pass_s(step))
+    assert pass_seconds(model, step, 3, 3) == pytest.approx(5 / 9 * 0.64 + 0.1)   # 5 turns of a ninth
+    assert pass_seconds(model, step, 3, 3, rounds=8) == pytest.approx(26 / 9 * 0.64 + 0.1)
+    prompts = PassShape(0, 300, 0, 3_000_000_000, prefill_groups=3)    # the first pass: each stage reads a third
+    assert pass_seconds(model, prompts, 3, 3) == pytest.approx(1.0 + 0.1)
+    fixed = PassModel(bandwidth=1e9, fixed_s=0.3, per_row_s=0.01)      # each micro-batch takes a share of it again
+    assert pass_seconds(fixed, step, 3, 3) == pytest.approx(5 * (0.1 + 0.64 / 9))
