@@ -27,13 +27,13 @@ def run_admission_process(endpoints, args, log) -> None:
     fault = Fault("admission")
     calibrator = Calibrator(log)
     sched, others, runtime = None, 0, 0   # runtime: the streamer's RSS at READY, in others
-    epoch, job, eos = -1, "", []
+    epoch, job, eos, stages = -1, "", [], 1
     running: Planned | None = None        # the plan the streamer runs now: one at a time, its report awaited
     for batch in inbox(box, "admission", log):
         ran = None                        # (the plan, its report, its drafting rows' prompt tokens) that came in this batch
         for msg in batch:
             if isinstance(msg, m.Reset):
-                epoch, job, running = msg.epoch, msg.job, None
+                epoch, job, running, stages = msg.epoch, msg.job, None, msg.stages
                 calibrator.reset(msg.model, msg.resident, (msg.kv_bits, msg.kv_group_size) if msg.kv_bits else None,
                                  msg.draft or "")
                 if msg.model:
@@ -72,9 +72,9 @@ def run_admission_process(endpoints, args, log) -> None:
             box.send("streamer", _plan(epoch, running, eos, sched.policy.sheet.cache_limit))
         if ran is not None:
             planned, reported, prompts = ran
-            # the refit after the plan, not on the streamer's path; a chunk with drafts as it ran: padded. A pass of
-            # several rounds is no pass the model prices (one step a row): a pipeline's stage model does
-            if reported.rounds == 1:
+            # the refit after the plan, not on the streamer's path; a chunk with drafts as it ran: padded. A pipeline's
+            # pass is no pass of one process (its stages' shares, several rounds): the stage model prices it from this
+            if stages == 1:
                 calibrator.observe(drafts.padded(planned.shape, reported.columns), reported, prompts)
             told = report(epoch, reported.index, sched, others, calibrator, job)
             box.send("coordinator", told)

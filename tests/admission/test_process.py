@@ -9,6 +9,7 @@ import threading
 import time
 from types import SimpleNamespace
 
+import pytest
 import structlog
 
 from spill import memory
@@ -117,6 +118,7 @@ def test_a_plan_names_each_rows_pool_and_group_and_every_pools_shape():
 
 PRICE_SCRIPT = """
 import sys
+import pytest
 import structlog
 from spill import messages as m
 from spill.admission import process
@@ -166,6 +168,41 @@ def test_each_pass_report_is_answered_by_the_next_plan_and_only_one_plan_runs_at
         streamer.send("admission", m.Pass(1, 0, 0.5, 0.1, 0.2, 0, 12, 4, [], 1 << 20, 1 << 20, 1 << 20, "job", plan=0))
         second = plan()
         assert (second.index, second.rows[:1], second.finish) == (1, [4], [2])
+    finally:
+        coordinator.send("admission", m.Shutdown())
+        loop.join(10)
+        for box in (streamer, coordinator, tokenizer):
+            box.close()
+
+
+@pytest.mark.parametrize("stages", [1, 2])
+def test_only_a_one_process_groups_passes_refit_the_pass_model(make_tiny, tmp_path, monkeypatch, stages):
+    """A pipeline's pass (its stages' shares of the layers, rounds) is no observation of one process's pass."""
+    seen = []
+
+    class Watched(process.Calibrator):
+        def observe(self, *a, **kw):
+            seen.append(a)
+            return super().observe(*a, **kw)
+    monkeypatch.setattr(process, "Calibrator", Watched)
+    ends = Endpoints.in_dir(tmp_path)
+    streamer, coordinator = Mailbox(ends, "streamer", ("admission",)), Mailbox(ends, "coordinator", ("admission",))
+    tokenizer = Mailbox(ends, "tokenizer", ("admission",))
+    loop = threading.Thread(target=process.run_admission_process, args=(ends, {"memory": "2GB"}, structlog.get_logger()),
+                            daemon=True)
+    loop.start()
+    try:
+        coordinator.send("admission", m.Reset(1, str(make_tiny("llama")), "job", stages=stages))
+        tokenizer.send("admission", m.Tokenized(1, [0, 1], *m.pack_tokens([[5, 6, 7]] * 2), [8] * 2,
+                                                m.Sampling.of([m.RowSampling()] * 2)))
+        for index in range(2):
+            while not isinstance(msg := streamer.recv(timeout_ms=60_000), m.Plan):
+                assert msg is not None, "admission sent no plan"
+            streamer.send("admission", m.Pass(1, index, 0.5, 0.1, 0.2, 0, 6 if index == 0 else 0, 2, [], 1 << 20,
+                                              1 << 20, 1 << 20, "job", plan=index))
+        while not isinstance(msg := coordinator.recv(timeout_ms=60_000), m.Budget) or msg.index < 1:
+            assert msg is not None, "admission reported no second pass"
+        assert len(seen) == (2 if stages == 1 else 0)
     finally:
         coordinator.send("admission", m.Shutdown())
         loop.join(10)
