@@ -5,7 +5,7 @@
               + per_context x context + per_product x products beyond the first
               + per_prefill_context x prompt tokens x the keys each scores (its prompt cached, its chunk)
     pass    = max(IO, compute) + (1 - overlap) x min(IO, compute) + overhead
-            = IO + read tail + overhead, where the read is longer and passes have timed the tail
+            = IO + read tail + overhead, where the read is longer and passes have timed the tail (at least that where not)
             + draft, where decode rows carry drafts (columns > 1): what drafting passes ran beyond their price
 
 `overlap` is how much of the shorter term hides under the longer one (1: perfect double buffering,
@@ -89,9 +89,11 @@ class PassModel:
 
     def _pass_s(self, shape: PassShape) -> float:
         io, c = self.io_s(shape), self.compute_s(shape)
-        if io >= c and self.read_tail_s is not None:
-            return io + self.read_tail_s + self.overhead_s
-        return max(io, c) + (1.0 - self.overlap) * min(io, c) + self.overhead_s
+        mixed = max(io, c) + (1.0 - self.overlap) * min(io, c)
+        if self.read_tail_s is None:
+            return mixed + self.overhead_s
+        # a pass computing past its read still runs its tail past the read: more compute never prices lower
+        return (io + self.read_tail_s if io >= c else max(io + self.read_tail_s, mixed)) + self.overhead_s
 
     def prefill_allowance(self, bytes_streamed: int, decode_rows: int, context_tokens: int, offset: float = 0.0) -> int:
         """Prefill tokens a pass can carry while its compute stays under its weight-read time

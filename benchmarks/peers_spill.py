@@ -50,9 +50,11 @@ def decode_figures(passes: list[dict]) -> dict:
     """spill's batch, passes, and decode step and tok/s over its full-batch decode passes (a job's history); the
     tokens a pass emitted count accepted drafts, so with drafts a step gives more than the batch."""
     decode = [p for p in passes if p["prefill_tokens"] == 0 and p["decode_rows"] > 0]
-    r = {"batch": max((p["decode_rows"] for p in passes), default=0), "passes": len(passes)}
+    # the batch is the widest decode pass: with drafts the widest pass may take prompts, and rows move on unevenly
+    widest = max((p["decode_rows"] for p in passes), default=0)
+    r = {"batch": max((p["decode_rows"] for p in decode), default=widest), "widest": widest, "passes": len(passes)}
     if decode:
-        full = [p for p in decode if p["decode_rows"] == r["batch"]] or decode
+        full = [p for p in decode if p["decode_rows"] == r["batch"]]
         r["s_per_step"] = statistics.median(p["seconds"] for p in full)
         # as each peer's: tokens over its steps at its batch; and over every decode pass, a wave's tail included
         r["decode_tps"] = sum(p["emitted"] for p in full) / sum(p["seconds"] for p in full)

@@ -3,7 +3,8 @@ setting, tier by tier; passes, tokens a decode row a pass, drafts proposed and a
 text is the same as without drafts.
 
     python benchmarks/speculate.py MODEL [--tiers edit,document] [--settings off,4] [--rows 16] [--stream]
-        [--read-rate BYTES_S] [--draft DRAFT_MODEL] [--memory SIZE] [--out /tmp/spill-spec-bench]
+        [--read-rate BYTES_S] [--draft DRAFT_MODEL] [--memory SIZE] [--kv-bits 8 --kv-group-size 32]
+        [--out /tmp/spill-spec-bench]
 
 Each tier is a prompt set of benchmarks/data (open questions, summaries, edits, documents; NOTICE.md gives their
 sources). `--read-rate` caps the weight reader's bytes/s (SPILL_TEST_READ_RATE): a slow disk under a fast compute,
@@ -35,6 +36,8 @@ def parse() -> argparse.Namespace:
     p.add_argument("--read-rate", type=float, default=0.0, help="bytes/s the reader reads at most (0: no cap)")
     p.add_argument("--draft", help="a draft model for every setting but off (--draft), in place of prompt lookup")
     p.add_argument("--memory", help="spill's --memory (a cap below the model's size, on a GPU where a cgroup caps the host)")
+    p.add_argument("--kv-bits", type=int, help="every setting's --kv-bits (quantized KV; default: unquantized)")
+    p.add_argument("--kv-group-size", type=int, help="every setting's --kv-group-size (with --kv-bits)")
     p.add_argument("--out", type=Path, default=Path("/tmp/spill-spec-bench"))
     return p.parse_args()
 
@@ -75,7 +78,9 @@ def run(a, tier: str, setting: str, rows: Path, seed_from: Path | None, n: int) 
            "--quiet", "--speculate", setting, *(["--stream"] if a.stream else []),
            *(["--draft", a.draft] if a.draft and setting != "off" else []),
            *(["--max-tokens", str(a.max_tokens)] if a.max_tokens else []),
-           *(["--memory", a.memory] if a.memory else [])]
+           *(["--memory", a.memory] if a.memory else []),
+           *(["--kv-bits", str(a.kv_bits)] if a.kv_bits else []),
+           *(["--kv-group-size", str(a.kv_group_size)] if a.kv_group_size else [])]
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     wall = time.perf_counter() - t0

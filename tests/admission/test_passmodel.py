@@ -273,3 +273,16 @@ def test_a_drafting_pass_costs_what_passes_measured_beyond_its_padded_shape():
     assert got.pass_s(drafting) == pytest.approx(engine.pass_s(drafting) + 0.064, rel=0.03)
     assert got.pass_s(plain) == pytest.approx(engine.pass_s(plain), rel=0.03)
     assert fit(got, [p for p in passes if p.columns == 1]).draft_s == got.draft_s   # no drafting pass: kept
+
+
+def test_a_pass_that_computes_longer_is_never_priced_shorter_where_read_bound_passes_timed_their_tail():
+    """As fitted on the VM (8-bit KV, one row left): read-bound, a pass runs 0.13 s past its 0.23 s read; the same
+    row with 4 drafts computes 0.28 s, past the read, and was priced at that alone, below the plain pass."""
+    vm = PassModel(bandwidth=9.4e8, fixed_s=0.193, per_row_s=0.0055, per_context_token_s=3.76e-5, overlap=1.0,
+                   read_tail_s=0.134)
+    from spill.admission.drafts import padded
+    plain = PassShape(1, 0, 327, 212_405_760)
+    assert vm.compute_s(plain) < vm.io_s(plain) < vm.compute_s(padded(plain, 5))
+    assert vm.pass_s(padded(plain, 5)) >= vm.pass_s(plain)
+    for columns in range(1, 9):   # more columns never cost less
+        assert vm.pass_s(padded(plain, columns + 1)) >= vm.pass_s(padded(plain, columns))

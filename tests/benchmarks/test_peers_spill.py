@@ -42,6 +42,18 @@ def test_accepted_drafts_count_in_spills_tokens_a_second():
     assert (r["drafted"], r["accepted"], r["decode_tokens"]) == (6, 4, 14)
 
 
+def test_spills_step_is_its_widest_decode_pass_even_where_a_prompt_pass_was_wider():
+    """Drafts move rows on at prompt passes, so the widest pass may take prompts: the step is then the widest
+    decode pass's, never every decode pass's (a tail of one row among them) against another run's widest."""
+    passes = [{"prefill_tokens": 300, "decode_rows": 26, "seconds": 5.0, "emitted": 40, "bytes_streamed": 9},
+              {"prefill_tokens": 0, "decode_rows": 25, "seconds": 1.0, "emitted": 25, "bytes_streamed": 9},
+              {"prefill_tokens": 0, "decode_rows": 25, "seconds": 1.0, "emitted": 25, "bytes_streamed": 9},
+              {"prefill_tokens": 0, "decode_rows": 1, "seconds": 0.5, "emitted": 1, "bytes_streamed": 9}]
+    r = peers_spill.decode_figures(passes)
+    assert (r["batch"], r["s_per_step"], r["decode_tps"], r["decode_tps_all"]) == (25, 1.0, 25.0, 51 / 2.5)
+    assert r["widest"] == 26
+
+
 def test_row_0s_text_is_read_from_a_chat_row_and_from_a_completion_row(tmp_path):
     def line(cid: str, choice: dict, tokens: int) -> str:
         return json.dumps({"custom_id": cid, "response": {"body": {"choices": [choice],
