@@ -167,6 +167,23 @@ def test_a_follower_of_spill_run_ranks_killed_or_stopped_mid_job_is_named_and_th
 
 
 @ring
+def test_a_job_stopped_on_2_ranks_resumes_on_one_and_writes_every_row_once(job12, tmp_path, env):
+    """Resume on fewer hosts: the job's rows are the job's, not the ranks'; `--resume` without --ranks runs one."""
+    folder, inp, expected = job12
+    out = tmp_path / "out.jsonl"
+    slow = {**env, "SPILL_TEST_PASS_DELAY": "0.2", "SPILL_MAX_ROWS": "4"}
+    run, _ = _run_until([folder, inp, "-o", out, "--ranks", "2"], slow, out, lines=3)
+    run.send_signal(signal.SIGINT)
+    stdout, stderr = run.communicate(timeout=120)
+    assert run.returncode == 130, stdout + stderr
+    job = re.search(r"resume with: spill run --resume (\S+)", stdout).group(1)
+    assert 3 <= len(read_output(out)) < 12
+    again = spill("run", "--resume", job, "--quiet", env=env, timeout=240)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert texts(read_output(out)) == expected   # every custom_id once (read_output fails on a second)
+
+
+@ring
 def test_spill_run_ranks_2_micro_batches_2_writes_the_text_of_one_process(job12, tmp_path, env):
     """Resident (SPILL_STREAM=0): the stages run micro-batch outer (admission cuts the prompts' groups in 2), and a
     pass of decode rows alone runs several rounds (stages/rounds.py)."""
