@@ -13,9 +13,9 @@ layers only. A staged pass carries no drafts: speculation (--speculate, --draft)
 
 Micro-batches (`micro_batches` M > 1, the same on every rank: rank 0's, sent with "load"). A resident stage runs
 a pass micro-batch outer, layer inner (its first pass reads each layer for micro-batch 0 and keeps it): the decode
-rows cut into M groups (`micro.split`), each prefill group one more (admission opens a new one as M); micro-batch j through every layer of the stage, then sent
-on (beside j+1's compute) while the next stage starts on it, so a pass takes about M + N - 1 micro-batch slots,
-not M x N. The last stage samples once every micro-batch is through. A streamed stage keeps the layer-outer order
+rows cut into M groups (`micro.split`), each prefill group one more (admission opens a new one as M); micro-batch
+j through every layer of the stage, then sent on (beside j+1's compute) while the next stage starts on it, so a
+pass takes about M + N - 1 micro-batch slots, not M x N. The last stage samples once every micro-batch is through. A streamed stage keeps the layer-outer order
 (one read a pass). Every rank's report carries its seconds blocked on a neighbour (`link_s`) beside `compute_s`.
 A plan of decode rows alone may allow several rounds (`PassPlan.rounds`, admission's for a resident pipeline): a
 stage holding all its layers runs them back to back, so the pipeline fills and drains once for them (`rounds.py`).
