@@ -24,7 +24,7 @@ for micro-batch 0) runs micro-batch outer: j through every layer, sent on beside
 starts on j; the last samples once all are through and the tokens go round as before. A streamed stage keeps
 the layer-outer order (one read of its share a pass) and no cut. M is `--micro-batches` on `spill up` and
 `spill run` (0: one a rank, N; 1: a stage at a time), carried to the stages with "load"; quantized KV pools
-(--kv-bits) are not cut (their rows stay one micro-batch). M is not priced yet (`best_micro_batches` below
+(--kv-bits) are not cut (their rows stay one micro-batch). M is not chosen by price yet (`best_micro_batches` below
 needs each stage's fixed and per-row seconds, which no stage reports to admission yet). A pass of decode rows
 alone on a resident pipeline runs up to SPILL_ROUNDS rounds (8) (built, `rounds.py`): micro-batch j of round r+1
 starts on stage 0 once its round-r tokens are back, so the fill and drain below come once a pass, not once a round.
