@@ -90,7 +90,7 @@ class PassModel:
     def _pass_s(self, shape: PassShape) -> float:
         io, c = self.io_s(shape), self.compute_s(shape)
         mixed = max(io, c) + (1.0 - self.overlap) * min(io, c)
-        if self.read_tail_s is None:
+        if self.read_tail_s is None or io <= 0:   # a pass that reads nothing has no read to run past
             return mixed + self.overhead_s
         # a pass computing past its read still runs its tail past the read: more compute never prices lower
         return (io + self.read_tail_s if io >= c else max(io + self.read_tail_s, mixed)) + self.overhead_s
