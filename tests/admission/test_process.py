@@ -1,6 +1,7 @@
 """The admission actor's process wrapper: what it measures of the machine when it prices a model, what it
 tells the coordinator after a pass (its report, no sockets), and its answer to each report (over mailboxes)."""
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -142,37 +143,42 @@ def test_pricing_a_model_with_its_calibration_stored_imports_no_mlx_lm(make_tiny
     assert out.stdout.split()[-1] == "none"
 
 
-def test_each_pass_report_is_answered_by_the_next_plan_and_only_one_plan_runs_at_once(make_tiny, tmp_path):
+@contextlib.contextmanager
+def actor(tmp_path, args=None):
+    """The admission actor's loop on a thread; the streamer's, coordinator's and tokenizer's mailboxes to it."""
     ends = Endpoints.in_dir(tmp_path)
-    streamer, coordinator = Mailbox(ends, "streamer", ("admission",)), Mailbox(ends, "coordinator", ("admission",))
-    tokenizer = Mailbox(ends, "tokenizer", ("admission",))
-    loop = threading.Thread(target=process.run_admission_process, args=(ends, {"memory": "2GB"}, structlog.get_logger()),
-                            daemon=True)
+    boxes = [Mailbox(ends, name, ("admission",)) for name in ("streamer", "coordinator", "tokenizer")]
+    loop = threading.Thread(target=process.run_admission_process, args=(ends, args or {"memory": "2GB"},
+                                                                        structlog.get_logger()), daemon=True)
     loop.start()
-
-    def plan() -> m.Plan:
-        while True:
-            msg = streamer.recv(timeout_ms=60_000)
-            assert msg is not None, "admission sent no plan"
-            if isinstance(msg, m.Plan):
-                return msg
     try:
+        yield boxes
+    finally:
+        boxes[1].send("admission", m.Shutdown())
+        loop.join(10)
+        for box in boxes:
+            box.close()
+
+
+def next_plan(streamer) -> m.Plan:
+    while not isinstance(msg := streamer.recv(timeout_ms=60_000), m.Plan):
+        assert msg is not None, "admission sent no plan"
+    return msg
+
+
+def test_each_pass_report_is_answered_by_the_next_plan_and_only_one_plan_runs_at_once(make_tiny, tmp_path):
+    with actor(tmp_path) as (streamer, coordinator, tokenizer):
         coordinator.send("admission", m.Reset(1, str(make_tiny("llama")), "job"))
         tokenizer.send("admission", m.Tokenized(1, list(range(4)), *m.pack_tokens([[5, 6, 7]] * 4), [8] * 4,
                                                 m.Sampling.of([m.RowSampling()] * 4)))
-        first = plan()
+        first = next_plan(streamer)
         assert first.rows == [0, 1, 2, 3] and first.index == 0
         tokenizer.send("admission", m.Tokenized(1, [4, 5], *m.pack_tokens([[1, 2]] * 2), [8] * 2, m.Sampling.of([m.RowSampling()] * 2)))
         assert streamer.recv(timeout_ms=500) is None     # the streamer runs plan 0: nothing more until its report
         tokenizer.send("admission", m.Stop(1, [2]))      # a stop string: the next plan frees its slot
         streamer.send("admission", m.Pass(1, 0, 0.5, 0.1, 0.2, 0, 12, 4, [], 1 << 20, 1 << 20, 1 << 20, "job", plan=0))
-        second = plan()
+        second = next_plan(streamer)
         assert (second.index, second.rows[:1], second.finish) == (1, [4], [2])
-    finally:
-        coordinator.send("admission", m.Shutdown())
-        loop.join(10)
-        for box in (streamer, coordinator, tokenizer):
-            box.close()
 
 
 @pytest.mark.parametrize("stages", [1, 2])
@@ -185,26 +191,14 @@ def test_only_a_one_process_groups_passes_refit_the_pass_model(make_tiny, tmp_pa
             seen.append(a)
             return super().observe(*a, **kw)
     monkeypatch.setattr(process, "Calibrator", Watched)
-    ends = Endpoints.in_dir(tmp_path)
-    streamer, coordinator = Mailbox(ends, "streamer", ("admission",)), Mailbox(ends, "coordinator", ("admission",))
-    tokenizer = Mailbox(ends, "tokenizer", ("admission",))
-    loop = threading.Thread(target=process.run_admission_process, args=(ends, {"memory": "2GB"}, structlog.get_logger()),
-                            daemon=True)
-    loop.start()
-    try:
+    with actor(tmp_path) as (streamer, coordinator, tokenizer):
         coordinator.send("admission", m.Reset(1, str(make_tiny("llama")), "job", stages=stages))
         tokenizer.send("admission", m.Tokenized(1, [0, 1], *m.pack_tokens([[5, 6, 7]] * 2), [8] * 2,
                                                 m.Sampling.of([m.RowSampling()] * 2)))
         for index in range(2):
-            while not isinstance(msg := streamer.recv(timeout_ms=60_000), m.Plan):
-                assert msg is not None, "admission sent no plan"
+            next_plan(streamer)
             streamer.send("admission", m.Pass(1, index, 0.5, 0.1, 0.2, 0, 6 if index == 0 else 0, 2, [], 1 << 20,
                                               1 << 20, 1 << 20, "job", plan=index))
         while not isinstance(msg := coordinator.recv(timeout_ms=60_000), m.Budget) or msg.index < 1:
             assert msg is not None, "admission reported no second pass"
         assert len(seen) == (2 if stages == 1 else 0)
-    finally:
-        coordinator.send("admission", m.Shutdown())
-        loop.join(10)
-        for box in (streamer, coordinator, tokenizer):
-            box.close()
