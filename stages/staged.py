@@ -150,8 +150,10 @@ class StagedStreamer(Streamer):
         """The plan's rounds where the pass has decode rows alone and every layer is held (the same on every rank);
         else one step."""
         rounds, self._rounds = self._rounds, 1
-        self._retire()
-        if rounds <= 1 or chunks or self.prefills or not self.pools or self.kept is None or len(self.kept) < len(self.layers):
+        if rounds <= 1 or chunks or self.prefills:
+            return super()._pass(chunks, bounds)
+        self._retire()   # the pools as the rounds find them (one step's `_pass` retires them itself)
+        if not self.pools or self.kept is None or len(self.kept) < len(self.layers):
             return super()._pass(chunks, bounds)
         t0, wait0, read0 = time.perf_counter(), self._reader_s("wait_s"), self._reader_s("read_s")
         emitted, compute_s = rounds_of.run(self, rounds)
