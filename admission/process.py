@@ -10,6 +10,7 @@ from spill import config, memory
 from spill import messages as m
 from spill.actor import Fault, inbox, run_actor
 from spill.errors import SpillError
+from spill.stages.model import micro_batches as micro_batches_of
 from spill.streamer.plan import load_plan
 from spill.streamer.shares import kv_format
 from spill.wire import Mailbox
@@ -121,7 +122,7 @@ def _price(msg: m.Reset, args: dict, box, log, calibrator=None):
     drafter = (lambda: calibrator.drafter) if calibrator else (lambda: None)   # the draft model's steps (--draft)
     priors = calibrator.priors(policy) if calibrator else None   # a new row's acceptance: its tier's, as measured
     pipelined = msg.stages > 1 and msg.resident   # a resident pipeline: rounds fill it once, prompts cut in micro-batches
-    rounds, cut = (config.rounds(), args.get("micro_batches") or msg.stages) if pipelined else (1, 1)
+    rounds, cut = (config.rounds(), micro_batches_of(args.get("micro_batches"), msg.stages)) if pipelined else (1, 1)
     return Scheduler(policy, calibrator.pace if calibrator else None, chunk, 0 if msg.resident else plan.streamed_bytes,
                      msg.speculate, model, drafter, priors, rounds, cut), others
 

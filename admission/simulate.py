@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from spill import config
-from spill.stages.model import pass_seconds
+from spill.stages.model import micro_batches as micro_batches_of, pass_seconds
 from spill.typed import AUTO_DRAFTS
 
 from . import drafts, schedule
@@ -116,7 +116,7 @@ def simulate(rows: list[SimRow], policy, waiting, model: PassModel, bytes_stream
         return schedule.pace(model, bytes_streamed, n, context, need, offset, most, empty)
     spec = _Drafts(by_id, acceptance, drafter, by_tier)
     piped = stages > 1 and not bytes_streamed   # a resident pipeline: several rounds a pass, prompts cut in M
-    m = micro_batches or stages
+    m = micro_batches_of(micro_batches, stages)
     sched = Scheduler(policy, pace, chunk, bytes_streamed, speculate, lambda: model, lambda: drafter, spec.priors,
                       config.rounds() if piped else 1, m if piped else 1)
     offered = []

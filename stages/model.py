@@ -60,6 +60,11 @@ that hides the trip. The estimate prices a resident pipeline's pass so (`pass_se
 """
 
 
+def micro_batches(given: int | None, stages: int) -> int:
+    """M, a resident pipeline's micro-batches a pass: `--micro-batches` as given, 0 (or none) one a stage."""
+    return given or stages
+
+
 def round_seconds(stage_s: list[float], hop_s: list[float], m: int) -> float:
     """A round of m micro-batches: stage_s[i] a micro-batch's seconds at stage i, hop_s[i] on its way out."""
     return max(m * max(stage_s), sum(stage_s) + sum(hop_s))

@@ -35,6 +35,7 @@ from spill.streamer.kvquant import stored_dtype
 from spill.streamer.plan import load_plan
 
 from . import micro, plans, rounds as rounds_of
+from .model import micro_batches as micro_batches_of
 from .relay import Relay, StageLost
 from .split import resident_names, stage_ranges
 
@@ -60,7 +61,7 @@ class StagedStreamer(Streamer):
         if micro_batches < 0:
             raise SpillError(f"--micro-batches takes 0 (one a rank) or the micro-batches of a pass, 1 or more, found "
                              f"{micro_batches}")
-        self.micro_batches = micro_batches or self.size   # a pass's decode micro-batches where resident (M)
+        self.micro_batches = micro_batches_of(micro_batches, self.size)   # a pass's micro-batches where resident
         self._micro, self._inbox, self._tokens_s = False, [], 0.0   # this pass micro-batch outer; its inputs' shapes
         self._rounds = 1   # decode steps the running plan allows (`rounds.run`)
         self.whole = plan = load_plan(folder)   # every layer's tensors: what the split is made from
