@@ -138,11 +138,15 @@ def one(n: int, a, folder: Path, inp: Path, ids: list[str], env: dict, rounds: s
     decoding = [p for p in passes[2:] if p["decode_rows"] and p["seconds"]]   # past the first passes' fill
     steps = [p["seconds"] / p.get("rounds", 1) for p in passes if p["emitted"] and not p["prefill_tokens"]]
     blocked = sum(p.get("link_s", 0.0) for p in decoding) / max(sum(p["seconds"] for p in decoding), 1e-9)
+    # rank 0's decode pass, median of each part: where a streamed stage's pass goes (its read, waiting on it, math)
+    parts = {k: round(statistics.median(p.get(k, 0.0) for p in decoding), 3) if decoding else None
+             for k in ("read_s", "wait_s", "compute_s", "link_s")}
+    parts["read_mb"] = round(statistics.median(p["bytes_streamed"] for p in decoding) / 1e6) if decoding else None
     return {"ranks": n, "job": job, "wall_s": round(wall, 1), "mode": advice.split(":")[0].split(" (")[0] or None,
             "cgroups": cgroups, "rank0_blocked_share": round(blocked, 3) if n > 1 else None, "rounds": rounds or None,
             "round_s_median": round(statistics.median(steps), 4) if steps else None,
             "prompt_passes_s": round(sum(p["seconds"] for p in passes if p["prefill_tokens"]), 2),
-            "estimate_s": (meta.get("estimate") or {}).get("total_seconds"),
+            "rank0_decode_pass": parts, "estimate_s": (meta.get("estimate") or {}).get("total_seconds"),
             "took_over_estimate": float(m.group(1)) if (m := re.search(r"against an estimate of .*\(([\d.]+)x\)",
                                                                        run.stdout)) else None,
             **figures(passes, out, ids)}
