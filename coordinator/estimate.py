@@ -101,13 +101,14 @@ def estimate_file(model: str, input: Path, *, max_tokens: int = 256, memory: str
 
 def advise_rows(folder: Path, rows: list[SimRow], *, memory: str | None = None, stream: bool = False,
                 name: str = "", others: int = 0, fraction: float | None = None, kv: tuple | None = None,
-                stages: int = 1) -> Advice:
+                stages: int = 1, micro_batches: int = 0) -> Advice:
     """Resident or streamed for these rows (admission/advisor.py); `name`: the MODEL argument, whose
     quantized variants in models.yaml are named when it does not fit; `others`: the group's RSS; `stages`: a
-    pipeline's ranks."""
+    pipeline's ranks, `micro_batches` its M."""
     cal = open_calibration(folder, kv=kv)
     return advise(load_plan(folder), rows, memory, stream=stream or config.stream(), passes=cal.model,
-                  variants=variants(name), others=others, fraction=fraction, kv=kv, stages=stages)
+                  variants=variants(name), others=others, fraction=fraction, kv=kv, stages=stages,
+                  micro_batches=micro_batches, rounds=config.rounds())
 
 
 def budget_rows(folder: Path, rows: list[SimRow], memory: str | None = None, fraction: float | None = None,
@@ -333,7 +334,8 @@ def job_estimate(folder: Path, input: Path, pending: set[int], defaults: dict, a
     try:
         memory, fraction = args.get("memory"), args.get("budget_fraction")
         advice = advise_rows(folder, rows, memory=memory, stream=bool(args.get("stream")), name=args.get("model", ""),
-                             others=others, fraction=fraction, kv=kv, stages=args.get("stages") or 1)
+                             others=others, fraction=fraction, kv=kv, stages=args.get("stages") or 1,
+                             micro_batches=args.get("micro_batches") or 0)
         return JobEstimate(folder, rows, errors, memory, advice=advice, others=others, fraction=fraction, kv=kv,
                            speculate=defaults.get("speculate") or 0, draft=defaults.get("draft"), probe=widen,
                            stages=args.get("stages") or 1, micro_batches=args.get("micro_batches") or 0)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from spill.admission.advisor import advise, quantized
+from spill.admission.advisor import _faster, advise, quantized
 from spill.admission.passmodel import PassModel
 from spill.admission.prices import fmt
 from spill.admission.schedule import budget_policy
@@ -108,3 +108,15 @@ def test_a_resident_pipeline_splits_by_compute_where_its_stages_fit_so_else_by_b
     streamed = advise(plan, ROWS, memory_for(plan, 0.5, stages=2), stages=2)
     assert not streamed.resident and not streamed.by_compute
     assert not advise(plan, ROWS, by_compute, stages=2, stream=True).by_compute   # --stream: split by bytes
+
+
+def test_a_pipelines_smaller_resident_batch_is_rated_as_its_stages_run_it(plan):
+    """Resident, a pipeline's stages split the compute and run several rounds a pass (stages/model.py): where one
+    process streams its whole batch faster, two stages may still run fewer rows faster resident (the tiny model's
+    streamed stage never holds more rows than a resident one, so the rating is asked directly)."""
+    compute_bound = PassModel(bandwidth=1e12, fixed_s=0.001, per_row_s=0.01)
+    assert not _faster(compute_bound, plan, 2, 4, ROWS)                       # one process: stream all 4
+    assert _faster(compute_bound, plan, 2, 4, ROWS, (2, 2, 1))                # 2 stages, 2 micro-batches
+    fixed_bound = PassModel(bandwidth=1e12, fixed_s=0.05, per_row_s=0.001)   # each micro-batch pays it again
+    assert not _faster(fixed_bound, plan, 2, 4, ROWS, (2, 2, 1))
+    assert _faster(fixed_bound, plan, 2, 4, ROWS, (3, 1, 8))                  # 3 stages, 1 micro-batch, 8 rounds
