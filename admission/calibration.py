@@ -19,6 +19,7 @@ import numpy as np
 from spill import config
 from spill.files import replaced
 from spill.platform import default_dtype, device, on_cpu
+from spill.stages.model import pass_seconds
 
 from . import drafts
 from .passmodel import Observation, PassModel, fit, read_rate
@@ -28,6 +29,7 @@ from .schedule import pace, tier_of
 
 HISTORY = 200                  # the last passes, kept for the refit
 SAMPLE = 200                   # and a uniform sample of those before them (a job's tail is not the next job)
+STAGED = 32                    # a resident pipeline's last passes, each as its seconds over the stage model's price
 WIDER = 1.25                   # a job's batch past the widest decode pass seen by this much is probed first
 FORMAT = 2                     # 2: a pass's prefill_context counts its chunk's own keys; another format is probed anew
 ACCEPTANCE_DECAY = 0.99        # each pass that drafted keeps this much of the earlier drafts' weight (~100 passes)
@@ -74,8 +76,10 @@ class Calibration:
 
     def __init__(self, k: str, prior: PassModel, passes: list[Observation] | None = None,
                  seen: int = 0, name: str = "", sample: list[Observation] | None = None, draft_counts: dict | None = None,
-                 pairs: dict | None = None):
+                 pairs: dict | None = None, staged: dict | None = None):
         self.key, self.prior, self.name = k, prior, name
+        # per pipeline size (str(stages)): its resident passes' seconds over `stages.model.pass_seconds`'s price
+        self.staged = {n: [float(x) for x in v][-STAGED:] for n, v in (staged or {}).items()}
         # drafts accepted and tried, decayed a pass (drafts.observe's count), and drafts tried in all: prompt lookup's and
         # each draft model's (--draft, by its model_key), in all and by prompt-length tier ("tiers")
         self.draft_counts = {**_counts(), **(draft_counts or {})}
@@ -97,6 +101,16 @@ class Calibration:
             elif at < SAMPLE:
                 self.sample[at] = old
         self.model = fit(self.prior, self.passes, self.sample)
+
+    def observe_staged(self, stages: int, ratio: float) -> None:
+        """A resident pipeline's pass of `stages` stages: its seconds over what the stage model priced."""
+        self.staged[str(stages)] = [*self.staged.get(str(stages), []), ratio][-STAGED:]
+
+    def stage_scale(self, stages: int) -> float:
+        """What the stage model's price of a resident pipeline of `stages` is multiplied by: the median of its
+        passes' ratios (`observe_staged`), 1.0 before any."""
+        ratios = self.staged.get(str(stages))
+        return float(np.median(ratios)) if ratios else 1.0
 
     def observe_drafts(self, drafted, accepted, pair: str | None = None, prompts: dict | None = None) -> None:
         """A pass's [row, drafts carried] and [row, drafts accepted]: this model's acceptance of prompt lookup's drafts,
@@ -140,7 +154,8 @@ class Calibration:
         path.parent.mkdir(parents=True, exist_ok=True)
         data = {"key": self.key, "format": FORMAT, "model_name": self.name, "seen": self.seen,
                 "prior": self.prior.to_dict(), "fitted": self.model.to_dict(), "passes": [asdict(p) for p in self.passes],
-                "sample": [asdict(p) for p in self.sample], "drafts": self.draft_counts, "pairs": self.pairs}
+                "sample": [asdict(p) for p in self.sample], "drafts": self.draft_counts, "pairs": self.pairs,
+                "staged": self.staged}
         with replaced(path) as tmp:
             tmp.write_text(json.dumps(data))
 
@@ -154,7 +169,8 @@ class Calibration:
             return cls(k, PassModel(**data["prior"]), [Observation(**p) for p in data["passes"]],
                        int(data.get("seen", 0)), data.get("model_name", ""),
                        [Observation(**p) for p in data.get("sample", [])], draft_counts=_draft_counts(data.get("drafts")),
-                       pairs={k: c for k, v in (data.get("pairs") or {}).items() if (c := _draft_counts(v))})
+                       pairs={k: c for k, v in (data.get("pairs") or {}).items() if (c := _draft_counts(v))},
+                       staged=data.get("staged"))
         except (OSError, ValueError, TypeError, KeyError):
             return None
 
@@ -328,4 +344,14 @@ class Calibrator:
                                          prefill_groups=msg.prefill_groups, prefill_context=msg.prefill_context,
                                          columns=shape.columns))
             self.cal.observe_drafts(msg.drafted, msg.accepted, prompts=prompts)
+            self.cal.save()
+
+    def observe_pipeline(self, shape, msg, stages: int, micro_batches: int) -> None:
+        """A resident pipeline's pass that read nothing (rank 0's report; its stages' shares, `msg.rounds` rounds):
+        its seconds against the stage model's price from this model's pass model, which it does not refit."""
+        if self.cal is None or msg.bytes_streamed or msg.seconds <= 0:
+            return
+        priced = pass_seconds(self.cal.model, shape, stages, micro_batches, msg.rounds)
+        if priced > 0:
+            self.cal.observe_staged(stages, msg.seconds / priced)
             self.cal.save()

@@ -77,6 +77,8 @@ def run_admission_process(endpoints, args, log) -> None:
             # pass is no pass of one process (its stages' shares, several rounds): the stage model prices it from this
             if stages == 1:
                 calibrator.observe(drafts.padded(planned.shape, reported.columns), reported, prompts)
+            elif sched.rounds > 1 or sched.cut > 1:   # a resident pipeline: its passes against the stage model's price
+                calibrator.observe_pipeline(planned.shape, reported, stages, sched.cut)
             told = report(epoch, reported.index, sched, others, calibrator, job)
             box.send("coordinator", told)
             p = sched.policy

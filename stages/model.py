@@ -56,7 +56,8 @@ and a job of K rounds adds the fill, sum_{i < N-1} (t_i + l_i), once. Equal stag
 faster than t / N leave no bubble; M = N with l > 0 idles each stage l / (t + l) of the round. A micro-batch
 is not free: each takes the stage's weights through memory again, t_i = w_i + r_i x rows (the pass model's
 fixed and per-row terms, a stage's share), so a round's work is M x w_i + r_i x B and M is the fewest >= N
-that hides the trip. The estimate prices a resident pipeline's pass so (`pass_seconds`), stages alike, links free.
+that hides the trip. The estimate prices a resident pipeline's pass so (`pass_seconds`), stages alike, links free,
+times what such passes of this pipeline size took over that price (`Calibration.stage_scale`).
 """
 
 

@@ -181,18 +181,22 @@ def test_each_pass_report_is_answered_by_the_next_plan_and_only_one_plan_runs_at
         assert (second.index, second.rows[:1], second.finish) == (1, [4], [2])
 
 
-@pytest.mark.parametrize("stages", [1, 2])
-def test_only_a_one_process_groups_passes_refit_the_pass_model(make_tiny, tmp_path, monkeypatch, stages):
-    """A pipeline's pass (its stages' shares of the layers, rounds) is no observation of one process's pass."""
-    seen = []
+@pytest.mark.parametrize("stages,resident", [(1, False), (2, False), (2, True)])
+def test_only_a_one_process_groups_passes_refit_the_pass_model(make_tiny, tmp_path, monkeypatch, stages, resident):
+    """A pipeline's pass (its stages' shares of the layers, rounds) is no observation of one process's pass; a
+    resident pipeline's passes are priced against its stage model instead (`observe_pipeline`)."""
+    seen, piped = [], []
 
     class Watched(process.Calibrator):
         def observe(self, *a, **kw):
             seen.append(a)
             return super().observe(*a, **kw)
+
+        def observe_pipeline(self, shape, msg, n, micro_batches):
+            piped.append((n, micro_batches))
     monkeypatch.setattr(process, "Calibrator", Watched)
     with actor(tmp_path) as (streamer, coordinator, tokenizer):
-        coordinator.send("admission", m.Reset(1, str(make_tiny("llama")), "job", stages=stages))
+        coordinator.send("admission", m.Reset(1, str(make_tiny("llama")), "job", stages=stages, resident=resident))
         tokenizer.send("admission", m.Tokenized(1, [0, 1], *m.pack_tokens([[5, 6, 7]] * 2), [8] * 2,
                                                 m.Sampling.of([m.RowSampling()] * 2)))
         for index in range(2):
@@ -202,3 +206,4 @@ def test_only_a_one_process_groups_passes_refit_the_pass_model(make_tiny, tmp_pa
         while not isinstance(msg := coordinator.recv(timeout_ms=60_000), m.Budget) or msg.index < 1:
             assert msg is not None, "admission reported no second pass"
         assert len(seen) == (2 if stages == 1 else 0)
+        assert piped == ([(2, 2)] * 2 if resident else [])
