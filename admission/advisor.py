@@ -38,13 +38,14 @@ class Advice:
 def advise(plan: ModelPlan, rows: list, memory_arg=None, *, stream: bool = False,
            passes: PassModel | None = None, variants: list[tuple[str, int, int]] = (), others: int = 0,
            fraction: float | None = None, kv: tuple | None = None, stages: int = 1, micro_batches: int = 0,
-           rounds: int = 1) -> Advice:
+           rounds: int = 1, stage_scale: float = 1.0) -> Advice:
     """`rows`: the job's SimRows (prompt, out); `passes`: the calibrated pass model, to weigh a resident
     batch smaller than the job's; `variants`: (tag, bits, group size) of quantized variants to name;
     `others`: the group's processes' resident memory, as admission prices it; `fraction`: --budget-fraction;
     `kv`: the pools' KV quantization (bits, group size), None unquantized; `stages`: a pipeline's ranks (each
     stage's share priced, resident where the tightest's fits, its layers split by compute where that fits; a
-    smaller resident batch rated as its stages run it: `micro_batches` M, `rounds` a pass, stages/model.py)."""
+    smaller resident batch rated as its stages run it: `micro_batches` M, `rounds` a pass, stages/model.py, times
+    `stage_scale`, what such passes took over that price, `Calibration.stage_scale`)."""
     width = width_class(max((r.prompt + r.out for r in rows), default=1))
     streamed = budget_policy(plan, memory_arg, fraction, others=others, kv=kv, stages=stages)[0]
     want = max(1, min(len(rows), streamed.max_rows))
@@ -55,7 +56,7 @@ def advise(plan: ModelPlan, rows: list, memory_arg=None, *, stream: bool = False
                                    by_compute=by_compute)
         slots = _slots(policy, want, width)
         faster = 0 < slots < want and _faster(passes, plan, slots, streamed_slots, rows,
-                                              (stages, micro_batches_of(micro_batches, stages), rounds))
+                                              (stages, micro_batches_of(micro_batches, stages), rounds, stage_scale))
         return policy, ws, slots, slots >= want or faster
 
     # a resident pipeline's stages split by compute where they fit so, else by bytes (the least on any stage)
@@ -92,18 +93,19 @@ def _slots(policy, want: int, width: int) -> int:
 
 
 def _faster(passes: PassModel | None, plan: ModelPlan, resident: int, streamed: int, rows: list,
-            pipeline: tuple[int, int, int] = (1, 1, 1)) -> bool:
+            pipeline: tuple[int, int, int, float] = (1, 1, 1, 1.0)) -> bool:
     """Tokens per second of a decode pass at each batch, by the pass model (resident reads nothing); a resident
-    pipeline's (stages, micro-batches, rounds) as `pass_seconds` prices it, a streamed one's as one process's."""
+    pipeline's (stages, micro-batches, rounds, scale) as `pass_seconds` prices it times the scale, a streamed one's as
+    one process's."""
     if passes is None or not rows:
         return False
     context = sum(r.prompt + r.out / 2 for r in rows) / len(rows)
-    stages, m, rounds = pipeline
+    stages, m, rounds, scale = pipeline
 
     def rate(batch: int, nbytes: int) -> float:
         shape = PassShape(batch, 0, int(batch * context), nbytes)
         if stages > 1 and not nbytes:
-            return batch * rounds / max(pass_seconds(passes, shape, stages, m, rounds), 1e-12) if batch else 0.0
+            return batch * rounds / max(pass_seconds(passes, shape, stages, m, rounds) * scale, 1e-12) if batch else 0.0
         return batch / max(passes.pass_s(shape), 1e-12) if batch else 0.0
     return rate(resident, 0) > rate(streamed, plan.streamed_bytes)
 

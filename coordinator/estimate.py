@@ -108,7 +108,7 @@ def advise_rows(folder: Path, rows: list[SimRow], *, memory: str | None = None, 
     cal = open_calibration(folder, kv=kv)
     return advise(load_plan(folder), rows, memory, stream=stream or config.stream(), passes=cal.model,
                   variants=variants(name), others=others, fraction=fraction, kv=kv, stages=stages,
-                  micro_batches=micro_batches, rounds=config.rounds())
+                  micro_batches=micro_batches, rounds=config.rounds(), stage_scale=cal.stage_scale(stages))
 
 
 def budget_rows(folder: Path, rows: list[SimRow], memory: str | None = None, fraction: float | None = None,
