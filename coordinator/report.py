@@ -37,7 +37,8 @@ def print_check(report, console: Console | None = None) -> bool:
     for r in report.rows:
         k = r.first_difference()
         if k is not None:
-            console.print(f"row {r.id} free-running diverges at token {k}: resident {r.expected[k:k + 4]} "
+            tie = " (a near-tie over quantized KV)" if report.parted_at_near_tie(r) else ""
+            console.print(f"row {r.id} free-running diverges at token {k}{tie}: resident {r.expected[k:k + 4]} "
                           f"streamed {r.got[k:k + 4]}")
     if report.speculate:
         gate = "gated" if report.gates_identity else f"not gated in {report.dtype}"

@@ -19,7 +19,8 @@ the tolerance adds one quantization step of the format at the largest logit, or 
 where that is larger: its logits when every weight moves by a rounding step (a value near a quantization boundary
 rounds the other way and later layers carry it on: 0.46 on the real SmolLM2 at 8 bits, against one KV step's 0.14).
 With both, the drafts run over the quantized pools and the free-running rows' identity is gated against mlx-lm's
-greedy tokens over its quantized cache (float32: 20/20 rows on the real SmolLM2 at 8 bits, group 64).
+greedy tokens over its quantized cache, but for a row that parts from them at a near-tie (float32: 20/20 rows on the
+real SmolLM2 at 8 bits, group 64; docs/benchmarks.md shows drafts, and the batch alone, parting there on longer rows).
 """
 
 from dataclasses import dataclass, field
@@ -118,6 +119,13 @@ class CheckReport:
         """Drafts in float32: free-running rows must be identical (drafts verified greedily change no token)."""
         return bool(self.speculate) and self.dtype == "float32"
 
+    def parted_at_near_tie(self, row: CheckRow) -> bool:
+        """Over quantized KV, a free-running row that leaves the resident's tokens where its top two logits were a
+        near-tie: a pass's shape (a chunk of drafts, the batch) can round a K or V value to the next level."""
+        k = row.first_difference()
+        return bool(self.kv_bits) and k is not None and k < len(row.ref_logits) and \
+            _margin(row.ref_logits[k]) <= 2 * self.tolerance
+
     @property
     def drafted(self) -> int:
         return sum(r.drafted for r in self.rows)
@@ -133,9 +141,10 @@ class CheckReport:
 
     def failures(self) -> list[CheckRow]:
         """Rows whose teacher-forced logits leave the tolerance, or whose argmax differs outside a near-tie;
-        with drafts in float32, free-running rows that are not identical too."""
+        with drafts in float32, free-running rows that are not identical too (over quantized KV, but at a near-tie)."""
         return [r for r in self.rows if r.max_logit_diff > self.tolerance or r.agree < len(r.ref_logits) - r.ties
-                or r.forced_steps != len(r.ref_logits) or (self.gates_identity and not r.identical)]
+                or r.forced_steps != len(r.ref_logits)
+                or (self.gates_identity and not r.identical and not self.parted_at_near_tie(r))]
 
     @property
     def passed(self) -> bool:
@@ -231,6 +240,12 @@ def _stream(streamer, prompts, schedule, rows, steps, max_tokens, eos, tol, spec
         passes += 1
 
 
+def _margin(logits: np.ndarray) -> float:
+    """How far the top logit is above the second (infinite with one)."""
+    top2 = np.partition(logits, -2)[-2:] if logits.size > 1 else np.array([-np.inf, logits.max()])
+    return float(top2[1] - top2[0])
+
+
 def _compare(row: CheckRow, steps: list[int], e, tol: float) -> None:
     """One teacher-forced step: the logits' distance, and the argmax unless the resident's top two
     logits are within 2 x tolerance of each other (a near-tie either side may flip)."""
@@ -240,8 +255,7 @@ def _compare(row: CheckRow, steps: list[int], e, tol: float) -> None:
         return
     ref = row.ref_logits[k]
     row.max_logit_diff = max(row.max_logit_diff, float(np.abs(ref - e.logits).max()))
-    top2 = np.partition(ref, -2)[-2:] if ref.size > 1 else np.array([-np.inf, ref.max()])
-    if top2[1] - top2[0] <= 2 * tol:
+    if _margin(ref) <= 2 * tol:
         row.ties += 1
     elif e.token == steps[k]:
         row.agree += 1
