@@ -5,6 +5,7 @@ its own (as N machines of that size would be), the single rank holding the whole
     python benchmarks/ranks.py [--size tall] [--ranks 1,2,3] [--cap 1GiB] [--cores-per-rank 1] [--rows 96]
                                [--max-tokens 32] [--micro-batches 0] [--repeat 1] [--rounds 1,8]
     python benchmarks/ranks.py --dtype bfloat16 --up-args="--memory 3GiB" ...   (a GPU: its memory by --memory)
+    python benchmarks/ranks.py --gpu-per-rank ...   (several GPUs: a rank on each, as machines of one GPU each)
 
 1. builds a factory model (float32, as a CPU computes) and a job of short questions (kv_bits.py's);
 2. per rank count, starts `spill up` on every rank as `mlx.launch` would (MLX_RANK, MLX_HOSTFILE on loopback), each
@@ -55,6 +56,8 @@ def parse() -> argparse.Namespace:
     p.add_argument("--data", type=Path, default=three_tier.DATA, help="the folder of gsm8k_test.jsonl")
     p.add_argument("--out", type=Path, default=Path("/tmp/spill-ranks-bench"))
     p.add_argument("--up-args", default="", help="more arguments for every rank's `spill up` (a GPU's --memory)")
+    p.add_argument("--gpu-per-rank", action="store_true", help="rank r on GPU r alone (CUDA_VISIBLE_DEVICES), as N "
+                   "machines of one GPU each would be")
     p.add_argument("--cgroup-parent", default="", help="make the cgroups under this one (cgroup v2 where its "
                    "processes moved to a leaf), not under this process's own")
     p.set_defaults(dtype="float32")
@@ -82,7 +85,9 @@ def up(n: int, a, env: dict, work: Path) -> tuple[list, list]:
         ring = {"MLX_RANK": str(r), "MLX_HOSTFILE": str(hosts)} if hosts else {}
         cores = set(range(r * k, (r + 1) * k))
         log = open(work / f"rank{r}.log", "w")
-        procs.append(subprocess.Popen(cg.command([*SPILL, "up", *extra]), env={**env, **ring, "OPENBLAS_NUM_THREADS": str(k)},
+        gpu = {"CUDA_VISIBLE_DEVICES": str(r)} if a.gpu_per_rank else {}
+        procs.append(subprocess.Popen(cg.command([*SPILL, "up", *extra]),
+                                      env={**env, **ring, **gpu, "OPENBLAS_NUM_THREADS": str(k)},
                                       stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                       preexec_fn=lambda c=cores: os.sched_setaffinity(0, c)))
     deadline = time.monotonic() + 300
