@@ -175,8 +175,8 @@ def main() -> None:
           f"{a.cap}, {a.cores_per_rank} core(s); {os.cpu_count()} cores here", flush=True)
     if parse_size(a.cap) >= size:
         print(f"note: the cap ({a.cap}) is not below the model's size", flush=True)
-    # the first-use calibration once, on one rank's cores but outside the caps (every run shares the data home):
-    # under one rank's cap beside its group, the probe's child was OOM-killed (H100 machine, `deep`, 2.5 GiB)
+    # the first-use calibration once, on one rank's cores but outside the caps: every run shares the data home, so
+    # every rank count starts from the same one
     k = a.cores_per_rank
     spill(["estimate", folder, inp], {**env, "OPENBLAS_NUM_THREADS": str(k)}, timeout=900,
           preexec_fn=lambda: os.sched_setaffinity(0, set(range(k))))

@@ -324,8 +324,9 @@ def job_estimate(folder: Path, input: Path, pending: set[int], defaults: dict, a
     kv = kv_setting(args)
     try:
         others = group_others(actors_rss) if others is None else others
+        # the probe is one process with every layer's KV: a pipeline's wider batch (its tightest stage's) would not fit
         open_calibration(folder, kv=kv, rows=budget_rows(folder, rows, args.get("memory"), args.get("budget_fraction"),
-                                                         others, kv, args.get("stages") or 1) if widen else 0)
+                                                         others, kv) if widen else 0)
     except SpillError:
         raise
     except Exception as err:   # noqa: BLE001 - e.g. a family the probe cannot build: the streamer says why

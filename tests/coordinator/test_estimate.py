@@ -259,10 +259,19 @@ def test_spill_estimate_speculate_says_what_it_priced_of_the_drafts(make_tiny, t
     assert line.endswith("a pass; by prompt length: short (<=128) 0.50 of 60 drafts")
 
 
-def test_a_pipelines_probe_batch_is_what_its_tightest_stage_holds_not_one_ranks(make_tiny):
+def test_a_pipelines_probe_runs_the_batch_one_process_holds_not_its_tightest_stages(make_tiny, tmp_path, monkeypatch):
+    """The pass probe is one process with every layer and their KV: at the wider batch a stage holds (its layers'
+    share of each row's KV) it outgrew the memory the budget priced, and was OOM-killed under a rank's cap."""
+    import structlog
     from spill.admission.simulate import SimRow
-    from spill.coordinator.estimate import budget_rows
+    from spill.coordinator import estimate
     folder = make_tiny("llama", "float32")
     rows = [SimRow(i, 400, 200) for i in range(512)]   # more than any budget here holds
-    one, two = (budget_rows(folder, rows, "24MiB", stages=n) for n in (1, 2))
+    one, two = (estimate.budget_rows(folder, rows, "24MiB", stages=n) for n in (1, 2))
     assert 0 < one < two < 512   # each stage holds its layers' share of a row's KV: more rows a pass
+    probed = []
+    monkeypatch.setattr(estimate, "open_calibration", lambda *a, rows=0, **kw: probed.append(rows) or 1 / 0)
+    monkeypatch.setattr(estimate, "counted_rows", lambda *a: (rows, 0))
+    estimate.job_estimate(folder, tmp_path / "in.jsonl", set(range(512)), {}, {"memory": "24MiB", "stages": 2},
+                          structlog.get_logger(), others=0)
+    assert probed == [one]
