@@ -12,6 +12,7 @@ import numpy as np
 from spill.platform import on_cpu
 
 from .passmodel import Observation, PassModel, read_tail
+from .policy import width_class
 
 PROBE_BYTES = 1 << 30          # the cold read probe reads at most this much of the weights
 _CHUNK = 64 << 20
@@ -225,13 +226,17 @@ def pass_probe(folder, dtype, kv: tuple | None = None, rows: int = PROBE_ROWS) -
     wide = probe_batch(rows)
     extra = WIDE_STEPS if wide > PROBE_ROWS else 0   # decode steps of the whole batch before the 16 rows'
     streamer = Streamer(folder, dtype=dtype, prefill_chunk=64, kv_bits=bits, kv_group_size=group)
+    # the rows' pool as admission reserves one (`wide` slots of their width class), not an unreserved pool's spare
+    # slots of 256 tokens: those held 9x the KV the job's budget priced, and the probe was OOM-killed under a cap
+    width = width_class(16 + 4 + extra)
+    streamer.reserve([(wide, width)])
     try:
         if not on_cpu():   # the warm-up prefill: the same shapes, rows that end with it
             for i in range(wide):
-                streamer.add(Row(wide + i, list(range(1 + i, 17 + i)), 1))
+                streamer.add(Row(wide + i, list(range(1 + i, 17 + i)), 1, width=width))
             streamer.step()
         for i in range(wide):   # row 0 outlives the first 16, which outlive the rest
-            streamer.add(Row(i, list(range(1 + i, 17 + i)), 2 + extra + (i < PROBE_ROWS) + (i == 0)))
+            streamer.add(Row(i, list(range(1 + i, 17 + i)), 2 + extra + (i < PROBE_ROWS) + (i == 0), width=width))
         shapes = [(0, 0)] + [(wide, wide * (17 + j)) for j in range(1 + extra)] + [
             (PROBE_ROWS, PROBE_ROWS * (18 + extra)), (1, 19 + extra)]
         out = []

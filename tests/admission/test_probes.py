@@ -22,6 +22,9 @@ class ColdStartStreamer:
     def add(self, row):
         self.new.append(row)
 
+    def reserve(self, pools):
+        self.reserved = pools
+
     def step(self):
         prefill, decode = self.new, list(self.live.values())
         self.new = []
@@ -92,3 +95,18 @@ def test_a_pass_model_priced_from_the_probe_prices_the_widest_batch_right():
     for rows in (72, 16, 1):
         shape = PassShape(rows, 0, rows * 500, 1)
         assert model.compute_s(shape) == pytest.approx(curve(rows, rows * 500), rel=0.1)
+
+
+def test_the_probes_rows_hold_the_pool_admission_would_reserve_for_them(make_tiny, monkeypatch):
+    """An unreserved pool takes twice its rows' slots, 256 tokens each: at 64 rows of the `tall` model the probe held
+    3.3 GB of KV, 9x what the job's budget priced, and was OOM-killed under a 1 GiB cap."""
+    class Watched(core.Streamer):
+        shapes: list = []
+
+        def step(self, *a, **kw):
+            report = super().step(*a, **kw)
+            Watched.shapes += [(p.slots, p.width) for p in self.pools.values()]
+            return report
+    monkeypatch.setattr(core, "Streamer", Watched)
+    probes.pass_probe(make_tiny("llama"), None, rows=40)
+    assert Watched.shapes and all(slots <= 40 and width <= 32 for slots, width in Watched.shapes), Watched.shapes
