@@ -56,6 +56,8 @@ def parse() -> argparse.Namespace:
     p.add_argument("--data", type=Path, default=three_tier.DATA, help="the folder of gsm8k_test.jsonl")
     p.add_argument("--out", type=Path, default=Path("/tmp/spill-ranks-bench"))
     p.add_argument("--up-args", default="", help="more arguments for every rank's `spill up` (a GPU's --memory)")
+    p.add_argument("--first-use-under-cap", action="store_true", help="no calibration beforehand: the first job "
+                   "calibrates the model itself, under rank 0's cap")
     p.add_argument("--gpu-per-rank", action="store_true", help="rank r on GPU r alone (CUDA_VISIBLE_DEVICES), as N "
                    "machines of one GPU each would be")
     p.add_argument("--cgroup-parent", default="", help="make the cgroups under this one (cgroup v2 where its "
@@ -178,8 +180,9 @@ def main() -> None:
     # the first-use calibration once, on one rank's cores but outside the caps: every run shares the data home, so
     # every rank count starts from the same one
     k = a.cores_per_rank
-    spill(["estimate", folder, inp], {**env, "OPENBLAS_NUM_THREADS": str(k)}, timeout=900,
-          preexec_fn=lambda: os.sched_setaffinity(0, set(range(k))))
+    if not a.first_use_under_cap:
+        spill(["estimate", folder, inp], {**env, "OPENBLAS_NUM_THREADS": str(k)}, timeout=900,
+              preexec_fn=lambda: os.sched_setaffinity(0, set(range(k))))
     runs = []
     for _ in range(a.repeat):
         for n in counts:
