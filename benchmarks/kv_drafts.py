@@ -20,6 +20,8 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
+from spill.streamer import check
+
 DATA = Path(__file__).resolve().parent / "data"
 
 
@@ -93,12 +95,7 @@ def _check_stored(run: Run, streamer, bits: int, group: int) -> None:
 
 def margin(logits: np.ndarray) -> tuple[int, float]:
     """(the argmax, its lead over the second largest logit)."""
-    top = np.argsort(logits)[-2:]
-    return int(top[1]), float(logits[top[1]] - logits[top[0]])
-
-
-def first_difference(a: list, b: list) -> int | None:
-    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None if len(a) == len(b) else min(len(a), len(b)))
+    return int(np.argmax(logits)), check.margin(logits)
 
 
 def codes(x: np.ndarray, bits: int, group: int) -> np.ndarray:
@@ -109,7 +106,7 @@ def codes(x: np.ndarray, bits: int, group: int) -> np.ndarray:
 
 def compare_row(a: Run, b: Run, rid, bits: int | None, group: int) -> dict:
     """One row of two runs: where its tokens first differ and what the decisions up to there read."""
-    d = first_difference(a.tokens[rid], b.tokens[rid])
+    d = check.first_difference(a.tokens[rid], b.tokens[rid])
     n = min(len(a.tokens[rid]), len(b.tokens[rid])) if d is None else d
     out = {"row": rid, "tokens": [len(a.tokens[rid]), len(b.tokens[rid])], "first_difference": d,
            "logit_difference_before": max((float(np.abs(x - y).max()) for x, y in

@@ -34,6 +34,17 @@ from spill.errors import SpillError
 from .core import Row, Streamer
 from .reference import resident_side
 
+def first_difference(a: list, b: list) -> int | None:
+    """The first position where two token lists differ (the shorter one's end where one runs on), None where equal."""
+    return next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), None if len(a) == len(b) else min(len(a), len(b)))
+
+
+def margin(logits: np.ndarray) -> float:
+    """How far the top logit is above the second (infinite with one)."""
+    top2 = np.partition(logits, -2)[-2:] if logits.size > 1 else np.array([-np.inf, logits.max()])
+    return float(top2[1] - top2[0])
+
+
 @dataclass
 class CheckRow:
     id: str
@@ -64,10 +75,7 @@ class CheckRow:
         return self.first_expected == self.first_got
 
     def first_difference(self) -> int | None:
-        for k, (a, b) in enumerate(zip(self.expected, self.got)):
-            if a != b:
-                return k
-        return None if len(self.expected) == len(self.got) else min(len(self.expected), len(self.got))
+        return first_difference(self.expected, self.got)
 
 
 @dataclass
@@ -124,7 +132,7 @@ class CheckReport:
         near-tie: a pass's shape (a chunk of drafts, the batch) can round a K or V value to the next level."""
         k = row.first_difference()
         return bool(self.kv_bits) and k is not None and k < len(row.ref_logits) and \
-            _margin(row.ref_logits[k]) <= 2 * self.tolerance
+            margin(row.ref_logits[k]) <= 2 * self.tolerance
 
     @property
     def drafted(self) -> int:
@@ -240,12 +248,6 @@ def _stream(streamer, prompts, schedule, rows, steps, max_tokens, eos, tol, spec
         passes += 1
 
 
-def _margin(logits: np.ndarray) -> float:
-    """How far the top logit is above the second (infinite with one)."""
-    top2 = np.partition(logits, -2)[-2:] if logits.size > 1 else np.array([-np.inf, logits.max()])
-    return float(top2[1] - top2[0])
-
-
 def _compare(row: CheckRow, steps: list[int], e, tol: float) -> None:
     """One teacher-forced step: the logits' distance, and the argmax unless the resident's top two
     logits are within 2 x tolerance of each other (a near-tie either side may flip)."""
@@ -255,7 +257,7 @@ def _compare(row: CheckRow, steps: list[int], e, tol: float) -> None:
         return
     ref = row.ref_logits[k]
     row.max_logit_diff = max(row.max_logit_diff, float(np.abs(ref - e.logits).max()))
-    if _margin(ref) <= 2 * tol:
+    if margin(ref) <= 2 * tol:
         row.ties += 1
     elif e.token == steps[k]:
         row.agree += 1

@@ -2,6 +2,8 @@
 
 import numpy as np
 
+from spill.streamer import check
+
 from .scripts import load
 
 kv_drafts = load("kv_drafts")
@@ -9,8 +11,8 @@ PROMPTS = {"a": [5, 9, 13, 5, 9, 13, 5, 9], "b": [7, 3, 11, 2]}
 
 
 def test_the_first_difference_and_the_margin_of_a_decision():
-    assert kv_drafts.first_difference([1, 2, 3], [1, 2, 3]) is None
-    assert kv_drafts.first_difference([1, 2, 3], [1, 4, 3]) == 1 and kv_drafts.first_difference([1, 2], [1, 2, 3]) == 2
+    assert check.first_difference([1, 2, 3], [1, 2, 3]) is None
+    assert check.first_difference([1, 2, 3], [1, 4, 3]) == 1 and check.first_difference([1, 2], [1, 2, 3]) == 2
     assert kv_drafts.margin(np.array([0.5, 2.0, 1.75])) == (1, 0.25)
 
 
