@@ -222,6 +222,8 @@ class Group:
                 if "error" in out:
                     raise SpillError(out["error"])
                 run.estimate = JobEstimate.from_wire(out["folder"], out["estimate"]) if out["estimate"] else None
+                if "lost" in out:
+                    run.notes.append(out["lost"])
                 run.job.set_status("queued", **({"estimate": run.estimate.to_meta()} if run.estimate else {}))
             except Exception as err:  # noqa: BLE001 - e.g. a model that cannot be read: this job fails, the group goes on
                 self.log.error("no estimate; job failed", job=run.job.id, error=str(err), traceback=out.get("traceback"))

@@ -3,6 +3,7 @@ model's calibration at its first use here (the probes), the advice and the pre-r
 job_estimate).
 
     submit ──▶ `estimating` ──▶ done: `queued` with its estimate and advice ──▶ `running`
+                            ├─▶ its process died pricing: `queued` without one, a note to the job saying so
                             └─▶ cannot be made (a model that cannot be read): `failed` with that sentence
 
 Each runs in a child process of the coordinator (lengths.py; SPILL_ESTIMATE_APART=0: a thread), one at a time:
@@ -97,10 +98,12 @@ class Estimating:
     def _read(self) -> dict:
         try:
             return json.loads((self.dir / "out.json").read_text())
-        except (OSError, ValueError):
+        except (OSError, ValueError):   # it died pricing (the OOM killer's SIGKILL, a crash): a resume would too
             said = (self.dir / "said.txt").read_text(errors="replace").strip().splitlines() or ["no output"]
-            return {"error": f"the job's estimate stopped (exit code {self.proc.returncode}: {said[-1][:200]}); "
-                             "resume the job to try again", "traceback": "\n".join(said[-20:])}
+            code = self.proc.returncode
+            how = f"was killed (signal {-code}; out of memory?)" if code < 0 else f"stopped (exit code {code})"
+            return {"estimate": None, "notes": [{"event": "no estimate", "said": "\n".join(said[-20:])}],
+                    "lost": f"no estimate: its process {how}; the job runs without one"}
         finally:
             shutil.rmtree(self.dir, ignore_errors=True)
 

@@ -286,6 +286,14 @@ def test_a_job_starts_once_its_estimate_is_made_and_one_that_cannot_be_made_fail
     assert g.status(m.Status(bad.job)).status == "failed" and g.current.job.id == ok.job
 
 
+def test_a_job_whose_estimate_died_runs_without_one_and_its_client_is_told(tmp_path, monkeypatch):
+    lost = "no estimate: its process was killed (signal 9; out of memory?); the job runs without one"
+    monkeypatch.setattr(estimating, "work", lambda ask, cancelled=None: {"estimate": None, "lost": lost})
+    a = submit(g := group(), tmp_path, "a")
+    s = g.status(m.Status(a.job))
+    assert s.status == "running" and g.current.job.id == a.job and s.notes == [lost]
+
+
 def test_a_first_use_probe_waits_until_no_job_runs(tmp_path, monkeypatch):
     monkeypatch.setattr(first_use, "calibrated", lambda folder, kv=None: folder.name != "new")
     g = group()

@@ -3,6 +3,7 @@ hands back is the estimate the coordinator would have made itself."""
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -51,6 +52,21 @@ def test_a_model_the_child_cannot_read_is_its_sentence(make_tiny, tmp_path, monk
     monkeypatch.setenv("SPILL_ESTIMATE_APART", "1")
     out = _outcome(Estimating(_ask(tmp_path / "nowhere", _input(tmp_path), {0}), probe=False))
     assert set(out) == {"error"} and str(tmp_path / "nowhere") in out["error"]
+
+
+def test_a_child_that_dies_costs_the_estimate_not_the_job(make_tiny, tmp_path, monkeypatch):
+    """An estimate OOM-killed under a cap failed its job ("resume the job to try again"), and a resume would die
+    the same way: the job goes on without an estimate, and says why."""
+    monkeypatch.setenv("SPILL_ESTIMATE_APART", "1")
+    monkeypatch.setenv("SPILL_TEST_ESTIMATE_DELAY", "60")
+    e = Estimating(_ask(make_tiny("llama"), _input(tmp_path), {0}), probe=False)
+    e.start()
+    time.sleep(0.5)
+    e.proc.send_signal(signal.SIGKILL)   # as the kernel's OOM killer ends it
+    e.proc.wait(30)
+    out = e.poll()
+    assert out["estimate"] is None and "error" not in out
+    assert "killed" in out["lost"] and "runs without one" in out["lost"], out
 
 
 def test_a_submitted_jobs_estimate_leaves_no_tokenizer_in_the_coordinator(make_tiny, tmp_path):
