@@ -11,6 +11,7 @@ variant that would. Pure: no sockets.
 
 from dataclasses import dataclass
 
+from spill import memory
 from spill.stages.model import micro_batches as micro_batches_of, pass_seconds
 from spill.streamer.plan import ITEMSIZE, ModelPlan, TensorSpec
 
@@ -69,8 +70,10 @@ def advise(plan: ModelPlan, rows: list, memory_arg=None, *, stream: bool = False
     s = policy.sheet
     weights, held = s.fixed["resident"], s.cost(want, width)
     split = f"; layers split by {'compute' if by_compute else 'bytes'}" if fits and not stream else ""
+    own = (memory.working_set(memory_arg).bytes, fraction or memory.default_fraction())   # rank 0's
+    apart = any(tuple(h) != own for h in hosts[:stages - 1])   # a follower's host with a budget of its own
     budget = f"the {fmt(s.budget)} memory budget" + (
-        "" if stages == 1 else f" of each of {stages} ranks (the tightest stage's share{split})" if not hosts else
+        "" if stages == 1 else f" of each of {stages} ranks (the tightest stage's share{split})" if not apart else
         f" of {ws.source if ws.source.startswith('rank') else 'rank 0'}, the tightest of {stages} ranks' shares, each "
         f"against its own host's budget{split}")
     what = (f"the weights ({fmt(weights)}) and the job's KV ({fmt(held)} for {want} rows at once) fit {budget}"

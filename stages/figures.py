@@ -6,7 +6,8 @@
                          compute and time blocked on a neighbour (microseconds)
 
 A follower's pass figures reach rank 0 with the next pass (rank 0 takes them once that pass is through, so it
-never waits for them), and rank 0's streamer hands every stage's on in its pass report (`messages.StagePass`).
+never waits for them; a pass that leaves no row running waits for its own), and rank 0's streamer hands every
+stage's on in its pass report (`messages.StagePass`).
 """
 
 import numpy as np

@@ -179,16 +179,19 @@ class Relay:
         posted = self.gather(mine, width)
         return [] if posted is None else np.array(self.take(posted)).reshape(self.size - 1, width).tolist()
 
-    def figures(self, mine: np.ndarray) -> list:
+    def figures(self, mine: np.ndarray, now: bool = False) -> list:
         """A pass's figures (figures.PASS) gathered without a wait: followers send theirs; rank 0 takes the pass
-        before's (its tokens came after them) and posts the next receive. Rank 0: a row a follower, [] before."""
+        before's (its tokens came after them) and posts the next receive, or takes this pass's `now` (the last of a
+        job: nothing waits on it). Rank 0: a row a follower, [] before."""
         if self.size == 1:
             return []
         if self.rank:
             self.gather(mine, len(figures_of.PASS))
             return []
         waited, rows = self.waited, self.settle()
-        self._pass, self.waited = self.gather(None, len(figures_of.PASS)), waited   # no pass's bubble
+        self._pass = self.gather(None, len(figures_of.PASS))
+        rows = self.settle() if now else rows
+        self.waited = waited   # no pass's bubble
         return rows
 
     def settle(self) -> list:

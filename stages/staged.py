@@ -100,7 +100,8 @@ class StagedStreamer(Streamer):
         waited, self._tokens_s, self._rounds = self.relay.waited, 0.0, plan.rounds
         report = super().run(plan)
         report.link_s, report.compute_s = self.relay.waited - waited, report.compute_s - self._tokens_s
-        self.followers = self.relay.figures(figures.own_pass(self, report) if self.rank else None)
+        # rank 0: the followers' figures of the pass before, or of this one where it ended every row
+        self.followers = self.relay.figures(figures.own_pass(self, report) if self.rank else None, self.idle)
         return report
 
     def follow(self, on_pass=None) -> tuple[str, object]:

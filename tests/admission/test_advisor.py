@@ -7,6 +7,7 @@ from spill.admission.passmodel import PassModel
 from spill.admission.prices import fmt
 from spill.admission.schedule import budget_policy
 from spill.admission.simulate import SimRow
+from spill.memory import default_fraction
 from spill.stages.split import stage_plans
 from spill.streamer.plan import load_plan
 
@@ -136,5 +137,7 @@ def test_a_pipeline_stage_prices_its_share_against_its_own_hosts_budget(plan):
     b, alike = advise(plan, ROWS, memory, stages=2, hosts=big), advise(plan, ROWS, memory, stages=2)
     assert (b.resident, b.slots, b.budget, b.by_compute) == (alike.resident, alike.slots, alike.budget, alike.by_compute)
     assert "budget of rank 0, the tightest of 2 ranks' shares, each against its own host's budget" in b.line
+    same = advise(plan, ROWS, memory, stages=2, hosts=[(int(memory), default_fraction())])   # one machine's
+    assert same == alike   # every host as rank 0's: today's advice, word for word
     tight, _ = budget_policy(plan, memory, stages=2, hosts=small)
     assert tight.sheet.working_set == small[0][0]   # admission's policy: rank 1's, on its own working set
