@@ -112,7 +112,7 @@ def test_mlx_launch_ranks_run_a_job_row_for_row_as_one_process(job12, tmp_path, 
         assert f"note: drafts are off on a pipeline group of {n} ranks: its stages verify none yet" in run.stdout
         assert texts(read_output(tmp_path / "out.jsonl")) == expected   # every custom_id once, resident mlx-lm's text
         stages = _stages(env)
-        layers = [line.split(", ")[1] for line in stages]   # the job named the model: each stage's share
+        layers = [line.split("; ")[0].split(", ")[1] for line in stages]   # the job named the model: each stage's share
         assert layers == {2: ["layers 0-1 of 4", "layers 2-3 of 4"],
                           3: ["layers 0-0 of 4", "layers 1-2 of 4", "layers 3-3 of 4"]}[n]
         for line in stages:   # each stage's own figures, from its passes, and its budget (here rank 0's: one machine)
