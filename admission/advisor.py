@@ -11,6 +11,7 @@ variant that would. Pure: no sockets.
 
 from dataclasses import dataclass
 
+from spill import memory
 from spill.stages.model import micro_batches as micro_batches_of, pass_seconds
 from spill.streamer.plan import ITEMSIZE, ModelPlan, TensorSpec
 
@@ -38,22 +39,23 @@ class Advice:
 def advise(plan: ModelPlan, rows: list, memory_arg=None, *, stream: bool = False,
            passes: PassModel | None = None, variants: list[tuple[str, int, int]] = (), others: int = 0,
            fraction: float | None = None, kv: tuple | None = None, stages: int = 1, micro_batches: int = 0,
-           rounds: int = 1, stage_scale: float = 1.0) -> Advice:
+           rounds: int = 1, stage_scale: float = 1.0, hosts=()) -> Advice:
     """`rows`: the job's SimRows (prompt, out); `passes`: the calibrated pass model, to weigh a resident
     batch smaller than the job's; `variants`: (tag, bits, group size) of quantized variants to name;
     `others`: the group's processes' resident memory, as admission prices it; `fraction`: --budget-fraction;
     `kv`: the pools' KV quantization (bits, group size), None unquantized; `stages`: a pipeline's ranks (each
     stage's share priced, resident where the tightest's fits, its layers split by compute where that fits; a
     smaller resident batch rated as its stages run it: `micro_batches` M, `rounds` a pass, stages/model.py, times
-    `stage_scale`, what such passes took over that price, `Calibration.stage_scale`)."""
+    `stage_scale`, what such passes took over that price, `Calibration.stage_scale`); `hosts`: each follower's
+    (working set, budget fraction), its stage priced against them (`schedule.budget_policy`)."""
     width = width_class(max((r.prompt + r.out for r in rows), default=1))
-    streamed = budget_policy(plan, memory_arg, fraction, others=others, kv=kv, stages=stages)[0]
+    streamed = budget_policy(plan, memory_arg, fraction, others=others, kv=kv, stages=stages, hosts=hosts)[0]
     want = max(1, min(len(rows), streamed.max_rows))
     streamed_slots = _slots(streamed, want, width)
 
     def resident(by_compute: bool):   # (policy, working set, slots, fits) with every stage's layers kept
         policy, ws = budget_policy(plan, memory_arg, fraction, others=others, resident=True, kv=kv, stages=stages,
-                                   by_compute=by_compute)
+                                   by_compute=by_compute, hosts=hosts)
         slots = _slots(policy, want, width)
         faster = 0 < slots < want and _faster(passes, plan, slots, streamed_slots, rows,
                                               (stages, micro_batches_of(micro_batches, stages), rounds, stage_scale))
@@ -68,8 +70,12 @@ def advise(plan: ModelPlan, rows: list, memory_arg=None, *, stream: bool = False
     s = policy.sheet
     weights, held = s.fixed["resident"], s.cost(want, width)
     split = f"; layers split by {'compute' if by_compute else 'bytes'}" if fits and not stream else ""
-    budget = f"the {fmt(s.budget)} memory budget" + (f" of each of {stages} ranks (the tightest stage's share{split})"
-                                                     if stages > 1 else "")
+    own = (memory.working_set(memory_arg).bytes, fraction or memory.default_fraction())   # rank 0's
+    apart = any(tuple(h) != own for h in hosts[:stages - 1])   # a follower's host with a budget of its own
+    budget = f"the {fmt(s.budget)} memory budget" + (
+        "" if stages == 1 else f" of each of {stages} ranks (the tightest stage's share{split})" if not apart else
+        f" of {ws.source if ws.source.startswith('rank') else 'rank 0'}, the tightest of {stages} ranks' shares, each "
+        f"against its own host's budget{split}")
     what = (f"the weights ({fmt(weights)}) and the job's KV ({fmt(held)} for {want} rows at once) fit {budget}"
             if slots >= want else
             f"the weights ({fmt(weights)}) leave KV for {slots} of the job's {want} rows at once in {budget}, "

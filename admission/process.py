@@ -27,7 +27,7 @@ def run_admission_process(endpoints, args, log) -> None:
     box = Mailbox(endpoints, "admission", sends_to=("streamer", "coordinator", "tokenizer"))
     fault = Fault("admission")
     calibrator = Calibrator(log)
-    sched, others, runtime = None, 0, 0   # runtime: the streamer's RSS at READY, in others
+    sched, others, runtime, own = None, 0, 0, 0   # runtime: the streamer's RSS at READY, in others; own: its working set
     epoch, job, eos, stages = -1, "", [], 1
     running: Planned | None = None        # the plan the streamer runs now: one at a time, its report awaited
     for batch in inbox(box, "admission", log):
@@ -39,7 +39,7 @@ def run_admission_process(endpoints, args, log) -> None:
                                  msg.draft or "")
                 if msg.model:
                     sched, others = _price(msg, args, box, log, calibrator)
-                    runtime = msg.runtime
+                    runtime, own = msg.runtime, memory.working_set(args.get("memory")).bytes
                 elif sched is not None:
                     sched.clear()
             elif sched is None:
@@ -61,7 +61,7 @@ def run_admission_process(endpoints, args, log) -> None:
                 sched.stopped(msg.rows)
             elif isinstance(msg, m.Pass) and running is not None and msg.plan == running.index:
                 prompts = sched.prompts(r for r, _ in msg.drafted)   # read before the rows that ended leave
-                sched.reported(msg.finished, live_allocation(msg, others, runtime, sched.policy.sheet), msg.accepted,
+                sched.reported(msg.finished, _live(msg, others, runtime, sched.policy.sheet, own), msg.accepted,
                                msg.drafted, msg.rounds)
                 ran, running = (running, msg, prompts), None
                 fault.tick("pass")
@@ -108,9 +108,10 @@ def _price(msg: m.Reset, args: dict, box, log, calibrator=None):
         return None, 0   # the streamer fails the job with the loader's sentence
     others = _others_rss(runtime=(msg.runtime, msg.runtime_file))   # the other processes now, and the streamer's runtime
     kv = (msg.kv_bits, msg.kv_group_size) if msg.kv_bits else None   # the pools' KV quantization
+    hosts = [(h.working_set, h.budget_fraction) for h in msg.hosts]   # each follower's own, told at its join
     policy, ws = budget_policy(plan, args.get("memory"), args.get("budget_fraction"), others,
                                args.get("prefill_chunk", 512), resident=msg.resident, kv=kv, draft=draft,
-                               stages=msg.stages, by_compute=msg.by_compute)
+                               stages=msg.stages, by_compute=msg.by_compute, hosts=hosts)
     sheet = policy.sheet
     log.info("budget", mode="resident" if msg.resident else "streamed", kv=kv_format(*(kv or (None,))),
              working_set=ws.bytes, source=ws.source, budget=sheet.budget, kv_budget=sheet.kv_budget,
@@ -127,6 +128,13 @@ def _price(msg: m.Reset, args: dict, box, log, calibrator=None):
     rounds, cut = (config.rounds(), micro_batches_of(args.get("micro_batches"), msg.stages)) if pipelined else (1, 1)
     return Scheduler(policy, calibrator.pace if calibrator else None, chunk, 0 if msg.resident else plan.streamed_bytes,
                      msg.speculate, model, drafter, priors, rounds, cut), others
+
+
+def _live(msg: m.Pass, others: int, runtime: int, sheet, own: int) -> int:
+    """Rank 0's live allocation, on the scale of the sheet's working set where a pipeline's tightest stage is another
+    host's (`own`: rank 0's): its lines hold and preempt at rank 0's share of its own memory, as alone."""
+    live = live_allocation(msg, others, runtime, sheet)
+    return live if sheet.working_set == own or not own else live * sheet.working_set // own
 
 
 def _others_rss(parent: int | None = None, runtime: tuple = (0, 0)) -> int:

@@ -30,18 +30,22 @@ from .prices import sheet_for
 def budget_policy(plan, memory_arg=None, fraction: float | None = None, others: int = 0,
                   prefill_chunk: int = 512, resident: bool = False,
                   kv: tuple | None = None, draft=None, stages: int = 1,
-                  by_compute: bool = False) -> tuple[BudgetPolicy, memory.WorkingSet]:
-    """The budget policy for `plan` on this machine (`memory_arg`: --memory, else detected);
+                  by_compute: bool = False, hosts=()) -> tuple[BudgetPolicy, memory.WorkingSet]:
+    """The budget policy for `plan` on this machine (`memory_arg`: --memory, else detected, or a WorkingSet);
     `resident`: every layer's weights priced as kept in memory; `kv`: the pools' (bits, group size), or None;
     `draft`: a resident draft model's plan (--draft), its weights and KV priced; `stages`: a pipeline's ranks,
-    each priced on its share (every host's memory taken as this one's) and the policy the tightest's; `by_compute`:
+    each priced on its share against its own host's memory (`hosts`: each follower's working set and budget
+    fraction, rank 1 first; a stage without one, this host's) and the policy the tightest's; `by_compute`:
     its layers split by compute, as a resident pipeline's may be (`split.stage_shares`), else by bytes."""
     if stages > 1:
         from spill.stages.split import stage_plans
-        policies = [budget_policy(p, memory_arg, fraction, others, prefill_chunk, resident, kv, draft)
-                    for p in stage_plans(plan, stages, by_compute=by_compute)]
+        own = [(memory_arg, fraction)] + [(memory.WorkingSet(int(ws), f"rank {k}"), f)
+                                          for k, (ws, f) in enumerate(hosts[:stages - 1], 1)]
+        own += [(memory_arg, fraction)] * (stages - len(own))
+        policies = [budget_policy(p, mem, f, others, prefill_chunk, resident, kv, draft)
+                    for p, (mem, f) in zip(stage_plans(plan, stages, by_compute=by_compute), own)]
         return min(policies, key=lambda pw: pw[0].sheet.kv_budget // max(pw[0].sheet.kv_per_token, 1))
-    ws = memory.working_set(memory_arg)
+    ws = memory_arg if isinstance(memory_arg, memory.WorkingSet) else memory.working_set(memory_arg)
     host = memory.host_apart()   # a CUDA GPU's: the host's memory, budgeted apart
     limit = memory.cgroup_limit()   # its usage counts as live only where it binds (prices.live_allocation)
     binds = limit is not None and limit <= (host or ws).bytes
@@ -72,12 +76,12 @@ def compute_itemsize(plan) -> int:
 
 
 def policy_for(plan, memory_arg: str | None, model, resident: bool = False, fraction: float | None = None,
-               others: int = 0, kv: tuple | None = None, draft=None, stages: int = 1):
+               others: int = 0, kv: tuple | None = None, draft=None, stages: int = 1, hosts=()):
     """(policy, SimRow -> its waiting record, SimRow -> the largest batch that fits rows like it);
     `others`: the group's other processes' memory, priced as admission prices it; `draft`: a draft model's plan;
-    `stages`: a pipeline's ranks (its tightest stage's budget)."""
+    `stages`: a pipeline's ranks (its tightest stage's budget, each on its host's memory: `hosts`)."""
     policy, _ = budget_policy(plan, memory_arg, fraction, others=others, resident=resident, kv=kv, draft=draft,
-                              stages=stages)
+                              stages=stages, hosts=hosts)
 
     def waiting(r) -> Waiting:   # only the prompt's length matters to the policy: a view of no size
         return Waiting(r.row, np.broadcast_to(np.int32(0), (r.prompt,)), r.max_tokens or r.out)

@@ -213,8 +213,9 @@ def up_cmd(
     if os.environ.get("MLX_RANK", "0") != "0":   # mlx.launch's rank past 0: a stage following rank 0's streamer
         from spill.platform import reexec_with_preload
         from spill.stages.serve import main as serve
-        reexec_with_preload()
-        raise typer.Exit(serve([]))
+        reexec_with_preload()   # its own --memory and --budget-fraction: what it tells rank 0 its budget is
+        raise typer.Exit(serve([*(["--memory", memory] if memory else []),
+                                *(["--budget-fraction", str(budget_fraction)] if budget_fraction is not None else [])]))
     from spill.coordinator.preflight import local_model
     from spill.coordinator.run import group_up
     from spill.coordinator.telemetry import metrics_args

@@ -83,6 +83,8 @@ class Group:
         if isinstance(msg, m.Ready):
             self.waiting.discard(msg.role)
             self.ready_rss[msg.role] = (msg.rss, msg.file)
+            if msg.role == "streamer":
+                self.sup.ring.ready(msg.hosts)   # a pipeline's followers' memory: admission prices each stage on its own
             if not self.waiting and self.current is not None:
                 self._restart_rows()
             return
@@ -99,6 +101,7 @@ class Group:
             job.on_error(msg)
         elif isinstance(msg, m.Pass) and msg.epoch == self.epoch:
             job.on_pass(msg)
+            self.sup.ring.observe(msg.stages)
         elif isinstance(msg, m.Progress) and msg.epoch == self.epoch:
             job.on_progress(msg)
         elif isinstance(msg, m.Budget):
@@ -145,7 +148,8 @@ class Group:
                                         speculate=self._drafts() if model else 0,
                                         draft=self.current.draft if model else "",
                                         stages=self.sup.args.get("stages", 1),
-                                        by_compute=bool(model) and self.current.by_compute))
+                                        by_compute=bool(model) and self.current.by_compute,
+                                        hosts=self.sup.ring.memories))
 
     def _drafts(self) -> int:
         """The job's --speculate; none on a pipeline group (its stages verify no drafts yet), said once to the job."""
@@ -198,7 +202,8 @@ class Group:
             run = JobRun(job, requests, args["model"], job.meta.get("params", params))
             if run.pending:   # its estimate is made apart (estimating.py); the job waits for it, the reply does not
                 self.estimates.ask(run, model, {**mem, "stages": self.sup.args.get("stages", 1),
-                                                "micro_batches": self.sup.args.get("micro_batches")},
+                                                "micro_batches": self.sup.args.get("micro_batches"),
+                                                "hosts": [[h.working_set, h.budget_fraction] for h in self.sup.ring.memories]},
                                    group_others(self.ready_rss))
             else:
                 job.set_status("queued")
@@ -232,7 +237,8 @@ class Group:
     def status(self, req: m.Status) -> m.JobStatus:
         """The job asked about (the running one when none is named) with the group's processes and memory."""
         return m.JobStatus(**self._status(req), memory=self.memory, metrics=self.metrics,
-                           stages=self.sup.stages(self.model or None, bool(self.current) and self.current.by_compute))
+                           stages=self.sup.stages(self.model or None, bool(self.current) and self.current.by_compute,
+                                                  self.memory))
 
     def _status(self, req: m.Status) -> dict:
         runs = self.runs()

@@ -101,14 +101,14 @@ def estimate_file(model: str, input: Path, *, max_tokens: int = 256, memory: str
 
 def advise_rows(folder: Path, rows: list[SimRow], *, memory: str | None = None, stream: bool = False,
                 name: str = "", others: int = 0, fraction: float | None = None, kv: tuple | None = None,
-                stages: int = 1, micro_batches: int = 0) -> Advice:
+                stages: int = 1, micro_batches: int = 0, hosts=()) -> Advice:
     """Resident or streamed for these rows (admission/advisor.py); `name`: the MODEL argument, whose
     quantized variants in models.yaml are named when it does not fit; `others`: the group's RSS; `stages`: a
-    pipeline's ranks, `micro_batches` its M."""
+    pipeline's ranks, `micro_batches` its M, `hosts` each follower's (working set, budget fraction)."""
     cal = open_calibration(folder, kv=kv)
     return advise(load_plan(folder), rows, memory, stream=stream or config.stream(), passes=cal.model,
                   variants=variants(name), others=others, fraction=fraction, kv=kv, stages=stages,
-                  micro_batches=micro_batches, rounds=config.rounds(), stage_scale=cal.stage_scale(stages))
+                  micro_batches=micro_batches, rounds=config.rounds(), stage_scale=cal.stage_scale(stages), hosts=hosts)
 
 
 def budget_rows(folder: Path, rows: list[SimRow], memory: str | None = None, fraction: float | None = None,
@@ -147,14 +147,15 @@ def estimate_rows(folder: Path, rows: list[SimRow], *, errors: int = 0, memory: 
                   resident: bool = False, loaded: bool = False, fraction: float | None = None,
                   others: int = 0, model: PassModel | None = None, kv: tuple | None = None,
                   speculate: int = 0, draft: str | None = None, probe: bool = True, stages: int = 1,
-                  micro_batches: int = 0) -> tuple[Estimate, dict]:
+                  micro_batches: int = 0, hosts=()) -> tuple[Estimate, dict]:
     """Resident: the first pass reads every layer (none once `loaded`), later ones nothing (compute alone).
     `others`: the group's processes' memory, which the budget leaves out of the KV as admission does.
     `model`: a pass model to price with in place of this machine's stored calibration. `speculate`: the job's
     drafts (0 off, K, AUTO_DRAFTS), taken at the acceptance the calibration (of the KV format) measured, by tier;
     `draft`: a draft model's folder (--draft): its weights, KV and steps priced (timed here at its first use, unless
     `loaded` or not `probe`), its drafts taken at the acceptance its jobs measured with this model. `stages`: a
-    pipeline's ranks, priced at its tightest stage's budget (resident: as its stages run, `micro_batches` M)."""
+    pipeline's ranks, priced at its tightest stage's budget, each on its host's (`hosts`; resident: as its stages
+    run, `micro_batches` M)."""
     plan = load_plan(folder)
     cal = open_calibration(folder, kv=kv)
     model = model or cal.model
@@ -162,7 +163,7 @@ def estimate_rows(folder: Path, rows: list[SimRow], *, errors: int = 0, memory: 
     drafter = open_drafter(draft, 0 if loaded else budget_rows(folder, rows, memory, fraction, others, kv),
                            probe_it=probe and not loaded) if draft else None
     policy, waiting, max_batch = schedule.policy_for(plan, memory, model, resident, fraction, others, kv,
-                                                     load_plan(draft) if draft else None, stages)
+                                                     load_plan(draft) if draft else None, stages, hosts)
     streamed = 0 if resident else plan.streamed_bytes
     if (short := shortfall(policy.sheet)) is not None:   # admission fails such a job before its first pass
         est = Estimate(0.0, 0.0, 0, [], errors=errors, shortfall=short)
@@ -215,18 +216,20 @@ class JobEstimate:
                  advice: Advice | None = None, share: float = 0.05, others: int = 0, fraction: float | None = None,
                  first: tuple[Estimate, dict] | None = None, cost: float | None = None, kv: tuple | None = None,
                  speculate: int = 0, draft: str | None = None, probe: bool = True, stages: int = 1,
-                 micro_batches: int = 0):
+                 micro_batches: int = 0, hosts=()):
         """`first`: the pre-run figure and its calibration as simulated elsewhere (the estimate's child), `cost` its
         seconds; `speculate`: the job's drafts (JobRun.speculate); `probe`: the draft model may be timed (no job runs)."""
         self.folder, self.rows, self.memory, self.every, self.share = folder, rows, memory, every, share
         self.advice, self.others, self.fraction, self.kv = advice or Advice(False, ""), others, fraction, kv
         self.speculate, self.draft, self.stages, self.micro_batches = speculate, draft, stages, micro_batches
+        self.hosts = [list(h) for h in hosts]   # a pipeline's followers' memory (schedule.budget_policy)
         self.remembered = None     # the figure last written for `spill estimate`
         started = time.monotonic()
         self.first, self.calibration = first or estimate_rows(folder, rows, errors=errors, memory=memory,
                                                               fraction=fraction, resident=self.advice.resident, others=others,
                                                               kv=kv, speculate=speculate, draft=draft, probe=probe,
-                                                              stages=stages, micro_batches=micro_batches)
+                                                              stages=stages, micro_batches=micro_batches,
+                                                              hosts=self.hosts)
         self.eta_s, self.at = self.first.total_seconds, time.monotonic()
         self.cost = self.at - started if cost is None else cost    # seconds the last simulation took
 
@@ -236,7 +239,7 @@ class JobEstimate:
                 "calibration": self.calibration, "advice": asdict(self.advice), "others": self.others,
                 "memory": self.memory, "fraction": self.fraction, "cost": self.cost, "kv": self.kv,
                 "speculate": self.speculate, "draft": self.draft, "stages": self.stages,
-                "micro_batches": self.micro_batches}
+                "micro_batches": self.micro_batches, "hosts": self.hosts}
 
     @classmethod
     def from_wire(cls, folder: Path, d: dict) -> "JobEstimate":
@@ -245,7 +248,7 @@ class JobEstimate:
         return cls(folder, [SimRow(*r) for r in d["rows"]], first["errors"], d["memory"], advice=Advice(**d["advice"]),
                    others=d["others"], fraction=d["fraction"], first=(Estimate(**first), d["calibration"]), cost=d["cost"],
                    kv=tuple(d["kv"]) if d.get("kv") else None, speculate=d.get("speculate", 0), draft=d.get("draft"),
-                   stages=d.get("stages", 1), micro_batches=d.get("micro_batches", 0))
+                   stages=d.get("stages", 1), micro_batches=d.get("micro_batches", 0), hosts=d.get("hosts", ()))
 
     def eta(self, pending: set[int], generated: dict[int, int]) -> float:
         """Seconds left: the rows still pending, less the tokens the running ones have generated."""
@@ -261,6 +264,7 @@ class JobEstimate:
             self.eta_s, self.at = estimate_rows(self.folder, left, memory=self.memory, resident=self.advice.resident,
                                                 loaded=True, others=self.others, fraction=self.fraction,
                                                 kv=self.kv, speculate=self.speculate, draft=self.draft, stages=self.stages,
+                                                hosts=self.hosts,
                                                 micro_batches=self.micro_batches)[0].total_seconds, now
             self.cost = time.monotonic() - now
         return max(self.eta_s - (now - self.at), 0.0)
@@ -333,13 +337,13 @@ def job_estimate(folder: Path, input: Path, pending: set[int], defaults: dict, a
         log.warning("no calibration", error=str(err))
         return None
     try:
-        memory, fraction = args.get("memory"), args.get("budget_fraction")
+        memory, fraction, hosts = args.get("memory"), args.get("budget_fraction"), args.get("hosts") or ()
         advice = advise_rows(folder, rows, memory=memory, stream=bool(args.get("stream")), name=args.get("model", ""),
                              others=others, fraction=fraction, kv=kv, stages=args.get("stages") or 1,
-                             micro_batches=args.get("micro_batches") or 0)
+                             micro_batches=args.get("micro_batches") or 0, hosts=hosts)
         return JobEstimate(folder, rows, errors, memory, advice=advice, others=others, fraction=fraction, kv=kv,
                            speculate=defaults.get("speculate") or 0, draft=defaults.get("draft"), probe=widen,
-                           stages=args.get("stages") or 1, micro_batches=args.get("micro_batches") or 0)
+                           stages=args.get("stages") or 1, micro_batches=args.get("micro_batches") or 0, hosts=hosts)
     except Exception as err:
         log.warning("no estimate", error=str(err))
         return None

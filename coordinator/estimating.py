@@ -129,7 +129,7 @@ class Estimates:
         ask = {"folder": str(folder), "input": str(args["input"]), "pending": sorted(run.pending),
                "defaults": run.defaults, "others": others,
                "args": {k: args.get(k) for k in ("memory", "budget_fraction", "stream", "model", "kv_bits", "kv_group_size",
-                                                  "stages", "micro_batches")}}
+                                                  "stages", "micro_batches", "hosts")}}
         from spill.streamer.shares import kv_setting
         kv = kv_setting(args)
         self.jobs[run.job.id] = (run, Estimating(ask, probe=not calibrated(folder, kv)))

@@ -10,14 +10,18 @@ at init, so the streamer starts again alone and holds every layer (streamed, any
 
 import json
 import os
+import statistics
 import subprocess
 import sys
+from collections import deque
 from pathlib import Path
 
 from spill import config
 from spill.errors import SpillError
+from spill.memory import format_size
 
 RING_VARS = ("MLX_RANK", "MLX_HOSTFILE")   # MLX's launcher contract: this rank, every rank's "ip:port"
+KEPT = 32   # passes a stage's median pass time is taken over
 
 
 def launched_hosts(env=None) -> list[str] | None:
@@ -33,8 +37,10 @@ def launched_hosts(env=None) -> list[str] | None:
 
 
 class Ring:
-    def __init__(self, ranks: int = 1, env=None):
+    def __init__(self, ranks: int = 1, env=None, memory: dict | None = None):
+        """`memory`: the group's --memory and --budget-fraction (`memory.memory_args`), its followers' here too."""
         env = os.environ if env is None else env
+        self.memory = memory or {}
         self.launched, self.hostfile = launched_hosts(env), env.get("MLX_HOSTFILE", "")
         self.ranks = len(self.launched) if self.launched else max(1, int(ranks or 1))
         self.hosts = self.launched or ["127.0.0.1"] * self.ranks
@@ -44,6 +50,8 @@ class Ring:
         self._pipes: list[int] = []
         self.lost: list[str] = []   # each lost rank's sentence, newest last
         self.pending = ""           # the latest, until the supervisor hands it on
+        self.memories: list = []    # each follower's memory (messages.Host), as the streamer's READY told it
+        self.passes: list[deque] = []   # each stage's last passes (messages.StagePass), as its pass reports told them
 
     @property
     def size(self) -> int:
@@ -54,6 +62,7 @@ class Ring:
         """A new ring: the followers started where spill runs them; the streamer's environment (rank 0's
         variables, or none where it runs alone)."""
         self.stop()
+        self.memories, self.passes = [], []   # the new streamer tells them again
         env = {k: v for k, v in env.items() if k not in RING_VARS}
         if self.size == 1:
             return env
@@ -74,12 +83,29 @@ class Ring:
             mine.pop(config.crash_name("streamer"), None)   # the streamer's fault, not its followers'
             with open(logs / f"stage-{rank}.log", "ab") as log:
                 self.followers[rank] = subprocess.Popen(
-                    [sys.executable, "-m", "spill.stages.serve", "--parent-fd", str(read_end)], pass_fds=(read_end,),
+                    [sys.executable, "-m", "spill.stages.serve", "--parent-fd", str(read_end), *self._memory_argv()],
+                    pass_fds=(read_end,),
                     env=mine, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
             os.close(read_end)
             self._pipes.append(write_end)
         self.started += 1
         return {**env, "MLX_RANK": "0", "MLX_HOSTFILE": str(path)}
+
+    def _memory_argv(self) -> list[str]:
+        """A follower's memory arguments on this machine: the group's own (it finds the same budget)."""
+        mem, fraction = self.memory.get("memory"), self.memory.get("budget_fraction")
+        return [*(["--memory", str(mem)] if mem else []), *(["--budget-fraction", str(fraction)] if fraction else [])]
+
+    def ready(self, hosts: list) -> None:
+        """The followers' memory (messages.Host, rank 1 first), as the streamer told it at READY."""
+        self.memories = list(hosts)
+
+    def observe(self, stages: list) -> None:
+        """A pass report's stage figures (messages.StagePass): rank 0's, then each follower's that came."""
+        for rank, figures in enumerate(stages[:self.size]):
+            while len(self.passes) <= rank:
+                self.passes.append(deque(maxlen=KEPT))
+            self.passes[rank].append(figures)
 
     def exited(self) -> tuple[int, int] | None:
         """(rank, exit code) of a follower that exited, else None."""
@@ -117,9 +143,10 @@ class Ring:
         said, self.pending = self.pending, ""
         return said
 
-    def lines(self, folder: str | None, streamer_pid: int | None, by_compute: bool = False) -> list[str]:
-        """`spill status`'s lines: a stage a line (rank, host, layers as split by bytes or `by_compute`, pid), then
-        the ranks lost."""
+    def lines(self, folder: str | None, streamer_pid: int | None, by_compute: bool = False,
+              own: dict | None = None) -> list[str]:
+        """`spill status`'s lines: a stage a line (rank, host, layers as split by bytes or `by_compute`, pid; its
+        working set, budget and pass time: `figures`), then the ranks lost. `own`: rank 0's memory.describe."""
         if self.ranks == 1:
             return []
         n = self.size
@@ -134,8 +161,27 @@ class Ring:
             pid = streamer_pid if rank == 0 else getattr(self.followers.get(rank), "pid", None)
             span = (f"layers {shares[rank].start}-{shares[rank].stop - 1} of {shares[-1].stop}" if shares
                     else "its layers split when a job names the model")
-            out.append(f"stage {rank}: rank {rank} on {self.hosts[rank]}, {span}" + (f", pid {pid}" if pid else ""))
+            out.append(f"stage {rank}: rank {rank} on {self.hosts[rank]}, {span}" + (f", pid {pid}" if pid else "")
+                       + ("" if self.alone else self.figures(rank, own)))
         return out + self.lost
+
+    def figures(self, rank: int, own: dict | None) -> str:
+        """What a stage line says of its memory and passes: its working set (its last pass's weights and KV), its
+        budget (a follower's own, else rank 0's) and its pass time, the last and the median of the last KEPT."""
+        p = self.passes[rank][-1] if rank < len(self.passes) and self.passes[rank] else None
+        if rank and rank <= len(self.memories):
+            h = self.memories[rank - 1]
+            budget = f"budget {format_size(int(h.working_set * h.budget_fraction))}"
+        else:
+            budget = f"budget {format_size(own['budget'])}" + (" (rank 0's)" if rank else "") if own else ""
+        said = [f"working set {format_size(p.weights + p.kv)} (weights {format_size(p.weights)}, KV "
+                f"{format_size(p.kv)})"] if p else []
+        said += [budget] if budget else []
+        if p is None:
+            return "; " + ", ".join(said + ["no pass yet"])
+        median = statistics.median(q.seconds for q in self.passes[rank])
+        return (f"; {', '.join(said)}; pass {_s(p.seconds)} (compute {_s(p.compute_s)}, blocked on a neighbour "
+                f"{_s(p.link_s)}), median {_s(median)} of the last {len(self.passes[rank])}")
 
     def stop(self, timeout: float = 5.0) -> None:
         """End the followers."""
@@ -155,6 +201,10 @@ def end(procs, pipes, timeout: float) -> None:
         except subprocess.TimeoutExpired:
             p.kill()
             p.wait()
+
+
+def _s(seconds: float) -> str:
+    return f"{seconds:.3g} s"
 
 
 def _cause(why: str) -> str:

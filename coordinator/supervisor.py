@@ -33,7 +33,7 @@ class Supervisor:
         self.progress: dict[str, int] = {}    # role -> its loop's count at its last beat
         self.moved: dict[str, tuple[float, bool]] = {}   # role -> (when its count last moved, busy at its last beat)
         self.active_at = time.monotonic()     # when an actor last beat busy, or with its loop moved on
-        self.ring = Ring(self.args.get("ranks") or 1)   # `spill up --ranks N`, or the ranks mlx.launch started
+        self.ring = Ring(self.args.get("ranks") or 1, memory=self.args)   # `spill up --ranks N`, or mlx.launch's ranks
         self.args["ranks"] = self.ring.ranks
 
     def start(self, role: str) -> None:
@@ -75,11 +75,12 @@ class Supervisor:
         """The sentence naming the rank a dead pipeline streamer lost, else "": the pipeline's end, not the job's."""
         return self.ring.take(lost_file(self.procs[role].pid)) if role == "streamer" else ""
 
-    def stages(self, folder: str | None, by_compute: bool = False) -> list[str]:
-        """A line a pipeline stage (none for a group of one rank), as `spill status` shows them."""
+    def stages(self, folder: str | None, by_compute: bool = False, own: dict | None = None) -> list[str]:
+        """A line a pipeline stage (none for a group of one rank), as `spill status` shows them; `own`: rank 0's
+        memory (`memory.describe`)."""
         streamer = self.procs.get("streamer")
         return self.ring.lines(folder, streamer.pid if streamer is not None and streamer.poll() is None else None,
-                               by_compute)
+                               by_compute, own)
 
     def why(self, role: str, final: bool = True) -> str:
         """The sentence a dead actor left for an error no restart fixes (spill.actor.run_actor), else "";

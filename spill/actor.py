@@ -204,16 +204,16 @@ def heartbeat(endpoints: Endpoints, role: str, progress: Progress) -> None:
     threading.Thread(target=beat, name="heartbeat", daemon=True).start()
 
 
-def inbox(box, role: str, log, busy=lambda: False, wait=lambda: None):
-    """Say READY, then yield each batch of arrived messages (epoch-gated) until SHUTDOWN.
-    While `busy()` it does not block: a loop with work to do only drains what came; else it waits
+def inbox(box, role: str, log, busy=lambda: False, wait=lambda: None, ready: dict | None = None):
+    """Say READY (with the fields `ready` adds), then yield each batch of arrived messages (epoch-gated) until
+    SHUTDOWN. While `busy()` it does not block: a loop with work to do only drains what came; else it waits
     `wait()` seconds at most (None: until a message), and may yield an empty batch."""
     from .messages import Ready, Shutdown
     progress = Progress()
     heartbeat(box.endpoints, role, progress)
     from .memory import process_memory
     now = process_memory()
-    box.send("coordinator", Ready(role, os.getpid(), now.rss, now.file))
+    box.send("coordinator", Ready(role, os.getpid(), now.rss, now.file, **(ready or {})))
     log.info("ready")
     gate = EpochGate()
     while True:

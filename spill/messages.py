@@ -65,11 +65,29 @@ def unpack_tokens(data: bytes, lengths: list[int]) -> list[list[int]]:
 
 
 @dataclass
+class Host:
+    """A pipeline follower's memory, as its own `spill up` found it (stages/figures.py MEMORY)."""
+    working_set: Natural
+    budget_fraction: Annotated[float, Range(1e-6, 1.0)]
+
+
+@dataclass
+class StagePass:
+    """A pipeline stage's last pass as its rank measured it (stages/figures.py PASS): `spill status` shows it."""
+    weights: Natural         # bytes of its weights held or in flight
+    kv: Natural              # bytes of its share of the running rows' KV
+    seconds: float
+    compute_s: float
+    link_s: float            # blocked on a neighbour
+
+
+@dataclass
 class Ready:
     role: str
     pid: Count
     rss: Natural = 0         # resident memory once set up, before any model: the budget prices it
     file: Natural = 0        # of rss, pages mapped from files (libraries other processes may map too)
+    hosts: list[Host] = field(default_factory=list)   # a pipeline's streamer: each follower's memory, rank 1 first
 
 
 @dataclass
@@ -94,6 +112,7 @@ class Reset:
     draft: str = ""          # the draft model's folder (--draft); "": drafts by prompt lookup
     stages: Annotated[int, Range(1, 1024)] = 1   # the pipeline's ranks the streamer runs on now: each prices its share
     by_compute: bool = False   # resident, the stages' layers split by compute, else by bytes (the advisor's choice)
+    hosts: list[Host] = field(default_factory=list)   # each follower's memory (its READY's); none: rank 0's each
 
 
 @dataclass(frozen=True)
@@ -222,6 +241,7 @@ class Pass:
     columns: Annotated[int, Range(1, 1 << 16)] = 1       # tokens every decode row fed (1 + the most drafts, padded)
     link_s: float = 0.0               # a pipeline's rank 0: seconds blocked on its neighbours (its bubble)
     rounds: Annotated[int, Range(1, 1 << 16)] = 1       # decode steps every decode row took (stages/rounds.py)
+    stages: list[StagePass] = field(default_factory=list)   # a pipeline: rank 0's, then each follower's (a pass behind)
 
 
 @dataclass

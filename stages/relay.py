@@ -5,8 +5,9 @@ belong to a thread), so a send going out never holds up the next receive or the 
 neighbour that died is a `StageLost` at once (MLX's ring says the connection was lost) and one that stopped
 answering is one after `deadline_s`, never a hang. MLX's ring sends only between neighbours, so messages
 go round the ring: a plan from rank 0 rank by rank to the last (`plan`), hidden states r -> r+1, the last
-rank's tokens to rank 0 and on to the others (`tokens`). `waited` counts the seconds the caller spent blocked on
-its neighbours (a pass's bubble), a follower's wait for the next plan left out.
+rank's tokens to rank 0 and on to the others (`tokens`), each follower's figures to rank 0 (`gather`: its memory
+at join, `hosts`; a pass's figures, `figures`). `waited` counts the seconds the caller spent blocked on its
+neighbours (a pass's bubble), a follower's wait for the next plan left out.
 """
 
 import json
@@ -21,6 +22,7 @@ import numpy as np
 from spill import config
 from spill.errors import RankLost
 
+from . import figures as figures_of
 from .link import join
 
 
@@ -47,7 +49,8 @@ def group_relay() -> "Relay | None":
 
 
 class Relay:
-    def __init__(self, group, deadline_s: float):
+    def __init__(self, group, deadline_s: float, memory: dict | None = None):
+        """`memory`: a follower's memory arguments (`memory.memory_args`), told to rank 0 at join (`hosts`)."""
         self.group, self.rank, self.size = group, group.rank(), group.size()
         self.deadline_s = deadline_s
         self.waited = 0.0   # seconds blocked on a neighbour so far
@@ -56,6 +59,10 @@ class Relay:
         self._lost: StageLost | None = None   # once lost, every later call raises it: the thread may be stuck
         for jobs, name in ((self._in, "spill-relay"), (self._out, "spill-relay-out")):
             threading.Thread(target=self._work, args=(jobs,), name=name, daemon=True).start()
+        self._pass: tuple | None = None   # rank 0: the receive of the followers' figures of the last pass
+        mine = figures_of.own_memory(memory or {}) if self.rank else None
+        # rank 0: each follower's (working set, budget fraction), told at join; [] elsewhere and alone
+        self.hosts = [figures_of.memory_of(row) for row in self._gathered(mine, len(figures_of.MEMORY))]
 
     def _work(self, jobs: queue.Queue) -> None:
         stream = mx.new_stream(mx.cpu)
@@ -154,6 +161,44 @@ class Relay:
         if self.rank + 1 < self.size - 1:
             self.send(mx.array(tokens.astype(np.int32)), self.rank + 1)
         return tokens
+
+    def gather(self, mine: np.ndarray | None, width: int) -> tuple | None:
+        """Each follower's `width` int64 figures to rank 0, round the ring: follower r takes 1..r-1's from r-1 and
+        sends them on with its own (the last to rank 0). Rank 0: the receive, posted (`take`: [size - 1 x width])."""
+        if self.rank == 0:
+            return self.recv_later(((self.size - 1) * width,), mx.int64, self.size - 1, "waiting for figures from")
+        before = self.recv(((self.rank - 1) * width,), mx.int64, self.rank - 1, "waiting for figures from") \
+            if self.rank > 1 else mx.zeros((0,), mx.int64)
+        self.send(mx.concatenate([before, mx.array(mine.astype(np.int64))]), (self.rank + 1) % self.size)
+        return None
+
+    def _gathered(self, mine: np.ndarray | None, width: int) -> list:
+        """Rank 0: each follower's figures (`gather`), a row each; [] elsewhere and alone."""
+        if self.size == 1:
+            return []
+        posted = self.gather(mine, width)
+        return [] if posted is None else np.array(self.take(posted)).reshape(self.size - 1, width).tolist()
+
+    def figures(self, mine: np.ndarray, now: bool = False) -> list:
+        """A pass's figures (figures.PASS) gathered without a wait: followers send theirs; rank 0 takes the pass
+        before's (its tokens came after them) and posts the next receive, or takes this pass's `now` (the last of a
+        job: nothing waits on it). Rank 0: a row a follower, [] before."""
+        if self.size == 1:
+            return []
+        if self.rank:
+            self.gather(mine, len(figures_of.PASS))
+            return []
+        waited, rows = self.waited, self.settle()
+        self._pass = self.gather(None, len(figures_of.PASS))
+        rows = self.settle() if now else rows
+        self.waited = waited   # no pass's bubble
+        return rows
+
+    def settle(self) -> list:
+        """Rank 0: the followers' figures of the last pass if their receive is pending, waited for (before they
+        are let go: a receive still pending when the process ends aborts it); else []."""
+        posted, self._pass = self._pass, None
+        return [] if posted is None else np.array(self.take(posted)).reshape(self.size - 1, -1).tolist()
 
     def close(self) -> None:
         self._in.put(None)

@@ -8,7 +8,9 @@ or `mlx.launch --backend ring`; a rank 1..N-1 needs no arguments (`spill up --ra
 PLANS.msgpack is a msgpack list of `plans.pack` frames; rank 0 runs them once for each --micro-batches (a model
 loaded anew each time) and writes a list: each run's passes (each pass's tokens, rows that left and rows
 preempted) to PASSES.json. Every rank prints one JSON line at the end: its rank, layers, passes, tokens, bytes
-read a pass, resident bytes and each pass's seconds, compute seconds and seconds blocked on a neighbour.
+read a pass, resident bytes and each pass's seconds, compute seconds and seconds blocked on a neighbour; rank 0
+also each follower's memory (told at join) and each pass's figures from the followers (stages/figures.py).
+Ranks 1..N-1 take --memory and --budget-fraction as `spill up` does: what they tell rank 0 their budget is.
 SPILL_TEST_CRASH_STREAMER ("pass:n[:wedge]") in a rank's environment kills that rank (or blocks it) at its n-th pass.
 """
 
@@ -22,6 +24,7 @@ import msgpack
 from spill import config
 from spill.actor import Fault, parent_watch
 from spill.errors import SpillError
+from spill.memory import memory_args
 from spill.platform import without_torch
 
 without_torch()   # before mlx-lm, whose transformers would import torch (a stage uses none of it)
@@ -42,10 +45,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--micro-batches", default="0", help="rank 0: a run of the plans for each (comma-separated)")
     p.add_argument("--deadline", type=float, default=None, help="seconds to wait on a neighbour (SPILL_STAGE_TIMEOUT)")
     p.add_argument("--parent-fd", type=int, default=None, help="leave when this pipe closes (the group's supervisor)")
+    p.add_argument("--memory", help="ranks 1..N-1: this host's working set (48GB); default: its memory or cgroup")
+    p.add_argument("--budget-fraction", type=float, help="ranks 1..N-1: the budget's share of the working set")
     args = p.parse_args(argv)
     if args.parent_fd is not None:
         parent_watch(args.parent_fd)
-    fault, passes, read, timing, runs = Fault("streamer"), [], [], [], []
+    fault, passes, read, timing, runs, told = Fault("streamer"), [], [], [], [], []
 
     def on_pass(report) -> None:
         read.append(report.bytes_streamed)
@@ -55,7 +60,8 @@ def main(argv: list[str] | None = None) -> int:
         fault.tick("pass")
 
     try:
-        relay = Relay(join(), args.deadline or config.stage_timeout())
+        mem = memory_args(args.memory, args.budget_fraction)   # told to rank 0 at join: its admission prices this stage
+        relay = Relay(join(), args.deadline or config.stage_timeout(), mem)
         if relay.rank > 0:
             engine = serve(relay, on_pass)
         else:
@@ -64,7 +70,8 @@ def main(argv: list[str] | None = None) -> int:
                 runs.append(len(passes))
                 engine = StagedStreamer(args.model, relay, prefill_chunk=args.prefill_chunk, resident=args.resident,
                                         micro_batches=m, by_compute=args.resident)
-                ops = {"plan": lambda plan: on_pass(engine.run(plan)), "clear": lambda _: engine.clear(),
+                ops = {"plan": lambda plan: (on_pass(engine.run(plan)), told.append(engine.followers)),
+                       "clear": lambda _: engine.clear(),
                        "resident": engine.set_resident, "kv": lambda kv: engine.set_kv(*kv)}
                 try:
                     for op, body in map(plans.unpack, frames):
@@ -81,7 +88,8 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps({"rank": relay.rank, "ranks": relay.size, "layers": layers, "passes": len(passes),
                       "tokens": sum(len(p["emitted"]) for p in passes), "read": read,
                       "resident_bytes": sum(t.nbytes for t in engine.plan.resident) if engine else 0,
-                      "timing": timing}), flush=True)
+                      "timing": timing, **({"hosts": relay.hosts, "figures": told} if relay.rank == 0 else {})}),
+          flush=True)
     return 0
 
 

@@ -34,7 +34,7 @@ from spill.streamer.core import PassPlan, PassReport, Streamer
 from spill.streamer.kvquant import stored_dtype
 from spill.streamer.plan import load_plan
 
-from . import micro, plans, rounds as rounds_of
+from . import figures, micro, plans, rounds as rounds_of
 from .model import micro_batches as micro_batches_of
 from .relay import Relay, StageLost
 from .split import resident_names, stage_ranges
@@ -64,6 +64,7 @@ class StagedStreamer(Streamer):
         self.micro_batches = micro_batches_of(micro_batches, self.size)   # a pass's micro-batches where resident
         self._micro, self._inbox, self._tokens_s = False, [], 0.0   # this pass micro-batch outer; its inputs' shapes
         self._rounds = 1   # decode steps the running plan allows (`rounds.run`)
+        self.followers: list = []   # rank 0: each follower's figures.PASS of the pass before the last
         self.whole = plan = load_plan(folder)   # every layer's tensors: what the split is made from
         self.ranges = ranges = stage_ranges(plan, self.size, by_compute)
         layers = ranges[self.rank] if layers is None else layers
@@ -99,6 +100,8 @@ class StagedStreamer(Streamer):
         waited, self._tokens_s, self._rounds = self.relay.waited, 0.0, plan.rounds
         report = super().run(plan)
         report.link_s, report.compute_s = self.relay.waited - waited, report.compute_s - self._tokens_s
+        # rank 0: the followers' figures of the pass before, or of this one where it ended every row
+        self.followers = self.relay.figures(figures.own_pass(self, report) if self.rank else None, self.idle)
         return report
 
     def follow(self, on_pass=None) -> tuple[str, object]:
@@ -141,6 +144,8 @@ class StagedStreamer(Streamer):
     def close(self) -> None:
         """Rank 0 stops the others' stages (they wait for the next model, `serve`); every rank lets its reader go."""
         try:
+            if self.first:   # the followers' figures of the last pass, taken before they stop: none left pending
+                self.followers = self.relay.settle() or self.followers
             self._tell("stop")
         except StageLost:
             pass   # the group is gone: nobody to stop

@@ -10,6 +10,7 @@ from spill import messages as m
 from spill.actor import Fault, bind_context, inbox, run_actor
 from spill.errors import RankLost, SpillError
 from spill.platform import without_torch
+from spill.stages import figures
 from spill.stages.relay import group_relay
 from spill.wire import Mailbox
 
@@ -85,8 +86,15 @@ class StreamerActor:
                        read_s=r.read_s, prefill_groups=r.prefill_groups, prefill_context=r.prefill_context,
                        plan=msg.index, accepted=[[row, n] for row, n in r.accepted.items() if n],
                        drafted=[[row, n] for row, n in r.drafted.items()], columns=r.columns, link_s=r.link_s,
-                       rounds=r.rounds)
+                       rounds=r.rounds, stages=self._stages(r))
         return out, stats, refused
+
+    def _stages(self, report) -> list[m.StagePass]:
+        """A pipeline's figures: rank 0's of this pass, then each follower's that came (of the pass before)."""
+        if self.relay is None:
+            return []
+        rows = [figures.own_pass(self.engine, report), *self.engine.followers]
+        return [m.StagePass(**figures.pass_of(row)) for row in rows]
 
 
 def run_streamer_process(endpoints, args, log) -> None:
@@ -125,7 +133,8 @@ def run_streamer_process(endpoints, args, log) -> None:
 
     handlers = {m.Reset: reset, m.Plan: run}
     # 1. each message in turn: a plan is a pass (admission sends the next one when it has this one's report)
-    for batch in inbox(box, "streamer", log):
+    hosts = [m.Host(*h) for h in relay.hosts] if relay is not None else []   # each follower's memory, told at join
+    for batch in inbox(box, "streamer", log, ready={"hosts": hosts}):
         for msg in batch:
             handlers.get(type(msg), lambda _msg: None)(msg)
     if actor.engine is not None:

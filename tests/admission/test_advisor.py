@@ -7,6 +7,8 @@ from spill.admission.passmodel import PassModel
 from spill.admission.prices import fmt
 from spill.admission.schedule import budget_policy
 from spill.admission.simulate import SimRow
+from spill.memory import default_fraction
+from spill.stages.split import stage_plans
 from spill.streamer.plan import load_plan
 
 ROWS = [SimRow(i, 20, 44) for i in range(4)]          # 64 tokens each: width class 64
@@ -121,3 +123,21 @@ def test_a_pipelines_smaller_resident_batch_is_rated_as_its_stages_run_it(plan):
     fixed_bound = PassModel(bandwidth=1e12, fixed_s=0.05, per_row_s=0.001)   # each micro-batch pays it again
     assert not _faster(fixed_bound, plan, 2, 4, ROWS, (2, 2, 1, 1.0))
     assert _faster(fixed_bound, plan, 2, 4, ROWS, (3, 1, 8, 1.0))           # 3 stages, 1 micro-batch, 8 rounds
+
+
+def test_a_pipeline_stage_prices_its_share_against_its_own_hosts_budget(plan):
+    """Rank 1's host with less memory than rank 0's: the group runs resident only where its share fits there."""
+    memory = memory_for(plan, 4.5, stages=2, by_compute=True)
+    assert advise(plan, ROWS, memory, stages=2).resident   # every host taken as rank 0's: it fits
+    last = stage_plans(plan, 2, by_compute=True)[1]
+    small = [(int(memory_for(last, 0.5)), 0.78)]   # rank 1's host: half a row's KV beside its share resident
+    a = advise(plan, ROWS, memory, stages=2, hosts=small)
+    assert not a.resident and "of rank 1, the tightest of 2 ranks' shares" in a.line, a.line
+    big = [(10 * int(memory), 0.78)]   # rank 1 with more: rank 0's stage is the tightest, as before
+    b, alike = advise(plan, ROWS, memory, stages=2, hosts=big), advise(plan, ROWS, memory, stages=2)
+    assert (b.resident, b.slots, b.budget, b.by_compute) == (alike.resident, alike.slots, alike.budget, alike.by_compute)
+    assert "budget of rank 0, the tightest of 2 ranks' shares, each against its own host's budget" in b.line
+    same = advise(plan, ROWS, memory, stages=2, hosts=[(int(memory), default_fraction())])   # one machine's
+    assert same == alike   # every host as rank 0's: today's advice, word for word
+    tight, _ = budget_policy(plan, memory, stages=2, hosts=small)
+    assert tight.sheet.working_set == small[0][0]   # admission's policy: rank 1's, on its own working set

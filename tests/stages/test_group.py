@@ -74,6 +74,10 @@ def _stages(env: dict) -> list[str]:
     return [line for line in spill("status", env=env).stdout.splitlines() if line.startswith("stage ")]
 
 
+def _pid(line: str) -> int:
+    return int(re.search(r", pid (\d+)", line).group(1))
+
+
 def _until(ready, proc: subprocess.Popen, timeout: float = 180):
     """ready()'s answer once it is one (polled while `proc` runs)."""
     deadline = time.monotonic() + timeout
@@ -107,9 +111,13 @@ def test_mlx_launch_ranks_run_a_job_row_for_row_as_one_process(job12, tmp_path, 
         assert run.returncode == 0, run.stdout + run.stderr
         assert f"note: drafts are off on a pipeline group of {n} ranks: its stages verify none yet" in run.stdout
         assert texts(read_output(tmp_path / "out.jsonl")) == expected   # every custom_id once, resident mlx-lm's text
-        layers = [line.split(", ")[1] for line in _stages(env)]   # the job named the model: each stage's share
+        stages = _stages(env)
+        layers = [line.split("; ")[0].split(", ")[1] for line in stages]   # the job named the model: each stage's share
         assert layers == {2: ["layers 0-1 of 4", "layers 2-3 of 4"],
                           3: ["layers 0-0 of 4", "layers 1-2 of 4", "layers 3-3 of 4"]}[n]
+        for line in stages:   # each stage's own figures, from its passes, and its budget (here rank 0's: one machine)
+            assert re.search(r"; working set [\d.]+ \w+ \(weights [\d.]+ \w+, KV [\d.]+ \w+\), budget [\d.]+ \w+; "
+                             r"pass [\d.e-]+ s \(compute [\d.e-]+ s, blocked on a neighbour [\d.e-]+ s\), median", line), line
         budget = [json.loads(line) for line in (Path(env["SPILL_HOME"]) / "run" / "logs" / "admission.log")
                   .read_text().splitlines() if '"event": "budget"' in line][-1]
         heads, dim = load_plan(folder).kv_heads_and_dim   # the tightest stage holds 2 of the 4 layers' KV of a row
@@ -158,7 +166,7 @@ def test_a_follower_of_spill_run_ranks_killed_or_stopped_mid_job_is_named_and_th
         return stages if len(stages) == n else []
     run, stages = _run_until([folder, inp, "-o", out, "--ranks", n, "--quiet"], slow, out, lines=2, first=started)
     assert [line.split(", ")[0] for line in stages] == [f"stage {r}: rank {r} on 127.0.0.1" for r in range(n)]
-    os.kill(int(stages[1].rsplit("pid ", 1)[1]), sig)
+    os.kill(_pid(stages[1]), sig)
     stdout, stderr = run.communicate(timeout=240)
     assert run.returncode == 0, stdout + stderr
     assert texts(read_output(out)) == expected
@@ -212,7 +220,7 @@ def test_a_crashed_streamer_of_spill_up_ranks_2_comes_back_with_new_followers(jo
         after = _stages(env)
         assert [line.rsplit(", pid", 1)[0] for line in after] == [
             "stage 0: rank 0 on 127.0.0.1, layers 0-1 of 4", "stage 1: rank 1 on 127.0.0.1, layers 2-3 of 4"]
-        assert before[1].rsplit("pid ", 1)[1] != after[1].rsplit("pid ", 1)[1]
+        assert _pid(before[1]) != _pid(after[1])
     finally:
         spill("down", env=env)
 
