@@ -13,6 +13,7 @@ from spill import config
 from spill import messages as m
 from spill.coordinator import daemon, estimating, first_use
 from spill.coordinator.daemon import Group
+from spill.coordinator.ring import Ring
 from spill.coordinator.supervisor import ACTORS
 
 from .group_util import read_output
@@ -31,6 +32,7 @@ class Sup:
         self.killed, self.beats, self.stuck, self.restarted = [], [], [], []
         self.args = {}   # the actors' args (memory, budget_fraction), as the Supervisor holds them
         self.active_at = 0.0   # when an actor last worked (Supervisor.beat)
+        self.ring = Ring()     # a group of one rank: no followers' memory
 
     def dead(self):
         return [(r, -9) for r in self.killed if r not in self.restarted]
@@ -57,7 +59,7 @@ class Sup:
     def lost(self, role):
         return ""
 
-    def stages(self, folder, by_compute=False):
+    def stages(self, folder, by_compute=False, own=None):
         return []
 
     def pids(self):
