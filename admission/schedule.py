@@ -38,12 +38,13 @@ def budget_policy(plan, memory_arg=None, fraction: float | None = None, others: 
     fraction, rank 1 first; a stage without one, this host's) and the policy the tightest's; `by_compute`:
     its layers split by compute, as a resident pipeline's may be (`split.stage_shares`), else by bytes."""
     if stages > 1:
-        from spill.stages.split import stage_plans
+        from spill.stages.split import host_capacity, stage_plans
         own = [(memory_arg, fraction)] + [(memory.WorkingSet(int(ws), f"rank {k}"), f)
                                           for k, (ws, f) in enumerate(hosts[:stages - 1], 1)]
         own += [(memory_arg, fraction)] * (stages - len(own))
+        capacity = host_capacity(memory.budget_bytes(memory_arg, fraction), hosts, stages)   # the layers split as budgets do
         policies = [budget_policy(p, mem, f, others, prefill_chunk, resident, kv, draft)
-                    for p, (mem, f) in zip(stage_plans(plan, stages, by_compute=by_compute), own)]
+                    for p, (mem, f) in zip(stage_plans(plan, stages, by_compute=by_compute, capacity=capacity), own)]
         return min(policies, key=lambda pw: pw[0].sheet.kv_budget // max(pw[0].sheet.kv_per_token, 1))
     ws = memory_arg if isinstance(memory_arg, memory.WorkingSet) else memory.working_set(memory_arg)
     host = memory.host_apart()   # a CUDA GPU's: the host's memory, budgeted apart

@@ -151,9 +151,11 @@ class Ring:
             return []
         n = self.size
         try:
-            from spill.stages.split import stage_ranges
+            from spill.stages.split import host_capacity, stage_ranges
             from spill.streamer.plan import load_plan
-            shares = stage_ranges(load_plan(folder), n, by_compute) if folder else None
+            capacity = host_capacity(own["budget"], [(h.working_set, h.budget_fraction) for h in self.memories],
+                                     n) if own else None   # each host's budget, as the streamer splits the layers
+            shares = stage_ranges(load_plan(folder), n, by_compute, capacity) if folder else None
         except (SpillError, OSError):
             shares = None
         out = []

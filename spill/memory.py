@@ -234,6 +234,12 @@ def memory_args(memory: str | None = None, budget_fraction: float | None = None)
     return {"memory": size, "budget_fraction": budget_fraction}
 
 
+def budget_bytes(memory_arg=None, fraction: float | None = None) -> int:
+    """The budget of --memory (or a WorkingSet; None: this machine's) and --budget-fraction (None: the default)."""
+    ws = memory_arg if isinstance(memory_arg, WorkingSet) else working_set(memory_arg)
+    return int(ws.bytes * (fraction or default_fraction()))
+
+
 def describe(args: dict) -> dict:
     """What a group plans for: working_set, source, budget_fraction, budget (bytes); on a CUDA GPU also the host's
     memory (host, host_source), which its buffers and processes are budgeted against."""

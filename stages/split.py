@@ -1,8 +1,9 @@
 """Which layers each stage holds: N contiguous ranges, balanced by what a pass costs each stage.
 
 A stage's load is the cost of its layers plus what sits around them, over its share of the capacity (each
-rank's working set; equal where not given). The split minimizes the largest load, as exo places layers by
-free memory. What a layer costs depends on the group's mode (the advisor's, `advisor.advise`):
+rank's memory budget, `host_capacity`; equal where every host's is rank 0's). The split minimizes the largest
+load, as exo places layers by free memory. What a layer costs depends on the group's mode (the advisor's,
+`advisor.advise`):
 
     streamed   a pass reads the stage's share: bytes (safetensors headers), the embedding on the first
                stage and the norm and head on the last counted as they are held
@@ -124,16 +125,24 @@ def stage_shares(plan, n: int, capacity: list[float] | None = None, *, by_comput
     return [StageShare(r, sum(costs[i] for i in r), held(k == 0, k == n - 1)) for k, r in enumerate(ranges)]
 
 
-def stage_ranges(plan, n: int, by_compute: bool = False) -> list[range]:
+def host_capacity(own: int, hosts, n: int) -> list[int] | None:
+    """Each stage's budget, rank 0's (`own`) first, where a follower's host told one of its own that differs
+    (`hosts`: each follower's working set and budget fraction, rank 1 first), else None: the stages split alike."""
+    budgets = [max(1, int(own))] + [max(1, int(ws * f)) for ws, f in list(hosts)[:n - 1]]
+    budgets += budgets[:1] * (n - len(budgets))
+    return budgets if len(set(budgets)) > 1 else None
+
+
+def stage_ranges(plan, n: int, by_compute: bool = False, capacity: list[float] | None = None) -> list[range]:
     """Each stage's layers (`stage_shares`): what rank 0 sends every rank with "load", and `spill status` shows."""
-    return [s.layers for s in stage_shares(plan, n, by_compute=by_compute)]
+    return [s.layers for s in stage_shares(plan, n, capacity, by_compute=by_compute)]
 
 
-def stage_plans(plan, n: int, *, by_compute: bool = False) -> list:
+def stage_plans(plan, n: int, *, by_compute: bool = False, capacity: list[float] | None = None) -> list:
     """Each stage's share of `plan` as a plan of its own (its layers, the tensors around them it holds): what
     a stage's memory prices, for the split `stage_shares` makes."""
     if n <= 1:
         return [plan]
     return [dataclasses.replace(plan, layers=[plan.layers[i] for i in s.layers],
                                 resident=[t for t in plan.resident if t.name in resident_names(plan, k == 0, k == n - 1)])
-            for k, s in enumerate(stage_shares(plan, n, by_compute=by_compute))]
+            for k, s in enumerate(stage_shares(plan, n, capacity, by_compute=by_compute))]

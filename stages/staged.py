@@ -51,11 +51,12 @@ def tell(relay: Relay, op: str, body=None) -> None:
 
 class StagedStreamer(Streamer):
     """This rank's stage: `layers` of the model in `folder` (rank 0: its share by bytes, or `by_compute` where the
-    group runs resident, `split.stage_shares`, and it tells the others to load theirs). Rank 0 drives (`run`,
+    group runs resident, over each host's budget in `capacity`, `split.stage_shares`, and it tells the others to
+    load theirs). Rank 0 drives (`run`,
     `step`, `clear`...: each told to the others, a plan before its pass); the others `follow` (`serve`)."""
 
     def __init__(self, folder, relay: Relay, layers: range | None = None, micro_batches: int = 0,
-                 by_compute: bool = False, **kw):
+                 by_compute: bool = False, capacity: list[int] | None = None, **kw):
         self.relay, self.rank, self.size = relay, relay.rank, relay.size
         self.first, self.last = self.rank == 0, self.rank == self.size - 1
         if micro_batches < 0:
@@ -66,7 +67,7 @@ class StagedStreamer(Streamer):
         self._rounds = 1   # decode steps the running plan allows (`rounds.run`)
         self.followers: list = []   # rank 0: each follower's figures.PASS of the pass before the last
         self.whole = plan = load_plan(folder)   # every layer's tensors: what the split is made from
-        self.ranges = ranges = stage_ranges(plan, self.size, by_compute)
+        self.ranges = ranges = stage_ranges(plan, self.size, by_compute, capacity)
         layers = ranges[self.rank] if layers is None else layers
         super().__init__(folder, layers=layers, holds=resident_names(plan, self.first, self.last), **kw)
         self.hidden = self.adapter.args.hidden_size
@@ -76,9 +77,10 @@ class StagedStreamer(Streamer):
         tell(relay, "load", {"model": str(folder), "layers": [[r.start, r.stop] for r in ranges], "dtype": dtype,
                              **{k: kw[k] for k in SHARED if k in kw}})
 
-    def splits_as(self, by_compute: bool) -> bool:
-        """Whether the group's layers split `by_compute` (or by bytes) as it holds them; else it loads anew."""
-        return stage_ranges(self.whole, self.size, by_compute) == self.ranges
+    def splits_as(self, by_compute: bool, capacity: list[int] | None = None) -> bool:
+        """Whether the group's layers split `by_compute` (or by bytes) over `capacity` as it holds them; else it
+        loads anew."""
+        return stage_ranges(self.whole, self.size, by_compute, capacity) == self.ranges
 
     @property
     def speculate(self) -> int:

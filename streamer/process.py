@@ -10,7 +10,9 @@ from spill import messages as m
 from spill.actor import Fault, bind_context, inbox, run_actor
 from spill.errors import RankLost, SpillError
 from spill.platform import without_torch
+from spill.memory import budget_bytes
 from spill.stages import figures
+from spill.stages.split import host_capacity
 from spill.stages.relay import group_relay
 from spill.wire import Mailbox
 
@@ -23,8 +25,9 @@ class StreamerActor:
     """The streamer core behind the group's messages (no sockets: tests drive it directly). It decides nothing:
     each PLAN is one pass, run as admission's scheduler wrote it."""
 
-    def __init__(self, prefill_chunk: int = 512, relay=None, micro_batches: int = 0):
+    def __init__(self, prefill_chunk: int = 512, relay=None, micro_batches: int = 0, budget: int = 0):
         self.prefill_chunk, self.micro_batches = prefill_chunk, micro_batches   # the latter a pipeline's (--micro-batches)
+        self.budget = budget   # this host's memory budget: a pipeline's layers split over each host's (`_capacity`)
         self.relay = relay   # a pipeline group's (stages/relay.py): this streamer is its stage 0, the others follow
         self.engine: Streamer | None = None
         self.model = ""
@@ -48,14 +51,19 @@ class StreamerActor:
 
     def _splits_anew(self, msg: m.Reset) -> bool:
         """A pipeline's stages split otherwise for this job (by compute or by bytes): the model loads anew."""
-        return isinstance(self.engine, StagedStreamer) and not self.engine.splits_as(msg.by_compute)
+        return isinstance(self.engine, StagedStreamer) and not self.engine.splits_as(msg.by_compute, self._capacity(msg))
+
+    def _capacity(self, msg: m.Reset) -> list[int] | None:
+        """Each stage's budget, where a follower's host told one of its own (admission prices the same split)."""
+        return host_capacity(self.budget, [(h.working_set, h.budget_fraction) for h in msg.hosts], self.relay.size)
 
     def _open(self, msg: m.Reset) -> Streamer:
         kw = dict(prefill_chunk=self.prefill_chunk, resident=msg.resident, kv_bits=msg.kv_bits or None,
                   kv_group_size=msg.kv_group_size, speculate=msg.speculate, draft=msg.draft or None)
         if self.relay is None:
             return Streamer(msg.model, **kw)
-        return StagedStreamer(msg.model, self.relay, micro_batches=self.micro_batches, by_compute=msg.by_compute, **kw)
+        return StagedStreamer(msg.model, self.relay, micro_batches=self.micro_batches, by_compute=msg.by_compute,
+                              capacity=self._capacity(msg), **kw)
 
     def run(self, msg: m.Plan) -> tuple[m.Tokens, m.Pass, list]:
         """The plan's pass: (tokens for the tokenizer, the report, rows refused as (row, why))."""
@@ -101,7 +109,8 @@ def run_streamer_process(endpoints, args, log) -> None:
     box = Mailbox(endpoints, "streamer", sends_to=("tokenizer", "admission", "coordinator"))
     relay = group_relay()   # several ranks (mlx.launch, or `launch.spawn`): stage 0 of a pipeline, the others follow
     actor = StreamerActor(prefill_chunk=args.get("prefill_chunk", 512), relay=relay,
-                          micro_batches=args.get("micro_batches") or 0)
+                          micro_batches=args.get("micro_batches") or 0,
+                          budget=budget_bytes(args.get("memory"), args.get("budget_fraction")) if relay else 0)
     fault = Fault("streamer")
     delay = config.test_pass_delay()
 

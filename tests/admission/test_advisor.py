@@ -2,7 +2,7 @@
 
 import pytest
 
-from spill.admission.advisor import _faster, advise, quantized
+from spill.admission.advisor import _faster, _slots, advise, quantized
 from spill.admission.passmodel import PassModel
 from spill.admission.prices import fmt
 from spill.admission.schedule import budget_policy
@@ -141,3 +141,20 @@ def test_a_pipeline_stage_prices_its_share_against_its_own_hosts_budget(plan):
     assert same == alike   # every host as rank 0's: today's advice, word for word
     tight, _ = budget_policy(plan, memory, stages=2, hosts=small)
     assert tight.sheet.working_set == small[0][0]   # admission's policy: rank 1's, on its own working set
+
+
+def test_a_host_with_a_smaller_budget_holds_fewer_layers_so_its_share_fits(tmp_path):
+    """Rank 1's host with room for little more than half the weights: the split weighs each host's budget, so it
+    holds fewer layers and the pipeline runs resident where an even split left rank 1 no room for a row."""
+    from spill.factory import make_model
+    from spill.stages.split import host_capacity, stage_ranges
+    plan = load_plan(make_model(tmp_path / "m", family="llama", size="small", dtype="float32"))   # 8 layers
+    even = stage_plans(plan, 2)[1]
+    weights = sum(t.nbytes for t in even.resident) + sum(even.layer_bytes(i) for i in range(len(even.layers)))
+    small = [(int(1.2 * weights / default_fraction()), default_fraction())]
+    assert _slots(budget_policy(even, small[0][0], resident=True)[0], 4, 64) == 0   # not a row beside half the layers
+    rank0 = 20 * small[0][0]
+    policy, ws = budget_policy(plan, str(rank0), resident=True, stages=2, hosts=small)
+    assert _slots(policy, 4, 64) == 4 and ws.source == "rank 1"   # still the tightest, and now it holds the rows
+    capacity = host_capacity(int(rank0 * default_fraction()), small, 2)
+    assert stage_ranges(plan, 2, capacity=capacity) == [range(0, 7), range(7, 8)]

@@ -87,11 +87,12 @@ def test_a_pipeline_reset_prices_each_stage_against_the_memory_its_host_told(mak
 def test_a_pipelines_backpressure_weighs_rank_0s_memory_against_its_own_working_set(make_tiny):
     """Rank 1's smaller host prices the KV; rank 0's report (the memory admission sees) holds at rank 0's share."""
     folder, log = str(make_tiny("llama")), structlog.get_logger()
-    tight = process._price(m.Reset(1, folder, "job", stages=2, hosts=[m.Host(10**9, 0.78)]), {"memory": "2GB"}, None,
-                           log)[0].policy.sheet
+    tight = process._price(m.Reset(1, folder, "job", stages=2, hosts=[m.Host(5 * 10**8, 0.78)]), {"memory": "2GB"},
+                           None, log)[0].policy.sheet
+    assert tight.source == "rank 1"   # the tightest though it holds the fewer layers (split over the budgets)
     report = m.Pass(1, 0, 1.0, 0.0, 0.0, 0, 0, 0, [], 10**9, 10**9, 0)   # rank 0 holds 1 GB, half its 2 GB
-    assert process._live(report, 0, 0, tight, 2 * 10**9) == 5 * 10**8 < tight.line(tight.guard)   # half rank 1's
-    assert process._live(report, 0, 0, tight, 10**9) == 10**9   # a sheet on rank 0's own working set: as it is
+    assert process._live(report, 0, 0, tight, 2 * 10**9) == 25 * 10**7 < tight.line(tight.guard)   # half rank 1's
+    assert process._live(report, 0, 0, tight, 5 * 10**8) == 10**9   # a sheet on rank 0's own working set: as it is
 
 
 def test_the_streamers_runtime_from_its_ready_is_priced_with_the_others(make_tiny, monkeypatch):

@@ -76,3 +76,15 @@ def test_each_stage_line_says_its_working_set_its_own_budget_and_its_pass_time(t
     assert (ring.memories, ring.passes) == ([], [])
     assert ring.lines(None, 10, own=own)[0] == ("stage 0: rank 0 on 10.0.0.1, its layers split when a job names the "
                                                 "model, pid 10")
+
+
+def test_the_status_lines_split_the_layers_over_each_hosts_budget_as_the_streamer_does(tmp_path, make_tiny):
+    ring, folder = Ring(env=_launched(tmp_path, 2)), str(make_tiny("llama"))
+    ring.start({"PATH": "/bin"})
+    own = describe({"memory": 8 * 2**30, "budget_fraction": 0.5})
+    ring.ready([m.Host(80 * 2**30, 0.5)])   # rank 1's host: ten times rank 0's budget, so most of the layers
+    assert [line.split("; ")[0] for line in ring.lines(folder, 7, own=own)] == [
+        "stage 0: rank 0 on 10.0.0.1, layers 0-0 of 4, pid 7", "stage 1: rank 1 on 10.0.0.2, layers 1-3 of 4"]
+    ring.ready([m.Host(8 * 2**30, 0.5)])    # the same budget as rank 0's: the even split
+    assert [line.split("; ")[0] for line in ring.lines(folder, 7, own=own)] == [
+        "stage 0: rank 0 on 10.0.0.1, layers 0-1 of 4, pid 7", "stage 1: rank 1 on 10.0.0.2, layers 2-3 of 4"]

@@ -58,3 +58,31 @@ def test_the_streamer_actor_drives_2_ranks_to_its_own_tokens_across_resets_and_m
     # rank 1 ran every pass; last the second model's last layer: split by compute, its head weighs a layer and a third
     follower = json.loads(ranks[1][1].strip().splitlines()[-1])
     assert (follower["passes"], follower["layers"]) == (len(alone), [3, 4])
+
+
+def test_stage_0_splits_the_layers_over_each_hosts_budget_and_loads_anew_when_they_change(monkeypatch):
+    """The streamer opens its stage on the split admission prices (`split.host_capacity`): the followers' budgets
+    as the job's RESET carries them, against its own."""
+    from spill.streamer import process
+    made = []
+
+    class Stage:
+        def __init__(self, model, relay, capacity=None, **kw):
+            made.append(capacity)
+            self.capacity = capacity
+
+        def splits_as(self, by_compute, capacity=None):
+            return capacity == self.capacity
+
+        def __getattr__(self, name):   # clear, close, set_resident...: nothing to do here
+            return lambda *a, **kw: None
+
+    class Relay:
+        size = 2
+
+    monkeypatch.setattr(process, "StagedStreamer", Stage)
+    actor = StreamerActor(relay=Relay(), budget=4 << 30)
+    actor.reset(m.Reset(1, "model", hosts=[m.Host(16 << 30, 0.5)]))   # rank 1: twice rank 0's budget
+    actor.reset(m.Reset(2, "model", hosts=[m.Host(16 << 30, 0.5)]))   # the same split: kept
+    actor.reset(m.Reset(3, "model", hosts=[m.Host(8 << 30, 0.5)]))    # rank 0's budget: the even split, loaded anew
+    assert made == [[4 << 30, 8 << 30], None]

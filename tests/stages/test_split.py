@@ -8,7 +8,8 @@ import pytest
 from spill.errors import SpillError
 from spill.factory.families import get_family, tensor_shapes
 from spill.factory.presets import Shape
-from spill.stages.split import compute_costs, resident_names, split, stage_plans, stage_shares
+from spill.stages.split import (compute_costs, host_capacity, resident_names, split, stage_plans, stage_ranges,
+                                 stage_shares)
 from spill.streamer.plan import ModelPlan, TensorSpec, layer_of, load_plan
 
 
@@ -104,3 +105,13 @@ def test_every_split_is_contiguous_covers_every_layer_and_gives_each_stage_one(b
     shares = stage_shares(_plan(HEAVY_HEAD, False), n, by_compute=by_compute)
     assert len(shares) == n and all(len(s.layers) >= 1 for s in shares)
     assert [i for s in shares for i in s.layers] == list(range(12))
+
+
+def test_each_hosts_budget_weighs_its_share_and_equal_budgets_split_as_none_given():
+    assert host_capacity(100, [(200, 0.5)], 2) is None                    # rank 1's budget is rank 0's
+    assert host_capacity(100, [(1000, 0.5)], 3) == [100, 500, 100]        # rank 2 told none: taken as rank 0's
+    assert host_capacity(100, [(0, 0.5)], 2) == [100, 1]                  # never a zero capacity
+    plan = _plan(HEAVY_HEAD, tied=False)
+    assert stage_ranges(plan, 2, capacity=[7, 7]) == stage_ranges(plan, 2)
+    small, large = stage_ranges(plan, 2, capacity=[4, 1]), stage_ranges(plan, 2, capacity=[1, 4])
+    assert len(small[1]) < len(stage_ranges(plan, 2)[1]) < len(large[1])
