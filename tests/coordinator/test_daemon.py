@@ -60,6 +60,7 @@ class Sup:
         return ""
 
     def stages(self, folder, by_compute=False, own=None):
+        self.split = (folder, by_compute)   # what `spill status` was asked to show
         return []
 
     def pids(self):
@@ -309,3 +310,15 @@ def test_a_first_use_probe_waits_until_no_job_runs(tmp_path, monkeypatch):
     assert g.status(m.Status(a.job)).status == "done"
     settle(g)
     assert g.current.job.id == new.job
+
+
+def test_status_shows_the_split_the_stages_keep_once_their_job_ended(tmp_path, monkeypatch):
+    """A resident pipeline's job split its layers by compute; the stages keep that split after it, and so does
+    `spill status` (it showed the split by bytes once no job ran)."""
+    monkeypatch.setattr(daemon.JobRun, "by_compute", property(lambda run: True))
+    a = submit(g := group(), tmp_path, "a")
+    g.status(m.Status(a.job))
+    assert g.sup.split == (str(tmp_path), True)
+    g.on_actor(done(g.epoch, [0, 1], "text of a"))
+    assert g.current is None and g.status(m.Status(a.job)).status == "done"
+    assert g.sup.split == (str(tmp_path), True)
