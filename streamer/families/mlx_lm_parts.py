@@ -20,7 +20,8 @@ _TAKEN = ("MODEL_REMAPPING", "MODEL_ARCHITECTURE_REMAPPING", "_get_classes", "in
 
 def without_init() -> None:
     """Let `import mlx_lm.models.llama` (and cache, sample_utils) skip the package's `__init__` in this process,
-    unless mlx_lm is imported already; `mlx_lm.load` and its other names still run it, on first use."""
+    unless mlx_lm is imported already; `mlx_lm.load` and its other names still run it, on first use. For an actor's
+    own process only: there `from mlx_lm import generate` would give the module of that name, not the function."""
     if "mlx_lm" in sys.modules:
         return
     spec = importlib.util.find_spec("mlx_lm")

@@ -1,6 +1,7 @@
 """mlx-lm's model classes and quantization guess without its package __init__: the same answers as mlx_lm.utils,
 and a streamer process that never imports transformers."""
 
+import os
 import subprocess
 import sys
 
@@ -46,8 +47,17 @@ def test_the_quantization_guess_is_mlx_lms_own():
     assert q.scales.dtype != mx.uint8
 
 
-def test_a_streamer_process_imports_no_transformers_and_mlx_lm_load_still_works():
-    code = ("import sys; import spill.streamer.process; from spill.streamer.families.mlx_lm_parts import get_classes\n"
+def test_a_streamer_process_imports_no_transformers(tmp_path):
+    """The actor's imports as `python -m` runs it (it stops at once here: no endpoints)."""
+    out = subprocess.run([sys.executable, "-X", "importtime", "-m", "spill.streamer.process", "{}"], capture_output=True,
+                         text=True, timeout=120, env={**os.environ, "SPILL_HOME": str(tmp_path)})
+    imported = {line.split("|")[-1].strip() for line in out.stderr.splitlines() if line.startswith("import time:")}
+    assert "mlx_lm.sample_utils" in imported and "spill.streamer.core" in imported, out.stderr[-2000:]
+    assert not imported & {"transformers", "huggingface_hub", "mlx_lm.utils"}
+
+
+def test_without_init_mlx_lms_models_load_and_its_own_names_still_run_its_init():
+    code = ("import sys; from spill.streamer.families.mlx_lm_parts import get_classes, without_init; without_init()\n"
             "get_classes({'model_type': 'llama'}); import mlx_lm.models.cache\n"
             "print(sorted(m for m in ('transformers', 'huggingface_hub', 'mlx_lm.utils') if m in sys.modules))\n"
             "import mlx_lm; print(mlx_lm.load.__module__, 'transformers' in sys.modules)")
