@@ -26,8 +26,11 @@ from spill.actor import Fault, parent_watch
 from spill.errors import SpillError
 from spill.memory import memory_args
 from spill.platform import without_torch
+from spill.streamer.families.mlx_lm_parts import without_init
 
 without_torch()   # before mlx-lm, whose transformers would import torch (a stage uses none of it)
+if __name__ == "__main__":   # a rank's own process: mlx-lm's models without its __init__'s transformers
+    without_init()
 from . import plans  # noqa: E402
 from .link import join  # noqa: E402
 from .relay import Relay  # noqa: E402

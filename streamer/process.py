@@ -16,7 +16,11 @@ from spill.stages.split import host_capacity
 from spill.stages.relay import group_relay
 from spill.wire import Mailbox
 
+from .families.mlx_lm_parts import without_init
+
 without_torch()   # here, not only in run_actor: .core imports mlx-lm, whose transformers would import torch
+if __name__ == "__main__":   # the actor's own process: mlx-lm's models without its __init__'s transformers
+    without_init()
 from .core import PassPlan, Row, Streamer  # noqa: E402
 from spill.stages.staged import StagedStreamer, tell  # noqa: E402
 

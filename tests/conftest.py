@@ -73,6 +73,34 @@ def llama_calibration(make_tiny, spill_home):
     return spill_home / "calibration"
 
 
+@pytest.fixture(scope="session")
+def fast_disk_calibration(make_tiny, tmp_path_factory):
+    """The tiny llama's calibrations as a first `spill estimate` makes them (16-row probes, unquantized and 8-bit KV)
+    with the disk read at 2 GB/s: a test's home copies them (group_util.seed_home) instead of probing again."""
+    from typer.testing import CliRunner
+
+    from spill.admission import calibration
+    from spill.coordinator.cli import app
+    home = tmp_path_factory.mktemp("fast_disk")
+    (home / "in.jsonl").write_text('{"custom_id": "a", "prompt": "a question", "max_tokens": 4}\n')
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SPILL_HOME", str(home))
+        mp.setattr(calibration, "read_probe", lambda files: 2e9)
+        done = CliRunner().invoke(app, ["estimate", str(make_tiny("llama")), str(home / "in.jsonl")])
+    assert done.exit_code == 0, done.output
+    return home / "calibration"
+
+
+@pytest.fixture
+def fast_disk_home(tmp_path, monkeypatch, fast_disk_calibration):
+    """A data home of the test's own, the tiny llama calibrated there at a 2 GB/s read (later probes read so too)."""
+    from spill.admission import calibration
+    from tests.coordinator.group_util import seed_home
+    seed_home(tmp_path / "home", fast_disk_calibration)
+    monkeypatch.setenv("SPILL_HOME", str(tmp_path / "home"))
+    monkeypatch.setattr(calibration, "read_probe", lambda files: 2e9)
+    return tmp_path / "home"
+
 
 @pytest.fixture(scope="session")
 def smollm2(request, tmp_path_factory):

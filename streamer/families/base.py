@@ -11,7 +11,6 @@ import mlx.nn as nn
 import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 from mlx_lm.models.cache import BatchKVCache
-from mlx_lm.utils import _get_classes, infer_quant_config
 
 from spill.errors import SpillError
 from spill.platform import activation_streams, chunk_attention
@@ -19,6 +18,7 @@ from spill.platform import activation_streams, chunk_attention
 from ..attention import pooled_attention
 from ..streams import cpu_streams, spread
 from ..plan import ModelPlan, layer_of, layer_prefix
+from .mlx_lm_parts import get_classes, infer_quant_config
 
 
 # safetensors codes of packed and scale tensors -> the dtype their stubs need for mlx-lm's checks
@@ -34,7 +34,7 @@ class Adapter:
     fused_mlp = True   # its blocks are h = x + attn(norm(x)), h + mlp(norm(h)): one MLP product for every group
 
     def __init__(self, config: dict):
-        model_class, args_class = _get_classes(config)
+        model_class, args_class = get_classes(config)
         self.config = config
         self.args = args_class.from_dict(config)
         # Parameters stay lazy (never evaluated) until real weights replace them.

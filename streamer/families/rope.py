@@ -4,9 +4,9 @@ and fall back to a default without a word: the model would run, with wrong posit
 
 from dataclasses import fields
 
-from mlx_lm.utils import _get_classes
-
 from spill.errors import SpillError
+
+from .mlx_lm_parts import get_classes
 
 # models that keep a scaling of these types only and drop any other (mlx-lm's phi3 prints a warning)
 _KEPT = {"phi3": {"longrope", "su", "linear"}}
@@ -16,7 +16,7 @@ _LOCAL = {"sliding_attention": "rope_local_base_freq"}   # a per-type theta -> t
 def rope_config(config: dict, folder) -> dict:
     """config.json with its RoPE settings also where the family's mlx-lm ModelArgs reads them; one sentence for a
     scaling that model would drop."""
-    _, args_class = _get_classes(config)
+    _, args_class = get_classes(config)
     reads, out = {f.name for f in fields(args_class)}, dict(config)
     model = config.get("model_type")
     params = config.get("rope_parameters")

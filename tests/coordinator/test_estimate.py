@@ -24,9 +24,7 @@ def _input(tmp_path, bad=True):
     return path
 
 
-def test_text_output_has_the_total_the_ideal_and_a_line_per_tier(make_tiny, tmp_path, monkeypatch):
-    monkeypatch.setenv("SPILL_HOME", str(tmp_path / "home"))
-    monkeypatch.setattr(calibration, "read_probe", lambda files: 2e9)
+def test_text_output_has_the_total_the_ideal_and_a_line_per_tier(make_tiny, tmp_path, fast_disk_home):
     result = runner.invoke(app, ["estimate", str(make_tiny("llama")), str(_input(tmp_path, bad=False))])
     assert result.exit_code == 0, result.output
     out = result.stdout.splitlines()
@@ -40,9 +38,7 @@ def test_text_output_has_the_total_the_ideal_and_a_line_per_tier(make_tiny, tmp_
     assert not any("cannot run" in line for line in out)
 
 
-def test_json_output_counts_bad_rows_as_errors_and_prices_the_rest(make_tiny, tmp_path, monkeypatch):
-    monkeypatch.setenv("SPILL_HOME", str(tmp_path / "home"))
-    monkeypatch.setattr(calibration, "read_probe", lambda files: 2e9)
+def test_json_output_counts_bad_rows_as_errors_and_prices_the_rest(make_tiny, tmp_path, fast_disk_home):
     result = runner.invoke(app, ["estimate", str(make_tiny("llama")), str(_input(tmp_path)), "--json"])
     assert result.exit_code == 0, result.output
     est = json.loads(result.stdout)
@@ -54,11 +50,9 @@ def test_json_output_counts_bad_rows_as_errors_and_prices_the_rest(make_tiny, tm
     assert "3 rows cannot run: counted as errors, not priced" in text
 
 
-def test_short_rows_run_at_a_larger_batch_than_the_long_rows_width_allows(make_tiny, tmp_path, monkeypatch):
+def test_short_rows_run_at_a_larger_batch_than_the_long_rows_width_allows(make_tiny, tmp_path, fast_disk_home):
     from spill.admission import schedule
     from spill.admission.simulate import SimRow
-    monkeypatch.setenv("SPILL_HOME", str(tmp_path / "home"))
-    monkeypatch.setattr(calibration, "read_probe", lambda files: 2e9)
     lines = [json.dumps({"custom_id": f"s{i}", "prompt": "short question " * 3, "max_tokens": 128}) for i in range(18)]
     lines += [json.dumps({"custom_id": f"l{i}", "prompt": "word " * 900, "max_tokens": 128}) for i in range(6)]
     path = tmp_path / "tiers.jsonl"
@@ -73,13 +67,11 @@ def test_short_rows_run_at_a_larger_batch_than_the_long_rows_width_allows(make_t
 
 
 def test_the_jobs_estimate_leaves_the_groups_other_processes_out_of_the_kv_as_admission_does(
-        make_tiny, tmp_path, monkeypatch):
+        make_tiny, tmp_path, fast_disk_home):
     from spill.admission import schedule
     from spill.admission.advisor import Advice
     from spill.admission.simulate import SimRow
     from spill.coordinator.estimate import JobEstimate
-    monkeypatch.setenv("SPILL_HOME", str(tmp_path / "home"))
-    monkeypatch.setattr(calibration, "read_probe", lambda files: 2e9)
     folder, rows = make_tiny("llama"), [SimRow(i, 200, 64) for i in range(64)]
     alone = JobEstimate(folder, rows, 0, memory="48MiB", advice=Advice(False, ""))
     beside = JobEstimate(folder, rows, 0, memory="48MiB", advice=Advice(False, ""), others=12 * 2**20)
@@ -90,10 +82,9 @@ def test_the_jobs_estimate_leaves_the_groups_other_processes_out_of_the_kv_as_ad
     assert beside.first.total_seconds > alone.first.total_seconds
 
 
-def test_spill_estimate_prices_the_groups_processes_as_the_last_job_here_measured_them(make_tiny, tmp_path, monkeypatch):
+def test_spill_estimate_prices_the_groups_processes_as_the_last_job_here_measured_them(make_tiny, tmp_path,
+                                                                                      fast_disk_home):
     from spill.coordinator import estimate
-    monkeypatch.setenv("SPILL_HOME", str(tmp_path / "home"))
-    monkeypatch.setattr(calibration, "read_probe", lambda files: 2e9)
     lines = [json.dumps({"custom_id": f"r{i}", "prompt": "word " * 200, "max_tokens": 64}) for i in range(64)]
     (tmp_path / "in.jsonl").write_text("\n".join(lines) + "\n")
     args = ["estimate", str(make_tiny("llama")), str(tmp_path / "in.jsonl"), "--memory", "48MiB", "--stream"]
@@ -152,9 +143,8 @@ def test_an_estimate_with_no_row_to_run_says_so_instead_of_a_ratio_of_nothing():
     assert estimate_line(Estimate(0.0, 0.0, 0, [])) == "estimate: nothing to run"   # a job whose rows are all written
 
 
-def test_a_budget_below_the_models_fixed_part_is_named_by_the_estimate_with_its_fix(make_tiny, tmp_path, monkeypatch):
-    monkeypatch.setenv("SPILL_HOME", str(tmp_path / "home"))
-    monkeypatch.setattr(calibration, "read_probe", lambda files: 2e9)
+def test_a_budget_below_the_models_fixed_part_is_named_by_the_estimate_with_its_fix(make_tiny, tmp_path,
+                                                                                    fast_disk_home):
     args = ["estimate", str(make_tiny("llama")), str(_input(tmp_path, bad=False)), "--memory", "10MB"]
     result = runner.invoke(app, args)
     assert result.exit_code == 2, result.output   # no estimate: `spill run` would refuse the job
@@ -168,9 +158,7 @@ def test_a_budget_below_the_models_fixed_part_is_named_by_the_estimate_with_its_
     assert est["passes"] == 0 and est["errors"] == 0 and est["shortfall"].startswith("the budget is ")
 
 
-def test_budget_fraction_sets_the_budget_the_estimate_plans_for_as_run_does(make_tiny, tmp_path, monkeypatch):
-    monkeypatch.setenv("SPILL_HOME", str(tmp_path / "home"))
-    monkeypatch.setattr(calibration, "read_probe", lambda files: 2e9)
+def test_budget_fraction_sets_the_budget_the_estimate_plans_for_as_run_does(make_tiny, tmp_path, fast_disk_home):
     args = ["estimate", str(make_tiny("llama")), str(_input(tmp_path, bad=False)), "--memory", "1GiB", "--json"]
     default, half = (json.loads(runner.invoke(app, args + extra).stdout)["advice"]
                      for extra in ([], ["--budget-fraction", "0.5"]))
@@ -179,12 +167,10 @@ def test_budget_fraction_sets_the_budget_the_estimate_plans_for_as_run_does(make
     assert bad.exit_code == 2 and "--budget-fraction must be above 0 and at most 1" in bad.output
 
 
-def test_an_estimate_can_price_with_a_pass_model_other_than_the_stored_one(make_tiny, tmp_path, monkeypatch):
+def test_an_estimate_can_price_with_a_pass_model_other_than_the_stored_one(make_tiny, tmp_path, fast_disk_home):
     from dataclasses import replace
     from spill.admission.simulate import SimRow
     from spill.coordinator.estimate import estimate_rows
-    monkeypatch.setenv("SPILL_HOME", str(tmp_path / "home"))
-    monkeypatch.setattr(calibration, "read_probe", lambda files: 2e9)
     folder, rows = make_tiny("llama"), [SimRow(i, 200, 64) for i in range(16)]
     stored, cal = estimate_rows(folder, rows, memory="48MiB")
     # a disk slow enough that reading is every pass's cost, however long the busy machine's probe made compute
@@ -193,9 +179,7 @@ def test_an_estimate_can_price_with_a_pass_model_other_than_the_stored_one(make_
     assert priced["bandwidth"] == cal["bandwidth"] / 10_000 and slow.total_seconds > 2 * stored.total_seconds
 
 
-def test_tiers_print_short_medium_long_whatever_the_rows_order(make_tiny, tmp_path, monkeypatch):
-    monkeypatch.setenv("SPILL_HOME", str(tmp_path / "home"))
-    monkeypatch.setattr(calibration, "read_probe", lambda files: 2e9)
+def test_tiers_print_short_medium_long_whatever_the_rows_order(make_tiny, tmp_path, fast_disk_home):
     words = {"long": 900, "medium": 300, "short": 3}
     inp = tmp_path / "in.jsonl"
     inp.write_text("".join(json.dumps({"custom_id": f"{tier}{i}", "prompt": "word " * n, "max_tokens": 2}) + "\n"
@@ -205,13 +189,11 @@ def test_tiers_print_short_medium_long_whatever_the_rows_order(make_tiny, tmp_pa
     assert [line.split()[0] for line in out[at + 1:at + 4]] == ["short", "medium", "long"]
 
 
-def test_an_estimate_is_never_below_its_ideal_when_one_long_row_leads_its_tier(make_tiny, tmp_path, monkeypatch):
+def test_an_estimate_is_never_below_its_ideal_when_one_long_row_leads_its_tier(make_tiny, tmp_path, fast_disk_home):
     """Resident, a tier priced at its first row's batch: "ideal" above the estimate (0.81x, 0.58x here before)."""
     from spill.admission.passmodel import PassModel
     from spill.admission.simulate import SimRow
     from spill.coordinator.estimate import estimate_rows
-    monkeypatch.setenv("SPILL_HOME", str(tmp_path / "home"))
-    monkeypatch.setattr(calibration, "read_probe", lambda files: 2e9)
     rows = [SimRow(0, 4, 1000)] + [SimRow(i, 20, 100) for i in range(1, 201)]
     model = PassModel(bandwidth=1e9, fixed_s=0.005, per_row_s=0.0005, per_prefill_token_s=0.0001, overlap=1.0)
     est, _ = estimate_rows(make_tiny("llama"), rows, memory="30MB", resident=True, model=model)

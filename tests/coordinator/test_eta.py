@@ -19,13 +19,12 @@ def _batch(tmp_path, n: int):
     return tmp_path / "in.jsonl"
 
 
-def test_the_live_eta_resimulates_the_rows_left_with_the_refitted_calibration(make_tiny, tmp_path, monkeypatch):
+def test_the_live_eta_resimulates_the_rows_left_with_the_refitted_calibration(make_tiny, tmp_path, monkeypatch,
+                                                                              fast_disk_home):
     from spill.admission.calibration import open_calibration
     from spill.admission.passmodel import Observation
     from spill.admission.simulate import SimRow
     from spill.coordinator.estimate import JobEstimate
-    monkeypatch.setenv("SPILL_HOME", str(tmp_path / "home"))
-    monkeypatch.setattr(calibration, "read_probe", lambda files: 2e9)
     folder = make_tiny("llama")
     rows = [SimRow(i, 40 if i % 2 else 400, 16) for i in range(20)]
     job = JobEstimate(folder, rows, errors=0, every=0.0, share=float("inf"))   # no bound on its cost
@@ -114,10 +113,8 @@ def test_an_eta_that_ran_out_is_re_simulated_though_its_last_cost_is_over_its_sh
     assert len(runs) <= 100 / 2 + 1
 
 
-def test_a_jobs_estimate_and_eta_price_the_groups_budget_fraction(make_tiny, tmp_path, monkeypatch):
+def test_a_jobs_estimate_and_eta_price_the_groups_budget_fraction(make_tiny, tmp_path, monkeypatch, fast_disk_home):
     from spill.coordinator import estimate
-    monkeypatch.setenv("SPILL_HOME", str(tmp_path / "home"))
-    monkeypatch.setattr(calibration, "read_probe", lambda files: 2e9)
     monkeypatch.setattr(estimate, "group_rss", lambda pid, runtime=(0, 0): 1 << 20)   # not pytest's own memory
     folder = make_tiny("llama")
     batch = _batch(tmp_path, 64)
@@ -153,10 +150,8 @@ def test_the_eta_takes_the_groups_memory_as_admission_priced_it_and_remembers_it
 
 
 def test_before_the_streamer_is_ready_the_estimate_prices_the_group_as_the_last_job_did(make_tiny, tmp_path,
-                                                                                        monkeypatch):
+                                                                                        monkeypatch, fast_disk_home):
     from spill.coordinator import estimate
-    monkeypatch.setenv("SPILL_HOME", str(tmp_path / "home"))
-    monkeypatch.setattr(calibration, "read_probe", lambda files: 2e9)
     estimate.remember_others(300 * 2**20)
     job = estimate.job_estimate(make_tiny("llama"), tmp_path / "none.jsonl", set(), {}, {}, structlog.get_logger(),
                                 {"tokenizer": 1})
@@ -168,14 +163,12 @@ def test_before_the_streamer_is_ready_the_estimate_prices_the_group_as_the_last_
     assert job.others == 7 * 2**20 + 3   # measured: this process and its children, and the streamer's runtime
 
 
-def test_the_eta_counts_down_from_the_first_pass_not_from_the_submit(make_tiny, tmp_path, monkeypatch):
+def test_the_eta_counts_down_from_the_first_pass_not_from_the_submit(make_tiny, tmp_path, monkeypatch, fast_disk_home):
     """The demo at a fresh home: the ETA read 0h00m00s at 10 of 20 rows of a 20 s job estimated at 23 s,
     its count-down started at the submit, before the model's load."""
     from spill.admission.advisor import Advice
     from spill.admission.simulate import SimRow
     from spill.coordinator import estimate
-    monkeypatch.setenv("SPILL_HOME", str(tmp_path / "home"))
-    monkeypatch.setattr(calibration, "read_probe", lambda files: 2e9)
     rows = [SimRow(i, 200, 64) for i in range(64)]
     job = estimate.JobEstimate(make_tiny("llama"), rows, 0, memory="48MiB", advice=Advice(False, ""), every=3600.0)
     clock = job.at + 30.0   # the first pass, 30 s after the submit; the clock stands still on a busy machine too
