@@ -138,7 +138,7 @@ def test_a_pipeline_stage_prices_its_share_against_its_own_hosts_budget(plan):
     assert (b.resident, b.slots, b.budget, b.by_compute) == (alike.resident, alike.slots, alike.budget, alike.by_compute)
     assert "budget of rank 0, the tightest of 2 ranks' shares, each against its own host's budget" in b.line
     same = advise(plan, ROWS, memory, stages=2, hosts=[(int(memory), default_fraction())])   # one machine's
-    assert same == alike   # every host as rank 0's: today's advice, word for word
+    assert same == alike   # every host as rank 0's: one host's advice, word for word
     tight, _ = budget_policy(plan, memory, stages=2, hosts=small)
     assert tight.sheet.working_set == small[0][0]   # admission's policy: rank 1's, on its own working set
 

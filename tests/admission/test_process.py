@@ -75,17 +75,19 @@ def test_a_resident_pipeline_reset_prices_the_stages_as_the_advisor_split_them(m
     assert weights[1] == 2 * stages[1][0].total_bytes > weights[0] and [len(p.layers) for p in stages[1]] == [3, 1]
 
 
-def test_a_pipeline_reset_prices_each_stage_against_the_memory_its_host_told(make_tiny):
-    """Rank 1 told 1 GB at join: its stage holds half the layers' KV in half rank 0's budget, and admits the rows."""
+def test_a_pipeline_reset_prices_each_stage_against_the_memory_its_host_told(make_tiny, monkeypatch):
+    """Rank 1 told 1 GB at join: its stage is priced on its own budget, a third of rank 0's, and is the tightest."""
+    monkeypatch.setattr(process.memory, "group_rss", lambda parent, runtime: 64 * 2**20)   # one figure, each pricing
     folder, log = str(make_tiny("llama")), structlog.get_logger()
     priced = [process._price(m.Reset(1, folder, "job", stages=2, hosts=hosts), {"memory": "2GB"}, None, log)[0]
               .policy.sheet for hosts in ([], [m.Host(2 * 10**9, 0.78)], [m.Host(10**9, 0.5)])]
-    assert priced[0] == priced[1]   # none told, or one as rank 0's: today's prices
+    assert priced[0] == priced[1]   # none told, or one as rank 0's: the prices of one host
     assert priced[2].working_set == 10**9 and priced[2].fraction == 0.5 and priced[2].kv_budget < priced[0].kv_budget
 
 
-def test_a_pipelines_backpressure_weighs_rank_0s_memory_against_its_own_working_set(make_tiny):
+def test_a_pipelines_backpressure_weighs_rank_0s_memory_against_its_own_working_set(make_tiny, monkeypatch):
     """Rank 1's smaller host prices the KV; rank 0's report (the memory admission sees) holds at rank 0's share."""
+    monkeypatch.setattr(process.memory, "group_rss", lambda parent, runtime: 64 * 2**20)   # not the test runner's
     folder, log = str(make_tiny("llama")), structlog.get_logger()
     tight = process._price(m.Reset(1, folder, "job", stages=2, hosts=[m.Host(5 * 10**8, 0.78)]), {"memory": "2GB"},
                            None, log)[0].policy.sheet
