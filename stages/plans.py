@@ -1,9 +1,11 @@
 """What rank 0 tells the other stages between passes: an op and its body, as msgpack.
 
     ["plan", {ids, prompts, lengths, ...}]    run this PassPlan (its rows struct-of-arrays, prompts packed int32)
+    ["share", {plan, owners}]                 a replica: this PassPlan's rows whose owner (a rank each) is its own
     ["clear", None]                           drop every row (the group's reset)
     ["resident", true]  ["kv", [bits, group]] keep the layers, or stream them; the next rows' KV format
-    ["load", {model, layers, dtype, ...}]     load a model: each rank its own [start, stop) of `layers`
+    ["load", {model, layers, dtype, ...}]     load a model: each rank its own [start, stop) of `layers` (or every
+                                              layer: `replicas`)
     ["stop", None]                            this model is done (its stage closes)
     ["exit", None]                            leave (the group is going down)
 """
@@ -14,12 +16,15 @@ from spill.errors import SpillError
 from spill.messages import RowSampling, pack_tokens, unpack_tokens
 from spill.streamer.records import PassPlan, Row
 
-OPS = ("load", "plan", "clear", "resident", "kv", "stop", "exit")
+OPS = ("load", "plan", "share", "clear", "resident", "kv", "stop", "exit")
 
 
 def pack(op: str, body=None) -> bytes:
     if op not in OPS:
         raise ValueError(f"unknown stage op {op!r}")
+    if op == "share":
+        plan, owners = body
+        body = {"plan": plan_body(plan), "owners": list(owners)}
     return msgpack.packb([op, plan_body(body) if op == "plan" else body], use_bin_type=True)
 
 
@@ -29,6 +34,8 @@ def unpack(data: bytes) -> tuple[str, object]:
         op, body = msgpack.unpackb(data, raw=False)
         if op not in OPS:
             raise ValueError(f"unknown op {op!r}")
+        if op == "share":
+            return op, (plan_of(body["plan"]), body["owners"])
         return op, plan_of(body) if op == "plan" else body
     except Exception as err:  # noqa: BLE001 - msgpack and the fields raise several types for a foreign frame
         raise SpillError(f"a stage could not read rank 0's message ({type(err).__name__}: {err}); every host "

@@ -6,8 +6,8 @@ neighbour that died is a `StageLost` at once (MLX's ring says the connection was
 answering is one after `deadline_s`, never a hang. MLX's ring sends only between neighbours, so messages
 go round the ring: a plan from rank 0 rank by rank to the last (`plan`), hidden states r -> r+1, the last
 rank's tokens to rank 0 and on to the others (`tokens`), each follower's figures to rank 0 (`gather`: its memory
-at join, `hosts`; a pass's figures, `figures`). `waited` counts the seconds the caller spent blocked on its
-neighbours (a pass's bubble), a follower's wait for the next plan left out.
+at join, `hosts`; a pass's figures, `figures`), a replica's pass to rank 0 (`collect`). `waited` counts the
+seconds the caller spent blocked on its neighbours (a pass's bubble), a follower's wait for the next plan left out.
 """
 
 import json
@@ -17,6 +17,7 @@ import threading
 import time
 
 import mlx.core as mx
+import msgpack
 import numpy as np
 
 from spill import config
@@ -133,15 +134,33 @@ class Relay:
         return self.take(self.recv_later(shape, dtype, peer, what), -1.0 if wait else None)
 
     def plan(self, data: bytes | None = None) -> bytes:
-        """Rank 0's `data` on every rank, round the ring: its length (int32), then its bytes (uint8). The
-        others wait for it as long as it takes (a group between jobs has no plan to run)."""
+        """Rank 0's `data` on every rank, round the ring. The others wait for it as long as it takes (a group
+        between jobs has no plan to run)."""
         if self.rank > 0:
-            n = int(self.recv((1,), mx.int32, self.rank - 1, "waiting for a plan from", wait=False).item())
-            data = bytes(np.array(self.recv((n,), mx.uint8, self.rank - 1, "receiving a plan from"), copy=False))
+            data = self._bytes_from(self.rank - 1, "a plan from", wait=False)
         if self.rank + 1 < self.size:
-            self.send(mx.array([len(data)], dtype=mx.int32), self.rank + 1)
-            self.send(mx.array(np.frombuffer(data, dtype=np.uint8)), self.rank + 1)
+            self._bytes_to(data, self.rank + 1)
         return data
+
+    def collect(self, mine: bytes | None) -> list[bytes]:
+        """Each follower's `mine` on rank 0, round the ring (a msgpack list grown rank by rank, the last's to rank 0):
+        rank 0 gets rank 1's first; [] elsewhere."""
+        if self.size == 1:
+            return []
+        if self.rank == 0:
+            return msgpack.unpackb(self._bytes_from(self.size - 1, "reports from"))
+        before = msgpack.unpackb(self._bytes_from(self.rank - 1, "reports from")) if self.rank > 1 else []
+        self._bytes_to(msgpack.packb([*before, mine]), (self.rank + 1) % self.size)
+        return []
+
+    def _bytes_from(self, peer: int, what: str, wait: bool = True) -> bytes:
+        """Bytes `_bytes_to` sent: their length (int32), then the bytes (uint8)."""
+        n = int(self.recv((1,), mx.int32, peer, f"waiting for {what}", wait=wait).item())
+        return bytes(np.array(self.recv((n,), mx.uint8, peer, f"receiving {what}"), copy=False))
+
+    def _bytes_to(self, data: bytes, peer: int) -> None:
+        self.send(mx.array([len(data)], dtype=mx.int32), peer)
+        self.send(mx.array(np.frombuffer(data, dtype=np.uint8)), peer)
 
     def tokens(self, tokens: np.ndarray | None, count: int) -> np.ndarray:
         """The last rank's `count` tokens (int32) on every rank: it sends them to rank 0, which sends them on."""

@@ -3,11 +3,11 @@ ranks 1..N-1 load what rank 0 names and follow it until it lets them go. Started
 or `mlx.launch --backend ring`; a rank 1..N-1 needs no arguments (`spill up --ranks N` starts them so, and
 `spill up` under `mlx.launch` runs this on every rank past 0).
 
-    python -m spill.stages.serve MODEL --plans PLANS.msgpack --out PASSES.json [--micro-batches 1,2,4]
+    python -m spill.stages.serve MODEL --plans PLANS.msgpack --out PASSES.json [--micro-batches 1,2,4] [--replicas]
 
 PLANS.msgpack is a msgpack list of `plans.pack` frames; rank 0 runs them once for each --micro-batches (a model
-loaded anew each time) and writes a list: each run's passes (each pass's tokens, rows that left and rows
-preempted) to PASSES.json. Every rank prints one JSON line at the end: its rank, layers, passes, tokens, bytes
+loaded anew each time; --replicas: every rank the whole model and a share of the rows) and writes a list: each
+run's passes (each pass's tokens, rows that left and rows preempted) to PASSES.json. Every rank prints one JSON line at the end: its rank, layers, passes, tokens, bytes
 read a pass, resident bytes and each pass's seconds, compute seconds and seconds blocked on a neighbour; rank 0
 also each follower's memory (told at join) and each pass's figures from the followers (stages/figures.py).
 Ranks 1..N-1 take --memory and --budget-fraction as `spill up` does: what they tell rank 0 their budget is.
@@ -34,7 +34,9 @@ if __name__ == "__main__":   # a rank's own process: mlx-lm's models without its
 from . import plans  # noqa: E402
 from .link import join  # noqa: E402
 from .relay import Relay  # noqa: E402
-from .staged import StagedStreamer, serve, tell  # noqa: E402
+from .replicas import Replicas  # noqa: E402
+from .ranked import tell  # noqa: E402
+from .staged import StagedStreamer, serve  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -45,6 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--prefill-chunk", type=int, default=512)
     p.add_argument("--resident", action="store_true",
                    help="keep the stages' layers after their first read (split by compute, else by bytes)")
+    p.add_argument("--replicas", action="store_true", help="rank 0: every rank the whole model, a share of the rows")
     p.add_argument("--micro-batches", default="0", help="rank 0: a run of the plans for each (comma-separated)")
     p.add_argument("--deadline", type=float, default=None, help="seconds to wait on a neighbour (SPILL_STAGE_TIMEOUT)")
     p.add_argument("--parent-fd", type=int, default=None, help="leave when this pipe closes (the group's supervisor)")
@@ -71,8 +74,10 @@ def main(argv: list[str] | None = None) -> int:
             frames = msgpack.unpackb(Path(args.plans).read_bytes()) if args.plans else []
             for m in [int(m) for m in args.micro_batches.split(",")]:
                 runs.append(len(passes))
-                engine = StagedStreamer(args.model, relay, prefill_chunk=args.prefill_chunk, resident=args.resident,
-                                        micro_batches=m, by_compute=args.resident)
+                engine = (Replicas(args.model, relay, prefill_chunk=args.prefill_chunk, resident=args.resident)
+                          if args.replicas else
+                          StagedStreamer(args.model, relay, prefill_chunk=args.prefill_chunk, resident=args.resident,
+                                         micro_batches=m, by_compute=args.resident))
                 ops = {"plan": lambda plan: (on_pass(engine.run(plan)), told.append(engine.followers)),
                        "clear": lambda _: engine.clear(),
                        "resident": engine.set_resident, "kv": lambda kv: engine.set_kv(*kv)}

@@ -30,71 +30,45 @@ import numpy as np
 from spill.errors import SpillError
 from spill.platform import release_heap
 from spill.streamer import emit
-from spill.streamer.core import PassPlan, PassReport, Streamer
+from spill.streamer.core import PassPlan, PassReport
 from spill.streamer.kvquant import stored_dtype
 from spill.streamer.plan import load_plan
 
 from . import figures, micro, plans, rounds as rounds_of
 from .model import micro_batches as micro_batches_of
-from .relay import Relay, StageLost
+from .ranked import OnRanks
+from .relay import Relay
+from .replicas import Replicas
 from .split import resident_names, stage_ranges
 
 
-SHARED = ("prefill_chunk", "resident", "kv_bits", "kv_group_size", "seed", "micro_batches")   # every stage alike
-
-
-def tell(relay: Relay, op: str, body=None) -> None:
-    """Rank 0: an op (plans.py) to every other rank; elsewhere nothing (a follower does what it was told)."""
-    if relay.rank == 0 and relay.size > 1:
-        relay.plan(plans.pack(op, body))
-
-
-class StagedStreamer(Streamer):
+class StagedStreamer(OnRanks):
     """This rank's stage: `layers` of the model in `folder` (rank 0: its share by bytes, or `by_compute` where the
     group runs resident, over each host's budget in `capacity`, `split.stage_shares`, and it tells the others to
-    load theirs). Rank 0 drives (`run`,
-    `step`, `clear`...: each told to the others, a plan before its pass); the others `follow` (`serve`)."""
+    load theirs). Rank 0 drives (`run`, `step`, `clear`...: each told to the others, a plan before its pass); the
+    others `follow` (`serve`)."""
 
     def __init__(self, folder, relay: Relay, layers: range | None = None, micro_batches: int = 0,
                  by_compute: bool = False, capacity: list[int] | None = None, **kw):
-        self.relay, self.rank, self.size = relay, relay.rank, relay.size
-        self.first, self.last = self.rank == 0, self.rank == self.size - 1
         if micro_batches < 0:
             raise SpillError(f"--micro-batches takes 0 (one a rank) or the micro-batches of a pass, 1 or more, found "
                              f"{micro_batches}")
-        self.micro_batches = micro_batches_of(micro_batches, self.size)   # a pass's micro-batches where resident
+        self.micro_batches = micro_batches_of(micro_batches, relay.size)   # a pass's micro-batches where resident
         self._micro, self._inbox, self._tokens_s = False, [], 0.0   # this pass micro-batch outer; its inputs' shapes
         self._rounds = 1   # decode steps the running plan allows (`rounds.run`)
-        self.followers: list = []   # rank 0: each follower's figures.PASS of the pass before the last
         self.whole = plan = load_plan(folder)   # every layer's tensors: what the split is made from
-        self.ranges = ranges = stage_ranges(plan, self.size, by_compute, capacity)
-        layers = ranges[self.rank] if layers is None else layers
-        super().__init__(folder, layers=layers, holds=resident_names(plan, self.first, self.last), **kw)
+        self.ranges = ranges = stage_ranges(plan, relay.size, by_compute, capacity)
+        layers = ranges[relay.rank] if layers is None else layers
+        rank = relay.rank
+        super().__init__(folder, relay, layers=layers, holds=resident_names(plan, rank == 0, rank == relay.size - 1), **kw)
         self.hidden = self.adapter.args.hidden_size
         self.hidden_dtype = self.dtype or stored_dtype(self.plan)   # what travels between stages
-        dtype = None if self.dtype is None else str(self.dtype).rsplit(".", 1)[-1]
-        kw["micro_batches"] = self.micro_batches
-        tell(relay, "load", {"model": str(folder), "layers": [[r.start, r.stop] for r in ranges], "dtype": dtype,
-                             **{k: kw[k] for k in SHARED if k in kw}})
+        self._load(folder, kw, layers=[[r.start, r.stop] for r in ranges], micro_batches=self.micro_batches)
 
     def splits_as(self, by_compute: bool, capacity: list[int] | None = None) -> bool:
         """Whether the group's layers split `by_compute` (or by bytes) over `capacity` as it holds them; else it
         loads anew."""
         return stage_ranges(self.whole, self.size, by_compute, capacity) == self.ranges
-
-    @property
-    def speculate(self) -> int:
-        return 0
-
-    @speculate.setter
-    def speculate(self, k: int) -> None:
-        if k:
-            raise SpillError("drafts are not verified across pipeline stages yet; run a group of several ranks "
-                             "with --speculate 0 and no --draft")
-
-    # -- rank 0 tells, the others follow ----------------------------------------------------------------------
-    def _tell(self, op: str, body=None) -> None:
-        tell(self.relay, op, body)
 
     def run(self, plan: PassPlan) -> PassReport:
         plan = dataclasses.replace(plan, drafts={})   # a staged pass verifies no drafts
@@ -105,54 +79,6 @@ class StagedStreamer(Streamer):
         # rank 0: the followers' figures of the pass before, or of this one where it ended every row
         self.followers = self.relay.figures(figures.own_pass(self, report) if self.rank else None, self.idle)
         return report
-
-    def follow(self, on_pass=None) -> tuple[str, object]:
-        """Ranks 1..N-1: do what rank 0 says (`on_pass(report)` after each pass) until it stops this stage, names
-        another model or lets the rank go: that op and its body."""
-        done = {"clear": lambda _: self.clear(), "resident": self.set_resident, "kv": lambda kv: self.set_kv(*kv)}
-        while True:
-            op, body = plans.unpack(self.relay.plan())
-            if op == "plan":
-                report = self.run(body)
-                if on_pass is not None:
-                    on_pass(report)
-            elif op in done:
-                done[op](body)
-            else:
-                return op, body
-
-    def clear(self) -> None:
-        super().clear()
-        self._tell("clear")
-
-    def set_resident(self, resident: bool) -> None:
-        super().set_resident(resident)
-        self._tell("resident", resident)
-
-    def set_kv(self, bits: int | None, group_size: int) -> None:
-        super().set_kv(bits, group_size)   # rank 0 first: a format it refuses never reaches the others
-        self._tell("kv", [bits, group_size])
-
-    def set_draft(self, folder: str | None) -> None:
-        if folder:
-            raise SpillError("a draft model is not run across pipeline stages yet; run without --draft")
-
-    def finish(self, row_id, reason: str = "stop") -> None:
-        raise SpillError("a staged streamer changes its rows only through plans; end a row with PassPlan.finish")
-
-    def preempt(self, row_ids, pools=None) -> None:
-        raise SpillError("a staged streamer changes its rows only through plans; drop rows with PassPlan.drop")
-
-    def close(self) -> None:
-        """Rank 0 stops the others' stages (they wait for the next model, `serve`); every rank lets its reader go."""
-        try:
-            if self.first:   # the followers' figures of the last pass, taken before they stop: none left pending
-                self.followers = self.relay.settle() or self.followers
-            self._tell("stop")
-        except StageLost:
-            pass   # the group is gone: nobody to stop
-        finally:
-            super().close()
 
     def _pass(self, chunks: dict[int, int], bounds: dict | None = None) -> PassReport:
         """The plan's rounds where the pass has decode rows alone and every layer is held (the same on every rank);
@@ -221,14 +147,16 @@ class StagedStreamer(Streamer):
         return emit.taken(rows, tokens)
 
 
-def serve(relay: Relay, on_pass=None) -> "StagedStreamer | None":
-    """Ranks 1..N-1 of a group: load each model rank 0 names and follow it, until rank 0 says exit; the last stage."""
+def serve(relay: Relay, on_pass=None) -> "OnRanks | None":
+    """Ranks 1..N-1 of a group: load each model rank 0 names (a stage, or a replica) and follow it, until rank 0
+    says exit; the last one loaded."""
     engine, (op, body) = None, plans.unpack(relay.plan())
     while op != "exit":
         if op == "load":
-            name = body.pop("dtype", None)   # rank 0's compute dtype: what every stage computes in
-            engine = StagedStreamer(body.pop("model"), relay, range(*body.pop("layers")[relay.rank]),
-                                    dtype=getattr(mx, name) if name else None, **body)
+            name = body.pop("dtype", None)   # rank 0's compute dtype: what every rank computes in
+            dtype, model = getattr(mx, name) if name else None, body.pop("model")
+            engine = (Replicas(model, relay, dtype=dtype, **body) if body.pop("replicas", False) else
+                      StagedStreamer(model, relay, range(*body.pop("layers")[relay.rank]), dtype=dtype, **body))
             try:
                 op, body = engine.follow(on_pass)
             finally:

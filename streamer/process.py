@@ -22,7 +22,8 @@ without_torch()   # here, not only in run_actor: .core imports mlx-lm, whose tra
 if __name__ == "__main__":   # the actor's own process: mlx-lm's models without its __init__'s transformers
     without_init()
 from .core import PassPlan, Row, Streamer  # noqa: E402
-from spill.stages.staged import StagedStreamer, tell  # noqa: E402
+from spill.stages.ranked import tell  # noqa: E402
+from spill.stages.staged import StagedStreamer  # noqa: E402
 
 
 class StreamerActor:

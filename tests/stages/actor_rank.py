@@ -14,7 +14,7 @@ from spill import messages as m
 from spill.errors import SpillError
 from spill.stages import serve
 from spill.stages.relay import group_relay
-from spill.stages.staged import tell
+from spill.stages.ranked import tell
 from spill.streamer.process import StreamerActor
 
 
