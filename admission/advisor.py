@@ -3,9 +3,13 @@ later passes read nothing) or streamed, decided once per job before its first pa
 budget's own prices (`schedule.budget_policy`); and, where the model does not fit, a quantized
 variant that would. Pure: no sockets.
 
+    replicas   several ranks, each holding the whole model and a share of the job's batch at once:
+               every rank runs every layer on its own rows (no pipeline bubble, no hidden states
+               between hosts), so N replicas beat N stages wherever they fit
     resident   the weights, priced as a fixed part, leave KV for the job's batch (its rows, at
                most SPILL_MAX_ROWS, each at the job's longest prompt + max_tokens), or for a
-               smaller batch that the pass model still rates faster than streaming
+               smaller batch that the pass model still rates faster than streaming (several
+               ranks: a pipeline, each stage its share of the layers)
     streamed   otherwise, or when SPILL_STREAM / --stream asks for it
 """
 
@@ -30,6 +34,7 @@ class Advice:
     budget: int = 0
     slots: int = 0            # rows the resident budget runs at once
     by_compute: bool = False  # a resident pipeline's layers split by compute, else by bytes (`split.stage_shares`)
+    replicas: bool = False    # several ranks: each the whole model, resident, and a share of the rows (stages/replicas.py)
 
     @property
     def mode(self) -> str:
@@ -39,7 +44,7 @@ class Advice:
 def advise(plan: ModelPlan, rows: list, memory_arg=None, *, stream: bool = False,
            passes: PassModel | None = None, variants: list[tuple[str, int, int]] = (), others: int = 0,
            fraction: float | None = None, kv: tuple | None = None, stages: int = 1, micro_batches: int = 0,
-           rounds: int = 1, stage_scale: float = 1.0, hosts=()) -> Advice:
+           rounds: int = 1, stage_scale: float = 1.0, hosts=(), replicas: bool = True) -> Advice:
     """`rows`: the job's SimRows (prompt, out); `passes`: the calibrated pass model, to weigh a resident
     batch smaller than the job's; `variants`: (tag, bits, group size) of quantized variants to name;
     `others`: the group's processes' resident memory, as admission prices it; `fraction`: --budget-fraction;
@@ -47,11 +52,17 @@ def advise(plan: ModelPlan, rows: list, memory_arg=None, *, stream: bool = False
     stage's share priced, resident where the tightest's fits, its layers split by compute where that fits; a
     smaller resident batch rated as its stages run it: `micro_batches` M, `rounds` a pass, stages/model.py, times
     `stage_scale`, what such passes took over that price, `Calibration.stage_scale`); `hosts`: each follower's
-    (working set, budget fraction), its stage priced against them (`schedule.budget_policy`)."""
+    (working set, budget fraction), its stage priced against them (`schedule.budget_policy`); `replicas`: several
+    ranks may run as replicas, each the whole model and a share of the rows, where the job's batch fits so."""
     width = width_class(max((r.prompt + r.out for r in rows), default=1))
     streamed = budget_policy(plan, memory_arg, fraction, others=others, kv=kv, stages=stages, hosts=hosts)[0]
     want = max(1, min(len(rows), streamed.max_rows))
     streamed_slots = _slots(streamed, want, width)
+    own = (memory.working_set(memory_arg).bytes, fraction or memory.default_fraction())   # rank 0's
+    apart = any(tuple(h) != own for h in hosts[:stages - 1])   # a follower's host with a budget of its own
+    if stages > 1 and replicas and not stream and (
+            chosen := _replicas(plan, memory_arg, fraction, others, kv, stages, hosts, want, width, apart)):
+        return chosen
 
     def resident(by_compute: bool):   # (policy, working set, slots, fits) with every stage's layers kept
         policy, ws = budget_policy(plan, memory_arg, fraction, others=others, resident=True, kv=kv, stages=stages,
@@ -70,8 +81,6 @@ def advise(plan: ModelPlan, rows: list, memory_arg=None, *, stream: bool = False
     s = policy.sheet
     weights, held = s.fixed["resident"], s.cost(want, width)
     split = f"; layers split by {'compute' if by_compute else 'bytes'}" if fits and not stream else ""
-    own = (memory.working_set(memory_arg).bytes, fraction or memory.default_fraction())   # rank 0's
-    apart = any(tuple(h) != own for h in hosts[:stages - 1])   # a follower's host with a budget of its own
     budget = f"the {fmt(s.budget)} memory budget" + (
         "" if stages == 1 else f" of each of {stages} ranks (the tightest stage's share{split})" if not apart else
         f" of {ws.source if ws.source.startswith('rank') else 'rank 0'}, the tightest of {stages} ranks' shares, each "
@@ -91,6 +100,23 @@ def advise(plan: ModelPlan, rows: list, memory_arg=None, *, stream: bool = False
         if tag := _variant(plan, rows, memory_arg, passes, variants, others, fraction, kv):
             line += f"; {tag} would fit resident: spill run {tag}"
     return Advice(fits and not stream, line, weights, held, s.budget, slots, by_compute and fits and not stream)
+
+
+def _replicas(plan, memory_arg, fraction, others, kv, stages, hosts, want, width, apart) -> Advice | None:
+    """Replicas' advice where the whole model and a 1/stages share of the job's batch fit every rank's budget."""
+    policy, ws = budget_policy(plan, memory_arg, fraction, others=others, resident=True, kv=kv, stages=stages,
+                               hosts=hosts, replicas=True)
+    if _slots(policy, want, width) < want:
+        return None
+    s = policy.sheet
+    weights, held = s.fixed["resident"], s.cost(want, width)
+    where = (f"{ws.source if ws.source.startswith('rank') else 'rank 0'}, the tightest of {stages} ranks" if apart else
+             f"each of {stages} ranks")
+    line = (f"replicas: the whole model ({fmt(weights)}) and a 1/{stages} share of the job's KV ({fmt(held)}, "
+            f"{-(-want // stages)} of its {want} rows at once) fit the {fmt(s.budget)} memory budget of {where}; each "
+            "rank runs every layer on its own share of the rows, with no pipeline to fill and drain and no hidden states "
+            "between hosts; only the first pass reads the disk (--stream streams a pipeline instead)")
+    return Advice(True, line, weights, held, s.budget, want, replicas=True)
 
 
 def _slots(policy, want: int, width: int) -> int:

@@ -19,7 +19,7 @@ import numpy as np
 from spill import config
 from spill.files import replaced
 from spill.platform import default_dtype, device, on_cpu
-from spill.stages.model import pass_seconds
+from spill.stages.model import pass_seconds, replica_seconds
 
 from . import drafts
 from .passmodel import Observation, PassModel, fit, read_rate
@@ -102,14 +102,15 @@ class Calibration:
                 self.sample[at] = old
         self.model = fit(self.prior, self.passes, self.sample)
 
-    def observe_staged(self, stages: int, ratio: float) -> None:
-        """A resident pipeline's pass of `stages` stages: its seconds over what the stage model priced."""
-        self.staged[str(stages)] = [*self.staged.get(str(stages), []), ratio][-STAGED:]
+    def observe_staged(self, stages: int, ratio: float, replicas: bool = False) -> None:
+        """A resident pipeline's pass of `stages` stages (or of as many `replicas`): its seconds over its price."""
+        key = f"{stages} replicas" if replicas else str(stages)
+        self.staged[key] = [*self.staged.get(key, []), ratio][-STAGED:]
 
-    def stage_scale(self, stages: int) -> float:
-        """What the stage model's price of a resident pipeline of `stages` is multiplied by: the median of its
-        passes' ratios (`observe_staged`), 1.0 before any."""
-        ratios = self.staged.get(str(stages))
+    def stage_scale(self, stages: int, replicas: bool = False) -> float:
+        """What the stage model's price of a resident pipeline of `stages` (or of as many `replicas`) is multiplied
+        by: the median of its passes' ratios (`observe_staged`), 1.0 before any."""
+        ratios = self.staged.get(f"{stages} replicas" if replicas else str(stages))
         return float(np.median(ratios)) if ratios else 1.0
 
     def observe_drafts(self, drafted, accepted, pair: str | None = None, prompts: dict | None = None) -> None:
@@ -346,12 +347,14 @@ class Calibrator:
             self.cal.observe_drafts(msg.drafted, msg.accepted, prompts=prompts)
             self.cal.save()
 
-    def observe_pipeline(self, shape, msg, stages: int, micro_batches: int) -> None:
-        """A resident pipeline's pass that read nothing (rank 0's report; its stages' shares, `msg.rounds` rounds):
-        its seconds against the stage model's price from this model's pass model, which it does not refit."""
+    def observe_pipeline(self, shape, msg, stages: int, micro_batches: int, replicas: bool = False) -> None:
+        """A resident pipeline's pass that read nothing (rank 0's report; its stages' shares, `msg.rounds` rounds; or
+        `replicas`' shares of the rows): its seconds against the stage model's price from this model's pass model,
+        which it does not refit."""
         if self.cal is None or msg.bytes_streamed or msg.seconds <= 0:
             return
-        priced = pass_seconds(self.cal.model, shape, stages, micro_batches, msg.rounds)
+        priced = (replica_seconds(self.cal.model, shape, stages) if replicas else
+                  pass_seconds(self.cal.model, shape, stages, micro_batches, msg.rounds))
         if priced > 0:
-            self.cal.observe_staged(stages, msg.seconds / priced)
+            self.cal.observe_staged(stages, msg.seconds / priced, replicas)
             self.cal.save()

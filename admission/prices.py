@@ -102,11 +102,12 @@ _FLOAT = {"F16": 2, "BF16": 2, "F32": 4, "F64": 8}
 
 def sheet_for(plan, working_set: int, itemsize: int, *, prefill_tokens: int, prefill_chunk: int = 512,
               others: int = 0, resident: bool = False, host_set: int = 0, kv: tuple | None = None, draft=None,
-              **lines) -> Sheet:
+              share: int = 1, **lines) -> Sheet:
     """The price sheet of `plan` (a streamer ModelPlan) computed in `itemsize`-byte floats. `resident`:
     every layer stays in memory after its first read (a fixed part), so no layer is in flight. `kv`: (bits,
     group size) of the decode pools' quantized KV (prompts' KV stays unquantized until it joins a pool). `draft`: the
-    plan of a resident draft model (--draft), its weights fixed and its KV priced per row.
+    plan of a resident draft model (--draft), its weights fixed and its KV priced per row. `share`: replicas, each
+    holding the whole model and 1/share of the rows (stages/replicas.py): a row's KV and overhead priced at 1/share.
     Each fixed price is what the streamer was measured to hold at its peak (docs/benchmarks.md, "Memory
     under the budget"); the margin is the cache's largest tensor, which the peak did not always fill."""
     def compute(t) -> int:
@@ -135,10 +136,13 @@ def sheet_for(plan, working_set: int, itemsize: int, *, prefill_tokens: int, pre
              "others": others,                          # the other processes' RSS and the streamer's runtime
              "draft": 0 if draft is None else sum(compute(t) for ts in [draft.resident, *draft.layers] for t in ts)}
     host = {k: fixed.pop(k) for k in ("reader", "others")} if host_set else {}   # a CUDA GPU: the host's apart
-    sheet = Sheet(working_set, kv_per_token=kv_per_token, prompt_kv_per_token=prompt_kv, kv=kv, layers=len(plan.layers),
-                  host=host, host_set=host_set, row_overhead=(int(c.get("vocab_size", 0)) + 4 * hidden) * 4, fixed=fixed,
-                  draft_kv_per_token=0 if draft is None else kv_token_bytes(len(draft.layers), *draft.kv_heads_and_dim,
-                                                                            itemsize), **lines)
+    def per(n: int) -> int:
+        return -(-n // share)
+    sheet = Sheet(working_set, kv_per_token=per(kv_per_token), prompt_kv_per_token=per(prompt_kv), kv=kv,
+                  layers=len(plan.layers), host=host, host_set=host_set, fixed=fixed,
+                  row_overhead=per((int(c.get("vocab_size", 0)) + 4 * hidden) * 4),
+                  draft_kv_per_token=0 if draft is None else per(kv_token_bytes(len(draft.layers), *draft.kv_heads_and_dim,
+                                                                                itemsize)), **lines)
     # room for what each decode layer frees beside the freed layer (with Streamer.step's emptied cache: ~0 faults)
     fixed["cache_kv"] = 0 if resident else min(2 * max(sheet.kv_budget, 0) // max(len(plan.layers), 1), layer)
     return sheet

@@ -28,13 +28,13 @@ def run_admission_process(endpoints, args, log) -> None:
     fault = Fault("admission")
     calibrator = Calibrator(log)
     sched, others, runtime, own = None, 0, 0, 0   # runtime: the streamer's RSS at READY, in others; own: its working set
-    epoch, job, eos, stages = -1, "", [], 1
+    epoch, job, eos, stages, replicas = -1, "", [], 1, False
     running: Planned | None = None        # the plan the streamer runs now: one at a time, its report awaited
     for batch in inbox(box, "admission", log):
         ran = None                        # (the plan, its report, its drafting rows' prompt tokens) that came in this batch
         for msg in batch:
             if isinstance(msg, m.Reset):
-                epoch, job, running, stages = msg.epoch, msg.job, None, msg.stages
+                epoch, job, running, stages, replicas = msg.epoch, msg.job, None, msg.stages, msg.replicas
                 calibrator.reset(msg.model, msg.resident, (msg.kv_bits, msg.kv_group_size) if msg.kv_bits else None,
                                  msg.draft or "")
                 if msg.model:
@@ -77,8 +77,8 @@ def run_admission_process(endpoints, args, log) -> None:
             # pass is no pass of one process (its stages' shares, several rounds): the stage model prices it from this
             if stages == 1:
                 calibrator.observe(drafts.padded(planned.shape, reported.columns), reported, prompts)
-            elif sched.rounds > 1 or sched.cut > 1:   # a resident pipeline: its passes against the stage model's price
-                calibrator.observe_pipeline(planned.shape, reported, stages, sched.cut)
+            elif replicas or sched.rounds > 1 or sched.cut > 1:   # resident ranks: passes against the stage model's price
+                calibrator.observe_pipeline(planned.shape, reported, stages, sched.cut, replicas)
             told = report(epoch, reported.index, sched, others, calibrator, job)
             box.send("coordinator", told)
             p = sched.policy
@@ -111,7 +111,7 @@ def _price(msg: m.Reset, args: dict, box, log, calibrator=None):
     hosts = [(h.working_set, h.budget_fraction) for h in msg.hosts]   # each follower's own, told at its join
     policy, ws = budget_policy(plan, args.get("memory"), args.get("budget_fraction"), others,
                                args.get("prefill_chunk", 512), resident=msg.resident, kv=kv, draft=draft,
-                               stages=msg.stages, by_compute=msg.by_compute, hosts=hosts)
+                               stages=msg.stages, by_compute=msg.by_compute, hosts=hosts, replicas=msg.replicas)
     sheet = policy.sheet
     log.info("budget", mode="resident" if msg.resident else "streamed", kv=kv_format(*(kv or (None,))),
              working_set=ws.bytes, source=ws.source, budget=sheet.budget, kv_budget=sheet.kv_budget,
@@ -124,7 +124,8 @@ def _price(msg: m.Reset, args: dict, box, log, calibrator=None):
     model = (lambda: calibrator.cal.model if calibrator.cal else None) if calibrator else (lambda: None)
     drafter = (lambda: calibrator.drafter) if calibrator else (lambda: None)   # the draft model's steps (--draft)
     priors = calibrator.priors(policy) if calibrator else None   # a new row's acceptance: its tier's, as measured
-    pipelined = msg.stages > 1 and msg.resident   # a resident pipeline: rounds fill it once, prompts cut in micro-batches
+    # a resident pipeline: rounds fill it once, prompts cut in micro-batches (replicas: neither)
+    pipelined = msg.stages > 1 and msg.resident and not msg.replicas
     rounds, cut = (config.rounds(), micro_batches_of(args.get("micro_batches"), msg.stages)) if pipelined else (1, 1)
     return Scheduler(policy, calibrator.pace if calibrator else None, chunk, 0 if msg.resident else plan.streamed_bytes,
                      msg.speculate, model, drafter, priors, rounds, cut), others

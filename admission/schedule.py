@@ -30,35 +30,38 @@ from .prices import sheet_for
 def budget_policy(plan, memory_arg=None, fraction: float | None = None, others: int = 0,
                   prefill_chunk: int = 512, resident: bool = False,
                   kv: tuple | None = None, draft=None, stages: int = 1,
-                  by_compute: bool = False, hosts=()) -> tuple[BudgetPolicy, memory.WorkingSet]:
+                  by_compute: bool = False, hosts=(), replicas: bool = False,
+                  share: int = 1) -> tuple[BudgetPolicy, memory.WorkingSet]:
     """The budget policy for `plan` on this machine (`memory_arg`: --memory, else detected, or a WorkingSet);
     `resident`: every layer's weights priced as kept in memory; `kv`: the pools' (bits, group size), or None;
     `draft`: a resident draft model's plan (--draft), its weights and KV priced; `stages`: a pipeline's ranks,
     each priced on its share against its own host's memory (`hosts`: each follower's working set and budget
     fraction, rank 1 first; a stage without one, this host's) and the policy the tightest's; `by_compute`:
-    its layers split by compute, as a resident pipeline's may be (`split.stage_shares`), else by bytes."""
+    its layers split by compute, as a resident pipeline's may be (`split.stage_shares`), else by bytes; `replicas`:
+    every rank the whole model and 1/stages of the rows (stages/replicas.py), each host priced so (`share`)."""
     if stages > 1:
         from spill.stages.split import host_capacity, stage_plans
         own = [(memory_arg, fraction)] + [(memory.WorkingSet(int(ws), f"rank {k}"), f)
                                           for k, (ws, f) in enumerate(hosts[:stages - 1], 1)]
         own += [(memory_arg, fraction)] * (stages - len(own))
         capacity = host_capacity(memory.budget_bytes(memory_arg, fraction), hosts, stages)   # the layers split as budgets do
-        policies = [budget_policy(p, mem, f, others, prefill_chunk, resident, kv, draft)
-                    for p, (mem, f) in zip(stage_plans(plan, stages, by_compute=by_compute, capacity=capacity), own)]
+        plans = [plan] * stages if replicas else stage_plans(plan, stages, by_compute=by_compute, capacity=capacity)
+        policies = [budget_policy(p, mem, f, others, prefill_chunk, resident, kv, draft, share=stages if replicas else 1)
+                    for p, (mem, f) in zip(plans, own)]
         return min(policies, key=lambda pw: pw[0].sheet.kv_budget // max(pw[0].sheet.kv_per_token, 1))
     ws = memory_arg if isinstance(memory_arg, memory.WorkingSet) else memory.working_set(memory_arg)
     host = memory.host_apart()   # a CUDA GPU's: the host's memory, budgeted apart
     limit = memory.cgroup_limit()   # its usage counts as live only where it binds (prices.live_allocation)
     binds = limit is not None and limit <= (host or ws).bytes
 
-    share = fraction or memory.default_fraction()
+    part = fraction or memory.default_fraction()
 
     def price(tokens: int):
         return sheet_for(plan, ws.bytes, compute_itemsize(plan), prefill_tokens=tokens, prefill_chunk=prefill_chunk,
-                         others=others, resident=resident, host_set=host.bytes if host else 0, fraction=share, kv=kv,
-                         draft=draft,
+                         others=others, resident=resident, host_set=host.bytes if host else 0, fraction=part, kv=kv,
+                         draft=draft, share=share,
                          host_fraction=config.BUDGET_FRACTION, source=ws.source, cgroup_binds=binds,
-                         guard=config.guard_line(bool(host), share), hard=config.hard_line(bool(host), share))
+                         guard=config.guard_line(bool(host), part), hard=config.hard_line(bool(host), part))
     tokens = config.prefill_tokens()
     while True:   # on a small machine, price fewer prefill tokens a pass (down to a chunk) than KV gets
         sheet = price(tokens)
@@ -77,12 +80,12 @@ def compute_itemsize(plan) -> int:
 
 
 def policy_for(plan, memory_arg: str | None, model, resident: bool = False, fraction: float | None = None,
-               others: int = 0, kv: tuple | None = None, draft=None, stages: int = 1, hosts=()):
+               others: int = 0, kv: tuple | None = None, draft=None, stages: int = 1, hosts=(), replicas: bool = False):
     """(policy, SimRow -> its waiting record, SimRow -> the largest batch that fits rows like it);
     `others`: the group's other processes' memory, priced as admission prices it; `draft`: a draft model's plan;
-    `stages`: a pipeline's ranks (its tightest stage's budget, each on its host's memory: `hosts`)."""
+    `stages`: a pipeline's ranks (its tightest stage's budget, each on its host's memory: `hosts`), or `replicas`."""
     policy, _ = budget_policy(plan, memory_arg, fraction, others=others, resident=resident, kv=kv, draft=draft,
-                              stages=stages, hosts=hosts)
+                              stages=stages, hosts=hosts, replicas=replicas)
 
     def waiting(r) -> Waiting:   # only the prompt's length matters to the policy: a view of no size
         return Waiting(r.row, np.broadcast_to(np.int32(0), (r.prompt,)), r.max_tokens or r.out)

@@ -6,6 +6,7 @@ its own (as N machines of that size would be), the single rank holding the whole
                                [--max-tokens 32] [--micro-batches 0] [--repeat 1] [--rounds 1,8]
     python benchmarks/ranks.py --dtype bfloat16 --up-args="--memory 3GiB" ...   (a GPU: its memory by --memory)
     python benchmarks/ranks.py --gpu-per-rank ...   (several GPUs: a rank on each, as machines of one GPU each)
+    python benchmarks/ranks.py --cap 4GiB --replicas 1,0 ...   (a cap the model fits: replicas, then a pipeline)
 
 1. builds a factory model (float32, as a CPU computes) and a job of short questions (kv_bits.py's);
 2. per rank count, starts `spill up` on every rank as `mlx.launch` would (MLX_RANK, MLX_HOSTFILE on loopback), each
@@ -15,7 +16,7 @@ its own (as N machines of that size would be), the single rank holding the whole
    the advisor's choice (resident or streamed), each cgroup's peak and OOM kills, rank 0's share of its decode
    passes blocked on its neighbours (`link_s`: the bubble as rank 0 sees it), the seconds of a decode step (a pass of
    R rounds: its seconds / R), and every custom_id once; then each count's tokens/s over one rank's. --rounds runs a
-   pipeline once for each SPILL_ROUNDS given (1: one decode step a pass).
+   pipeline once for each SPILL_ROUNDS given (1: one decode step a pass), --replicas once for each SPILL_REPLICAS.
 Root is needed for the cgroups (v1 or v2, under this process's own) and to drop the page cache.
 """
 
@@ -53,6 +54,8 @@ def parse() -> argparse.Namespace:
     p.add_argument("--repeat", type=int, default=1, help="runs of each rank count, interleaved")
     p.add_argument("--rounds", default="", help="SPILL_ROUNDS values, a run of each rank count past 1 for each "
                    "(comma-separated; default the group's own)")
+    p.add_argument("--replicas", default="", help="SPILL_REPLICAS values, a run of each rank count past 1 for each "
+                   "(1,0: replicas where each rank holds the model, then a pipeline; default the advisor's own)")
     p.add_argument("--data", type=Path, default=three_tier.DATA, help="the folder of gsm8k_test.jsonl")
     p.add_argument("--out", type=Path, default=Path("/tmp/spill-ranks-bench"))
     p.add_argument("--up-args", default="", help="more arguments for every rank's `spill up` (a GPU's --memory)")
@@ -124,10 +127,10 @@ def down(groups: list, procs: list, env: dict) -> list[dict]:
     return facts
 
 
-def one(n: int, a, folder: Path, inp: Path, ids: list[str], env: dict, rounds: str = "") -> dict:
+def one(n: int, a, folder: Path, inp: Path, ids: list[str], env: dict, rounds: str = "", replicas: str = "") -> dict:
     work = Path(tempfile.mkdtemp(prefix=f"spill-ranks{n}-", dir=a.out))
     drop_cache(sorted(folder.glob("*.safetensors")))
-    env = {**env, **({"SPILL_ROUNDS": rounds} if rounds else {})}
+    env = {**env, **({"SPILL_ROUNDS": rounds} if rounds else {}), **({"SPILL_REPLICAS": replicas} if replicas else {})}
     groups, procs = up(n, a, env, work)
     try:
         out = work / "out.jsonl"
@@ -187,8 +190,9 @@ def main() -> None:
     for _ in range(a.repeat):
         for n in counts:
             for rounds in (a.rounds.split(",") if a.rounds and n > 1 else [""]):
-                runs.append(one(n, a, folder, inp, ids, env, rounds))
-                print(json.dumps(runs[-1]), flush=True)
+                for replicas in (a.replicas.split(",") if a.replicas and n > 1 else [""]):
+                    runs.append(one(n, a, folder, inp, ids, env, rounds, replicas))
+                    print(json.dumps(runs[-1]), flush=True)
     print("ranks  rounds  mode      rows/pass max/med  decode tok/s  pass s (median)  s a decode step  prompt passes s  "
           "over 1 rank  rank 0 blocked  took/estimate  peaks MiB")
     base = [r["decode_tokens_per_s"] for r in runs if r["ranks"] == 1]

@@ -46,7 +46,7 @@ END_GRACE_S = 5.0   # a stopping group waits this long at most for clients to se
 class Group:
     def __init__(self, box: Mailbox, sup: Supervisor, log):
         self.box, self.sup, self.log = box, sup, log
-        self.epoch, self.model, self.by_compute = 0, "", False   # the last job's model and split (its stages keep them)
+        self.epoch, self.model, self.split = 0, "", (False, False)   # the last job's model, split and replicas (kept)
         self.queue: deque[tuple[JobRun, Path]] = deque()
         self.current: JobRun | None = None
         self.job_epoch: int | None = None         # the running job's first epoch: older results are not its own
@@ -139,17 +139,17 @@ class Group:
         check_actors(self)
 
     def _broadcast_reset(self, model: str = "") -> None:
-        self.by_compute = self.current.by_compute if model else self.by_compute
+        self.split = (self.current.by_compute, self.current.replicas) if model else self.split
         for role in ACTORS:
             self.box.send(role, m.Reset(self.epoch, model, self.current.job.id if self.current else "",
                                         *self.ready_rss.get("streamer", (0, 0)),   # runtime, runtime_file
                                         resident=bool(model) and self.current.resident,   # a model: a job runs
-                                        **dict(zip(("kv_bits", "kv_group_size"),
-                                                   self.current.kv if model else (0, 64))),
+                                        **dict(zip(("kv_bits", "kv_group_size"), self.current.kv if model else (0, 64))),
                                         speculate=self._drafts() if model else 0,
                                         draft=self.current.draft if model else "",
                                         stages=self.sup.args.get("stages", 1),
                                         by_compute=bool(model) and self.current.by_compute,
+                                        replicas=bool(model) and self.current.replicas,
                                         hosts=self.sup.ring.memories))
 
     def _drafts(self) -> int:
@@ -238,7 +238,7 @@ class Group:
     def status(self, req: m.Status) -> m.JobStatus:
         """The job asked about (the running one when none is named) with the group's processes and memory."""
         return m.JobStatus(**self._status(req), memory=self.memory, metrics=self.metrics,
-                           stages=self.sup.stages(self.model or None, self.by_compute, self.memory))
+                           stages=self.sup.stages(self.model or None, *self.split, self.memory))
 
     def _status(self, req: m.Status) -> dict:
         runs = self.runs()

@@ -108,7 +108,8 @@ def advise_rows(folder: Path, rows: list[SimRow], *, memory: str | None = None, 
     cal = open_calibration(folder, kv=kv)
     return advise(load_plan(folder), rows, memory, stream=stream or config.stream(), passes=cal.model,
                   variants=variants(name), others=others, fraction=fraction, kv=kv, stages=stages,
-                  micro_batches=micro_batches, rounds=config.rounds(), stage_scale=cal.stage_scale(stages), hosts=hosts)
+                  micro_batches=micro_batches, rounds=config.rounds(), stage_scale=cal.stage_scale(stages), hosts=hosts,
+                  replicas=config.replicas())
 
 
 def budget_rows(folder: Path, rows: list[SimRow], memory: str | None = None, fraction: float | None = None,
@@ -147,7 +148,7 @@ def estimate_rows(folder: Path, rows: list[SimRow], *, errors: int = 0, memory: 
                   resident: bool = False, loaded: bool = False, fraction: float | None = None,
                   others: int = 0, model: PassModel | None = None, kv: tuple | None = None,
                   speculate: int = 0, draft: str | None = None, probe: bool = True, stages: int = 1,
-                  micro_batches: int = 0, hosts=()) -> tuple[Estimate, dict]:
+                  micro_batches: int = 0, hosts=(), replicas: bool = False) -> tuple[Estimate, dict]:
     """Resident: the first pass reads every layer (none once `loaded`), later ones nothing (compute alone).
     `others`: the group's processes' memory, which the budget leaves out of the KV as admission does.
     `model`: a pass model to price with in place of this machine's stored calibration. `speculate`: the job's
@@ -155,7 +156,7 @@ def estimate_rows(folder: Path, rows: list[SimRow], *, errors: int = 0, memory: 
     `draft`: a draft model's folder (--draft): its weights, KV and steps priced (timed here at its first use, unless
     `loaded` or not `probe`), its drafts taken at the acceptance its jobs measured with this model. `stages`: a
     pipeline's ranks, priced at its tightest stage's budget, each on its host's (`hosts`; resident: as its stages
-    run, `micro_batches` M)."""
+    run, `micro_batches` M); `replicas`: the ranks each the whole model and a share of the rows."""
     plan = load_plan(folder)
     cal = open_calibration(folder, kv=kv)
     model = model or cal.model
@@ -163,7 +164,7 @@ def estimate_rows(folder: Path, rows: list[SimRow], *, errors: int = 0, memory: 
     drafter = open_drafter(draft, 0 if loaded else budget_rows(folder, rows, memory, fraction, others, kv),
                            probe_it=probe and not loaded) if draft else None
     policy, waiting, max_batch = schedule.policy_for(plan, memory, model, resident, fraction, others, kv,
-                                                     load_plan(draft) if draft else None, stages, hosts)
+                                                     load_plan(draft) if draft else None, stages, hosts, replicas)
     streamed = 0 if resident else plan.streamed_bytes
     if (short := shortfall(policy.sheet)) is not None:   # admission fails such a job before its first pass
         est = Estimate(0.0, 0.0, 0, [], errors=errors, shortfall=short)
@@ -171,7 +172,8 @@ def estimate_rows(folder: Path, rows: list[SimRow], *, errors: int = 0, memory: 
         est = simulate(rows, policy, waiting, model, streamed, max_batch=max_batch, errors=errors,
                        read_once=0 if loaded else plan.streamed_bytes - streamed, speculate=speculate,
                        acceptance=cal.acceptance_of(pair), drafter=drafter, by_tier=cal.tier_acceptance(pair),
-                       stages=stages, micro_batches=micro_batches, stage_scale=cal.stage_scale(stages))
+                       stages=stages, micro_batches=micro_batches, stage_scale=cal.stage_scale(stages, replicas),
+                       replicas=replicas)
         est.ideal_seconds = ideal(est, rows, model, streamed, max_batch)
         if draft and speculate:   # said even where no pass drafted: auto found its steps dearer than its tokens
             est.drafts = {"speculate": "auto" if speculate == AUTO_DRAFTS else speculate, "acceptance": None, "passes": 0,
@@ -229,7 +231,7 @@ class JobEstimate:
                                                               fraction=fraction, resident=self.advice.resident, others=others,
                                                               kv=kv, speculate=speculate, draft=draft, probe=probe,
                                                               stages=stages, micro_batches=micro_batches,
-                                                              hosts=self.hosts)
+                                                              hosts=self.hosts, replicas=self.advice.replicas)
         self.eta_s, self.at = self.first.total_seconds, time.monotonic()
         self.cost = self.at - started if cost is None else cost    # seconds the last simulation took
 
@@ -264,7 +266,7 @@ class JobEstimate:
             self.eta_s, self.at = estimate_rows(self.folder, left, memory=self.memory, resident=self.advice.resident,
                                                 loaded=True, others=self.others, fraction=self.fraction,
                                                 kv=self.kv, speculate=self.speculate, draft=self.draft, stages=self.stages,
-                                                hosts=self.hosts,
+                                                hosts=self.hosts, replicas=self.advice.replicas,
                                                 micro_batches=self.micro_batches)[0].total_seconds, now
             self.cost = time.monotonic() - now
         return max(self.eta_s - (now - self.at), 0.0)

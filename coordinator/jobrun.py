@@ -190,6 +190,11 @@ class JobRun:
         return bool(self.estimate and self.estimate.advice.by_compute)
 
     @property
+    def replicas(self) -> bool:
+        """The advisor's choice for several ranks: each the whole model and a share of the rows (stages/replicas.py)."""
+        return bool(self.estimate and self.estimate.advice.replicas)
+
+    @property
     def finished(self) -> bool:
         return not self.pending
 

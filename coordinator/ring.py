@@ -144,8 +144,9 @@ class Ring:
         return said
 
     def lines(self, folder: str | None, streamer_pid: int | None, by_compute: bool = False,
-              own: dict | None = None) -> list[str]:
-        """`spill status`'s lines: a stage a line (rank, host, layers as split by bytes or `by_compute`, pid; its
+              own: dict | None = None, replicas: bool = False) -> list[str]:
+        """`spill status`'s lines: a rank a line (rank, host, layers as split by bytes or `by_compute` or every layer
+        where `replicas`, pid; its
         working set, budget and pass time: `figures`), then the ranks lost. `own`: rank 0's memory.describe."""
         if self.ranks == 1:
             return []
@@ -161,7 +162,8 @@ class Ring:
         out = []
         for rank in range(n):
             pid = streamer_pid if rank == 0 else getattr(self.followers.get(rank), "pid", None)
-            span = (f"layers {shares[rank].start}-{shares[rank].stop - 1} of {shares[-1].stop}" if shares
+            span = (f"every layer of {shares[-1].stop}, a replica with a share of the rows" if shares and replicas else
+                    f"layers {shares[rank].start}-{shares[rank].stop - 1} of {shares[-1].stop}" if shares
                     else "its layers split when a job names the model")
             out.append(f"stage {rank}: rank {rank} on {self.hosts[rank]}, {span}" + (f", pid {pid}" if pid else "")
                        + ("" if self.alone else self.figures(rank, own)))

@@ -75,12 +75,13 @@ class Supervisor:
         """The sentence naming the rank a dead pipeline streamer lost, else "": the pipeline's end, not the job's."""
         return self.ring.take(lost_file(self.procs[role].pid)) if role == "streamer" else ""
 
-    def stages(self, folder: str | None, by_compute: bool = False, own: dict | None = None) -> list[str]:
-        """A line a pipeline stage (none for a group of one rank), as `spill status` shows them; `own`: rank 0's
-        memory (`memory.describe`)."""
+    def stages(self, folder: str | None, by_compute: bool = False, replicas: bool = False,
+               own: dict | None = None) -> list[str]:
+        """A line a rank (none for a group of one rank), as `spill status` shows them; `own`: rank 0's memory
+        (`memory.describe`)."""
         streamer = self.procs.get("streamer")
         return self.ring.lines(folder, streamer.pid if streamer is not None and streamer.poll() is None else None,
-                               by_compute, own)
+                               by_compute, own, replicas)
 
     def why(self, role: str, final: bool = True) -> str:
         """The sentence a dead actor left for an error no restart fixes (spill.actor.run_actor), else "";

@@ -71,6 +71,8 @@ KNOBS = {k.name: k for k in (
          "it off (default one a core, at most 8; 1 on a GPU)", TUNING),
     Knob("SPILL_CHUNK_ATTENTION", "", str, "fused or ops: how a chunk of drafts attends (default ops on a CUDA GPU, "
          "whose fused kernel plans each new shape; fused elsewhere)", TUNING),
+    Knob("SPILL_REPLICAS", "1", bool, "0: a group of several ranks runs a pipeline even where every rank holds the "
+         "whole model (the advisor's replicas, stages/replicas.py)", TUNING),
     Knob("SPILL_ROUNDS", "8", int, "decode rounds a pass of decode rows alone may run on a resident pipeline "
          "(stages/rounds.py); 1: one a pass", TUNING),
     Knob("SPILL_DIRECT_IO", "1", bool, "0: read weights through the page cache, dropping behind, not O_DIRECT",
@@ -311,6 +313,11 @@ def estimate_apart() -> bool:
     """1: a submitted job's estimate in a child process, so the coordinator holds no tokenizer for the group's life
     (47 MB on lean45, `benchmarks/group_memory.py`); 0: in a thread (the test suite's many short jobs)."""
     return get("SPILL_ESTIMATE_APART")
+
+
+def replicas() -> bool:
+    """Whether the advisor may run several ranks as replicas (SPILL_REPLICAS), each the whole model."""
+    return get("SPILL_REPLICAS")
 
 
 def stream() -> bool:

@@ -112,6 +112,7 @@ class Reset:
     draft: str = ""          # the draft model's folder (--draft); "": drafts by prompt lookup
     stages: Annotated[int, Range(1, 1024)] = 1   # the pipeline's ranks the streamer runs on now: each prices its share
     by_compute: bool = False   # resident, the stages' layers split by compute, else by bytes (the advisor's choice)
+    replicas: bool = False     # resident, every rank the whole model and a share of the rows (the advisor's choice)
     hosts: list[Host] = field(default_factory=list)   # each follower's memory (its READY's); none: rank 0's each
 
 

@@ -60,6 +60,8 @@ that hides the trip. The estimate prices a resident pipeline's pass so (`pass_se
 times what such passes of this pipeline size took over that price (`Calibration.stage_scale`).
 """
 
+import dataclasses
+
 
 def micro_batches(given: int | None, stages: int) -> int:
     """M, a resident pipeline's micro-batches a pass: `--micro-batches` as given, 0 (or none) one a stage."""
@@ -91,6 +93,17 @@ def best_micro_batches(fixed_s: list[float], per_row_s: list[float], hop_s: list
         return round_seconds([w + r * rows / m for w, r in zip(fixed_s, per_row_s)], hop_s, m)
 
     return min(range(min(n, rows), rows + 1), key=lambda m: (round_of(m), m))
+
+
+def replica_seconds(model, shape, replicas: int) -> float:
+    """Replicas' pass of `shape` (stages/replicas.py): each runs its share of the rows on the whole model, so the
+    pass is one process's pass of the largest share (a 1/N share of the rows, prompt tokens and context, rounded
+    up); rank 0 waits for the last. The links are taken as free (a plan out, a token a row back)."""
+    def part(n: int) -> int:
+        return -(-n // replicas)
+    return model.pass_s(dataclasses.replace(
+        shape, decode_rows=part(shape.decode_rows), prefill_tokens=part(shape.prefill_tokens),
+        context_tokens=part(shape.context_tokens), prefill_context=part(shape.prefill_context)))
 
 
 def pass_seconds(model, shape, stages: int, micro_batches: int, rounds: int = 1) -> float:

@@ -23,6 +23,7 @@ if __name__ == "__main__":   # the actor's own process: mlx-lm's models without 
     without_init()
 from .core import PassPlan, Row, Streamer  # noqa: E402
 from spill.stages.ranked import tell  # noqa: E402
+from spill.stages.replicas import Replicas  # noqa: E402
 from spill.stages.staged import StagedStreamer  # noqa: E402
 
 
@@ -55,7 +56,12 @@ class StreamerActor:
                 self.engine.set_draft(msg.draft or None)  # the job's draft model, loaded where it changes
 
     def _splits_anew(self, msg: m.Reset) -> bool:
-        """A pipeline's stages split otherwise for this job (by compute or by bytes): the model loads anew."""
+        """Several ranks split otherwise for this job (replicas, or stages by compute or by bytes): the model loads
+        anew."""
+        if self.relay is None:
+            return False
+        if isinstance(self.engine, Replicas) != msg.replicas:
+            return True
         return isinstance(self.engine, StagedStreamer) and not self.engine.splits_as(msg.by_compute, self._capacity(msg))
 
     def _capacity(self, msg: m.Reset) -> list[int] | None:
@@ -67,6 +73,8 @@ class StreamerActor:
                   kv_group_size=msg.kv_group_size, speculate=msg.speculate, draft=msg.draft or None)
         if self.relay is None:
             return Streamer(msg.model, **kw)
+        if msg.replicas:
+            return Replicas(msg.model, self.relay, **kw)
         return StagedStreamer(msg.model, self.relay, micro_batches=self.micro_batches, by_compute=msg.by_compute,
                               capacity=self._capacity(msg), **kw)
 

@@ -158,3 +158,32 @@ def test_a_host_with_a_smaller_budget_holds_fewer_layers_so_its_share_fits(tmp_p
     assert _slots(policy, 4, 64) == 4 and ws.source == "rank 1"   # still the tightest, and now it holds the rows
     capacity = host_capacity(int(rank0 * default_fraction()), small, 2)
     assert stage_ranges(plan, 2, capacity=capacity) == [range(0, 7), range(7, 8)]
+
+
+def test_ranks_that_each_hold_the_whole_model_and_a_share_of_the_batch_run_as_replicas_and_say_why(plan):
+    """Replicas where the whole model and half the job's rows fit each of 2 ranks; a pipeline where only a stage's
+    share of the layers does, with SPILL_REPLICAS=0 (`replicas` False) or --stream."""
+    memory = memory_for(plan, 2.5)   # the whole model resident and 2 of the 4 rows' KV: half the batch
+    assert not advise(plan, ROWS, memory).resident   # one process: the job's batch does not fit beside the weights
+    a = advise(plan, ROWS, memory, stages=2)
+    s = budget_policy(plan, memory, resident=True)[0].sheet
+    assert a.replicas and a.resident and not a.by_compute and a.slots == 4 and a.weights == plan.total_bytes * 2
+    assert a.line == (f"replicas: the whole model ({fmt(a.weights)}) and a 1/2 share of the job's KV "
+                      f"({fmt(budget_policy(plan, memory, resident=True, stages=2, replicas=True)[0].sheet.cost(4, 64))},"
+                      f" 2 of its 4 rows at once) fit the {fmt(s.budget)} memory budget of each of 2 ranks; each rank "
+                      "runs every layer on its own share of the rows, with no pipeline to fill and drain and no hidden "
+                      "states between hosts; only the first pass reads the disk (--stream streams a pipeline instead)")
+    assert not advise(plan, ROWS, memory_for(plan, 1.5), stages=2).replicas   # a row short on each rank: a pipeline
+    piped = advise(plan, ROWS, memory, stages=2, replicas=False)
+    assert piped.resident and not piped.replicas and " of each of 2 ranks (the tightest stage's share" in piped.line
+    assert not advise(plan, ROWS, memory, stages=2, stream=True).replicas
+    rank1 = [(int(memory_for(plan, 1.5)), default_fraction())]   # rank 1's host holds one row beside the model
+    assert not advise(plan, ROWS, memory, stages=2, hosts=rank1).replicas
+
+
+def test_replicas_price_each_row_at_a_share_of_its_kv_on_every_host(plan):
+    memory = memory_for(plan, 2.5)
+    alone = budget_policy(plan, memory, resident=True)[0].sheet
+    two = budget_policy(plan, memory, resident=True, stages=2, replicas=True)[0].sheet
+    assert two.fixed == alone.fixed and two.budget == alone.budget   # each rank holds the whole model
+    assert two.kv_per_token * 2 == alone.kv_per_token and two.row_overhead * 2 == alone.row_overhead

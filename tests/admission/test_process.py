@@ -203,10 +203,12 @@ def test_each_pass_report_is_answered_by_the_next_plan_and_only_one_plan_runs_at
         assert (second.index, second.rows[:1], second.finish) == (1, [4], [2])
 
 
-@pytest.mark.parametrize("stages,resident", [(1, False), (2, False), (2, True)])
-def test_only_a_one_process_groups_passes_refit_the_pass_model(make_tiny, tmp_path, monkeypatch, stages, resident):
+@pytest.mark.parametrize("stages,resident,replicas", [(1, False, False), (2, False, False), (2, True, False),
+                                                      (2, True, True)])
+def test_only_a_one_process_groups_passes_refit_the_pass_model(make_tiny, tmp_path, monkeypatch, stages, resident,
+                                                               replicas):
     """A pipeline's pass (its stages' shares of the layers, rounds) is no observation of one process's pass; a
-    resident pipeline's passes are priced against its stage model instead (`observe_pipeline`)."""
+    resident pipeline's passes, and replicas', are priced against the stage model instead (`observe_pipeline`)."""
     seen, piped = [], []
 
     class Watched(process.Calibrator):
@@ -214,11 +216,12 @@ def test_only_a_one_process_groups_passes_refit_the_pass_model(make_tiny, tmp_pa
             seen.append(a)
             return super().observe(*a, **kw)
 
-        def observe_pipeline(self, shape, msg, n, micro_batches):
-            piped.append((n, micro_batches))
+        def observe_pipeline(self, shape, msg, n, micro_batches, replicas=False):
+            piped.append((n, micro_batches, replicas))
     monkeypatch.setattr(process, "Calibrator", Watched)
     with actor(tmp_path) as (streamer, coordinator, tokenizer):
-        coordinator.send("admission", m.Reset(1, str(make_tiny("llama")), "job", stages=stages, resident=resident))
+        coordinator.send("admission", m.Reset(1, str(make_tiny("llama")), "job", stages=stages, resident=resident,
+                                              replicas=replicas))
         tokenizer.send("admission", m.Tokenized(1, [0, 1], *m.pack_tokens([[5, 6, 7]] * 2), [8] * 2,
                                                 m.Sampling.of([m.RowSampling()] * 2)))
         for index in range(2):
@@ -228,4 +231,4 @@ def test_only_a_one_process_groups_passes_refit_the_pass_model(make_tiny, tmp_pa
         while not isinstance(msg := coordinator.recv(timeout_ms=60_000), m.Budget) or msg.index < 1:
             assert msg is not None, "admission reported no second pass"
         assert len(seen) == (2 if stages == 1 else 0)
-        assert piped == ([(2, 2)] * 2 if resident else [])
+        assert piped == ([(2, 1 if replicas else 2, replicas)] * 2 if resident else [])   # replicas: no micro-batches

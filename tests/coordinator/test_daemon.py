@@ -59,7 +59,7 @@ class Sup:
     def lost(self, role):
         return ""
 
-    def stages(self, folder, by_compute=False, own=None):
+    def stages(self, folder, by_compute=False, replicas=False, own=None):
         self.split = (folder, by_compute)   # what `spill status` was asked to show
         return []
 

@@ -193,11 +193,11 @@ def test_a_job_stopped_on_2_ranks_resumes_on_one_and_writes_every_row_once(job12
 
 @ring
 def test_spill_run_ranks_2_micro_batches_2_writes_the_text_of_one_process(job12, tmp_path, env):
-    """Resident (SPILL_STREAM=0): the stages run micro-batch outer (admission cuts the prompts' groups in 2), and a
-    pass of decode rows alone runs several rounds (stages/rounds.py)."""
+    """Resident (SPILL_STREAM=0), a pipeline (SPILL_REPLICAS=0): the stages run micro-batch outer (admission cuts the
+    prompts' groups in 2), and a pass of decode rows alone runs several rounds (stages/rounds.py)."""
     folder, inp, expected = job12
     run = spill("run", folder, inp, "-o", tmp_path / "out.jsonl", "--ranks", "2", "--micro-batches", "2", "--quiet",
-                env={**env, "SPILL_STREAM": "0", "SPILL_MAX_ROWS": "4"}, timeout=240)   # 4 rows at a time: 3 cohorts
+                env={**env, "SPILL_STREAM": "0", "SPILL_MAX_ROWS": "4", "SPILL_REPLICAS": "0"}, timeout=240)
     assert "resident: " in run.stdout, run.stdout
     assert run.returncode == 0, run.stdout + run.stderr
     assert texts(read_output(tmp_path / "out.jsonl")) == expected
@@ -205,6 +205,43 @@ def test_spill_run_ranks_2_micro_batches_2_writes_the_text_of_one_process(job12,
     passes = history.read(Path(env["SPILL_HOME"]) / "jobs" / job)
     rounds = [p["rounds"] for p in passes if not p["prefill_tokens"]]   # rounds run only where no prompt does
     assert len(rounds) >= 2 and min(rounds) > 1, (passes, run.stdout)
+
+
+@ring
+def test_spill_run_ranks_2_where_each_rank_holds_the_model_runs_replicas_with_the_text_of_one_process(job12, tmp_path,
+                                                                                                       env):
+    """Resident (SPILL_STREAM=0) and the whole model fits each rank: replicas, each rank a share of the rows."""
+    folder, inp, expected = job12
+    run = spill("run", folder, inp, "-o", tmp_path / "out.jsonl", "--ranks", "2", "--quiet",
+                env={**env, "SPILL_STREAM": "0"}, timeout=240)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "replicas: the whole model (" in run.stdout and "each of 2 ranks; each rank runs every layer" in run.stdout
+    assert texts(read_output(tmp_path / "out.jsonl")) == expected   # every custom_id once, resident mlx-lm's text
+    job = re.search(r"job (\S+): \d+ rows", run.stdout).group(1)
+    passes = history.read(Path(env["SPILL_HOME"]) / "jobs" / job)
+    assert max(p["decode_rows"] for p in passes) == 12   # every row at once, over both replicas
+
+
+@ring
+def test_a_replica_of_spill_up_ranks_3_killed_mid_job_is_named_and_the_job_finishes(job12, tmp_path, env):
+    folder, inp, expected = job12
+    slow = {**env, "SPILL_STREAM": "0", "SPILL_TEST_PASS_DELAY": "0.5", "SPILL_MAX_ROWS": "4"}
+    out = tmp_path / "out.jsonl"
+    assert spill("up", "--ranks", "3", env=slow).returncode == 0
+    try:
+        def started() -> list[str]:
+            stages = [line for line in _stages(env) if "a replica with a share of the rows, pid" in line]
+            return stages if len(stages) == 3 else []
+        run, stages = _run_until([folder, inp, "-o", out, "--quiet"], slow, out, lines=1, first=started)
+        assert [line.split("; ")[0].rsplit(", pid", 1)[0] for line in stages] == [
+            f"stage {r}: rank {r} on 127.0.0.1, every layer of 4, a replica with a share of the rows" for r in range(3)]
+        os.kill(_pid(stages[2]), signal.SIGKILL)
+        stdout, stderr = run.communicate(timeout=240)
+        assert run.returncode == 0, stdout + stderr
+        assert texts(read_output(out)) == expected   # every custom_id once, the rows rank 2 held computed again
+        assert any(line.startswith("note: the pipeline lost rank ") for line in stdout.splitlines()), stdout
+    finally:
+        spill("down", env=env)
 
 
 @ring

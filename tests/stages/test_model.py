@@ -3,7 +3,7 @@
 import pytest
 
 from spill.admission.passmodel import PassModel, PassShape
-from spill.stages.model import best_micro_batches, idle_shares, job_seconds, pass_seconds, round_seconds
+from spill.stages.model import best_micro_batches, idle_shares, job_seconds, pass_seconds, replica_seconds, round_seconds
 
 
 def test_equal_stages_with_enough_micro_batches_never_idle():
@@ -51,3 +51,11 @@ def test_a_resident_pipelines_pass_is_its_stages_shares_with_the_fill_and_drain_
     assert pass_seconds(model, prompts, 3, 3) == pytest.approx(1.0 + 0.1)
     fixed = PassModel(bandwidth=1e9, fixed_s=0.3, per_row_s=0.01)      # each micro-batch takes a share of it again
     assert pass_seconds(fixed, step, 3, 3) == pytest.approx(5 * (0.1 + 0.64 / 9))
+
+
+def test_a_replicas_pass_is_one_process_pass_of_the_largest_share_of_its_rows():
+    model = PassModel(bandwidth=1e9, fixed_s=0.3, per_row_s=0.01, overhead_s=0.1)
+    step = PassShape(64, 0, 6400, 0)
+    assert replica_seconds(model, step, 1) == pytest.approx(model.pass_s(step))
+    assert replica_seconds(model, step, 3) == pytest.approx(model.pass_s(PassShape(22, 0, 2134, 0)))   # 64/3 rounded up
+    assert replica_seconds(model, step, 3) < pass_seconds(model, step, 3, 3)   # no micro-batch pays the fixed cost again
