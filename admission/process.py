@@ -28,13 +28,14 @@ def run_admission_process(endpoints, args, log) -> None:
     fault = Fault("admission")
     calibrator = Calibrator(log)
     sched, others, runtime, own = None, 0, 0, 0   # runtime: the streamer's RSS at READY, in others; own: its working set
-    epoch, job, eos, stages, replicas = -1, "", [], 1, False
+    epoch, job, eos, stages, replicas, hosts = -1, "", [], 1, False, []
     running: Planned | None = None        # the plan the streamer runs now: one at a time, its report awaited
     for batch in inbox(box, "admission", log):
         ran = None                        # (the plan, its report, its drafting rows' prompt tokens) that came in this batch
         for msg in batch:
             if isinstance(msg, m.Reset):
                 epoch, job, running, stages, replicas = msg.epoch, msg.job, None, msg.stages, msg.replicas
+                hosts = [h.working_set for h in msg.hosts]   # each follower's, told at its join
                 calibrator.reset(msg.model, msg.resident, (msg.kv_bits, msg.kv_group_size) if msg.kv_bits else None,
                                  msg.draft or "")
                 if msg.model:
@@ -61,7 +62,7 @@ def run_admission_process(endpoints, args, log) -> None:
                 sched.stopped(msg.rows)
             elif isinstance(msg, m.Pass) and running is not None and msg.plan == running.index:
                 prompts = sched.prompts(r for r, _ in msg.drafted)   # read before the rows that ended leave
-                sched.reported(msg.finished, _live(msg, others, runtime, sched.policy.sheet, own), msg.accepted,
+                sched.reported(msg.finished, _live(msg, others, runtime, sched.policy.sheet, own, hosts), msg.accepted,
                                msg.drafted, msg.rounds)
                 ran, running = (running, msg, prompts), None
                 fault.tick("pass")
@@ -131,11 +132,16 @@ def _price(msg: m.Reset, args: dict, box, log, calibrator=None):
                      msg.speculate, model, drafter, priors, rounds, cut), others
 
 
-def _live(msg: m.Pass, others: int, runtime: int, sheet, own: int) -> int:
-    """Rank 0's live allocation, on the scale of the sheet's working set where a pipeline's tightest stage is another
-    host's (`own`: rank 0's): its lines hold and preempt at rank 0's share of its own memory, as alone."""
+def _live(msg: m.Pass, others: int, runtime: int, sheet, own: int, hosts=()) -> int:
+    """The group's live allocation on the scale of the sheet's working set (a pipeline's tightest stage's): rank 0's
+    at its share of its own (`own`), and each follower's process (its figures of a pass, `msg.stages`) at its share of
+    its host's (`hosts`); the fullest of them, so a follower past its guard line holds admission for the group."""
     live = live_allocation(msg, others, runtime, sheet)
-    return live if sheet.working_set == own or not own else live * sheet.working_set // own
+    scaled = [live if sheet.working_set == own or not own else live * sheet.working_set // own]
+    for k, stage in enumerate(msg.stages[1:]):   # each follower's process on its own host (`hosts`: working sets)
+        ws = hosts[k] if k < len(hosts) else own or sheet.working_set
+        scaled.append(max(stage.weights + stage.kv, stage.rss) * sheet.working_set // max(ws, 1))
+    return max(scaled)
 
 
 def _others_rss(parent: int | None = None, runtime: tuple = (0, 0)) -> int:

@@ -79,6 +79,7 @@ class StagePass:
     seconds: float
     compute_s: float
     link_s: float            # blocked on a neighbour
+    rss: Natural = 0         # its process's resident memory: admission's lines weigh it (admission/process.py _live)
 
 
 @dataclass

@@ -2,8 +2,8 @@
 
     at join     MEMORY   its working set (bytes) and budget fraction (millionths), from its own `spill up`'s
                          --memory, --budget-fraction and this host's memory or cgroup (spill/memory.py describe)
-    each pass   PASS     its weights held or in flight, its share of the rows' KV (bytes); the pass's seconds,
-                         compute and time blocked on a neighbour (microseconds)
+    each pass   PASS     its weights held or in flight, its share of the rows' KV and its process's resident
+                         memory (bytes); the pass's seconds, compute and time blocked on a neighbour (microseconds)
 
 A follower's pass figures reach rank 0 with the next pass (rank 0 takes them once that pass is through, so it
 never waits for them; a pass that leaves no row running waits for its own), and rank 0's streamer hands every
@@ -15,7 +15,7 @@ import numpy as np
 from spill import memory
 
 MEMORY = ("working_set", "fraction_ppm")
-PASS = ("weights", "kv", "seconds_us", "compute_us", "link_us")
+PASS = ("weights", "kv", "rss", "seconds_us", "compute_us", "link_us")
 
 
 def own_memory(args: dict) -> np.ndarray:
@@ -49,10 +49,11 @@ def held(stage) -> tuple[int, int]:
 def own_pass(stage, report) -> np.ndarray:
     """A stage's PASS figures after `report`'s pass."""
     us = [round(s * 1e6) for s in (report.seconds, report.compute_s, report.link_s)]
-    return np.array([*held(stage), *us], dtype=np.int64)
+    return np.array([*held(stage), memory.process_memory().rss, *us], dtype=np.int64)
 
 
 def pass_of(row) -> dict:
     """A stage's PASS figures as `messages.StagePass` takes them."""
-    weights, kv, seconds, compute, link = (int(x) for x in row)
-    return {"weights": weights, "kv": kv, "seconds": seconds / 1e6, "compute_s": compute / 1e6, "link_s": link / 1e6}
+    weights, kv, rss, seconds, compute, link = (int(x) for x in row)
+    return {"weights": weights, "kv": kv, "rss": rss, "seconds": seconds / 1e6, "compute_s": compute / 1e6,
+            "link_s": link / 1e6}

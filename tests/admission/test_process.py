@@ -97,6 +97,28 @@ def test_a_pipelines_backpressure_weighs_rank_0s_memory_against_its_own_working_
     assert process._live(report, 0, 0, tight, 5 * 10**8) == 10**9   # a sheet on rank 0's own working set: as it is
 
 
+def test_a_follower_past_its_guard_line_holds_admission_for_the_group(make_tiny, monkeypatch):
+    """Each follower's process (its figures of a pass) weighs against its own host's working set, rank 0's against its
+    own; the fullest sets the group's live memory, so rank 1 at 90% of its host holds admission though rank 0 is not."""
+    monkeypatch.setattr(process.memory, "group_rss", lambda parent, runtime: 64 * 2**20)
+    folder, log = str(make_tiny("llama")), structlog.get_logger()
+    sched = process._price(m.Reset(1, folder, "job", stages=2, hosts=[m.Host(5 * 10**8, 0.78)]), {"memory": "2GB"},
+                           None, log)[0]
+    tight = sched.policy.sheet
+    rank0 = m.StagePass(10**9, 0, 1.0, 0.5, 0.1, rss=10**9)
+
+    def report(rank1: m.StagePass) -> m.Pass:   # rank 0 holds 1 GB, half its 2 GB: a quarter of rank 1's on its scale
+        return m.Pass(1, 0, 1.0, 0.0, 0.0, 0, 0, 0, [], 10**9, 10**9, 0, stages=[rank0, rank1])
+    calm = report(m.StagePass(10**8, 10**8, 1.0, 0.5, 0.1, rss=2 * 10**8))   # rank 1: 40% of its 0.5 GB
+    full = report(m.StagePass(2 * 10**8, 10**8, 1.0, 0.5, 0.1, rss=45 * 10**7))   # 90%
+    assert process._live(calm, 0, 0, tight, 2 * 10**9, [5 * 10**8]) == 25 * 10**7
+    assert process._live(full, 0, 0, tight, 2 * 10**9, [5 * 10**8]) == 45 * 10**7 >= tight.line(tight.guard)
+    sched.policy.observe(process._live(calm, 0, 0, tight, 2 * 10**9, [5 * 10**8]))
+    assert not sched.policy.holding
+    sched.policy.observe(process._live(full, 0, 0, tight, 2 * 10**9, [5 * 10**8]))
+    assert sched.policy.holding
+
+
 def test_the_streamers_runtime_from_its_ready_is_priced_with_the_others(make_tiny, monkeypatch):
     """The streamer's interpreter and libraries (its RSS at READY, before any model) are memory no KV gets;
     its library pages are counted once with the others' (memory.group_rss, test_memory.py)."""
