@@ -39,3 +39,23 @@ def test_the_estimate_prices_a_pipelines_passes_that_read_nothing_at_their_measu
     first = plain.timeline[0][0]   # the pass that reads every layer once: priced as before
     assert scaled.passes == plain.passes and scaled.timeline[0][0] == pytest.approx(first)
     assert scaled.total_seconds - first == pytest.approx(2 * (plain.total_seconds - first))
+
+
+def test_replicas_passes_are_kept_apart_from_a_pipelines_and_price_one_replicas_share_of_each_pass(tmp_path, monkeypatch):
+    from tests.admission.test_simulate import BYTES, FifoPolicy, waiting
+    from spill.admission.simulate import SimRow, simulate
+    from spill.stages.model import replica_seconds
+    monkeypatch.setenv("SPILL_HOME", str(tmp_path))
+    hook = Calibrator(structlog.get_logger())
+    hook.cal = Calibration("a|float32|cpu|m1", MODEL)
+    shape = PassShape(6, 0, 60, 0)
+    hook.observe_pipeline(shape, report(1.5 * replica_seconds(MODEL, shape, 3), rounds=1), 3, 1, replicas=True)
+    back = Calibration.load("a|float32|cpu|m1")
+    assert back.stage_scale(3, replicas=True) == pytest.approx(1.5) and back.stage_scale(3) == 1.0
+    rows = [SimRow(i, 40, 10 + i % 7) for i in range(24)]
+    one = simulate(rows, FifoPolicy(), waiting, MODEL, 0, read_once=BYTES)
+    three = simulate(rows, FifoPolicy(), waiting, MODEL, 0, read_once=BYTES, stages=3, replicas=True)
+    assert three.passes == one.passes and three.total_seconds < one.total_seconds   # no rounds: a token a row a pass
+    scaled = simulate(rows, FifoPolicy(), waiting, MODEL, 0, read_once=BYTES, stages=3, replicas=True, stage_scale=2.0)
+    first = three.timeline[0][0]
+    assert scaled.total_seconds - first == pytest.approx(2 * (three.total_seconds - first))
