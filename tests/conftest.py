@@ -23,6 +23,7 @@ def pytest_collection_modifyitems(items):
     items.sort(key=lambda item: rank.get(item.nodeid.split("[")[0], len(LONGEST)))   # stable: the rest in order
 
 
+@pytest.hookimpl(optionalhook=True)   # a hook of pytest-xdist: without it, never called
 def pytest_xdist_make_scheduler(config, log):
     """`-n 2` steals work: a worker that runs out takes half the other's queue, where `load` hands out runs of
     consecutive tests and can leave one worker alone with a module of group tests at the end."""
