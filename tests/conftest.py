@@ -23,16 +23,6 @@ def pytest_collection_modifyitems(items):
     items.sort(key=lambda item: rank.get(item.nodeid.split("[")[0], len(LONGEST)))   # stable: the rest in order
 
 
-@pytest.hookimpl(optionalhook=True)   # a hook of pytest-xdist: without it, never called
-def pytest_xdist_make_scheduler(config, log):
-    """`-n 2` steals work: a worker that runs out takes half the other's queue, where `load` hands out runs of
-    consecutive tests and can leave one worker alone with a module of group tests at the end."""
-    if config.getvalue("dist") == "load":
-        from xdist.scheduler import WorkStealingScheduling
-        return WorkStealingScheduling(config, log)
-    return None
-
-
 @pytest.fixture(scope="session", autouse=True)
 def spill_home(tmp_path_factory):
     """Keep caches and jobs of the tests out of the user's ~/.streamweights."""
