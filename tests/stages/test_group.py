@@ -18,7 +18,10 @@ import mlx.core as mx
 import psutil
 import pytest
 
+from spill import messages as m
 from spill.coordinator import history
+from spill.coordinator.client import Client, endpoints
+from spill.errors import SpillError
 from spill.streamer.plan import load_plan
 from spill.streamer.shares import kv_token_bytes
 from tests.coordinator.group_util import llama_job, read_output, seed_home, spill, texts
@@ -63,7 +66,7 @@ def _launch(n: int, env: dict) -> subprocess.Popen:
                              "-p", str(_free_run(n)), "--", *SPILL, "up"], env=env, stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
-    while "stage 0:" not in spill("status", env=env).stdout:
+    while not _stages_now(env):
         assert proc.poll() is None or proc.returncode == 0, proc.communicate()
         assert time.monotonic() < deadline, "the group did not come up"
         time.sleep(0.2)
@@ -72,6 +75,19 @@ def _launch(n: int, env: dict) -> subprocess.Popen:
 
 def _stages(env: dict) -> list[str]:
     return [line for line in spill("status", env=env).stdout.splitlines() if line.startswith("stage ")]
+
+
+def _stages_now(env: dict) -> list[str]:
+    """The stage lines `spill status` prints, asked from this process: a poll starts no CLI (a second of CPU each)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SPILL_HOME", env["SPILL_HOME"])
+        client = Client(endpoints())
+        try:
+            return list(client.request(m.Status(), timeout_s=5).stages) if client.ping() else []
+        except SpillError:   # a group still starting, or gone
+            return []
+        finally:
+            client.close()
 
 
 def _pid(line: str) -> int:
@@ -162,7 +178,7 @@ def test_a_follower_of_spill_run_ranks_killed_or_stopped_mid_job_is_named_and_th
     out = tmp_path / "out.jsonl"
 
     def started() -> list[str]:   # read while the job starts: on a loaded machine `spill status` outlasted its passes
-        stages = [line for line in _stages(env) if "pid " in line]
+        stages = [line for line in _stages_now(env) if "pid " in line]
         return stages if len(stages) == n else []
     run, stages = _run_until([folder, inp, "-o", out, "--ranks", n, "--quiet"], slow, out, lines=2, first=started)
     assert [line.split(", ")[0] for line in stages] == [f"stage {r}: rank {r} on 127.0.0.1" for r in range(n)]
