@@ -62,6 +62,10 @@ class Replicas(OnRanks):
             self.owners.pop(rid, None)
         return report
 
+    def clear(self) -> None:
+        self.owners = {}   # a reset drops every row: none holds a rank
+        super().clear()
+
     def _assign(self, plan: PassPlan) -> list[int]:
         """Each new row's rank: the fewest running rows of its width, then the fewest in all, then the lowest."""
         ranks = range(self.size)

@@ -3,8 +3,11 @@ writes them give the single-process streamer's tokens, pass for pass, each row o
 
 import json
 
+import mlx.core as mx
+
 from spill.stages import launch, plans
-from spill.stages.replicas import share_of
+from spill.stages.relay import Relay
+from spill.stages.replicas import Replicas, share_of
 from spill.streamer.core import PassPlan, Row, Streamer
 
 from .test_staged import _passes, _plans, _write, ring
@@ -25,6 +28,16 @@ def test_a_replica_runs_its_own_rows_and_a_share_of_each_pools_slots():
     assert (mine.drop, mine.finish, mine.chunks, mine.drafts) == (["x"], ["y"], {1: 8}, {})
     op, (got, owners) = plans.unpack(plans.pack("share", (plan, [1, 0, 1])))
     assert op == "share" and owners == [1, 0, 1] and got.start == plan.start and got.pools == plan.pools
+
+
+def test_a_replica_group_of_one_rank_is_the_whole_streamer_and_a_reset_frees_every_rows_rank(make_tiny):
+    folder = make_tiny("llama", "float32", "256KB")
+    replicas = Replicas(folder, Relay(mx.distributed.init(strict=False), 10.0))
+    assert _passes(replicas, _plans(eos=3)[:2]) == _passes(Streamer(folder), _plans(eos=3)[:2])
+    assert set(replicas.owners) == {"a", "b", 7, "e"} and {r for r, _ in replicas.owners.values()} == {0}
+    replicas.clear()
+    assert replicas.owners == {} and replicas.idle
+    replicas.close()
 
 
 @ring
