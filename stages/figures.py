@@ -49,7 +49,7 @@ def held(stage) -> tuple[int, int]:
 def own_pass(stage, report) -> np.ndarray:
     """A stage's PASS figures after `report`'s pass."""
     us = [round(s * 1e6) for s in (report.seconds, report.compute_s, report.link_s)]
-    return np.array([*held(stage), memory.process_memory().rss, *us], dtype=np.int64)
+    return np.array([*held(stage), report.rss, *us], dtype=np.int64)   # rss: as the pass's report measured it
 
 
 def pass_of(row) -> dict:

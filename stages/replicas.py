@@ -52,12 +52,11 @@ class Replicas(OnRanks):
         owners = self._assign(plan)
         self._tell("share", (plan, owners))
         report = super().run(share_of(plan, owners, 0, self.size))
-        compute_s = report.compute_s
         self.followers = []
         for body in map(msgpack.unpackb, self.relay.collect(None)):
             self._merge(report, body)
         report.link_s = self.relay.waited - waited   # waiting for the replicas slower than this one
-        report.seconds, report.compute_s = time.perf_counter() - t0, compute_s
+        report.seconds = time.perf_counter() - t0
         for rid in [*report.left, *report.preempted]:
             self.owners.pop(rid, None)
         return report
