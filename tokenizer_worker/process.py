@@ -1,5 +1,7 @@
 """The tokenizer actor: SUBMIT -> TOKENIZED (or ERROR); TOKENS -> DONE, STOP and PROGRESS."""
 
+import threading
+
 import numpy as np
 
 from spill import messages as m
@@ -9,7 +11,14 @@ from spill.wire import Mailbox
 from .core import TokenizerCore
 
 
+def _warm() -> None:
+    """mlx-lm's tokenizer loader imported beside the loop (with transformers, ~2 s on 2 cores), not when the first
+    job's RESET comes: a later import of it waits for this one (Python's module lock)."""
+    threading.Thread(target=lambda: __import__("mlx_lm.utils"), name="warm-imports", daemon=True).start()
+
+
 def run_tokenizer_process(endpoints, args, log) -> None:
+    _warm()
     box = Mailbox(endpoints, "tokenizer", sends_to=("admission", "coordinator"))
     fault = Fault("tokenizer")
     core, model, job = None, "", ""
