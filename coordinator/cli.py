@@ -357,7 +357,7 @@ def ranks_arg(ranks: int | None, speculate: str | None, draft: str | None) -> in
     if ranks < 1:
         raise SpillError(f"--ranks takes the number of ranks of the pipeline, 1 or more, found {ranks}")
     if ranks > 1 and (draft or (speculate_arg(speculate) or 0) > 0):
-        raise SpillError(f"drafts are not verified across pipeline stages yet; with --ranks {ranks} leave "
+        raise SpillError(f"drafts are not verified across the ranks of a group yet; with --ranks {ranks} leave "
                          "--speculate (or set it to off) and --draft out")
     return ranks
 

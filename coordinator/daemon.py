@@ -157,7 +157,7 @@ class Group:
         ranks = self.sup.args.get("stages", 1)
         if not self.current.speculate or ranks == 1:
             return self.current.speculate
-        note = f"drafts are off on a pipeline group of {ranks} ranks: its stages verify none yet"
+        note = f"drafts are off on a group of {ranks} ranks: its ranks verify none yet"
         if note not in self.current.notes:
             self.current.notes.append(note)
             self.log.info(note, job=self.current.job.id)

@@ -121,7 +121,7 @@ class Ring:
         where = f"rank {rank} on {self.hosts[rank]}" if one else "its other ranks"
         self.alone = True
         if tell:
-            self.pending = (f"the pipeline lost {where} ({cause}); rank 0 goes on alone holding every layer, "
+            self.pending = (f"the group lost {where} ({cause}); rank 0 goes on alone holding every layer, "
                             "and the job's unfinished rows are computed again")
         label = f"stage {rank}" if one else "stage 1" if self.ranks == 2 else f"stages 1-{self.ranks - 1}"
         self.lost.append(f"{label}: lost ({where}: {cause}); rank 0 holds every layer")

@@ -91,7 +91,7 @@ def ranks_refusal(args: dict, group_args: dict, folder: Path, params: dict) -> s
     except SpillError as err:
         return str(err)
     if params["draft"] or params["speculate"] > 0:
-        return (f"drafts are not verified across pipeline stages yet and this group runs {now} ranks; run with "
+        return (f"drafts are not verified across the ranks of a group yet and this group runs {now} ranks; run with "
                 "--speculate off and no --draft, or on a group of one rank")
     return None
 

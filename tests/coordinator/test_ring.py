@@ -34,7 +34,7 @@ def test_a_streamer_that_lost_a_rank_names_it_and_the_host(tmp_path):
     said = tmp_path / "lost-7.json"
     said.write_text(json.dumps({"rank": 2, "why": "the pipeline group lost a rank: waiting for tokens from rank 2 "
                                                   "(10.0.0.3:5002) took over 3 s; ..."}))
-    assert ring.take(said) == ("the pipeline lost rank 2 on 10.0.0.3 (it did not answer within SPILL_STAGE_TIMEOUT); "
+    assert ring.take(said) == ("the group lost rank 2 on 10.0.0.3 (it did not answer within SPILL_STAGE_TIMEOUT); "
                                "rank 0 goes on alone holding every layer, and the job's unfinished rows are computed "
                                "again")
     assert not said.exists() and ring.size == 1 and ring.take() == ""

@@ -121,11 +121,11 @@ def test_mlx_launch_ranks_run_a_job_row_for_row_as_one_process(job12, tmp_path, 
         stages = _stages(env)
         assert [line.split(",")[0] for line in stages] == [f"stage {r}: rank {r} on 127.0.0.1" for r in range(n)]
         refused = spill("run", folder, inp, "--speculate", "2", "-o", tmp_path / "no.jsonl", env=env)
-        assert refused.returncode == 2 and refused.stderr.startswith("spill: drafts are not verified across "
-                                                                     f"pipeline stages yet and this group runs {n} ranks")
+        assert refused.returncode == 2 and refused.stderr.startswith("spill: drafts are not verified across the "
+                                                                     f"ranks of a group yet and this group runs {n} ranks")
         run = spill("run", folder, inp, "-o", tmp_path / "out.jsonl", "--quiet", env=env, timeout=240)
         assert run.returncode == 0, run.stdout + run.stderr
-        assert f"note: drafts are off on a pipeline group of {n} ranks: its stages verify none yet" in run.stdout
+        assert f"note: drafts are off on a group of {n} ranks: its ranks verify none yet" in run.stdout
         assert texts(read_output(tmp_path / "out.jsonl")) == expected   # every custom_id once, resident mlx-lm's text
         stages = _stages(env)
         layers = [line.split("; ")[0].split(", ")[1] for line in stages]   # the job named the model: each stage's share
@@ -158,8 +158,8 @@ def test_a_rank_mlx_launch_started_killed_mid_job_leaves_every_row_written_once(
         stdout, stderr = run.communicate(timeout=240)
         assert run.returncode == 0, stdout + stderr
         assert texts(read_output(out)) == expected
-        lost = [line for line in stdout.splitlines() if line.startswith("note: the pipeline lost")]
-        assert re.fullmatch(r"note: the pipeline lost rank [12] on 127\.0\.0\.1 \(rank 0 lost its link to it\); rank 0 "
+        lost = [line for line in stdout.splitlines() if line.startswith("note: the group lost")]
+        assert re.fullmatch(r"note: the group lost rank [12] on 127\.0\.0\.1 \(rank 0 lost its link to it\); rank 0 "
                             r"goes on alone holding every layer, and the job's unfinished rows are computed again",
                             lost[0]) and len(lost) == 1, stdout   # the rank on the hop rank 0 was using
         assert _stages(env)[0].startswith("stage 0: rank 0 on 127.0.0.1, layers 0-3 of 4")
@@ -186,7 +186,7 @@ def test_a_follower_of_spill_run_ranks_killed_or_stopped_mid_job_is_named_and_th
     stdout, stderr = run.communicate(timeout=240)
     assert run.returncode == 0, stdout + stderr
     assert texts(read_output(out)) == expected
-    assert (f"note: the pipeline lost rank 1 on 127.0.0.1 ({cause}); rank 0 goes on alone holding every layer, and "
+    assert (f"note: the group lost rank 1 on 127.0.0.1 ({cause}); rank 0 goes on alone holding every layer, and "
             "the job's unfinished rows are computed again") in stdout.splitlines(), stdout
 
 
@@ -255,7 +255,7 @@ def test_a_replica_of_spill_up_ranks_2_killed_mid_job_is_named_and_the_job_finis
         stdout, stderr = run.communicate(timeout=240)
         assert run.returncode == 0, stdout + stderr
         assert texts(read_output(out)) == expected   # every custom_id once, the rows rank 1 held computed again
-        assert any(line.startswith("note: the pipeline lost rank ") for line in stdout.splitlines()), stdout
+        assert any(line.startswith("note: the group lost rank ") for line in stdout.splitlines()), stdout
     finally:
         spill("down", env=env)
 
@@ -289,9 +289,9 @@ def test_more_ranks_than_layers_drafts_or_spill_run_under_mlx_launch_are_refused
         assert (refused.returncode, refused.stderr) == (2, "spill: --micro-batches takes 0 (one a rank) or the "
                                                            "micro-batches of a pass, 1 or more, found -1\n")
     refused = spill("up", "--ranks", "2", "--speculate", "3", env=env)
-    assert (refused.returncode, refused.stderr) == (2, "spill: drafts are not verified across pipeline stages yet; "
-                                                       "with --ranks 2 leave --speculate (or set it to off) and "
-                                                       "--draft out\n")
+    assert (refused.returncode, refused.stderr) == (2, "spill: drafts are not verified across the ranks of a group "
+                                                       "yet; with --ranks 2 leave --speculate (or set it to off) "
+                                                       "and --draft out\n")
     refused = spill("run", folder, inp, env={**env, "MLX_RANK": "1", "MLX_HOSTFILE": "/nonexistent"})
     assert (refused.returncode, refused.stderr) == (2, "spill: mlx.launch starts `spill up` on every rank, not "
                                                        "`spill run`: run `mlx.launch ... -- spill up`, then `spill run` "
