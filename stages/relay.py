@@ -8,11 +8,16 @@ go round the ring: a plan from rank 0 rank by rank to the last (`plan`), hidden 
 rank's tokens to rank 0 and on to the others (`tokens`), each follower's figures to rank 0 (`gather`: its memory
 at join, `hosts`; a pass's figures, `figures`), a replica's pass to rank 0 (`collect`). `waited` counts the
 seconds the caller spent blocked on its neighbours (a pass's bubble), a follower's wait for the next plan left out.
+
+MLX's ring receive spins (a core while it waits), so a follower waits for the next plan on a doorbell instead: a
+plain TCP link from the rank before it (the one the plan comes from), rung with a byte before each plan goes on
+round the ring. It sleeps in a blocking read until then, and the link closing says that rank died (`plan`).
 """
 
 import json
 import os
 import queue
+import socket
 import threading
 import time
 
@@ -21,7 +26,7 @@ import msgpack
 import numpy as np
 
 from spill import config
-from spill.errors import RankLost
+from spill.errors import RankLost, SpillError
 
 from . import figures as figures_of
 from .link import join
@@ -31,13 +36,28 @@ class StageLost(RankLost):
     """The group lost a rank (it died, or missed a deadline): the group's epoch ends and it starts anew."""
 
 
-def peer_name(rank: int) -> str:
-    """"rank 2 (10.0.0.3:5002)" where MLX_HOSTFILE (the ring's JSON list of each rank's addresses) names it."""
+def _address(rank: int) -> str | None:
+    """"10.0.0.3:5002": rank `rank`'s first ring address in MLX_HOSTFILE (the ring's JSON list of each rank's)."""
     try:
         with open(os.environ["MLX_HOSTFILE"]) as f:
-            return f"rank {rank} ({json.load(f)[rank][0]})"
+            return str(json.load(f)[rank][0])
     except (KeyError, OSError, ValueError, IndexError, TypeError):
-        return f"rank {rank}"
+        return None
+
+
+def peer_name(rank: int) -> str:
+    """"rank 2 (10.0.0.3:5002)" where MLX_HOSTFILE names it."""
+    address = _address(rank)
+    return f"rank {rank} ({address})" if address else f"rank {rank}"
+
+
+def host_of(rank: int) -> str:
+    """The host rank `rank`'s ring listens on ("10.0.0.3", "::1"), as MLX_HOSTFILE names it."""
+    address = _address(rank)
+    if address is None or ":" not in address:
+        raise SpillError(f"MLX_HOSTFILE names no \"ip:port\" for rank {rank} (found {address!r}); start every rank "
+                         "with mlx.launch --backend ring, or set MLX_RANK and MLX_HOSTFILE")
+    return address.rsplit(":", 1)[0].strip("[]")
 
 
 def group_relay() -> "Relay | None":
@@ -64,6 +84,38 @@ class Relay:
         mine = figures_of.own_memory(memory or {}) if self.rank else None
         # rank 0: each follower's (working set, budget fraction), told at join; [] elsewhere and alone
         self.hosts = [figures_of.memory_of(row) for row in self._gathered(mine, len(figures_of.MEMORY))]
+        self._bell_in, self._bell_out = self._doorbells()   # from the rank before, to the rank after
+
+    def _doorbells(self) -> tuple:
+        """This rank's doorbell links (None where it has no rank before or after): each rank listens on its ring
+        host, tells the rank after its port round the ring, and that rank connects."""
+        server = bell_in = bell_out = None
+        try:
+            if self.rank + 1 < self.size:
+                host = host_of(self.rank)
+                server = socket.create_server((host, 0), family=socket.AF_INET6 if ":" in host else socket.AF_INET)
+                server.settimeout(self.deadline_s)
+                self.send(mx.array([server.getsockname()[1]], dtype=mx.int32), self.rank + 1)
+            if self.rank > 0:
+                port = int(self.recv((1,), mx.int32, self.rank - 1, "waiting for the doorbell of").item())
+                bell_in = self._bell(lambda: socket.create_connection((host_of(self.rank - 1), port),
+                                                                      self.deadline_s), self.rank - 1)
+            if server is not None:
+                bell_out = self._bell(lambda: server.accept()[0], self.rank + 1)
+        finally:
+            if server is not None:
+                server.close()
+        return bell_in, bell_out
+
+    def _bell(self, connect, peer: int) -> socket.socket:
+        """A doorbell link `connect()` made: blocking, each byte sent at once (no wait for the last one's ack)."""
+        try:
+            link = connect()
+        except OSError as err:
+            raise self._failed("joining the doorbell of", peer, err) from None
+        link.settimeout(None)
+        link.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return link
 
     def _work(self, jobs: queue.Queue) -> None:
         stream = mx.new_stream(mx.cpu)
@@ -98,12 +150,17 @@ class Relay:
                                    "a rank stopped answering (SPILL_STAGE_TIMEOUT sets the wait), start the group anew",
                                    peer)
         elif "err" in box:
-            self._lost = StageLost(f"the pipeline group lost a rank: {what} {peer_name(peer)} failed "
-                                   f"({' '.join(str(box['err']).split())}); a rank died or its host dropped off, "
-                                   "start the group anew", peer)
+            self._failed(what, peer, box["err"])
         if self._lost is not None:
             raise self._lost
         return box.get("out")
+
+    def _failed(self, what: str, peer: int, err) -> StageLost:
+        """The group's end where `what` `peer` failed with `err`: every later call raises it."""
+        self._lost = StageLost(f"the pipeline group lost a rank: {what} {peer_name(peer)} failed "
+                               f"({' '.join(str(err).split())}); a rank died or its host dropped off, "
+                               "start the group anew", peer)
+        return self._lost
 
     def send(self, x: mx.array, peer: int, what: str = "sending to", wait: bool = True) -> None:
         """`x` to `peer`; `wait` False: it goes out beside what the caller does next (`flush` waits for it)."""
@@ -134,13 +191,35 @@ class Relay:
         return self.take(self.recv_later(shape, dtype, peer, what), -1.0 if wait else None)
 
     def plan(self, data: bytes | None = None) -> bytes:
-        """Rank 0's `data` on every rank, round the ring. The others wait for it as long as it takes (a group
-        between jobs has no plan to run)."""
+        """Rank 0's `data` on every rank, round the ring. The others wait for it as long as it takes, asleep on
+        their doorbell (a group between jobs has no plan to run)."""
         if self.rank > 0:
+            self._doorbell()
             data = self._bytes_from(self.rank - 1, "a plan from", wait=False)
         if self.rank + 1 < self.size:
+            self._ring()
             self._bytes_to(data, self.rank + 1)
         return data
+
+    def _doorbell(self) -> None:
+        """A follower: asleep until the rank before rings (a plan follows); its link closed: that rank died."""
+        if self._lost is not None:
+            raise self._lost
+        try:
+            rung = self._bell_in.recv(1)
+        except OSError as err:
+            raise self._failed("waiting for a plan from", self.rank - 1, err) from None
+        if not rung:
+            raise self._failed("waiting for a plan from", self.rank - 1, "its doorbell link closed")
+
+    def _ring(self) -> None:
+        """The rank after's doorbell, rung before its plan goes out."""
+        if self._lost is not None:
+            raise self._lost
+        try:
+            self._bell_out.sendall(b"\x01")
+        except OSError as err:
+            raise self._failed("ringing", self.rank + 1, err) from None
 
     def collect(self, mine: bytes | None) -> list[bytes]:
         """Each follower's `mine` on rank 0, round the ring (a msgpack list grown rank by rank, the last's to rank 0):
@@ -222,3 +301,6 @@ class Relay:
     def close(self) -> None:
         self._in.put(None)
         self._out.put(None)
+        for link in (self._bell_in, self._bell_out):
+            if link is not None:
+                link.close()

@@ -260,6 +260,31 @@ def test_a_replica_of_spill_up_ranks_2_killed_mid_job_is_named_and_the_job_finis
         spill("down", env=env)
 
 
+def _cpu_share(pid: int, seconds: float) -> float:
+    """The CPU seconds process `pid` (every thread) took over the next `seconds` of wall time, over those seconds."""
+    proc = psutil.Process(pid)
+    before, t0 = sum(proc.cpu_times()[:2]), time.monotonic()
+    time.sleep(seconds)
+    return (sum(proc.cpu_times()[:2]) - before) / (time.monotonic() - t0)
+
+
+@ring
+def test_an_idle_follower_of_spill_up_ranks_2_sleeps_before_and_after_a_job_it_runs_row_for_row(job12, tmp_path, env):
+    """A follower waits for rank 0's next plan on its doorbell, not in MLX's ring receive (a core while it waits)."""
+    folder, inp, expected = job12
+    assert spill("up", "--ranks", "2", env=env).returncode == 0
+    try:
+        follower = _pid(_stages(env)[1])
+        assert _cpu_share(follower, 4) < 0.2   # up, no model named: `serve` waits for one
+        run = spill("run", folder, inp, "-o", tmp_path / "out.jsonl", "--quiet", env=env, timeout=240)
+        assert run.returncode == 0, run.stdout + run.stderr
+        assert texts(read_output(tmp_path / "out.jsonl")) == expected
+        assert _cpu_share(follower, 4) < 0.2   # its model loaded: `follow` waits for the next pass
+        assert _pid(_stages(env)[1]) == follower
+    finally:
+        spill("down", env=env)
+
+
 @ring
 def test_a_crashed_streamer_of_spill_up_ranks_2_comes_back_with_new_followers(job12, tmp_path, env):
     """The streamer and its followers are one unit: a new ring (new follower, new hostfile) for the new streamer."""
