@@ -206,6 +206,8 @@ def up_cmd(
     draft: str = typer.Option(None, help=DRAFT_HELP + " The group's default for jobs that do not say."),
     ranks: int = typer.Option(None, "--ranks", help=RANKS_HELP),
     micro_batches: int = typer.Option(None, "--micro-batches", help=MICRO_HELP),
+    hostfile: Path = typer.Option(None, "--hostfile", help="MLX's hostfile: mlx.launch starts `spill up` on every "
+                                  "host, this one (its first) rank 0; see docs/pipeline.md."),
 ) -> None:
     """Start the actor group and return (it keeps running until `spill down`). Under mlx.launch, ranks past 0 each
     run a stage of rank 0's group instead (and return when it lets them go)."""
@@ -223,6 +225,10 @@ def up_cmd(
     try:
         settings = {**metrics_args(metrics_host, metrics_port), **({"allow_remote": True} if allow_remote else {})}
         n = ranks_arg(ranks, speculate, draft)
+        if hostfile is not None:   # the same `spill up`, on every host through mlx.launch
+            from spill.stages.hosts import launch
+            typer.echo(launch(hostfile, n))
+            return
         if n and n > 1 and "MLX_RANK" in os.environ:
             raise SpillError(f"mlx.launch made this `spill up` rank 0 of its ranks; leave --ranks {n} out")
         typer.echo(group_up(model=model, foreground=foreground, listen=listen,

@@ -52,6 +52,8 @@ KNOBS = {k.name: k for k in (
          "before the coordinator takes them for lost and submits them again", TUNING),
     Knob("SPILL_WEDGE_TIMEOUT", "600", float, "seconds an actor may work without its loop coming round before it "
          "is restarted; at least 10 of the last pass", TUNING),
+    Knob("SPILL_RING_PORT", "32323", int, "the ring's first port for `spill up --hostfile` (mlx.launch's -p): rank r "
+         "listens on it plus r", USER),
     Knob("SPILL_STAGE_TIMEOUT", "600", float, "seconds a pipeline stage waits on its neighbour within a pass "
          "(hidden states, tokens) before it takes the group for lost", TUNING),
     Knob("SPILL_MAX_MESSAGE_MB", "256", float, "frames above this size are refused on every socket", TUNING),
@@ -167,6 +169,10 @@ def hard_line(gpu: bool = False, fraction: float = 0.0) -> float:
 
 def prefill_tokens() -> int:
     return get("SPILL_PREFILL_TOKENS")
+
+
+def ring_port() -> int:
+    return get("SPILL_RING_PORT")
 
 
 def stage_timeout() -> float:

@@ -286,6 +286,27 @@ def test_an_idle_follower_of_spill_up_ranks_2_sleeps_before_and_after_a_job_it_r
 
 
 @ring
+def test_spill_up_hostfile_starts_a_rank_a_host_through_mlx_launch_and_down_ends_them(tmp_path, env):
+    """`spill up --hostfile` is `mlx.launch --hostfile ... -- spill up` in a session of its own: it returns once
+    rank 0's group answers with a stage a host; `spill down` lets the others go and mlx.launch ends."""
+    hosts = tmp_path / "hosts.json"
+    hosts.write_text(json.dumps({"backend": "ring", "hosts": [{"ssh": "127.0.0.1", "ips": ["127.0.0.1"]}] * 2}))
+    env = {**env, "SPILL_RING_PORT": str(_free_run(2))}
+    up = spill("up", "--hostfile", hosts, "--metrics-port", "0", env=env, timeout=180)
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        said = re.fullmatch(r"spill group up on 2 hosts \(mlx\.launch pid (\d+), its output in (\S+)\); `spill status` "
+                            r"shows a stage a host", up.stdout.strip())
+        assert said and Path(said[2]) == Path(env["SPILL_HOME"]) / "run" / "logs" / "launch.log", up.stdout
+        assert [line.split(",")[0] for line in _stages(env)] == ["stage 0: rank 0 on 127.0.0.1",
+                                                                  "stage 1: rank 1 on 127.0.0.1"]
+        launcher = psutil.Process(int(said[1]))
+    finally:
+        spill("down", env=env)
+    launcher.wait(60)   # every rank gone: mlx.launch returns
+
+
+@ring
 def test_a_crashed_streamer_of_spill_up_ranks_2_comes_back_with_new_followers(job12, tmp_path, env):
     """The streamer and its followers are one unit: a new ring (new follower, new hostfile) for the new streamer."""
     folder, inp, expected = job12
@@ -317,6 +338,14 @@ def test_more_ranks_than_layers_drafts_or_spill_run_under_mlx_launch_are_refused
     assert (refused.returncode, refused.stderr) == (2, "spill: drafts are not verified across the ranks of a group "
                                                        "yet; with --ranks 2 leave --speculate (or set it to off) "
                                                        "and --draft out\n")
+    hosts = Path(env["SPILL_HOME"]) / "hosts.json"
+    for text, why in (("{", "Expecting property name"), ('{"hosts": [{"ssh": "a"}]}', "MLX's hostfile names two hosts or more")):
+        hosts.write_text(text)
+        refused = spill("up", "--hostfile", hosts, env=env)
+        assert refused.returncode == 2 and refused.stderr.startswith(f"spill: --hostfile {hosts}: {why}"), refused.stderr
+    refused = spill("up", "--hostfile", hosts, "--ranks", "2", env=env)
+    assert (refused.returncode, refused.stderr) == (2, "spill: --hostfile starts a rank a host: leave --ranks out, "
+                                                       "and run it outside mlx.launch\n")
     refused = spill("run", folder, inp, env={**env, "MLX_RANK": "1", "MLX_HOSTFILE": "/nonexistent"})
     assert (refused.returncode, refused.stderr) == (2, "spill: mlx.launch starts `spill up` on every rank, not "
                                                        "`spill run`: run `mlx.launch ... -- spill up`, then `spill run` "
