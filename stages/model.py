@@ -12,8 +12,8 @@ over `mx.distributed` (ring over TCP, JACCL over Thunderbolt), each hop between 
 pipeline group runs --speculate auto with none). Built too: `spill up --ranks N`
 and `spill run --ranks N` (the followers started beside the streamer on loopback, `coordinator/ring.py`: one unit,
 a new ring for each streamer), `mlx.launch ... spill up` (ranks past 0 follow rank 0's streamer), a stage a line in
-`spill status`, the recovery from a lost rank (below) and micro-batches (below). Left: the stages' reports,
-heartbeats and budgets to admission (below).
+`spill status`, the recovery from a lost rank (below), micro-batches (below), `spill up --hostfile` (mlx.launch
+on every host of MLX's hostfile) and replicas (`replicas.py`, where every rank holds the whole model).
 
 A pass becomes micro-batches (built, `micro.py`, `staged.py`). The plan is unchanged: one plan, one pass, one
 report, rank 0 sending it round the ring first. Each stage cuts the pass's groups into micro-batches: every
@@ -31,9 +31,9 @@ starts on stage 0 once its round-r tokens are back, so the fill and drain below 
 
 The pass report. Every rank's report carries its compute seconds and its seconds blocked on a neighbour
 (`link_s`: receives, and sends not yet gone out at the pass's end); rank 0's reaches admission and the
-coordinator in its Pass message; the others' are printed by `serve.py` (`benchmarks/micro_batches.py` reads
-them). Left: each stage's report to rank 0 (bytes read, memory, KV held), merged into one with a line a stage
-for `spill status`, and the pass model fitted per stage.
+coordinator in its Pass message; each follower's figures (its weights, KV and memory, its pass's seconds,
+compute and link, `figures.PASS`) reach rank 0 round the ring a pass behind, for `spill status`'s line a stage and
+admission's backpressure. Left: a pass model fitted per stage (the estimate takes the stages as alike).
 
 Admission budgets per stage. Each stage has its own working set (probed on its host, sent with READY) and
 budget: its layers in flight (or its share resident), its buffers, and its layers' share of every row's KV.
