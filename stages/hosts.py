@@ -61,6 +61,9 @@ def launch(hostfile: Path, ranks: int | None, argv: list[str] | None = None, sta
     if ranks or "MLX_RANK" in os.environ:
         raise SpillError("--hostfile starts a rank a host: leave --ranks out, and run it outside mlx.launch")
     n, args = hosts_in(hostfile), up_args(sys.argv if argv is None else argv)
+    from spill.coordinator import rundir
+    if rundir.record() is not None:   # rank 0's `spill up` would find it, and the other hosts wait on a rank 0 never up
+        raise SpillError(f"{rundir.held_by_sentence()}; `spill down` it before `spill up --hostfile`")
     log = config.home() / "run" / "logs" / "launch.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "w") as out:

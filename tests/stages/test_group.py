@@ -301,6 +301,9 @@ def test_spill_up_hostfile_starts_a_rank_a_host_through_mlx_launch_and_down_ends
         assert [line.split(",")[0] for line in _stages(env)] == ["stage 0: rank 0 on 127.0.0.1",
                                                                   "stage 1: rank 1 on 127.0.0.1"]
         launcher = psutil.Process(int(said[1]))
+        again = spill("up", "--hostfile", hosts, env=env)   # a group is up here: no second mlx.launch
+        assert again.returncode == 2 and again.stderr.startswith("spill: another spill group is running") and \
+            again.stderr.endswith("; `spill down` it before `spill up --hostfile`\n"), again.stderr
     finally:
         spill("down", env=env)
     launcher.wait(60)   # every rank gone: mlx.launch returns
