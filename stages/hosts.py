@@ -1,6 +1,6 @@
 """`spill up --hostfile FILE`: `mlx.launch` starts `spill up` on every host of MLX's hostfile, in a session of its
 own so it outlives the command; this host (the hostfile's first: rank 0) runs the group, the others its stages.
-The command returns once rank 0's group answers with a stage a host, as `spill up` returns once its group answers."""
+The command returns once every host's rank has joined rank 0's group, as `spill up` returns once its group answers."""
 
 import json
 import os
@@ -57,14 +57,14 @@ def group_stages() -> list[str]:
 def launch(hostfile: Path, ranks: int | None, argv: list[str] | None = None, stages=group_stages,
            timeout_s: float = 120.0) -> str:
     """Start this `spill up` (`argv`, less --hostfile) on every host of `hostfile` through mlx.launch and wait until
-    `stages()` counts one a host; mlx.launch's output goes to run/logs/launch.log."""
+    every host's rank has joined (`stages()`, rank 0's status lines); mlx.launch's output goes to run/logs/mlx-launch.out."""
     if ranks or "MLX_RANK" in os.environ:
         raise SpillError("--hostfile starts a rank a host: leave --ranks out, and run it outside mlx.launch")
     n, args = hosts_in(hostfile), up_args(sys.argv if argv is None else argv)
     from spill.coordinator import rundir
     if rundir.record() is not None:   # rank 0's `spill up` would find it, and the other hosts wait on a rank 0 never up
         raise SpillError(f"{rundir.held_by_sentence()}; `spill down` it before `spill up --hostfile`")
-    log = config.home() / "run" / "logs" / "launch.log"
+    log = config.home() / "run" / "logs" / "mlx-launch.out"   # not a .log: a group's start rotates those
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "w") as out:
         proc = subprocess.Popen([*LAUNCH, "--backend", "ring", "--hostfile", str(hostfile),
@@ -72,7 +72,8 @@ def launch(hostfile: Path, ranks: int | None, argv: list[str] | None = None, sta
                                  sys.executable, "-m", "spill.coordinator.cli", "up", *args],
                                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.monotonic() + timeout_s
-    while len(stages()) < n:
+    # a follower's line names rank 0's budget until the rank has joined and told its own (coordinator/ring.py)
+    while len(lines := stages()) < n or any("(rank 0's)" in line for line in lines[1:]):
         if proc.poll() is not None:
             tail = " | ".join(log.read_text().strip().splitlines()[-3:])
             raise SpillError(f"mlx.launch stopped (exit code {proc.returncode}) before the group of {n} hosts came up: "

@@ -297,16 +297,17 @@ def test_spill_up_hostfile_starts_a_rank_a_host_through_mlx_launch_and_down_ends
         assert up.returncode == 0, up.stdout + up.stderr
         said = re.fullmatch(r"spill group up on 2 hosts \(mlx\.launch pid (\d+), its output in (\S+)\); `spill status` "
                             r"shows a stage a host", up.stdout.strip())
-        assert said and Path(said[2]) == Path(env["SPILL_HOME"]) / "run" / "logs" / "launch.log", up.stdout
-        assert [line.split(",")[0] for line in _stages(env)] == ["stage 0: rank 0 on 127.0.0.1",
-                                                                  "stage 1: rank 1 on 127.0.0.1"]
+        assert said and Path(said[2]) == Path(env["SPILL_HOME"]) / "run" / "logs" / "mlx-launch.out", up.stdout
+        lines = _stages(env)   # rank 1 has joined: its line names its own budget
+        assert [line.split(",")[0] for line in lines] == ["stage 0: rank 0 on 127.0.0.1", "stage 1: rank 1 on 127.0.0.1"]
+        assert "budget" in lines[1] and "(rank 0's)" not in lines[1], lines
         launcher = psutil.Process(int(said[1]))
         again = spill("up", "--hostfile", hosts, env=env)   # a group is up here: no second mlx.launch
         assert again.returncode == 2 and again.stderr.startswith("spill: another spill group is running") and \
             again.stderr.endswith("; `spill down` it before `spill up --hostfile`\n"), again.stderr
     finally:
         spill("down", env=env)
-    launcher.wait(60)   # every rank gone: mlx.launch returns
+    launcher.wait(120)   # every rank gone: mlx.launch returns
 
 
 @ring
