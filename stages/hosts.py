@@ -52,6 +52,8 @@ def group_stages() -> list[str]:
         return list(client.request(m.Status(), timeout_s=5).stages) if client.ping() else []
     except SpillError:   # still starting
         return []
+    finally:
+        client.close()
 
 
 def launch(hostfile: Path, ranks: int | None, argv: list[str] | None = None, stages=group_stages,

@@ -18,17 +18,15 @@ import mlx.core as mx
 import psutil
 import pytest
 
-from spill import messages as m
 from spill.coordinator import history
-from spill.coordinator.client import Client, endpoints
-from spill.errors import SpillError
+from spill.stages.hosts import LAUNCH, group_stages
 from spill.streamer.plan import load_plan
 from spill.streamer.shares import kv_token_bytes
 from tests.coordinator.group_util import llama_job, read_output, seed_home, spill, texts
 
 ring = pytest.mark.skipif(not mx.distributed.is_available("ring"), reason="this MLX build has no ring backend")
 SPILL = [sys.executable, "-m", "spill.coordinator.cli"]
-MLX_LAUNCH = [sys.executable, "-c", "from mlx._distributed_utils.launch import main; main()"]
+MLX_LAUNCH = LAUNCH   # `mlx.launch`, as `spill up --hostfile` runs it
 
 
 @pytest.fixture(scope="module")
@@ -81,13 +79,7 @@ def _stages_now(env: dict) -> list[str]:
     """The stage lines `spill status` prints, asked from this process: a poll starts no CLI (a second of CPU each)."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("SPILL_HOME", env["SPILL_HOME"])
-        client = Client(endpoints())
-        try:
-            return list(client.request(m.Status(), timeout_s=5).stages) if client.ping() else []
-        except SpillError:   # a group still starting, or gone
-            return []
-        finally:
-            client.close()
+        return group_stages()
 
 
 def _pid(line: str) -> int:
