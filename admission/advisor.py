@@ -22,7 +22,7 @@ from spill.streamer.plan import ITEMSIZE, ModelPlan, TensorSpec
 from .passmodel import PassModel, PassShape
 from .policy import width_class
 from .prices import fmt
-from .schedule import budget_policy
+from .schedule import budget_policy, hop_for
 
 
 @dataclass
@@ -59,7 +59,7 @@ def advise(plan: ModelPlan, rows: list, memory_arg=None, *, stream: bool = False
     want = max(1, min(len(rows), streamed.max_rows))
     streamed_slots = _slots(streamed, want, width)
     own = (memory.working_set(memory_arg).bytes, fraction or memory.default_fraction())   # rank 0's
-    apart = any(tuple(h) != own for h in hosts[:stages - 1])   # a follower's host with a budget of its own
+    apart = any(tuple(h[:2]) != own for h in hosts[:stages - 1])   # a follower's host with a budget of its own
     if stages > 1 and replicas and not stream and (
             chosen := _replicas(plan, memory_arg, fraction, others, kv, stages, hosts, want, width, apart)):
         return chosen
@@ -69,7 +69,8 @@ def advise(plan: ModelPlan, rows: list, memory_arg=None, *, stream: bool = False
                                    by_compute=by_compute, hosts=hosts)
         slots = _slots(policy, want, width)
         faster = 0 < slots < want and _faster(passes, plan, slots, streamed_slots, rows,
-                                              (stages, micro_batches_of(micro_batches, stages), rounds, stage_scale))
+                                              (stages, micro_batches_of(micro_batches, stages), rounds, stage_scale,
+                                               hop_for(plan, hosts)))
         return policy, ws, slots, slots >= want or faster
 
     # a resident pipeline's stages split by compute where they fit so, else by bytes (the least on any stage)
@@ -125,19 +126,19 @@ def _slots(policy, want: int, width: int) -> int:
 
 
 def _faster(passes: PassModel | None, plan: ModelPlan, resident: int, streamed: int, rows: list,
-            pipeline: tuple[int, int, int, float] = (1, 1, 1, 1.0)) -> bool:
+            pipeline: tuple = (1, 1, 1, 1.0, None)) -> bool:
     """Tokens per second of a decode pass at each batch, by the pass model (resident reads nothing); a resident
-    pipeline's (stages, micro-batches, rounds, scale) as `pass_seconds` prices it times the scale, a streamed one's as
-    one process's."""
+    pipeline's (stages, micro-batches, rounds, scale, hop) as `pass_seconds` prices it times the scale, a streamed
+    one's as one process's."""
     if passes is None or not rows:
         return False
     context = sum(r.prompt + r.out / 2 for r in rows) / len(rows)
-    stages, m, rounds, scale = pipeline
+    stages, m, rounds, scale, hop = pipeline
 
     def rate(batch: int, nbytes: int) -> float:
         shape = PassShape(batch, 0, int(batch * context), nbytes)
         if stages > 1 and not nbytes:
-            return batch * rounds / max(pass_seconds(passes, shape, stages, m, rounds) * scale, 1e-12) if batch else 0.0
+            return batch * rounds / max(pass_seconds(passes, shape, stages, m, rounds, hop) * scale, 1e-12) if batch else 0.0
         return batch / max(passes.pass_s(shape), 1e-12) if batch else 0.0
     return rate(resident, 0) > rate(streamed, plan.streamed_bytes)
 

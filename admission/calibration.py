@@ -288,6 +288,7 @@ class Calibrator:
         self.streamed = 0                      # bytes a pass streams
         self.pair: str | None = None           # the job's draft model's model_key (--draft); None: prompt lookup
         self.drafter = None                    # what its steps cost a pass (drafter.DraftCost), as the estimate stored it
+        self.hop = None                        # a pipeline's hop price (schedule.hop_for), set with the epoch's budget
 
     def reset(self, model: str, resident: bool = False, kv: tuple | None = None, draft: str = "") -> None:
         """A new epoch; `resident`: passes read nothing, so no read time bounds a pass's prefill; `kv`: the job's
@@ -348,13 +349,13 @@ class Calibrator:
             self.cal.save()
 
     def observe_pipeline(self, shape, msg, stages: int, micro_batches: int, replicas: bool = False) -> None:
-        """A resident pipeline's pass that read nothing (rank 0's report; its stages' shares, `msg.rounds` rounds; or
-        `replicas`' shares of the rows): its seconds against the stage model's price from this model's pass model,
-        which it does not refit."""
+        """A resident pipeline's pass that read nothing (rank 0's report; its stages' shares, `msg.rounds` rounds, its
+        hops priced by `self.hop`; or `replicas`' shares of the rows): its seconds against the stage model's price from
+        this model's pass model, which it does not refit."""
         if self.cal is None or msg.bytes_streamed or msg.seconds <= 0:
             return
         priced = (replica_seconds(self.cal.model, shape, stages) if replicas else
-                  pass_seconds(self.cal.model, shape, stages, micro_batches, msg.rounds))
+                  pass_seconds(self.cal.model, shape, stages, micro_batches, msg.rounds, self.hop))
         if priced > 0:
             self.cal.observe_staged(stages, msg.seconds / priced, replicas)
             self.cal.save()

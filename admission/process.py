@@ -109,7 +109,7 @@ def _price(msg: m.Reset, args: dict, box, log, calibrator=None):
         return None, 0   # the streamer fails the job with the loader's sentence
     others = _others_rss(runtime=(msg.runtime, msg.runtime_file))   # the other processes now, and the streamer's runtime
     kv = (msg.kv_bits, msg.kv_group_size) if msg.kv_bits else None   # the pools' KV quantization
-    hosts = [(h.working_set, h.budget_fraction) for h in msg.hosts]   # each follower's own, told at its join
+    hosts = [h.row() for h in msg.hosts]   # each follower's own memory and the link into it, told at its join
     policy, ws = budget_policy(plan, args.get("memory"), args.get("budget_fraction"), others,
                                args.get("prefill_chunk", 512), resident=msg.resident, kv=kv, draft=draft,
                                stages=msg.stages, by_compute=msg.by_compute, hosts=hosts, replicas=msg.replicas)
@@ -122,6 +122,8 @@ def _price(msg: m.Reset, args: dict, box, log, calibrator=None):
         box.send("coordinator", m.Error(msg.epoch, [m.MODEL_ROW], ["memory_budget_exceeded"], [short], msg.job))
         return None, others
     chunk = args.get("prefill_chunk", 512)
+    if calibrator:   # a resident pipeline's passes are priced with their hops (`observe_pipeline`)
+        calibrator.hop = schedule.hop_for(plan, hosts)
     model = (lambda: calibrator.cal.model if calibrator.cal else None) if calibrator else (lambda: None)
     drafter = (lambda: calibrator.drafter) if calibrator else (lambda: None)   # the draft model's steps (--draft)
     priors = calibrator.priors(policy) if calibrator else None   # a new row's acceptance: its tier's, as measured

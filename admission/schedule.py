@@ -19,6 +19,7 @@ import numpy as np
 
 from spill import config, memory
 from spill.platform import on_cpu
+from spill.stages.model import hop_price
 from spill.streamer.shares import chunk_for
 
 from . import allowance
@@ -42,7 +43,7 @@ def budget_policy(plan, memory_arg=None, fraction: float | None = None, others: 
     if stages > 1:
         from spill.stages.split import host_capacity, stage_plans
         own = [(memory_arg, fraction)] + [(memory.WorkingSet(int(ws), f"rank {k}"), f)
-                                          for k, (ws, f) in enumerate(hosts[:stages - 1], 1)]
+                                          for k, (ws, f, *_) in enumerate(hosts[:stages - 1], 1)]
         own += [(memory_arg, fraction)] * (stages - len(own))
         capacity = host_capacity(memory.budget_bytes(memory_arg, fraction), hosts, stages)   # the layers split as budgets do
         plans = [plan] * stages if replicas else stage_plans(plan, stages, by_compute=by_compute, capacity=capacity)
@@ -77,6 +78,12 @@ def compute_itemsize(plan) -> int:
         return 4
     stored = [t.dtype for ts in plan.layers for t in ts if t.dtype in ("BF16", "F16", "F32")]
     return 4 if stored and stored[0] == "F32" else 2
+
+
+def hop_for(plan, hosts):
+    """A resident pipeline's hop (`stages.model.hop_price`): a token's hidden states in the compute dtype, over the
+    links into the followers `hosts` tell."""
+    return hop_price(hosts, int(plan.config["hidden_size"]) * compute_itemsize(plan))
 
 
 def policy_for(plan, memory_arg: str | None, model, resident: bool = False, fraction: float | None = None,

@@ -95,7 +95,7 @@ def simulate(rows: list[SimRow], policy, waiting, model: PassModel, bytes_stream
              chunk: int = 512, max_batch=None, errors: int = 0, at_max_tokens: bool = True,
              length=schedule.prompt_length, read_once: int = 0, speculate: int = 0,
              acceptance: float | None = None, drafter=None, by_tier: dict | None = None, stages: int = 1,
-             micro_batches: int = 0, stage_scale: float = 1.0, replicas: bool = False) -> Estimate:
+             micro_batches: int = 0, stage_scale: float = 1.0, replicas: bool = False, hop=None) -> Estimate:
     """The admission actor's scheduler (scheduler.py) run against the pass model: each plan priced by
     `model`, each row ending once it has generated its `out` tokens. `policy`: the BudgetPolicy it plans
     with; `waiting(SimRow)` makes the policy's row record and `length` reads its prompt length back;
@@ -105,8 +105,8 @@ def simulate(rows: list[SimRow], policy, waiting, model: PassModel, bytes_stream
     prompt-length tier's where `by_tier` ({tier: acceptance}) has it; `drafter`: a draft model's price
     (drafter.DraftCost), whose steps each drafting pass adds; `stages`: a resident pipeline's ranks, whose passes run
     as admission plans them for it (rounds, prompts cut in `micro_batches`, 0: one a stage) and as the stage model
-    prices them (stages/model.py `pass_seconds`), those that read nothing times `stage_scale` (what such passes of
-    this pipeline took over that price, `Calibration.stage_scale`); `replicas`: the `stages` ranks each the whole model
+    prices them (stages/model.py `pass_seconds`, each hop priced by `hop`), those that read nothing times
+    `stage_scale` (what such passes of this pipeline took over that price, `Calibration.stage_scale`); `replicas`: the `stages` ranks each the whole model
     and a share of the rows, a pass priced as one replica's share (`replica_seconds`), times `stage_scale`."""
     by_id = {r.row: r for r in rows}
     tiers: dict[str, Tier] = {}
@@ -142,7 +142,7 @@ def simulate(rows: list[SimRow], policy, waiting, model: PassModel, bytes_stream
         if drafted:   # every decode row feeds 1 + the most drafts
             shape = drafts.padded(shape, 1 + max(k for _, k in drafted))
         scale = 1.0 if shape.bytes_streamed else stage_scale
-        seconds = (pass_seconds(model, shape, stages, m, planned.rounds) * scale if piped else
+        seconds = (pass_seconds(model, shape, stages, m, planned.rounds, hop) * scale if piped else
                    replica_seconds(model, shape, stages) * scale if replicas and stages > 1 else model.pass_s(shape)
                    ) + spec.steps_s(sched, drafted)
         clock += seconds

@@ -204,7 +204,7 @@ class Group:
             if run.pending:   # its estimate is made apart (estimating.py); the job waits for it, the reply does not
                 self.estimates.ask(run, model, {**mem, "stages": self.sup.args.get("stages", 1),
                                                 "micro_batches": self.sup.args.get("micro_batches"),
-                                                "hosts": [[h.working_set, h.budget_fraction] for h in self.sup.ring.memories]},
+                                                "hosts": [h.row() for h in self.sup.ring.memories]},
                                    group_others(self.ready_rss))
             else:
                 job.set_status("queued")

@@ -173,7 +173,7 @@ def estimate_rows(folder: Path, rows: list[SimRow], *, errors: int = 0, memory: 
                        read_once=0 if loaded else plan.streamed_bytes - streamed, speculate=speculate,
                        acceptance=cal.acceptance_of(pair), drafter=drafter, by_tier=cal.tier_acceptance(pair),
                        stages=stages, micro_batches=micro_batches, stage_scale=cal.stage_scale(stages, replicas),
-                       replicas=replicas)
+                       replicas=replicas, hop=schedule.hop_for(plan, hosts))
         est.ideal_seconds = ideal(est, rows, model, streamed, max_batch)
         if draft and speculate:   # said even where no pass drafted: auto found its steps dearer than its tokens
             est.drafts = {"speculate": "auto" if speculate == AUTO_DRAFTS else speculate, "acceptance": None, "passes": 0,

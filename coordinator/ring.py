@@ -154,7 +154,7 @@ class Ring:
         try:
             from spill.stages.split import host_capacity, stage_ranges
             from spill.streamer.plan import load_plan
-            capacity = host_capacity(own["budget"], [(h.working_set, h.budget_fraction) for h in self.memories],
+            capacity = host_capacity(own["budget"], [h.row() for h in self.memories],
                                      n) if own else None   # each host's budget, as the streamer splits the layers
             shares = stage_ranges(load_plan(folder), n, by_compute, capacity) if folder else None
         except (SpillError, OSError):
@@ -171,11 +171,14 @@ class Ring:
 
     def figures(self, rank: int, own: dict | None) -> str:
         """What a stage line says of its memory and passes: its working set (its last pass's weights and KV), its
-        budget (a follower's own, else rank 0's) and its pass time, the last and the median of the last KEPT."""
+        budget (a follower's own, else rank 0's), the link into it as timed at join, and its pass time, the last and
+        the median of the last KEPT."""
         p = self.passes[rank][-1] if rank < len(self.passes) and self.passes[rank] else None
         if rank and rank <= len(self.memories):
             h = self.memories[rank - 1]
-            budget = f"budget {format_size(int(h.working_set * h.budget_fraction))}"
+            budget = f"budget {format_size(int(h.working_set * h.budget_fraction))}" + (
+                f", link from rank {rank - 1} {h.latency_s * 1e3:.2g} ms and {format_size(h.bandwidth)}/s"
+                if h.bandwidth else "")
         else:
             budget = f"budget {format_size(own['budget'])}" + (" (rank 0's)" if rank else "") if own else ""
         said = [f"working set {format_size(p.weights + p.kv)} (weights {format_size(p.weights)}, KV "

@@ -66,9 +66,16 @@ def unpack_tokens(data: bytes, lengths: list[int]) -> list[list[int]]:
 
 @dataclass
 class Host:
-    """A pipeline follower's memory, as its own `spill up` found it (stages/figures.py MEMORY)."""
+    """A pipeline follower's memory, as its own `spill up` found it (stages/figures.py MEMORY), and the link into it
+    from the rank before, timed at join (`stages/link.py` measure; bandwidth 0: not timed)."""
     working_set: Natural
     budget_fraction: Annotated[float, Range(1e-6, 1.0)]
+    latency_s: Annotated[float, Range(0.0, 3600.0)] = 0.0
+    bandwidth: Annotated[float, Range(0.0, 1e15)] = 0.0    # bytes/s
+
+    def row(self) -> list:
+        """As the estimate's arguments and a job's stored estimate carry it (`stages.model.hop_price` reads it)."""
+        return [self.working_set, self.budget_fraction, self.latency_s, self.bandwidth]
 
 
 @dataclass

@@ -8,12 +8,13 @@ the bandwidth; the estimate prices a micro-batch's hop as `Link.seconds(bytes)`.
 
 import os
 import time
-from dataclasses import dataclass
 
 import mlx.core as mx
 
 from spill import config
 from spill.errors import SpillError
+
+from .model import Link
 
 
 def join(backend: str = "ring") -> "mx.distributed.Group":
@@ -33,16 +34,6 @@ def join(backend: str = "ring") -> "mx.distributed.Group":
                 continue
             raise SpillError(f"could not join the {backend} group ({' '.join(str(err).split())}); start every rank "
                              "with mlx.launch --backend ring, or set MLX_RANK and MLX_HOSTFILE") from None
-
-
-@dataclass(frozen=True)
-class Link:
-    """One hop: `latency_s` one way for a message of a few bytes, `bandwidth` in bytes/s past that."""
-    latency_s: float
-    bandwidth: float
-
-    def seconds(self, nbytes: int) -> float:
-        return self.latency_s + nbytes / self.bandwidth
 
 
 def _one_way(group, peer: int, x: mx.array, leads: bool, reps: int) -> float:

@@ -47,7 +47,7 @@ unfinished rows are recomputed from their prompts, every custom_id still written
 a round (today a stage that stops between passes is found at the next pass), and a ring anew on the hosts left.
 
 The bubble. t_i: stage i's seconds for one micro-batch; l_i: its hop's seconds for that micro-batch's hidden
-states (`link.Link.seconds`; the tokens on the last hop). Sends overlap the next micro-batch, so a round is
+states (`Link.seconds`; the tokens on the last hop). Sends overlap the next micro-batch, so a round is
 
     round  = max(M * max_i t_i,  sum_i (t_i + l_i))    the busiest stage's work, or one micro-batch's trip
     idle_i = 1 - M * t_i / round                       stage i's idle share (its bubble)
@@ -56,11 +56,32 @@ and a job of K rounds adds the fill, sum_{i < N-1} (t_i + l_i), once. Equal stag
 faster than t / N leave no bubble; M = N with l > 0 idles each stage l / (t + l) of the round. A micro-batch
 is not free: each takes the stage's weights through memory again, t_i = w_i + r_i x rows (the pass model's
 fixed and per-row terms, a stage's share), so a round's work is M x w_i + r_i x B and M is the fewest >= N
-that hides the trip. The estimate prices a resident pipeline's pass so (`pass_seconds`), stages alike, links free,
-times what such passes of this pipeline size took over that price (`Calibration.stage_scale`).
+that hides the trip. The estimate prices a resident pipeline's pass so (`pass_seconds`), stages alike, each hop at the
+slowest link's seconds for a micro-batch's hidden states (each link timed at join, `link.measure`, and told with its
+follower's memory, `hop_price`), times what such passes of this pipeline size took over that price
+(`Calibration.stage_scale`).
 """
 
 import dataclasses
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Link:
+    """One hop: `latency_s` one way for a message of a few bytes, `bandwidth` in bytes/s past that."""
+    latency_s: float
+    bandwidth: float
+
+    def seconds(self, nbytes: float) -> float:
+        return self.latency_s + nbytes / self.bandwidth
+
+
+def hop_price(hosts, token_bytes: int):
+    """tokens -> the slowest link's seconds for a micro-batch of that many tokens' hidden states (`token_bytes`
+    each). `hosts`: each follower's (working set, budget fraction, latency, bandwidth of the link into it); a host
+    told no link (bandwidth 0, or an older group's pair) prices none."""
+    links = [Link(float(h[2]), float(h[3])) for h in hosts if len(h) > 3 and h[3] > 0]
+    return lambda tokens: max((link.seconds(tokens * token_bytes) for link in links), default=0.0)
 
 
 def micro_batches(given: int | None, stages: int) -> int:
@@ -106,14 +127,17 @@ def replica_seconds(model, shape, replicas: int) -> float:
         context_tokens=part(shape.context_tokens), prefill_context=part(shape.prefill_context)))
 
 
-def pass_seconds(model, shape, stages: int, micro_batches: int, rounds: int = 1) -> float:
+def pass_seconds(model, shape, stages: int, micro_batches: int, rounds: int = 1, hop=None) -> float:
     """A resident pipeline's pass of `shape` (one round's, as admission plans it) on `stages` alike stages, priced
     from the one-process pass model: each stage computes a 1/N share of the layers; the pass's K micro-batches (M of
     the decode rows, each prefill group one) each take the stage's share of the pass's fixed cost again; `rounds`
-    rounds run back to back and the fill and drain come once; each stage reads its share of what the pass reads. The
-    links are taken as free (loopback: a micro-batch's hidden states cross in well under its compute)."""
+    rounds run back to back and the fill and drain come once; each stage reads its share of what the pass reads.
+    `hop` (`hop_price`): a micro-batch's seconds on the slowest link, which paces the round where it is slower than
+    the micro-batch's turn (sends overlap the next turn) and adds to the fill; None: the links are free."""
     c = model.compute_s(shape)
     fixed = min(model.fixed_s + model.packed_s * shape.batched, c)
     k = max(min(micro_batches, shape.decode_rows) + shape.prefill_groups, 1)
     turn = fixed / stages + (c - fixed) / (stages * k)   # one micro-batch through one stage
-    return (rounds * k + stages - 1) * turn + model.io_s(shape) / stages + model.overhead_s
+    link = hop((shape.decode_rows + shape.prefill_tokens) / k) if hop is not None and stages > 1 else 0.0
+    return (rounds * k * max(turn, link) + (stages - 1) * (turn + link) + model.io_s(shape) / stages
+            + model.overhead_s)

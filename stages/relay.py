@@ -29,7 +29,7 @@ from spill import config
 from spill.errors import RankLost, SpillError
 
 from . import figures as figures_of
-from .link import join
+from .link import join, measure
 
 
 class StageLost(RankLost):
@@ -82,9 +82,20 @@ class Relay:
             threading.Thread(target=self._work, args=(jobs,), name=name, daemon=True).start()
         self._pass: tuple | None = None   # rank 0: the receive of the followers' figures of the last pass
         mine = figures_of.own_memory(memory or {}) if self.rank else None
-        # rank 0: each follower's (working set, budget fraction), told at join; [] elsewhere and alone
-        self.hosts = [figures_of.memory_of(row) for row in self._gathered(mine, len(figures_of.MEMORY))]
+        told = [figures_of.memory_of(row) for row in self._gathered(mine, len(figures_of.MEMORY))]
+        # rank 0: each follower's (working set, budget fraction), told at join, and the link into it from the rank
+        # before (latency s, bandwidth bytes/s), timed at join; [] elsewhere and alone
+        self.hosts = [(*h, hop.latency_s, hop.bandwidth) for h, hop in zip(told, self._links())]
         self._bell_in, self._bell_out = self._doorbells()   # from the rank before, to the rank after
+
+    def _links(self) -> list:
+        """Every hop r -> r+1 timed (`link.measure`: the same list on every rank, each rank's sends gone out)."""
+        if self.size == 1:
+            return []
+        try:
+            return measure(self.group)
+        except RuntimeError as err:   # MLX's ring lost a neighbour
+            raise self._failed("timing the links with", (self.rank + 1) % self.size, err) from None
 
     def _doorbells(self) -> tuple:
         """This rank's doorbell links (None where it has no rank before or after): each rank listens on its ring

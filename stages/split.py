@@ -128,7 +128,7 @@ def stage_shares(plan, n: int, capacity: list[float] | None = None, *, by_comput
 def host_capacity(own: int, hosts, n: int) -> list[int] | None:
     """Each stage's budget, rank 0's (`own`) first, where a follower's host told one of its own that differs
     (`hosts`: each follower's working set and budget fraction, rank 1 first), else None: the stages split alike."""
-    budgets = [max(1, int(own))] + [max(1, int(ws * f)) for ws, f in list(hosts)[:n - 1]]
+    budgets = [max(1, int(own))] + [max(1, int(ws * f)) for ws, f, *_ in list(hosts)[:n - 1]]
     budgets += budgets[:1] * (n - len(budgets))
     return budgets if len(set(budgets)) > 1 else None
 

@@ -66,7 +66,7 @@ class StreamerActor:
 
     def _capacity(self, msg: m.Reset) -> list[int] | None:
         """Each stage's budget, where a follower's host told one of its own (admission prices the same split)."""
-        return host_capacity(self.budget, [(h.working_set, h.budget_fraction) for h in msg.hosts], self.relay.size)
+        return host_capacity(self.budget, [h.row() for h in msg.hosts], self.relay.size)
 
     def _open(self, msg: m.Reset) -> Streamer:
         kw = dict(prefill_chunk=self.prefill_chunk, resident=msg.resident, kv_bits=msg.kv_bits or None,

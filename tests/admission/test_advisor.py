@@ -118,11 +118,12 @@ def test_a_pipelines_smaller_resident_batch_is_rated_as_its_stages_run_it(plan):
     streamed stage never holds more rows than a resident one, so the rating is asked directly)."""
     compute_bound = PassModel(bandwidth=1e12, fixed_s=0.001, per_row_s=0.01)
     assert not _faster(compute_bound, plan, 2, 4, ROWS)                       # one process: stream all 4
-    assert _faster(compute_bound, plan, 2, 4, ROWS, (2, 2, 1, 1.0))           # 2 stages, 2 micro-batches
-    assert not _faster(compute_bound, plan, 2, 4, ROWS, (2, 2, 1, 2.0))       # whose passes took twice the price
+    assert _faster(compute_bound, plan, 2, 4, ROWS, (2, 2, 1, 1.0, None))     # 2 stages, 2 micro-batches
+    assert not _faster(compute_bound, plan, 2, 4, ROWS, (2, 2, 1, 1.0, lambda tokens: 5.0))   # over a slow link
+    assert not _faster(compute_bound, plan, 2, 4, ROWS, (2, 2, 1, 2.0, None))  # whose passes took twice the price
     fixed_bound = PassModel(bandwidth=1e12, fixed_s=0.05, per_row_s=0.001)   # each micro-batch pays it again
-    assert not _faster(fixed_bound, plan, 2, 4, ROWS, (2, 2, 1, 1.0))
-    assert _faster(fixed_bound, plan, 2, 4, ROWS, (3, 1, 8, 1.0))           # 3 stages, 1 micro-batch, 8 rounds
+    assert not _faster(fixed_bound, plan, 2, 4, ROWS, (2, 2, 1, 1.0, None))
+    assert _faster(fixed_bound, plan, 2, 4, ROWS, (3, 1, 8, 1.0, None))     # 3 stages, 1 micro-batch, 8 rounds
 
 
 def test_a_pipeline_stage_prices_its_share_against_its_own_hosts_budget(plan):

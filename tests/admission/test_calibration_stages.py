@@ -59,3 +59,22 @@ def test_replicas_passes_are_kept_apart_from_a_pipelines_and_price_one_replicas_
     scaled = simulate(rows, FifoPolicy(), waiting, MODEL, 0, read_once=BYTES, stages=3, replicas=True, stage_scale=2.0)
     first = three.timeline[0][0]
     assert scaled.total_seconds - first == pytest.approx(2 * (three.total_seconds - first))
+
+
+def test_a_pipelines_hops_are_priced_alike_in_its_measured_scale_and_in_the_estimate(tmp_path, monkeypatch):
+    from tests.admission.test_simulate import BYTES, FifoPolicy, waiting
+    from spill.admission.simulate import SimRow, simulate
+    from spill.stages.model import hop_price
+    monkeypatch.setenv("SPILL_HOME", str(tmp_path))
+    hop = hop_price([[8e9, 0.5, 0.002, 1e5]], 4096)   # a slow link: 2 ms and 100 kB/s; 4 KiB a token's hidden states
+    hook = Calibrator(structlog.get_logger())
+    hook.cal = Calibration("a|float32|cpu|m1", MODEL)
+    shape = PassShape(6, 0, 60, 0)
+    assert pass_seconds(MODEL, shape, 3, 3, 8, hop) > 8 * 3 * hop(2) > pass_seconds(MODEL, shape, 3, 3, 8)   # it paces
+    hook.hop = hop
+    hook.observe_pipeline(shape, report(pass_seconds(MODEL, shape, 3, 3, 8, hop)), 3, 3)
+    assert Calibration.load("a|float32|cpu|m1").stage_scale(3) == pytest.approx(1.0)   # the link's time is priced
+    rows = [SimRow(i, 40, 10 + i % 7) for i in range(24)]
+    free = simulate(rows, FifoPolicy(), waiting, MODEL, 0, read_once=BYTES, stages=3)
+    slow = simulate(rows, FifoPolicy(), waiting, MODEL, 0, read_once=BYTES, stages=3, hop=hop)
+    assert slow.passes == free.passes and slow.total_seconds > free.total_seconds + free.passes * 0.002

@@ -231,7 +231,7 @@ def test_only_a_one_process_groups_passes_refit_the_pass_model(make_tiny, tmp_pa
                                                                replicas):
     """A pipeline's pass (its stages' shares of the layers, rounds) is no observation of one process's pass; a
     resident pipeline's passes, and replicas', are priced against the stage model instead (`observe_pipeline`)."""
-    seen, piped = [], []
+    seen, piped, hops = [], [], []
 
     class Watched(process.Calibrator):
         def observe(self, *a, **kw):
@@ -240,10 +240,12 @@ def test_only_a_one_process_groups_passes_refit_the_pass_model(make_tiny, tmp_pa
 
         def observe_pipeline(self, shape, msg, n, micro_batches, replicas=False):
             piped.append((n, micro_batches, replicas))
+            hops.append(self.hop(64))
     monkeypatch.setattr(process, "Calibrator", Watched)
     with actor(tmp_path) as (streamer, coordinator, tokenizer):
-        coordinator.send("admission", m.Reset(1, str(make_tiny("llama")), "job", stages=stages, resident=resident,
-                                              replicas=replicas))
+        folder = make_tiny("llama")   # rank 1's link: 1 ms and 1 MB/s
+        coordinator.send("admission", m.Reset(1, str(folder), "job", stages=stages, resident=resident,
+                                              replicas=replicas, hosts=[m.Host(8 << 30, 0.5, 0.001, 1e6)][:stages - 1]))
         tokenizer.send("admission", m.Tokenized(1, [0, 1], *m.pack_tokens([[5, 6, 7]] * 2), [8] * 2,
                                                 m.Sampling.of([m.RowSampling()] * 2)))
         for index in range(2):
@@ -254,3 +256,5 @@ def test_only_a_one_process_groups_passes_refit_the_pass_model(make_tiny, tmp_pa
             assert msg is not None, "admission reported no second pass"
         assert len(seen) == (2 if stages == 1 else 0)
         assert piped == ([(2, 1 if replicas else 2, replicas)] * 2 if resident else [])   # replicas: no micro-batches
+        hidden = load_plan(folder).config["hidden_size"]   # 64 tokens' hidden states in float32 over the link
+        assert hops == ([pytest.approx(0.001 + 64 * hidden * 4 / 1e6)] * 2 if resident else [])

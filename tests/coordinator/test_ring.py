@@ -60,9 +60,10 @@ def test_each_stage_line_says_its_working_set_its_own_budget_and_its_pass_time(t
     ring = Ring(env=_launched(tmp_path, 3))
     ring.start({"PATH": "/bin"})
     own = describe({"memory": 8 * 2**30, "budget_fraction": 0.5})   # rank 0's group: a 4 GiB budget
-    ring.ready([m.Host(2 * 2**30, 0.75)])   # rank 1 told its own; rank 2 none (as rank 0's)
+    ring.ready([m.Host(2 * 2**30, 0.75, 0.0005, 2**30)])   # rank 1 told its own and its link; rank 2 none (rank 0's)
     assert [line.split("; ", 1)[1] for line in ring.lines(None, 9, own=own)] == [
-        "budget 4.0 GiB, no pass yet", "budget 1.5 GiB, no pass yet", "budget 4.0 GiB (rank 0's), no pass yet"]
+        "budget 4.0 GiB, no pass yet", "budget 1.5 GiB, link from rank 0 0.5 ms and 1.0 GiB/s, no pass yet",
+        "budget 4.0 GiB (rank 0's), no pass yet"]
     for seconds in (0.5, 0.25, 0.75, 1.0):   # rank 0's pass, then rank 1's of the pass before (rank 2's came late)
         ring.observe([m.StagePass(3 * 2**30, 2**29, seconds, 0.25, 0.125), m.StagePass(2**30, 2**28, 2 * seconds, 1, 0)])
     assert ring.lines(None, 9, own=own)[:2] == [
@@ -70,7 +71,7 @@ def test_each_stage_line_says_its_working_set_its_own_budget_and_its_pass_time(t
         "(weights 3.0 GiB, KV 512.0 MiB), budget 4.0 GiB; pass 1 s (compute 0.25 s, blocked on a neighbour 0.125 s), "
         "median 0.625 s of the last 4",
         "stage 1: rank 1 on 10.0.0.2, its layers split when a job names the model; working set 1.2 GiB (weights "
-        "1.0 GiB, KV 256.0 MiB), budget 1.5 GiB; pass 2 s (compute 1 s, blocked on a neighbour 0 s), median 1.25 s of "
+        "1.0 GiB, KV 256.0 MiB), budget 1.5 GiB, link from rank 0 0.5 ms and 1.0 GiB/s; pass 2 s (compute 1 s, blocked on a neighbour 0 s), median 1.25 s of "
         "the last 4"]
     ring.start({"PATH": "/bin"})   # the streamer starts again (here alone): a new streamer tells them anew
     assert (ring.memories, ring.passes) == ([], [])

@@ -54,7 +54,9 @@ def test_each_follower_tells_rank_0_its_own_budget_at_join_and_its_figures_a_pas
     ranks = launch.wait(launch.spawn(3, argv), timeout=240)
     assert all(rc == 0 for rc, _, _ in ranks), [err[-800:] for _, _, err in ranks]
     first, *followers = [json.loads(out.strip().splitlines()[-1]) for _, out, _ in ranks]
-    assert first["hosts"] == [[1e9, 0.5], [2e9, 0.5]]   # each its own --memory, rank 1 first
+    assert [h[:2] for h in first["hosts"]] == [[1e9, 0.5], [2e9, 0.5]]   # each its own --memory, rank 1 first
+    for latency, bandwidth in (h[2:] for h in first["hosts"]):   # and the link into it, timed at join
+        assert 0 < latency < 0.1 and bandwidth > 1e6
     told, reference = first["figures"], Streamer(folder)
     idle = [(reference.run(p), reference.idle)[1] for p in _plans(eos=-1)]   # passes that leave no row running
     assert len(told) == len(plan_list) and told[0] == [] and idle[-1] and not idle[0]   # the first's come later

@@ -123,8 +123,9 @@ def test_mlx_launch_ranks_run_a_job_row_for_row_as_one_process(job12, tmp_path, 
         layers = [line.split("; ")[0].split(", ")[1] for line in stages]   # the job named the model: each stage's share
         assert layers == {2: ["layers 0-1 of 4", "layers 2-3 of 4"],
                           3: ["layers 0-0 of 4", "layers 1-2 of 4", "layers 3-3 of 4"]}[n]
-        for line in stages:   # each stage's own figures, from its passes, and its budget (here rank 0's: one machine)
-            assert re.search(r"; working set [\d.]+ \w+ \(weights [\d.]+ \w+, KV [\d.]+ \w+\), budget [\d.]+ \w+; "
+        for rank, line in enumerate(stages):   # each stage's own figures, from its passes, its budget and link in
+            link = rf", link from rank {rank - 1} [\d.e-]+ ms and [\d.]+ \w+/s" if rank else ""
+            assert re.search(rf"; working set [\d.]+ \w+ \(weights [\d.]+ \w+, KV [\d.]+ \w+\), budget [\d.]+ \w+{link}; "
                              r"pass [\d.e-]+ s \(compute [\d.e-]+ s, blocked on a neighbour [\d.e-]+ s\), median", line), line
         budget = [json.loads(line) for line in (Path(env["SPILL_HOME"]) / "run" / "logs" / "admission.log")
                   .read_text().splitlines() if '"event": "budget"' in line][-1]
@@ -273,6 +274,7 @@ def test_an_idle_follower_of_spill_up_ranks_2_sleeps_before_and_after_a_job_it_r
         assert texts(read_output(tmp_path / "out.jsonl")) == expected
         assert _cpu_share(follower, 4) < 0.2   # its model loaded: `follow` waits for the next pass
         assert _pid(_stages(env)[1]) == follower
+        assert re.search(r"link from rank 0 [\d.e-]+ ms and [\d.]+ \S+/s", _stages(env)[1])   # timed at join
     finally:
         spill("down", env=env)
 

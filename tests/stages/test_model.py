@@ -3,7 +3,8 @@
 import pytest
 
 from spill.admission.passmodel import PassModel, PassShape
-from spill.stages.model import best_micro_batches, idle_shares, job_seconds, pass_seconds, replica_seconds, round_seconds
+from spill.stages.model import (best_micro_batches, hop_price, idle_shares, job_seconds, pass_seconds, replica_seconds,
+                                round_seconds)
 
 
 def test_equal_stages_with_enough_micro_batches_never_idle():
@@ -59,3 +60,19 @@ def test_a_replicas_pass_is_one_process_pass_of_the_largest_share_of_its_rows():
     assert replica_seconds(model, step, 1) == pytest.approx(model.pass_s(step))
     assert replica_seconds(model, step, 3) == pytest.approx(model.pass_s(PassShape(22, 0, 2134, 0)))   # 64/3 rounded up
     assert replica_seconds(model, step, 3) < pass_seconds(model, step, 3, 3)   # no micro-batch pays the fixed cost again
+
+
+def test_a_micro_batchs_hop_paces_the_round_where_the_link_is_slower_than_its_turn_and_adds_to_the_fill():
+    model = PassModel(bandwidth=1e9, per_row_s=0.01, overhead_s=0.1)   # c = 0.64 s for 64 decode rows
+    step = PassShape(64, 0, 0, 0)
+    # rank 1's link in: 1 ms and 1 MB/s; a token's hidden states 1000 bytes: a micro-batch of 32 rows crosses in 33 ms
+    hop = hop_price([[8e9, 0.5, 0.001, 1e6]], 1000)
+    assert hop(32) == pytest.approx(0.033)
+    turn = 0.64 / 4
+    assert pass_seconds(model, step, 2, 2, hop=hop) == pytest.approx(3 * turn + 0.033 + 0.1)   # hidden by the turn
+    slow = hop_price([[8e9, 0.5, 0.001, 1e5]], 1000)   # 0.321 s a micro-batch: the link paces the round
+    assert pass_seconds(model, step, 2, 2, rounds=4, hop=slow) == pytest.approx(8 * 0.321 + turn + 0.321 + 0.1)
+    # the slowest of the links sets the pace; a host told no link (an older group's) prices none
+    assert hop_price([[8e9, 0.5, 0.001, 1e6], [8e9, 0.5, 0.001, 1e5]], 1000)(32) == pytest.approx(0.321)
+    assert hop_price([[8e9, 0.5]], 1000)(32) == 0.0
+    assert pass_seconds(model, step, 2, 2, hop=hop_price([[8e9, 0.5]], 1000)) == pass_seconds(model, step, 2, 2)
