@@ -202,10 +202,7 @@ class Group:
             job.append([bad_row_line(b) for b in bad])
             run = JobRun(job, requests, args["model"], job.meta.get("params", params))
             if run.pending:   # its estimate is made apart (estimating.py); the job waits for it, the reply does not
-                self.estimates.ask(run, model, {**mem, "stages": self.sup.args.get("stages", 1),
-                                                "micro_batches": self.sup.args.get("micro_batches"),
-                                                "hosts": [h.row() for h in self.sup.ring.memories]},
-                                   group_others(self.ready_rss))
+                self.estimates.ask(run, model, {**mem, **self.sup.layout()}, group_others(self.ready_rss))
             else:
                 job.set_status("queued")
         except BaseException:
@@ -238,7 +235,8 @@ class Group:
     def status(self, req: m.Status) -> m.JobStatus:
         """The job asked about (the running one when none is named) with the group's processes and memory."""
         return m.JobStatus(**self._status(req), memory=self.memory, metrics=self.metrics,
-                           stages=self.sup.stages(self.model or None, *self.split, self.memory))
+                           stages=self.sup.stages(self.model or None, *self.split, self.memory),
+                           joined=len(self.sup.ring.memories))
 
     def _status(self, req: m.Status) -> dict:
         runs = self.runs()

@@ -75,6 +75,11 @@ class Supervisor:
         """The sentence naming the rank a dead pipeline streamer lost, else "": the pipeline's end, not the job's."""
         return self.ring.take(lost_file(self.procs[role].pid)) if role == "streamer" else ""
 
+    def layout(self) -> dict:
+        """The group's ranks as the estimate prices them: stages, micro-batches, each follower's memory and link in."""
+        return {"stages": self.args.get("stages", 1), "micro_batches": self.args.get("micro_batches"),
+                "hosts": [h.row() for h in self.ring.memories]}
+
     def stages(self, folder: str | None, by_compute: bool = False, replicas: bool = False,
                own: dict | None = None) -> list[str]:
         """A line a rank (none for a group of one rank), as `spill status` shows them; `own`: rank 0's memory

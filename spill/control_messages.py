@@ -145,6 +145,7 @@ class JobStatus:
     memory: dict[str, str | float | None] | None = None   # what the group plans for (spill.memory.describe)
     metrics: str = ""
     stages: list[str] = field(default_factory=list)   # a pipeline group's stages, a line each (`spill status`)
+    joined: Count = 0    # of its ranks past 0, those that joined the streamer's group and told their memory
     notes: list[str] = field(default_factory=list)    # what the group told the job, oldest first (a lost rank)
 
 

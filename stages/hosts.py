@@ -43,23 +43,29 @@ def up_args(argv: list[str]) -> list[str]:
     return rest
 
 
-def group_stages() -> list[str]:
-    """The stage lines the group on this host answers with ([] where none answers yet)."""
+def group_status():
+    """The group on this host's status reply (messages.JobStatus), None where none answers yet."""
     from spill import messages as m
     from spill.coordinator.client import Client, endpoints
     client = Client(endpoints())
     try:
-        return list(client.request(m.Status(), timeout_s=5).stages) if client.ping() else []
+        return client.request(m.Status(), timeout_s=5) if client.ping() else None
     except SpillError:   # still starting
-        return []
+        return None
     finally:
         client.close()
 
 
-def launch(hostfile: Path, ranks: int | None, argv: list[str] | None = None, stages=group_stages,
+def group_stages() -> list[str]:
+    """The stage lines the group on this host answers with ([] where none answers yet)."""
+    status = group_status()
+    return list(status.stages) if status is not None else []
+
+
+def launch(hostfile: Path, ranks: int | None, argv: list[str] | None = None, status=group_status,
            timeout_s: float = 120.0) -> str:
     """Start this `spill up` (`argv`, less --hostfile) on every host of `hostfile` through mlx.launch and wait until
-    every host's rank has joined (`stages()`, rank 0's status lines); mlx.launch's output goes to run/logs/mlx-launch.out."""
+    every host's rank has joined (`status()`, rank 0's reply); mlx.launch's output goes to run/logs/mlx-launch.out."""
     if ranks or "MLX_RANK" in os.environ:
         raise SpillError("--hostfile starts a rank a host: leave --ranks out, and run it outside mlx.launch")
     n, args = hosts_in(hostfile), up_args(sys.argv if argv is None else argv)
@@ -74,8 +80,7 @@ def launch(hostfile: Path, ranks: int | None, argv: list[str] | None = None, sta
                                  sys.executable, "-m", "spill.coordinator.cli", "up", *args],
                                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     deadline = time.monotonic() + timeout_s
-    # a follower's line names rank 0's budget until the rank has joined and told its own (coordinator/ring.py)
-    while len(lines := stages()) < n or any("(rank 0's)" in line for line in lines[1:]):
+    while (s := status()) is None or s.joined < n - 1:   # every rank past 0 joined and told rank 0 its memory
         if proc.poll() is not None:
             tail = " | ".join(log.read_text().strip().splitlines()[-3:])
             raise SpillError(f"mlx.launch stopped (exit code {proc.returncode}) before the group of {n} hosts came up: "
