@@ -34,6 +34,9 @@ WIDER = 1.25                   # a job's batch past the widest decode pass seen 
 FORMAT = 2                     # 2: a pass's prefill_context counts its chunk's own keys; another format is probed anew
 ACCEPTANCE_DECAY = 0.99        # each pass that drafted keeps this much of the earlier drafts' weight (~100 passes)
 TIERED = 50                    # drafts tried in a tier before its own acceptance counts: ~0.07 standard error at 0.5
+ROWS_KEPT = 64                 # a tier's last ended rows' own acceptance, each over its life: how rows in it differ
+ROW_TRIED = 8                  # drafts a row tried before its own acceptance is kept
+ROWS_TIERED = 8                # rows kept in a tier before the estimate spreads its rows' acceptance as they did
 
 
 # -- the key --------------------------------------------------------------------------------------
@@ -131,6 +134,21 @@ class Calibration:
         for name in set(names.tolist()) - {""}:   # a tier's counts decay only in passes its rows drafted in
             _add(tiers.setdefault(name, _counts()), hits[names == name], tried[names == name])
 
+    def observe_row(self, tier: str, hits: int, tried: int, pair: str | None = None) -> None:
+        """A row that ended: its drafts accepted and tried over its life, kept in its tier's spread (`tier_rows`)."""
+        d = self.counts(pair)
+        if pair is not None:
+            self.pairs[pair] = d
+        kept = d.setdefault("tiers", {}).setdefault(tier, _counts()).setdefault("rows", [])
+        kept.append(round(hits / tried, 4))
+        del kept[:-ROWS_KEPT]
+
+    def tier_rows(self, pair: str | None = None) -> dict[str, list[float]]:
+        """Each tier's ended rows' own acceptance, sorted, where ROWS_TIERED of them were kept: one row's drafts are
+        taken far more often than another's (a row that repeats its prompt), and a job's last row is its slowest."""
+        tiers = self.counts(pair).get("tiers", {})
+        return {name: sorted(d["rows"]) for name, d in tiers.items() if len(d.get("rows", ())) >= ROWS_TIERED}
+
     def counts(self, pair: str | None = None) -> dict:
         """Drafts accepted and tried: prompt lookup's (None), or the draft model `pair`'s; "tiers": the same by tier."""
         return self.draft_counts if pair is None else self.pairs.get(pair, _counts())
@@ -196,6 +214,8 @@ def _draft_counts(d, tiered: bool = True) -> dict | None:
     tiers = d.get("tiers") if tiered else None
     if isinstance(tiers, dict):
         out["tiers"] = {str(k): c for k, v in tiers.items() if (c := _draft_counts(v, False))}
+    elif isinstance(rows := d.get("rows"), list):   # a tier's rows' own acceptance (`observe_row`)
+        out["rows"] = [float(x) for x in rows if isinstance(x, (int, float)) and 0 <= x <= 1][-ROWS_KEPT:]
     return out
 
 
@@ -334,11 +354,13 @@ class Calibrator:
         """The scheduler's `priors` (decode rows -> their acceptance before their drafts) for the rows of `policy`."""
         return lambda rows: self.starting_rates([len(policy.running[r].prompt) for r in rows])
 
-    def observe(self, shape, msg, prompts: dict | None = None) -> None:
+    def observe(self, shape, msg, prompts: dict | None = None, ended=()) -> None:
         """A pass as it was planned (`shape`: the rows that decoded in it and their context) and as it ran (`msg`);
-        `prompts`: {row: prompt tokens} of the rows that drafted, whose tiers their acceptance counts in."""
+        `prompts`: {row: prompt tokens} of the rows that drafted, whose tiers their acceptance counts in; `ended`: the
+        rows it ended that drafted, (prompt tokens, accepted, tried) over each one's life (`Scheduler.reported`)."""
         if self.cal is not None and self.pair is not None:   # a draft model's passes hold its time: its acceptance alone
             self.cal.observe_drafts(msg.drafted, msg.accepted, self.pair, prompts)
+            self._rows(ended)
             self.cal.save()
         elif self.cal is not None:   # a resident pass reads nothing, yet prices compute and overhead
             self.cal.observe(Observation(shape.decode_rows, msg.prefill_tokens, shape.context_tokens,
@@ -346,7 +368,14 @@ class Calibrator:
                                          prefill_groups=msg.prefill_groups, prefill_context=msg.prefill_context,
                                          columns=shape.columns))
             self.cal.observe_drafts(msg.drafted, msg.accepted, prompts=prompts)
+            self._rows(ended)
             self.cal.save()
+
+    def _rows(self, ended) -> None:
+        """Ended rows that tried ROW_TRIED drafts over their lives, each kept in its tier's spread."""
+        for tokens, hits, tried in ended:
+            if tried >= ROW_TRIED:
+                self.cal.observe_row(tier_of(tokens), hits, tried, self.pair)
 
     def observe_pipeline(self, shape, msg, stages: int, micro_batches: int, replicas: bool = False) -> None:
         """A resident pipeline's pass that read nothing (rank 0's report; its stages' shares, `msg.rounds` rounds, its

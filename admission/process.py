@@ -31,7 +31,7 @@ def run_admission_process(endpoints, args, log) -> None:
     epoch, job, eos, stages, replicas, hosts = -1, "", [], 1, False, []
     running: Planned | None = None        # the plan the streamer runs now: one at a time, its report awaited
     for batch in inbox(box, "admission", log):
-        ran = None                        # (the plan, its report, its drafting rows' prompt tokens) that came in this batch
+        ran = None   # (the plan, its report, its drafting rows' prompt tokens, its ended rows' drafts) that came in this batch
         for msg in batch:
             if isinstance(msg, m.Reset):
                 epoch, job, running, stages, replicas = msg.epoch, msg.job, None, msg.stages, msg.replicas
@@ -62,9 +62,9 @@ def run_admission_process(endpoints, args, log) -> None:
                 sched.stopped(msg.rows)
             elif isinstance(msg, m.Pass) and running is not None and msg.plan == running.index:
                 prompts = sched.prompts(r for r, _ in msg.drafted)   # read before the rows that ended leave
-                sched.reported(msg.finished, _live(msg, others, runtime, sched.policy.sheet, own, hosts), msg.accepted,
-                               msg.drafted, msg.rounds)
-                ran, running = (running, msg, prompts), None
+                ended = sched.reported(msg.finished, _live(msg, others, runtime, sched.policy.sheet, own, hosts),
+                                       msg.accepted, msg.drafted, msg.rounds)
+                ran, running = (running, msg, prompts, ended), None
                 fault.tick("pass")
         if sched is None or epoch < 0:
             continue
@@ -73,11 +73,11 @@ def run_admission_process(endpoints, args, log) -> None:
             running = sched.plan()
             box.send("streamer", _plan(epoch, running, eos, sched.policy.sheet.cache_limit))
         if ran is not None:
-            planned, reported, prompts = ran
+            planned, reported, prompts, ended = ran
             # the refit after the plan, not on the streamer's path; a chunk with drafts as it ran: padded. A pipeline's
             # pass is no pass of one process (its stages' shares, several rounds): the stage model prices it from this
             if stages == 1:
-                calibrator.observe(drafts.padded(planned.shape, reported.columns), reported, prompts)
+                calibrator.observe(drafts.padded(planned.shape, reported.columns), reported, prompts, ended)
             elif replicas or sched.rounds > 1 or sched.cut > 1:   # resident ranks: passes against the stage model's price
                 calibrator.observe_pipeline(planned.shape, reported, stages, sched.cut, replicas)
             told = report(epoch, reported.index, sched, others, calibrator, job)

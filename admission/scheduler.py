@@ -81,6 +81,7 @@ class Scheduler:
         self.priors = priors                  # (decode rows) -> each one's acceptance before its drafts (None: PRIOR)
         self.hits: dict[int, float] = {}      # a row's decayed drafts accepted and drafts tried (drafts.observe)
         self.tried: dict[int, float] = {}
+        self.whole: dict[int, list[int]] = {}   # a row's drafts accepted and tried over its life (ended: `reported`)
         self.pace = pace or fixed_pace(policy.priced_prefill)   # (rows, context, need, offset, most, empty) -> tokens
         self.chunk = chunk
         self.bytes_streamed = bytes_streamed
@@ -129,6 +130,7 @@ class Scheduler:
         self.context.pop(row, None)
         self.hits.pop(row, None)
         self.tried.pop(row, None)
+        self.whole.pop(row, None)
         self._leave_group(row)
 
     def _leave_group(self, row: int) -> None:
@@ -269,10 +271,11 @@ class Scheduler:
                     self.group_of.pop(r, None)
                 del self.groups[k]
 
-    def reported(self, finished: list[int], live: int | None = None, accepted=(), drafted=(), rounds: int = 1) -> None:
+    def reported(self, finished: list[int], live: int | None = None, accepted=(), drafted=(), rounds: int = 1) -> list:
         """A pass report: the rows it ended, live memory (None: the estimate's, which holds no memory),
         [row, drafts accepted] of rows that took more than the one token `_advance` counted, [row, drafts
-        carried] of rows that drafted (their acceptance, which auto drafts by), and the decode steps it ran."""
+        carried] of rows that drafted (their acceptance, which auto drafts by), and the decode steps it ran.
+        Returns the ended rows that drafted: (prompt tokens, drafts accepted, tried) each, over its life."""
         took = dict((int(r), int(n)) for r, n in accepted)
         if rounds > 1:   # every row still decoding took a token a step
             took = {r: rounds - 1 for r, s in self.status.items() if s == Status.DECODING}
@@ -285,15 +288,20 @@ class Scheduler:
             hits, tried = drafts.observe(np.array([self.hits.get(r, 0.0) for r in rows]),
                                          np.array([self.tried.get(r, 0.0) for r in rows]),
                                          [n for _, n in drafted], [took.get(r, 0) for r in rows])
-            for r, h, t in zip(rows, hits.tolist(), tried.tolist()):
+            for r, h, t, n in zip(rows, hits.tolist(), tried.tolist(), (n for _, n in drafted)):
                 if self.status.get(r) == Status.DECODING:
                     self.hits[r], self.tried[r] = h, t
+                    whole, a = self.whole.setdefault(r, [0, 0]), took.get(r, 0)
+                    whole[0], whole[1] = whole[0] + a, whole[1] + a + (a < int(n))
+        running = self.policy.running
+        lives = [(len(running[r].prompt), *self.whole[r]) for r in map(int, finished) if r in self.whole and r in running]
         self.ended(finished)
         if live is not None:
             self.policy.observe(live)
+        return lives
 
     def clear(self) -> None:
         self.policy.clear()
         self.status, self.context, self.generated, self.groups, self.group_of = {}, {}, {}, {}, {}
-        self.hits, self.tried = {}, {}
+        self.hits, self.tried, self.whole = {}, {}, {}
         self.stops, self.deferred, self.index, self.opened, self.returned = [], [], 0, 0, 0

@@ -95,14 +95,16 @@ def simulate(rows: list[SimRow], policy, waiting, model: PassModel, bytes_stream
              chunk: int = 512, max_batch=None, errors: int = 0, at_max_tokens: bool = True,
              length=schedule.prompt_length, read_once: int = 0, speculate: int = 0,
              acceptance: float | None = None, drafter=None, by_tier: dict | None = None, stages: int = 1,
-             micro_batches: int = 0, stage_scale: float = 1.0, replicas: bool = False, hop=None) -> Estimate:
+             micro_batches: int = 0, stage_scale: float = 1.0, replicas: bool = False, hop=None,
+             spread: dict | None = None) -> Estimate:
     """The admission actor's scheduler (scheduler.py) run against the pass model: each plan priced by
     `model`, each row ending once it has generated its `out` tokens. `policy`: the BudgetPolicy it plans
     with; `waiting(SimRow)` makes the policy's row record and `length` reads its prompt length back;
     `max_batch(SimRow)` is the largest batch the memory budget fits for rows like it (for the ideal);
     `read_once`: bytes the first pass reads besides `bytes_streamed` (resident: every layer, once);
     `speculate`: the job's drafts (0 off, K, AUTO_DRAFTS), taken at `acceptance` (None: not priced), a row's at its
-    prompt-length tier's where `by_tier` ({tier: acceptance}) has it; `drafter`: a draft model's price
+    prompt-length tier's where `by_tier` ({tier: acceptance}) has it, spread over the tier's rows as its ended rows'
+    own acceptance was where `spread` ({tier: sorted rates}, `Calibration.tier_rows`) has it; `drafter`: a draft model's price
     (drafter.DraftCost), whose steps each drafting pass adds; `stages`: a resident pipeline's ranks, whose passes run
     as admission plans them for it (rounds, prompts cut in `micro_batches`, 0: one a stage) and as the stage model
     prices them (stages/model.py `pass_seconds`, each hop priced by `hop`), those that read nothing times
@@ -116,7 +118,7 @@ def simulate(rows: list[SimRow], policy, waiting, model: PassModel, bytes_stream
 
     def pace(n, context, need, offset, most, empty) -> int:
         return schedule.pace(model, bytes_streamed, n, context, need, offset, most, empty)
-    spec = _Drafts(by_id, acceptance, drafter, by_tier)
+    spec = _Drafts(by_id, acceptance, drafter, by_tier, spread)
     piped = stages > 1 and not bytes_streamed and not replicas   # a resident pipeline: rounds, prompts cut in M
     m = micro_batches_of(micro_batches, stages)
     sched = Scheduler(policy, pace, chunk, bytes_streamed, speculate, lambda: model, lambda: drafter, spec.priors,
@@ -170,10 +172,19 @@ class _Drafts:
     """The drafts simulated passes take: each of a row's drafts accepted with probability its acceptance (its
     prompt-length tier's in `tiers`, else `acceptance`) until the first rejection, as verification takes them, drawn
     from a seeded generator (the same estimate every time). Draws, not expectations: a row's rate rises or falls as a
-    running row's does, so auto drafts as in a job, each row starting where the live scheduler starts it."""
+    running row's does, so auto drafts as in a job, each row starting where the live scheduler starts it. Where a
+    tier's rows' own acceptance was measured (`spread`), its rows here take those rates, each rate to as many rows
+    (in a seeded order), so the job's tail runs at its slowest rows' pace, as in a job."""
 
-    def __init__(self, by_id: dict[int, SimRow], acceptance: float | None, drafter=None, tiers: dict | None = None):
+    def __init__(self, by_id: dict[int, SimRow], acceptance: float | None, drafter=None, tiers: dict | None = None,
+                 spread: dict | None = None):
         self.by_id, self.acceptance, self.drafter, self.tiers = by_id, acceptance, drafter, tiers or {}
+        self.own: dict[int, float] = {}               # a row's own acceptance, from its tier's spread
+        order = np.random.default_rng(1)
+        for name, rates in (spread or {}).items():
+            mine = [r for r in by_id if tier_of(by_id[r].prompt) == name]
+            for j, r in zip(order.permutation(len(mine)), mine):
+                self.own[r] = rates[min(int((j + 0.5) * len(rates) / len(mine)), len(rates) - 1)]
         self.used: dict[str, float] = {}              # the acceptance each tier's drafting rows were taken at
         self.draws = np.random.default_rng(0)
         self.passes = self.rows = self.accepted = 0   # passes that planned drafts; decode rows and drafts taken in all
@@ -189,9 +200,9 @@ class _Drafts:
             return {}, []
         took = {}
         for r, k in bounds.items():
-            a = self.of(r)
+            a, tier = self.of(r), tier_of(self.by_id[r].prompt)
             if a is not None:
-                self.used[tier_of(self.by_id[r].prompt)] = a
+                self.used[tier] = self.tiers.get(tier, a) if r in self.own else a
             hits = self.draws.random(k) < (a or 0.0)
             run = k if hits.all() else int(np.argmin(hits))   # accepted until the first rejection
             took[r] = min(run, max(self.by_id[r].out - sched.generated[r], 0))
@@ -199,8 +210,9 @@ class _Drafts:
         return took, [[r, k] for r, k in bounds.items()]
 
     def of(self, row: int) -> float | None:
-        """The acceptance `row`'s drafts are taken at: its tier's, else the model's (None: not measured)."""
-        return self.tiers.get(tier_of(self.by_id[row].prompt), self.acceptance)
+        """The acceptance `row`'s drafts are taken at: its own from its tier's spread, else its tier's, else the
+        model's (None: not measured)."""
+        return self.own.get(row, self.tiers.get(tier_of(self.by_id[row].prompt), self.acceptance))
 
     def priors(self, rows: list[int]) -> list[float]:
         """The scheduler's starting acceptance of each of `rows` (Scheduler's `priors`), as admission's: its tier's

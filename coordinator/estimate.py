@@ -88,7 +88,7 @@ def estimate_file(model: str, input: Path, *, max_tokens: int = 256, memory: str
         without, _ = estimate_rows(folder, rows, errors=errors + len(bad), memory=memory, resident=advice.resident,
                                    fraction=fraction, others=others or 0, kv=kv, speculate=speculate)
         est.drafts["without"] = round(without.total_seconds, 3)
-    if kv is None and est.passes and not est.shortfall:   # KV-bound: 8-bit KV fits more rows a pass
+    if kv is None and est.passes and not est.shortfall and batch < len(rows):   # KV-bound: 8-bit KV fits more rows
         eight = (8, max(g for g in KV_GROUP_SIZES[:2] if load_plan(folder).kv_heads_and_dim[1] % g == 0))
         open_calibration(folder, kv=eight, rows=budget_rows(folder, rows, memory, fraction, others or 0, eight))
         alt, _ = estimate_rows(folder, rows, errors=errors + len(bad), memory=memory, resident=advice.resident,
@@ -172,6 +172,7 @@ def estimate_rows(folder: Path, rows: list[SimRow], *, errors: int = 0, memory: 
         est = simulate(rows, policy, waiting, model, streamed, max_batch=max_batch, errors=errors,
                        read_once=0 if loaded else plan.streamed_bytes - streamed, speculate=speculate,
                        acceptance=cal.acceptance_of(pair), drafter=drafter, by_tier=cal.tier_acceptance(pair),
+                       spread=cal.tier_rows(pair),
                        stages=stages, micro_batches=micro_batches, stage_scale=cal.stage_scale(stages, replicas),
                        replicas=replicas, hop=schedule.hop_for(plan, hosts))
         est.ideal_seconds = ideal(est, rows, model, streamed, max_batch)

@@ -122,3 +122,18 @@ def test_the_admission_actors_scheduler_starts_rows_from_their_tiers_measured_ac
         sched.reported([], 0, [[1, planned.drafts[1]]], [[0, 1], [1, planned.drafts[1]]])
         planned = sched.plan()
     assert planned.drafts == {1: drafts.AUTO_MOST}
+
+
+def test_each_ended_rows_own_acceptance_over_its_life_is_kept_in_its_tiers_spread(hook):
+    sched = io_bound()
+    sched.offer(rows(10, 10, 900, max_tokens=200))           # rows 0 and 1 short, row 2 long
+    decode_until(sched, Status.DECODING, 2)
+    for i in range(8):   # row 0 accepts its 4 drafts a pass, row 1 none; row 2 its one draft, then ends at the third
+        drafted, accepted = [[0, 4], [1, 4]] + [[2, 1]] * (i < 3), [[0, 4]] + [[2, 1]] * (i < 3)
+        ended = sched.reported([2] if i == 2 else [0, 1] if i == 7 else [], 0, accepted, drafted)
+        hook.observe(PassShape(3, 0, 30, 4096), report(drafted, accepted), {0: 10, 1: 10, 2: 900}, ended)
+    stored = Calibration.load(KEY)   # row 2 tried 3 drafts in all: fewer than ROW_TRIED
+    assert stored.counts()["tiers"][SHORT]["rows"] == [1.0, 0.0] and "rows" not in stored.counts()["tiers"][LONG]
+    assert stored.tier_rows() == {}   # fewer than ROWS_TIERED rows kept
+    hook.observe(PassShape(1, 0, 30, 4096), report([[9, 4]], [[9, 1]]), {9: 40}, [(40, 4, 8)] * cal.ROWS_TIERED)
+    assert Calibration.load(KEY).tier_rows() == {SHORT: [0.0] + [0.5] * cal.ROWS_TIERED + [1.0]}

@@ -278,3 +278,14 @@ def test_a_draft_models_steps_price_each_drafting_pass_up_and_its_acceptance_the
     # no acceptance measured: its steps priced, none of its drafts taken (an upper bound)
     assert unmeasured.passes == off.passes and unmeasured.total_seconds > off.total_seconds + 50 * 2.0
     assert unmeasured.drafts["acceptance"] is None and unmeasured.total_seconds > drafted.total_seconds
+
+
+def test_a_tiers_rows_take_its_ended_rows_spread_of_acceptance_and_the_job_ends_with_its_slowest():
+    rows = [SimRow(i, 40, 61) for i in range(16)]
+    alike = simulate(rows, FifoPolicy(), waiting, READ_BOUND, BYTES, speculate=4, acceptance=0.5,
+                     by_tier={tier_of(40): 0.5})
+    # the same mean, rows apart: half accept nothing, half every draft; the job lasts as long as a row without any
+    apart = simulate(rows, FifoPolicy(), waiting, READ_BOUND, BYTES, speculate=4, acceptance=0.5,
+                     by_tier={tier_of(40): 0.5}, spread={tier_of(40): [0.0] * 8 + [1.0] * 8})
+    assert apart.passes == 61 and alike.passes < 45
+    assert apart.drafts["tiers"] == {"short (<=128)": 0.5}

@@ -96,3 +96,23 @@ def test_spill_run_with_kv_bits_runs_the_job_in_quantized_pools_through_the_fron
     assert all(row["error"] is None and row["response"]["body"]["usage"]["completion_tokens"] == 4 for row in written.values())
     job = json.loads(next((tmp_path / "home" / "jobs").glob("*/job.json")).read_text())
     assert (job["params"]["kv_bits"], job["params"]["kv_group_size"]) == (8, 32)
+
+
+def test_a_job_whose_rows_all_fit_is_not_told_it_is_kv_bound_when_its_slowest_drafting_rows_run_on_alone(
+        make_tiny, tmp_path, monkeypatch, llama_calibration):
+    monkeypatch.setenv("SPILL_HOME", str(tmp_path / "home"))
+    seed_home(tmp_path / "home", llama_calibration)
+    (tmp_path / "home" / "calibration" / "group.json").unlink(missing_ok=True)
+    monkeypatch.setattr(calibration, "read_probe", lambda files: 2e9)
+    folder = make_tiny("llama")
+    for stored in (tmp_path / "home" / "calibration").glob("*.json"):   # short rows apart: half accept no draft
+        data = json.loads(stored.read_text())
+        data["drafts"] = {"accepted": 70.0, "tried": 100.0, "count": 100, "tiers": {"short (<=128)": {
+            "accepted": 70.0, "tried": 100.0, "count": 100, "rows": [0.0] * 8 + [1.0] * 8}}}
+        stored.write_text(json.dumps(data))
+    out = runner.invoke(app, ["estimate", str(folder), str(_tiers(tmp_path)), "--memory", "4GiB", "--stream",
+                              "--speculate", "auto", "--json"])
+    assert out.exit_code == 0, out.output
+    est = json.loads(out.stdout)
+    assert est["drafts"]["tiers"]["short (<=128)"] == 0.7   # its fast rows end early, its slowest run on alone
+    assert est.get("kv_hint") is None   # every row fits the budget at once: no KV format runs more
