@@ -138,7 +138,8 @@ def _faster(passes: PassModel | None, plan: ModelPlan, resident: int, streamed: 
     def rate(batch: int, nbytes: int) -> float:
         shape = PassShape(batch, 0, int(batch * context), nbytes)
         if stages > 1 and not nbytes:
-            return batch * rounds / max(pass_seconds(passes, shape, stages, m, rounds, hop) * scale, 1e-12) if batch else 0.0
+            seconds = pass_seconds(passes, shape, stages, m, rounds, hop) * scale
+            return batch * rounds / max(seconds, 1e-12) if batch else 0.0
         return batch / max(passes.pass_s(shape), 1e-12) if batch else 0.0
     return rate(resident, 0) > rate(streamed, plan.streamed_bytes)
 

@@ -31,7 +31,7 @@ def run_admission_process(endpoints, args, log) -> None:
     epoch, job, eos, stages, replicas, hosts = -1, "", [], 1, False, []
     running: Planned | None = None        # the plan the streamer runs now: one at a time, its report awaited
     for batch in inbox(box, "admission", log):
-        ran = None   # (the plan, its report, its drafting rows' prompt tokens, its ended rows' drafts) that came in this batch
+        ran = None   # this batch's (plan, its report, its drafting rows' prompt tokens, its ended rows' drafts)
         for msg in batch:
             if isinstance(msg, m.Reset):
                 epoch, job, running, stages, replicas = msg.epoch, msg.job, None, msg.stages, msg.replicas

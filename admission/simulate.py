@@ -104,12 +104,13 @@ def simulate(rows: list[SimRow], policy, waiting, model: PassModel, bytes_stream
     `read_once`: bytes the first pass reads besides `bytes_streamed` (resident: every layer, once);
     `speculate`: the job's drafts (0 off, K, AUTO_DRAFTS), taken at `acceptance` (None: not priced), a row's at its
     prompt-length tier's where `by_tier` ({tier: acceptance}) has it, spread over the tier's rows as its ended rows'
-    own acceptance was where `spread` ({tier: sorted rates}, `Calibration.tier_rows`) has it; `drafter`: a draft model's price
-    (drafter.DraftCost), whose steps each drafting pass adds; `stages`: a resident pipeline's ranks, whose passes run
-    as admission plans them for it (rounds, prompts cut in `micro_batches`, 0: one a stage) and as the stage model
-    prices them (stages/model.py `pass_seconds`, each hop priced by `hop`), those that read nothing times
-    `stage_scale` (what such passes of this pipeline took over that price, `Calibration.stage_scale`); `replicas`: the `stages` ranks each the whole model
-    and a share of the rows, a pass priced as one replica's share (`replica_seconds`), times `stage_scale`."""
+    own acceptance was where `spread` ({tier: sorted rates}, `Calibration.tier_rows`) has it; `drafter`: a draft
+    model's price (drafter.DraftCost), whose steps each drafting pass adds; `stages`: a resident pipeline's ranks,
+    whose passes run as admission plans them for it (rounds, prompts cut in `micro_batches`, 0: one a stage) and as
+    the stage model prices them (stages/model.py `pass_seconds`, each hop priced by `hop`), those that read nothing
+    times `stage_scale` (what such passes of this pipeline took over that price, `Calibration.stage_scale`);
+    `replicas`: the `stages` ranks each the whole model and a share of the rows, a pass priced as one replica's share
+    (`replica_seconds`), times `stage_scale`."""
     by_id = {r.row: r for r in rows}
     tiers: dict[str, Tier] = {}
     for r in rows:
