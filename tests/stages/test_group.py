@@ -17,8 +17,10 @@ from pathlib import Path
 import mlx.core as mx
 import psutil
 import pytest
+from typer.testing import CliRunner
 
 from spill.coordinator import history
+from spill.coordinator.cli import app
 from spill.stages.hosts import LAUNCH, group_stages
 from spill.streamer.plan import load_plan
 from spill.streamer.shares import kv_token_bytes
@@ -331,32 +333,33 @@ def test_a_crashed_streamer_of_spill_up_ranks_2_comes_back_with_new_followers(jo
         spill("down", env=env)
 
 
+def _refused(*args, env: dict) -> tuple[int, str]:
+    """`spill ARGS`' exit code and stderr, invoked in this process: a refusal starts no group."""
+    said = CliRunner().invoke(app, list(map(str, args)), env=env)
+    return said.exit_code, said.stderr
+
+
 def test_more_ranks_than_layers_drafts_or_spill_run_under_mlx_launch_are_refused_at_the_command_line(job12, env):
     folder, inp, _ = job12
     for args in (["up", "--ranks", "5", "--model", folder], ["run", folder, inp, "--ranks", "5"]):
-        refused = spill(*args, env=env)
-        assert (refused.returncode, refused.stderr) == (2, "spill: 5 stages for a model of 4 layers: each stage "
-                                                           "needs a layer at least; run at most 4 ranks\n")
+        assert _refused(*args, env=env) == (2, "spill: 5 stages for a model of 4 layers: each stage needs a layer at "
+                                               "least; run at most 4 ranks\n")
     for args in (["up", "--ranks", "2", "--micro-batches", "-1"], ["run", folder, inp, "--micro-batches", "-1"]):
-        refused = spill(*args, env=env)
-        assert (refused.returncode, refused.stderr) == (2, "spill: --micro-batches takes 0 (one a rank) or the "
-                                                           "micro-batches of a pass, 1 or more, found -1\n")
-    refused = spill("up", "--ranks", "2", "--speculate", "3", env=env)
-    assert (refused.returncode, refused.stderr) == (2, "spill: drafts are not verified across the ranks of a group "
-                                                       "yet; with --ranks 2 leave --speculate (or set it to off) "
-                                                       "and --draft out\n")
+        assert _refused(*args, env=env) == (2, "spill: --micro-batches takes 0 (one a rank) or the micro-batches of a "
+                                               "pass, 1 or more, found -1\n")
+    assert _refused("up", "--ranks", "2", "--speculate", "3", env=env) == (
+        2, "spill: drafts are not verified across the ranks of a group yet; with --ranks 2 leave --speculate (or set "
+           "it to off) and --draft out\n")
     hosts = Path(env["SPILL_HOME"]) / "hosts.json"
     for text, why in (("{", "Expecting property name"), ('{"hosts": [{"ssh": "a"}]}', "MLX's hostfile names two hosts or more")):
         hosts.write_text(text)
-        refused = spill("up", "--hostfile", hosts, env=env)
-        assert refused.returncode == 2 and refused.stderr.startswith(f"spill: --hostfile {hosts}: {why}"), refused.stderr
-    refused = spill("up", "--hostfile", hosts, "--ranks", "2", env=env)
-    assert (refused.returncode, refused.stderr) == (2, "spill: --hostfile starts a rank a host: leave --ranks out, "
-                                                       "and run it outside mlx.launch\n")
-    refused = spill("run", folder, inp, env={**env, "MLX_RANK": "1", "MLX_HOSTFILE": "/nonexistent"})
-    assert (refused.returncode, refused.stderr) == (2, "spill: mlx.launch starts `spill up` on every rank, not "
-                                                       "`spill run`: run `mlx.launch ... -- spill up`, then `spill run` "
-                                                       "on rank 0's host\n")
+        code, stderr = _refused("up", "--hostfile", hosts, env=env)
+        assert code == 2 and stderr.startswith(f"spill: --hostfile {hosts}: {why}"), stderr
+    assert _refused("up", "--hostfile", hosts, "--ranks", "2", env=env) == (
+        2, "spill: --hostfile starts a rank a host: leave --ranks out, and run it outside mlx.launch\n")
+    assert _refused("run", folder, inp, env={**env, "MLX_RANK": "1", "MLX_HOSTFILE": "/nonexistent"}) == (
+        2, "spill: mlx.launch starts `spill up` on every rank, not `spill run`: run `mlx.launch ... -- spill up`, then "
+           "`spill run` on rank 0's host\n")
     assert spill("status", env=env).stdout.startswith("no spill group is running")
 
 
