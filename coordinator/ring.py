@@ -120,6 +120,8 @@ class Ring:
         one = 0 < rank < len(self.hosts)
         where = f"rank {rank} on {self.hosts[rank]}" if one else "its other ranks"
         self.alone = True
+        if one and rank in self.followers:   # one that stopped answering would not see its pipe's EOF: no wait for it
+            self.followers[rank].kill()
         if tell:
             self.pending = (f"the group lost {where} ({cause}); rank 0 goes on alone holding every layer, "
                             "and the job's unfinished rows are computed again")

@@ -53,7 +53,7 @@ def _connect(listen: str | None, memory: dict):
     from .client import Client, GroupDead, endpoints, start_group
     eps = endpoints(_listen(listen))
     client = Client(eps)
-    if client.ping():
+    if _ping(client):
         return _watched(client), None
     group = start_group(eps, embedded=True, actor_args=memory)
     if group is not None:
@@ -248,7 +248,7 @@ def group_up(*, model, foreground, listen, memory: dict | None = None, group_arg
     from .client import Client, endpoints, start_group
     eps = endpoints(_listen(listen))
     rec = rundir.record()
-    if rec is not None or Client(eps).ping():
+    if rec is not None or _ping(Client(eps)):
         if launched_hosts():   # mlx.launch's other ranks would wait on a rank 0 that never comes
             raise SpillError(f"{rundir.held_by_sentence()}; `spill down` it before mlx.launch starts a pipeline group")
         return rundir.held_by_sentence()
@@ -292,13 +292,22 @@ def check_ranks(model: str | None, ranks: int) -> None:
 def _answering(client) -> int:
     """The group's coordinator pid, or 0 when no group holds the run directory; one that holds it but is
     slow to answer (reading a job's input) gets 10 s before that is an error."""
-    pid = client.ping()
+    pid = _ping(client)
     if pid or (held := rundir.record()) is None:
         return pid
     if pid := client.ping(timeout_s=10):
         return pid
     raise SpillError(f"the spill group (coordinator pid {held.get('pid', '?')}) did not answer in 10 s; try again "
                      f"in a moment, and if it stays silent stop it with kill {held.get('pid', 'PID')}")
+
+
+def _ping(client) -> int:
+    """client.ping(), but 0 at once where no group holds this data home and no process has bound the client's
+    ipc socket: ZeroMQ would wait the ping's 0.5 s out for one to bind it."""
+    control = client.eps.control
+    if control.startswith("ipc://") and not os.path.exists(control[len("ipc://"):]) and rundir.record() is None:
+        return 0
+    return client.ping()
 
 
 def group_down(listen) -> str:

@@ -13,6 +13,7 @@ LONGEST = (   # the suite's longest tests, longest first (seconds on the 2-core 
     "tests/stages/test_group.py::test_a_follower_of_spill_run_ranks_killed_or_stopped_mid_job_is_named_and_the_job_finishes",
     "tests/coordinator/test_memory_limit.py::test_a_job_in_a_cgroup_smaller_than_the_model_finishes_without_an_oom_kill",
     "tests/stages/test_group.py::test_a_crashed_streamer_of_spill_up_ranks_2_comes_back_with_new_followers",   # 25
+    "tests/stages/test_group.py::test_spill_up_hostfile_starts_a_rank_a_host_through_mlx_launch_and_down_ends_them",
 )
 
 

@@ -6,6 +6,7 @@ import shutil
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import mlx.core as mx
@@ -50,6 +51,16 @@ def spill(*args, timeout=300, check=False, **kw) -> subprocess.CompletedProcess:
     if check:
         assert result.returncode == 0, result.stdout + result.stderr
     return result
+
+
+@contextmanager
+def one_group(env: dict | None = None):
+    """`spill up` (with `env`) for the jobs of the block and `spill down` after: one group's start for them all."""
+    spill("up", check=True, env=env or {})
+    try:
+        yield
+    finally:
+        spill("down", env=env or {})
 
 
 def read_output(path: Path) -> dict[str, dict]:

@@ -11,7 +11,7 @@ from spill.coordinator.cli import app
 from spill.errors import SpillError
 
 from ..streamer.test_draft import _other_vocabulary
-from .group_util import read_output, seed_home, spill, texts
+from .group_util import one_group, read_output, seed_home, spill, texts
 from .test_speculate import _input
 
 runner = CliRunner()
@@ -47,8 +47,9 @@ def test_spill_run_with_a_draft_writes_the_same_text_with_drafts_accepted(make_t
     seed_home(tmp_path / "home", llama_calibration)
     model, rows = make_tiny("llama", "float32"), _input(tmp_path / "in.jsonl", 2)
     out = {k: tmp_path / f"out-{k}.jsonl" for k in ("off", "draft")}
-    said = {"off": spill("run", model, rows, "-o", out["off"], "--speculate", "off", "--new"),
-            "draft": spill("run", model, rows, "-o", out["draft"], "--speculate", "4", "--draft", model, "--new")}
+    with one_group():
+        said = {"off": spill("run", model, rows, "-o", out["off"], "--speculate", "off", "--new"),
+                "draft": spill("run", model, rows, "-o", out["draft"], "--speculate", "4", "--draft", model, "--new")}
     for k, s in said.items():
         assert s.returncode == 0, s.stdout + s.stderr
     assert texts(read_output(out["draft"])) == texts(read_output(out["off"]))

@@ -82,7 +82,7 @@ def test_rows_larger_together_than_a_frame_go_in_several_submits(job12, tmp_path
     assert texts(read_output(out)) == expected
 
 
-WEDGE_S = "20"   # over a tokenizer's load on a busy machine (over 5 s at load 10), which is work, not a wedge
+WEDGE_S = "10"   # twice a tokenizer's load on a busy machine (5 s at load 10), which is work, not a wedge
 
 
 @pytest.mark.parametrize("actor, event", [("tokenizer", "tokens:2"), ("admission", "pass:3"), ("streamer", "pass:3")])

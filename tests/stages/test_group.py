@@ -17,8 +17,10 @@ from pathlib import Path
 import mlx.core as mx
 import psutil
 import pytest
+from typer.testing import CliRunner
 
 from spill.coordinator import history
+from spill.coordinator.cli import app
 from spill.stages.hosts import LAUNCH, group_stages
 from spill.streamer.plan import load_plan
 from spill.streamer.shares import kv_token_bytes
@@ -104,37 +106,43 @@ def _run_until(args: list, env: dict, out, lines: int, first=lambda: True) -> tu
     return proc, got
 
 
-@ring
-@pytest.mark.parametrize("n", [2, 3])
-def test_mlx_launch_ranks_run_a_job_row_for_row_as_one_process(job12, tmp_path, env, n):
+def _runs_a_job_row_for_row(job12, tmp_path, env: dict, n: int) -> None:
+    """On the n ranks mlx.launch started: a job refuses drafts, then writes resident mlx-lm's text; each stage
+    says its share of the layers and its own figures, and admission prices the tightest stage's KV."""
     folder, inp, expected = job12
-    launch = _launch(n, env)
+    stages = _stages(env)
+    assert [line.split(",")[0] for line in stages] == [f"stage {r}: rank {r} on 127.0.0.1" for r in range(n)]
+    refused = spill("run", folder, inp, "--speculate", "2", "-o", tmp_path / "no.jsonl", env=env)
+    assert refused.returncode == 2 and refused.stderr.startswith("spill: drafts are not verified across the "
+                                                                 f"ranks of a group yet and this group runs {n} ranks")
+    run = spill("run", folder, inp, "-o", tmp_path / "out.jsonl", "--quiet", env=env, timeout=240)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert f"note: drafts are off on a group of {n} ranks: its ranks verify none yet" in run.stdout
+    assert texts(read_output(tmp_path / "out.jsonl")) == expected   # every custom_id once, resident mlx-lm's text
+    stages = _stages(env)
+    layers = [line.split("; ")[0].split(", ")[1] for line in stages]   # the job named the model: each stage's share
+    assert layers == {2: ["layers 0-1 of 4", "layers 2-3 of 4"],
+                      3: ["layers 0-0 of 4", "layers 1-2 of 4", "layers 3-3 of 4"]}[n]
+    for rank, line in enumerate(stages):   # each stage's own figures, from its passes, its budget and link in
+        link = rf", link from rank {rank - 1} [\d.e-]+ ms and [\d.]+ \w+/s" if rank else ""
+        assert re.search(rf"; working set [\d.]+ \w+ \(weights [\d.]+ \w+, KV [\d.]+ \w+\), budget [\d.]+ \w+{link}; "
+                         r"pass [\d.e-]+ s \(compute [\d.e-]+ s, blocked on a neighbour [\d.e-]+ s\), median", line), line
+    budget = [json.loads(line) for line in (Path(env["SPILL_HOME"]) / "run" / "logs" / "admission.log")
+              .read_text().splitlines() if '"event": "budget"' in line][-1]
+    heads, dim = load_plan(folder).kv_heads_and_dim   # the tightest stage holds 2 of the 4 layers' KV of a row
+    assert (budget["stages"], budget["kv_per_token"]) == (n, kv_token_bytes(2, heads, dim, 4))
+
+
+@ring
+def test_mlx_launch_ranks_run_a_job_row_for_row_as_one_process(job12, tmp_path, env):
+    """3 ranks from `mlx.launch --hosts`; 2 ranks from a hostfile in the `spill up --hostfile` test below."""
+    launch = _launch(3, env)
     try:
-        stages = _stages(env)
-        assert [line.split(",")[0] for line in stages] == [f"stage {r}: rank {r} on 127.0.0.1" for r in range(n)]
-        refused = spill("run", folder, inp, "--speculate", "2", "-o", tmp_path / "no.jsonl", env=env)
-        assert refused.returncode == 2 and refused.stderr.startswith("spill: drafts are not verified across the "
-                                                                     f"ranks of a group yet and this group runs {n} ranks")
-        run = spill("run", folder, inp, "-o", tmp_path / "out.jsonl", "--quiet", env=env, timeout=240)
-        assert run.returncode == 0, run.stdout + run.stderr
-        assert f"note: drafts are off on a group of {n} ranks: its ranks verify none yet" in run.stdout
-        assert texts(read_output(tmp_path / "out.jsonl")) == expected   # every custom_id once, resident mlx-lm's text
-        stages = _stages(env)
-        layers = [line.split("; ")[0].split(", ")[1] for line in stages]   # the job named the model: each stage's share
-        assert layers == {2: ["layers 0-1 of 4", "layers 2-3 of 4"],
-                          3: ["layers 0-0 of 4", "layers 1-2 of 4", "layers 3-3 of 4"]}[n]
-        for rank, line in enumerate(stages):   # each stage's own figures, from its passes, its budget and link in
-            link = rf", link from rank {rank - 1} [\d.e-]+ ms and [\d.]+ \w+/s" if rank else ""
-            assert re.search(rf"; working set [\d.]+ \w+ \(weights [\d.]+ \w+, KV [\d.]+ \w+\), budget [\d.]+ \w+{link}; "
-                             r"pass [\d.e-]+ s \(compute [\d.e-]+ s, blocked on a neighbour [\d.e-]+ s\), median", line), line
-        budget = [json.loads(line) for line in (Path(env["SPILL_HOME"]) / "run" / "logs" / "admission.log")
-                  .read_text().splitlines() if '"event": "budget"' in line][-1]
-        heads, dim = load_plan(folder).kv_heads_and_dim   # the tightest stage holds 2 of the 4 layers' KV of a row
-        assert (budget["stages"], budget["kv_per_token"]) == (n, kv_token_bytes(2, heads, dim, 4))
+        _runs_a_job_row_for_row(job12, tmp_path, env, 3)
     finally:
         spill("down", env=env)
         out, err = launch.communicate(timeout=60)
-    assert launch.returncode == 0 and out.count('"passes": ') == n - 1, out + err[-2000:]   # each follower let go
+    assert launch.returncode == 0 and out.count('"passes": ') == 2, out + err[-2000:]   # each follower let go
 
 
 @ring
@@ -280,7 +288,7 @@ def test_an_idle_follower_of_spill_up_ranks_2_sleeps_before_and_after_a_job_it_r
 
 
 @ring
-def test_spill_up_hostfile_starts_a_rank_a_host_through_mlx_launch_and_down_ends_them(tmp_path, env):
+def test_spill_up_hostfile_starts_a_rank_a_host_through_mlx_launch_and_down_ends_them(job12, tmp_path, env):
     """`spill up --hostfile` is `mlx.launch --hostfile ... -- spill up` in a session of its own: it returns once
     rank 0's group answers with a stage a host; `spill down` lets the others go and mlx.launch ends."""
     hosts = tmp_path / "hosts.json"
@@ -299,9 +307,12 @@ def test_spill_up_hostfile_starts_a_rank_a_host_through_mlx_launch_and_down_ends
         again = spill("up", "--hostfile", hosts, env=env)   # a group is up here: no second mlx.launch
         assert again.returncode == 2 and again.stderr.startswith("spill: another spill group is running") and \
             again.stderr.endswith("; `spill down` it before `spill up --hostfile`\n"), again.stderr
+        _runs_a_job_row_for_row(job12, tmp_path, env, 2)
     finally:
         spill("down", env=env)
     launcher.wait(120)   # every rank gone: mlx.launch returns
+    printed = Path(said[2]).read_text()
+    assert printed.count('"passes": ') == 1, printed[-2000:]   # the follower let go
 
 
 @ring
@@ -322,32 +333,33 @@ def test_a_crashed_streamer_of_spill_up_ranks_2_comes_back_with_new_followers(jo
         spill("down", env=env)
 
 
+def _refused(*args, env: dict) -> tuple[int, str]:
+    """`spill ARGS`' exit code and stderr, invoked in this process: a refusal starts no group."""
+    said = CliRunner().invoke(app, list(map(str, args)), env=env)
+    return said.exit_code, said.stderr
+
+
 def test_more_ranks_than_layers_drafts_or_spill_run_under_mlx_launch_are_refused_at_the_command_line(job12, env):
     folder, inp, _ = job12
     for args in (["up", "--ranks", "5", "--model", folder], ["run", folder, inp, "--ranks", "5"]):
-        refused = spill(*args, env=env)
-        assert (refused.returncode, refused.stderr) == (2, "spill: 5 stages for a model of 4 layers: each stage "
-                                                           "needs a layer at least; run at most 4 ranks\n")
+        assert _refused(*args, env=env) == (2, "spill: 5 stages for a model of 4 layers: each stage needs a layer at "
+                                               "least; run at most 4 ranks\n")
     for args in (["up", "--ranks", "2", "--micro-batches", "-1"], ["run", folder, inp, "--micro-batches", "-1"]):
-        refused = spill(*args, env=env)
-        assert (refused.returncode, refused.stderr) == (2, "spill: --micro-batches takes 0 (one a rank) or the "
-                                                           "micro-batches of a pass, 1 or more, found -1\n")
-    refused = spill("up", "--ranks", "2", "--speculate", "3", env=env)
-    assert (refused.returncode, refused.stderr) == (2, "spill: drafts are not verified across the ranks of a group "
-                                                       "yet; with --ranks 2 leave --speculate (or set it to off) "
-                                                       "and --draft out\n")
+        assert _refused(*args, env=env) == (2, "spill: --micro-batches takes 0 (one a rank) or the micro-batches of a "
+                                               "pass, 1 or more, found -1\n")
+    assert _refused("up", "--ranks", "2", "--speculate", "3", env=env) == (
+        2, "spill: drafts are not verified across the ranks of a group yet; with --ranks 2 leave --speculate (or set "
+           "it to off) and --draft out\n")
     hosts = Path(env["SPILL_HOME"]) / "hosts.json"
     for text, why in (("{", "Expecting property name"), ('{"hosts": [{"ssh": "a"}]}', "MLX's hostfile names two hosts or more")):
         hosts.write_text(text)
-        refused = spill("up", "--hostfile", hosts, env=env)
-        assert refused.returncode == 2 and refused.stderr.startswith(f"spill: --hostfile {hosts}: {why}"), refused.stderr
-    refused = spill("up", "--hostfile", hosts, "--ranks", "2", env=env)
-    assert (refused.returncode, refused.stderr) == (2, "spill: --hostfile starts a rank a host: leave --ranks out, "
-                                                       "and run it outside mlx.launch\n")
-    refused = spill("run", folder, inp, env={**env, "MLX_RANK": "1", "MLX_HOSTFILE": "/nonexistent"})
-    assert (refused.returncode, refused.stderr) == (2, "spill: mlx.launch starts `spill up` on every rank, not "
-                                                       "`spill run`: run `mlx.launch ... -- spill up`, then `spill run` "
-                                                       "on rank 0's host\n")
+        code, stderr = _refused("up", "--hostfile", hosts, env=env)
+        assert code == 2 and stderr.startswith(f"spill: --hostfile {hosts}: {why}"), stderr
+    assert _refused("up", "--hostfile", hosts, "--ranks", "2", env=env) == (
+        2, "spill: --hostfile starts a rank a host: leave --ranks out, and run it outside mlx.launch\n")
+    assert _refused("run", folder, inp, env={**env, "MLX_RANK": "1", "MLX_HOSTFILE": "/nonexistent"}) == (
+        2, "spill: mlx.launch starts `spill up` on every rank, not `spill run`: run `mlx.launch ... -- spill up`, then "
+           "`spill run` on rank 0's host\n")
     assert spill("status", env=env).stdout.startswith("no spill group is running")
 
 
