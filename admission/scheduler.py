@@ -275,7 +275,8 @@ class Scheduler:
         """A pass report: the rows it ended, live memory (None: the estimate's, which holds no memory),
         [row, drafts accepted] of rows that took more than the one token `_advance` counted, [row, drafts
         carried] of rows that drafted (their acceptance, which auto drafts by), and the decode steps it ran.
-        Returns the ended rows that drafted: (prompt tokens, drafts accepted, tried) each, over its life."""
+        Returns the ended rows that drafted and ran their whole max_tokens (as the estimate prices every row; one that
+        ended early sets no job's tail): (prompt tokens, drafts accepted, tried) each, over its life."""
         took = dict((int(r), int(n)) for r, n in accepted)
         if rounds > 1:   # every row still decoding took a token a step
             took = {r: rounds - 1 for r, s in self.status.items() if s == Status.DECODING}
@@ -294,7 +295,8 @@ class Scheduler:
                     whole, a = self.whole.setdefault(r, [0, 0]), took.get(r, 0)
                     whole[0], whole[1] = whole[0] + a, whole[1] + a + (a < int(n))
         running = self.policy.running
-        lives = [(len(running[r].prompt), *self.whole[r]) for r in map(int, finished) if r in self.whole and r in running]
+        lives = [(len(running[r].prompt), *self.whole[r]) for r in map(int, finished)
+                 if r in self.whole and r in running and self.generated[r] >= running[r].max_tokens]
         self.ended(finished)
         if live is not None:
             self.policy.observe(live)

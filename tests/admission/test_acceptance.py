@@ -3,6 +3,7 @@ lack it, and where a new row's acceptance starts under auto."""
 
 import json
 
+import numpy as np
 import pytest
 import structlog
 
@@ -11,7 +12,7 @@ from spill.admission import calibration as cal
 from spill.admission import drafts
 from spill.admission.calibration import TIERED, Calibration, Calibrator
 from spill.admission.passmodel import PassModel, PassShape
-from spill.admission.policy import BudgetPolicy
+from spill.admission.policy import BudgetPolicy, Waiting
 from spill.admission.scheduler import Scheduler, Status
 from spill.typed import AUTO_DRAFTS
 
@@ -126,13 +127,17 @@ def test_the_admission_actors_scheduler_starts_rows_from_their_tiers_measured_ac
 
 def test_each_ended_rows_own_acceptance_over_its_life_is_kept_in_its_tiers_spread(hook):
     sched = io_bound()
-    sched.offer(rows(10, 10, 900, max_tokens=200))           # rows 0 and 1 short, row 2 long
-    decode_until(sched, Status.DECODING, 2)
-    for i in range(8):   # row 0 accepts its 4 drafts a pass, row 1 none; row 2 its one draft, then ends at the third
-        drafted, accepted = [[0, 4], [1, 4]] + [[2, 1]] * (i < 3), [[0, 4]] + [[2, 1]] * (i < 3)
-        ended = sched.reported([2] if i == 2 else [0, 1] if i == 7 else [], 0, accepted, drafted)
-        hook.observe(PassShape(3, 0, 30, 4096), report(drafted, accepted), {0: 10, 1: 10, 2: 900}, ended)
-    stored = Calibration.load(KEY)   # row 2 tried 3 drafts in all: fewer than ROW_TRIED
+    sched.offer([Waiting(0, np.arange(10, dtype=np.int32), 41), Waiting(1, np.arange(10, dtype=np.int32), 9),
+                 Waiting(2, np.arange(900, dtype=np.int32), 200), Waiting(3, np.arange(10, dtype=np.int32), 200)])
+    decode_until(sched, Status.DECODING, 3)
+    for i in range(8):   # rows 0 and 3 accept their 4 drafts a pass, row 1 none; row 2 its one draft for 3 passes
+        sched.plan()
+        drafted, accepted = [[0, 4], [1, 4], [3, 4]] + [[2, 1]] * (i < 3), [[0, 4], [3, 4]] + [[2, 1]] * (i < 3)
+        ended = sched.reported([2] if i == 2 else [0, 1, 3] if i == 7 else [], 0, accepted, drafted)
+        hook.observe(PassShape(4, 0, 30, 4096), report(drafted, accepted), {0: 10, 1: 10, 2: 900, 3: 10}, ended)
+    # rows 0 and 1 ran their whole max_tokens (41 and 9 tokens); row 3 ended early (41 of 200: its text's end), row 2
+    # too, and had tried 3 drafts in all (fewer than ROW_TRIED): the estimate runs every row to its max_tokens
+    stored = Calibration.load(KEY)
     assert stored.counts()["tiers"][SHORT]["rows"] == [1.0, 0.0] and "rows" not in stored.counts()["tiers"][LONG]
     assert stored.tier_rows() == {}   # fewer than ROWS_TIERED rows kept
     hook.observe(PassShape(1, 0, 30, 4096), report([[9, 4]], [[9, 1]]), {9: 40}, [(40, 4, 8)] * cal.ROWS_TIERED)
