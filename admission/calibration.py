@@ -357,7 +357,8 @@ class Calibrator:
     def observe(self, shape, msg, prompts: dict | None = None, ended=()) -> None:
         """A pass as it was planned (`shape`: the rows that decoded in it and their context) and as it ran (`msg`);
         `prompts`: {row: prompt tokens} of the rows that drafted, whose tiers their acceptance counts in; `ended`: the
-        rows it ended that drafted, (prompt tokens, accepted, tried) over each one's life (`Scheduler.reported`)."""
+        rows it ended that drafted and ran their whole max_tokens, (prompt tokens, accepted, tried) over each one's life
+        (`Scheduler.reported`)."""
         if self.cal is not None and self.pair is not None:   # a draft model's passes hold its time: its acceptance alone
             self.cal.observe_drafts(msg.drafted, msg.accepted, self.pair, prompts)
             self._rows(ended)
