@@ -14,7 +14,7 @@ from spill import messages as m
 from spill.coordinator import daemon, estimating, first_use
 from spill.coordinator.daemon import Group
 from spill.coordinator.ring import Ring
-from spill.coordinator.supervisor import ACTORS
+from spill.coordinator.supervisor import ACTORS, Supervisor
 
 from .group_util import read_output
 
@@ -33,6 +33,8 @@ class Sup:
         self.args = {}   # the actors' args (memory, budget_fraction), as the Supervisor holds them
         self.active_at = 0.0   # when an actor last worked (Supervisor.beat)
         self.ring = Ring()     # a group of one rank: no followers' memory
+
+    layout = Supervisor.layout   # the estimate's view of the ranks, from the args and the ring above
 
     def dead(self):
         return [(r, -9) for r in self.killed if r not in self.restarted]
