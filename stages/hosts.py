@@ -43,7 +43,7 @@ def up_args(argv: list[str]) -> list[str]:
     return rest
 
 
-def group_status():
+def status_reply():
     """The group on this host's status reply (messages.JobStatus), None where none answers yet."""
     from spill import messages as m
     from spill.coordinator.client import Client, endpoints
@@ -56,13 +56,7 @@ def group_status():
         client.close()
 
 
-def group_stages() -> list[str]:
-    """The stage lines the group on this host answers with ([] where none answers yet)."""
-    status = group_status()
-    return list(status.stages) if status is not None else []
-
-
-def launch(hostfile: Path, ranks: int | None, argv: list[str] | None = None, status=group_status,
+def launch(hostfile: Path, ranks: int | None, argv: list[str] | None = None, status=status_reply,
            timeout_s: float = 120.0) -> str:
     """Start this `spill up` (`argv`, less --hostfile) on every host of `hostfile` through mlx.launch and wait until
     every host's rank has joined (`status()`, rank 0's reply); mlx.launch's output goes to run/logs/mlx-launch.out."""

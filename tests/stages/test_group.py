@@ -21,7 +21,7 @@ from typer.testing import CliRunner
 
 from spill.coordinator import history
 from spill.coordinator.cli import app
-from spill.stages.hosts import LAUNCH, group_stages
+from spill.stages.hosts import LAUNCH, status_reply
 from spill.streamer.plan import load_plan
 from spill.streamer.shares import kv_token_bytes
 from tests.coordinator.group_util import llama_job, read_output, seed_home, spill, texts
@@ -81,7 +81,8 @@ def _stages_now(env: dict) -> list[str]:
     """The stage lines `spill status` prints, asked from this process: a poll starts no CLI (a second of CPU each)."""
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("SPILL_HOME", env["SPILL_HOME"])
-        return group_stages()
+        reply = status_reply()
+        return list(reply.stages) if reply is not None else []
 
 
 def _pid(line: str) -> int:
